@@ -1,0 +1,42 @@
+# Two commands on a fresh machine: `make demo` and `make test` (both install first).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.dpsweep-installed
+SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
+
+.PHONY: install demo test lint data bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade pip
+	$(BIN)/python -m pip install -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/dpsweep demo
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+# Full Fashion-MNIST from Debian (60k/10k) into /usr/share/datasets/fashion-mnist.
+data:
+	@if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then \
+		echo "fashion-mnist: already in /usr/share/datasets/fashion-mnist"; \
+	elif command -v apt-get >/dev/null 2>&1; then \
+		$(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q dataset-fashion-mnist; \
+	else \
+		echo "no apt-get: fashion-mnist will be downloaded by torchvision on first use"; \
+	fi
+
+bench: $(STAMP)
+	$(BIN)/python bench/fmnist_dpsgd.py
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache

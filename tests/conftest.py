@@ -1,0 +1,27 @@
+"""Shared fixtures: an isolated budget cache per test session, tiny digits trials."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from orchestrator.config import Config, TrainingConfig
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _budget_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Keep the accountant's cache inside the session so tests never read a stale user cache."""
+    path = tmp_path_factory.mktemp("budget-cache")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("DPSWEEP_CACHE_DIR", str(path))
+    yield path
+    mp.undo()
+
+
+def tiny_config(**training: object) -> Config:
+    """Digits, 2 epochs of 10 Poisson steps: a trial in about a second."""
+    base = {"epochs": 2, "batch_size": 60, "lr": 1.0, "clip_norm": 1.0}
+    base.update(training)
+    return dataclasses.replace(Config(), training=TrainingConfig(**base))

@@ -1,0 +1,481 @@
+"""Datasets and the four disjoint, seeded splits every trial and audit works from.
+
+A membership audit is only sound when the members (``train``) and non-members (``holdout``)
+come from the same distribution and never overlap, and when the attacker's ``shadow`` pool
+and the accuracy ``test`` set are disjoint from both. Every split therefore carries the
+indices of its examples in the dataset's pooled example list (official train set first,
+then the official test set), so the separation can be checked rather than trusted.
+
+Normalisation uses constants fixed in this file, never statistics of the loaded data: a
+mean or standard deviation computed over the private examples would itself be an
+unaccounted release of them.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import math
+import os
+import struct
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from orchestrator.errors import UserInputError
+
+DATASET_NAMES: tuple[str, ...] = ("digits", "fashion-mnist", "mnist", "cifar10")
+
+DEBIAN_FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
+"""Where Debian's ``dataset-fashion-mnist`` package installs the IDX files."""
+
+FASHION_MNIST_FILES: tuple[str, ...] = (
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+)
+"""IDX file names (each may also be present gzipped, with a ``.gz`` suffix)."""
+
+
+@dataclass(frozen=True)
+class Normalization:
+    """Fixed per-dataset constants: ``x / max_value`` maps pixels to [0, 1], then per channel
+    ``(x - mean) / std``."""
+
+    max_value: float
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+
+NORMALIZATION: dict[str, Normalization] = {
+    # Round numbers written down once, close to the public UCI digits' overall pixel
+    # statistics after /16 (about 0.305 and 0.376); a pixel of 0 maps to -0.3/0.37 and
+    # a pixel of 16 to 0.7/0.37. They are never recomputed from a split.
+    "digits": Normalization(max_value=16.0, mean=(0.3,), std=(0.37,)),
+    # The customary published constants for the other three datasets.
+    "fashion-mnist": Normalization(max_value=255.0, mean=(0.2860,), std=(0.3530,)),
+    "mnist": Normalization(max_value=255.0, mean=(0.1307,), std=(0.3081,)),
+    "cifar10": Normalization(
+        max_value=255.0, mean=(0.4914, 0.4822, 0.4465), std=(0.2470, 0.2435, 0.2616)
+    ),
+}
+
+INPUT_SHAPES: dict[str, tuple[int, int, int]] = {
+    "digits": (1, 8, 8),
+    "fashion-mnist": (1, 28, 28),
+    "mnist": (1, 28, 28),
+    "cifar10": (3, 32, 32),
+}
+
+NUM_CLASSES: dict[str, int] = {name: 10 for name in DATASET_NAMES}
+
+_SIZE_FIELDS: dict[str, str] = {
+    "train": "data.train_size",
+    "holdout": "data.holdout_size",
+    "test": "data.test_size",
+    "shadow": "data.shadow_size",
+}
+
+
+@dataclass(frozen=True)
+class SplitSizes:
+    """How many examples each split gets; every split needs at least one example, because an
+    empty holdout or shadow pool silently turns the membership audit into a no-op."""
+
+    train: int
+    holdout: int
+    test: int
+    shadow: int
+
+    def __post_init__(self) -> None:
+        for name, field in _SIZE_FIELDS.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+                raise UserInputError(field=field, value=value, allowed="an integer >= 1")
+
+
+DEFAULT_SIZES: dict[str, SplitSizes] = {
+    # No official test set: all four are slices of the 1,797 examples (sums to 1,797).
+    "digits": SplitSizes(train=600, holdout=300, test=297, shadow=600),
+    # train/holdout/shadow from the official 60k train set, test from the official 10k.
+    "fashion-mnist": SplitSizes(train=30_000, holdout=10_000, test=10_000, shadow=20_000),
+    "mnist": SplitSizes(train=30_000, holdout=10_000, test=10_000, shadow=20_000),
+    # train/holdout/shadow from the official 50k train set, test from the official 10k.
+    "cifar10": SplitSizes(train=25_000, holdout=5_000, test=10_000, shadow=20_000),
+}
+
+
+@dataclass(frozen=True, eq=False)
+class Split:
+    """One split: normalised float32 inputs ``[N, C, H, W]``, int64 labels, and the pool
+    indices they came from (for provenance and the no-overlap check)."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    indices: np.ndarray
+
+    def __post_init__(self) -> None:
+        if not (len(self.x) == len(self.y) == len(self.indices)):
+            raise ValueError(
+                f"split parts disagree in length: x {len(self.x)}, y {len(self.y)}, "
+                f"indices {len(self.indices)}"
+            )
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+@dataclass(frozen=True, eq=False)
+class DataSplits:
+    """The four disjoint splits of one dataset for one seed, plus what a model needs to know
+    about them. ``source`` records where the raw data was read from."""
+
+    name: str
+    train: Split
+    holdout: Split
+    test: Split
+    shadow: Split
+    num_classes: int
+    input_shape: tuple[int, int, int]
+    source: str
+    seed: int
+
+
+@dataclass(frozen=True, eq=False)
+class RawPool:
+    """A dataset's raw examples, official train set first, then the official test set.
+
+    ``x`` is the unnormalised uint8 ``[N, C, H, W]`` array (read-only: it is shared through
+    the in-process cache), ``y`` the int64 labels, ``n_train`` the size of the official
+    train part. Datasets without an official test set have ``n_train == len(y)``.
+    """
+
+    x: np.ndarray
+    y: np.ndarray
+    n_train: int
+    source: str
+
+    @property
+    def n_test(self) -> int:
+        return len(self.y) - self.n_train
+
+
+@dataclass(frozen=True)
+class Available:
+    """How many examples a dataset offers: ``pool`` feeds train, holdout and shadow (and test
+    too when ``test`` is None, i.e. the dataset has no official test set)."""
+
+    pool: int
+    test: int | None
+
+
+def load_splits(
+    *,
+    dataset: str,
+    seed: int = 0,
+    sizes: SplitSizes | None = None,
+    data_dir: str | os.PathLike[str] | None = None,
+) -> DataSplits:
+    """Load ``dataset`` and cut the four disjoint splits for ``seed``.
+
+    With an official test set, ``test`` is the first ``sizes.test`` examples of a seeded
+    permutation of it, and train/holdout/shadow are consecutive slices of a seeded
+    permutation of the official train set. Without one (digits), all four are consecutive
+    slices of a single permutation. ``data_dir`` is ignored for digits (bundled with
+    scikit-learn), so one configured data directory can serve every dataset.
+    """
+    _check_dataset(dataset)
+    _check_seed(seed)
+    sizes = DEFAULT_SIZES[dataset] if sizes is None else sizes
+    pool = load_pool(dataset=dataset, data_dir=data_dir)
+    index_sets = _split_indices(dataset=dataset, pool=pool, sizes=sizes, seed=seed)
+    splits = {
+        name: Split(
+            x=normalise(pool.x[indices], dataset=dataset),
+            y=torch.from_numpy(pool.y[indices].astype(np.int64)),
+            indices=indices,
+        )
+        for name, indices in index_sets.items()
+    }
+    return DataSplits(
+        name=dataset,
+        train=splits["train"],
+        holdout=splits["holdout"],
+        test=splits["test"],
+        shadow=splits["shadow"],
+        num_classes=NUM_CLASSES[dataset],
+        input_shape=INPUT_SHAPES[dataset],
+        source=pool.source,
+        seed=seed,
+    )
+
+
+def available_size(dataset: str, data_dir: str | os.PathLike[str] | None = None) -> Available:
+    """How many examples ``dataset`` offers, so callers can validate sizes up front."""
+    _check_dataset(dataset)
+    pool = load_pool(dataset=dataset, data_dir=data_dir)
+    return Available(pool=pool.n_train, test=pool.n_test if pool.n_test else None)
+
+
+def load_pool(*, dataset: str, data_dir: str | os.PathLike[str] | None = None) -> RawPool:
+    """The raw pooled examples of ``dataset``, from the in-process cache when already read."""
+    _check_dataset(dataset)
+    if dataset == "digits":
+        return _digits_pool()
+    if dataset == "fashion-mnist":
+        idx_dir = _fashion_mnist_dir(data_dir)
+        if idx_dir is not None:
+            return _idx_pool(idx_dir, _file_signature(idx_dir))
+    root = Path(data_dir).expanduser() if data_dir is not None else _download_root()
+    return _torchvision_pool(dataset, str(root.resolve()))
+
+
+def normalise(x_raw: np.ndarray, *, dataset: str) -> torch.Tensor:
+    """Raw uint8 ``[N, C, H, W]`` pixels to float32 with the dataset's fixed constants."""
+    _check_dataset(dataset)
+    norm = NORMALIZATION[dataset]
+    x = x_raw.astype(np.float32) / np.float32(norm.max_value)
+    mean = np.asarray(norm.mean, dtype=np.float32).reshape(1, -1, 1, 1)
+    std = np.asarray(norm.std, dtype=np.float32).reshape(1, -1, 1, 1)
+    return torch.from_numpy(np.ascontiguousarray((x - mean) / std))
+
+
+# --- validation -------------------------------------------------------------------------
+
+
+def _check_dataset(dataset: object) -> None:
+    if dataset not in DATASET_NAMES:
+        raise UserInputError(
+            field="data.dataset",
+            value=dataset,
+            allowed="one of " + ", ".join(repr(name) for name in DATASET_NAMES),
+        )
+
+
+def _check_seed(seed: object) -> None:
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+        raise UserInputError(field="data.seed", value=seed, allowed="an integer >= 0")
+
+
+def _split_indices(
+    *, dataset: str, pool: RawPool, sizes: SplitSizes, seed: int
+) -> dict[str, np.ndarray]:
+    """Pool indices of each split; checks the sizes fit what the pool offers."""
+    rng = np.random.default_rng(seed)
+    has_test = pool.n_test > 0
+    from_pool = (
+        ("train", "holdout", "shadow") if has_test else ("train", "holdout", "shadow", "test")
+    )
+    wanted = sum(getattr(sizes, name) for name in from_pool)
+    if wanted > pool.n_train:
+        part = "official train set" if has_test else "dataset"
+        raise UserInputError(
+            field="data.sizes",
+            value={name: getattr(sizes, name) for name in from_pool},
+            allowed=(
+                f"{' + '.join(from_pool)} <= {pool.n_train}, the number of examples in the "
+                f"{dataset} {part} (asked for {wanted})"
+            ),
+        )
+    if has_test and sizes.test > pool.n_test:
+        raise UserInputError(
+            field="data.test_size",
+            value=sizes.test,
+            allowed=(
+                f"at most {pool.n_test}, the number of examples in the {dataset} official test set"
+            ),
+        )
+    order = rng.permutation(pool.n_train)
+    result: dict[str, np.ndarray] = {}
+    start = 0
+    for name in from_pool:
+        stop = start + getattr(sizes, name)
+        result[name] = order[start:stop].astype(np.int64)
+        start = stop
+    if has_test:
+        result["test"] = (pool.n_train + rng.permutation(pool.n_test)[: sizes.test]).astype(
+            np.int64
+        )
+    return result
+
+
+# --- sources ----------------------------------------------------------------------------
+
+
+def _download_root() -> Path:
+    """Where torchvision downloads go: ``$DPSWEEP_DATA_DIR`` or ``~/.cache/dpsweep/data``."""
+    configured = os.environ.get("DPSWEEP_DATA_DIR")
+    if configured:
+        return Path(configured).expanduser()
+    return Path.home() / ".cache" / "dpsweep" / "data"
+
+
+@functools.lru_cache(maxsize=1)
+def _digits_pool() -> RawPool:
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    x = bunch.images.astype(np.uint8)[:, None, :, :]
+    y = bunch.target.astype(np.int64)
+    return _frozen_pool(x=x, y=y, n_train=len(y), source="sklearn")
+
+
+def _idx_file(directory: Path, name: str) -> Path | None:
+    for candidate in (directory / f"{name}.gz", directory / name):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _fashion_mnist_dir(data_dir: str | os.PathLike[str] | None) -> Path | None:
+    """The directory to read Fashion-MNIST IDX files from, or None to use torchvision.
+
+    A user-given directory must hold the files (directly, or in torchvision's
+    ``FashionMNIST/raw`` layout); otherwise the Debian directory is used when complete.
+    """
+    if data_dir is not None:
+        given = Path(data_dir).expanduser()
+        for directory in (given, given / "FashionMNIST" / "raw"):
+            if all(_idx_file(directory, name) for name in FASHION_MNIST_FILES):
+                return directory.resolve()
+        missing = [name for name in FASHION_MNIST_FILES if _idx_file(given, name) is None]
+        raise UserInputError(
+            field="data.data_dir",
+            value=str(data_dir),
+            allowed=(
+                "a directory holding the Fashion-MNIST IDX files "
+                + ", ".join(f"{name}[.gz]" for name in FASHION_MNIST_FILES)
+                + f" (missing: {', '.join(missing)})"
+            ),
+        )
+    if all(_idx_file(DEBIAN_FASHION_MNIST_DIR, name) for name in FASHION_MNIST_FILES):
+        return DEBIAN_FASHION_MNIST_DIR.resolve()
+    return None
+
+
+def _file_signature(directory: Path) -> tuple[tuple[str, int, int], ...]:
+    """Path, size and mtime of each IDX file, so the cache never serves a replaced file."""
+    signature = []
+    for name in FASHION_MNIST_FILES:
+        path = _idx_file(directory, name)
+        assert path is not None  # checked by _fashion_mnist_dir
+        stat = path.stat()
+        signature.append((str(path), stat.st_size, stat.st_mtime_ns))
+    return tuple(signature)
+
+
+@functools.lru_cache(maxsize=4)
+def _idx_pool(directory: Path, signature: tuple[tuple[str, int, int], ...]) -> RawPool:
+    train_images, train_labels, test_images, test_labels = (
+        Path(path) for path, _size, _mtime in signature
+    )
+    x_train = _read_idx_images(train_images)
+    y_train = _read_idx_labels(train_labels, expected=len(x_train))
+    x_test = _read_idx_images(test_images)
+    y_test = _read_idx_labels(test_labels, expected=len(x_test))
+    return _frozen_pool(
+        x=np.concatenate([x_train, x_test])[:, None, :, :],
+        y=np.concatenate([y_train, y_test]).astype(np.int64),
+        n_train=len(y_train),
+        source=str(directory),
+    )
+
+
+def _corrupt(path: Path, reason: str) -> UserInputError:
+    return UserInputError(
+        field="data.data_dir",
+        value=str(path),
+        allowed=f"an intact IDX file ({reason}); replace the file or download it again",
+    )
+
+
+def _read_idx(path: Path, *, ndim: int) -> np.ndarray:
+    """Parse an unsigned-byte IDX file (gzipped or not), checking magic number and size.
+
+    The IDX header is two zero bytes, a type code (0x08 = uint8), the number of
+    dimensions, then each dimension as a big-endian uint32.
+    """
+    data = path.read_bytes()
+    if data[:2] == b"\x1f\x8b":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise _corrupt(path, f"damaged gzip stream: {exc}") from exc
+    header = 4 + 4 * ndim
+    expected_magic = bytes([0, 0, 0x08, ndim])
+    if data[:4] != expected_magic:
+        raise _corrupt(path, f"magic number {data[:4].hex()} instead of {expected_magic.hex()}")
+    if len(data) < header:
+        raise _corrupt(path, f"header truncated at {len(data)} bytes")
+    dims = struct.unpack(f">{ndim}I", data[4:header])
+    expected_bytes = math.prod(dims)
+    if len(data) - header != expected_bytes:
+        raise _corrupt(
+            path,
+            f"{len(data) - header} data bytes where the header {dims} promises {expected_bytes}",
+        )
+    return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(dims)
+
+
+def _read_idx_images(path: Path) -> np.ndarray:
+    images = _read_idx(path, ndim=3)
+    if images.shape[1:] != (28, 28):
+        raise _corrupt(path, f"images of shape {images.shape[1:]} instead of (28, 28)")
+    return images
+
+
+def _read_idx_labels(path: Path, *, expected: int) -> np.ndarray:
+    labels = _read_idx(path, ndim=1)
+    if len(labels) != expected:
+        raise _corrupt(path, f"{len(labels)} labels for {expected} images")
+    if len(labels) and labels.max() >= NUM_CLASSES["fashion-mnist"]:
+        raise _corrupt(path, f"label {int(labels.max())} outside 0..9")
+    return labels
+
+
+@functools.lru_cache(maxsize=4)
+def _torchvision_pool(dataset: str, root: str) -> RawPool:
+    """Download (if needed) and read a dataset through torchvision into a raw pool."""
+    import torchvision
+
+    classes = {
+        "fashion-mnist": torchvision.datasets.FashionMNIST,
+        "mnist": torchvision.datasets.MNIST,
+        "cifar10": torchvision.datasets.CIFAR10,
+    }
+    try:
+        parts = [classes[dataset](root=root, train=train, download=True) for train in (True, False)]
+    except (OSError, RuntimeError) as exc:
+        raise UserInputError(
+            field="data.data_dir",
+            value=root,
+            allowed=(
+                f"a directory torchvision can read or download {dataset} into "
+                f"(download failed: {exc})"
+            ),
+        ) from exc
+    xs, ys = [], []
+    for part in parts:
+        x = np.asarray(part.data, dtype=np.uint8)
+        # MNIST-style data is [N, H, W]; CIFAR-10 is [N, H, W, C].
+        xs.append(x[:, None, :, :] if x.ndim == 3 else x.transpose(0, 3, 1, 2))
+        ys.append(np.asarray(part.targets, dtype=np.int64))
+    return _frozen_pool(
+        x=np.concatenate(xs),
+        y=np.concatenate(ys),
+        n_train=len(ys[0]),
+        source=f"torchvision:{root}",
+    )
+
+
+def _frozen_pool(*, x: np.ndarray, y: np.ndarray, n_train: int, source: str) -> RawPool:
+    """Make the arrays read-only: the pool is shared by every caller through the cache."""
+    x = np.ascontiguousarray(x)
+    x.setflags(write=False)
+    y = np.ascontiguousarray(y)
+    y.setflags(write=False)
+    return RawPool(x=x, y=y, n_train=n_train, source=source)

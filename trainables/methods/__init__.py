@@ -1,0 +1,35 @@
+"""Registry of DP methods: config name -> DPStep subclass.
+
+Each method lives in its own module and registers itself on import; importing this package
+imports them all, so ``METHODS`` is complete wherever it is read.
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+from orchestrator.errors import UserInputError
+from trainables.dp_step import DPStep
+
+METHODS: dict[str, type[DPStep]] = {}
+
+_T = TypeVar("_T", bound=type[DPStep])
+
+
+def register(cls: _T) -> _T:
+    """Class decorator: make a method available under ``cls.name``."""
+    if cls.name in METHODS:
+        raise RuntimeError(f"method {cls.name!r} registered twice")
+    METHODS[cls.name] = cls
+    return cls
+
+
+def get_method(name: str) -> type[DPStep]:
+    try:
+        return METHODS[name]
+    except KeyError:
+        raise UserInputError(field="method", value=name,
+                             allowed=f"one of {sorted(METHODS)}") from None
+
+
+from trainables.methods import dpsgd  # noqa: E402,F401  (registers)

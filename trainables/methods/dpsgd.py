@@ -1,0 +1,19 @@
+"""dpsgd — the baseline: DP-SGD (Abadi et al., 2016) as Opacus implements it.
+
+Privacy argument: each example's gradient is clipped to L2 norm <= C (flat clipping over all
+layers), the clipped gradients are summed and N(0, sigma^2 C^2 I) is added once per Poisson
+batch, so every step is the Poisson-subsampled Gaussian mechanism with multiplier sigma, which
+the PRV accountant composes over the steps. Nothing is overridden: the base phases are DP-SGD.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from trainables.dp_step import DPStep
+from trainables.methods import register
+
+
+@register
+class DPSGD(DPStep):
+    name: ClassVar[str] = "dpsgd"

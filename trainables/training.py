@@ -1,0 +1,357 @@
+"""The training loop every method shares: one trial = one trained model + metrics + checkpoint.
+
+The loop owns what must be identical across methods for a fair comparison: Poisson sampling at
+the exact rate the accountant was given, the step count, evaluation, checkpoints at epoch ends
+(so resume is exact), and the privacy record. The method (a :class:`DPStep`) owns the step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from opacus.utils.uniform_sampler import UniformWithReplacementSampler
+
+from orchestrator.errors import UserInputError
+from trainables.data import DataSplits, SplitSizes, load_splits
+from trainables.dp_step import DPStep, NoisePhase
+from trainables.methods import get_method
+from trainables.models import DEFAULT_MODEL, LayeredModel, build_model
+
+CHECKPOINT_FORMAT = "dpsweep-checkpoint"
+CHECKPOINT_VERSION = 1
+CHECKPOINT_FILE = "state.pt"
+
+
+class TrialDiverged(RuntimeError):
+    """Training produced a non-finite loss; the trial ends as failed with this reason."""
+
+
+def poisson_plan(*, dataset_size: int, batch_size: int) -> tuple[float, int]:
+    """(sample rate, steps per epoch) for an expected batch size.
+
+    Mirrors Opacus's ``DPDataLoader.from_data_loader``: q = 1 / len(loader) with
+    len(loader) = ceil(N / B). The accountant must be given exactly this q.
+    """
+    steps = math.ceil(dataset_size / batch_size)
+    return 1.0 / steps, steps
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """Everything one trial needs; plain data so Ray can ship it and a checkpoint can pin it."""
+
+    method: str
+    lr: float
+    clip_norm: float
+    epochs: int
+    batch_size: int
+    calibration: dict[str, Any]  # orchestrator.budget.Calibration.to_dict()
+    epsilon_curve: list[float]  # accountant's upper epsilon after each epoch
+    seed: int = 0
+    method_params: dict[str, Any] = field(default_factory=dict)
+    momentum: float = 0.0
+    dataset: str = "digits"
+    data_dir: str | None = None
+    split_seed: int = 0
+    sizes: dict[str, int] | None = None
+    model: str = "auto"
+    activation: str = "tanh"
+    device: str = "auto"
+    threads: int = 1
+    max_physical_batch: int = 512
+    trial_id: str = "trial"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrialSpec:
+        return cls(**d)
+
+
+@dataclass
+class TrialResult:
+    spec: TrialSpec
+    history: list[dict[str, Any]]
+    privacy: dict[str, Any]
+    checkpoint_dir: Path | None
+    seconds: float
+
+    @property
+    def test_accuracy(self) -> float:
+        return float(self.history[-1]["test_accuracy"])
+
+
+Reporter = Callable[[dict[str, Any], Path | None], None]
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise UserInputError(field="resources.device", value=name,
+                             allowed="'cpu' or 'auto' (no CUDA device is visible)")
+    return torch.device(name)
+
+
+def _derived_seeds(seed: int) -> tuple[int, int, int]:
+    a, b, c = np.random.SeedSequence(seed).generate_state(3)
+    return int(a), int(b), int(c)
+
+
+@dataclass
+class _Run:
+    """The live objects of one trial."""
+
+    spec: TrialSpec
+    data: DataSplits
+    model: LayeredModel
+    method: DPStep
+    sampler: UniformWithReplacementSampler
+    sampler_rng: torch.Generator
+    device: torch.device
+    history: list[dict[str, Any]]
+    epoch: int = 0
+
+
+def _build(spec: TrialSpec, data: DataSplits | None) -> _Run:
+    device = resolve_device(spec.device)
+    torch.set_num_threads(max(1, spec.threads))
+    if data is None:
+        sizes = SplitSizes(**spec.sizes) if spec.sizes else None
+        data = load_splits(dataset=spec.dataset, seed=spec.split_seed, sizes=sizes,
+                           data_dir=spec.data_dir)
+    n = len(data.train)
+    q, steps_per_epoch = poisson_plan(dataset_size=n, batch_size=spec.batch_size)
+    cal = spec.calibration
+    if cal["sample_rate"] != q:
+        raise RuntimeError(f"calibration sample rate {cal['sample_rate']!r} differs from the "
+                           f"loader's exact rate {q!r}: the accountant would not cover training")
+    schedule = [NoisePhase(noise_multiplier=float(p["noise_multiplier"]), steps=int(p["steps"]))
+                for p in cal["schedule"]]
+    if sum(p.steps for p in schedule) != spec.epochs * steps_per_epoch:
+        raise RuntimeError("calibrated step count differs from epochs x steps per epoch")
+    seed_model, seed_sampler, seed_noise = _derived_seeds(spec.seed)
+    torch.manual_seed(seed_model)
+    model_name = DEFAULT_MODEL[data.name] if spec.model == "auto" else spec.model
+    model = build_model(name=model_name, input_shape=data.input_shape,
+                        num_classes=data.num_classes, activation=spec.activation).to(device)
+    noise_rng = torch.Generator(device=device).manual_seed(seed_noise)
+    sampler_rng = torch.Generator().manual_seed(seed_sampler)
+    method_cls = get_method(spec.method)
+    method = method_cls(
+        model=model, lr=spec.lr, clip_norm=spec.clip_norm, noise_schedule=schedule,
+        sample_rate=q, expected_batch_size=q * n, noise_generator=noise_rng,
+        momentum=spec.momentum, max_physical_batch=spec.max_physical_batch,
+        **spec.method_params,
+    )
+    sampler = UniformWithReplacementSampler(num_samples=n, sample_rate=q, generator=sampler_rng,
+                                            steps=steps_per_epoch)
+    return _Run(spec=spec, data=data, model=model, method=method, sampler=sampler,
+                sampler_rng=sampler_rng, device=device, history=[])
+
+
+@torch.no_grad()
+def evaluate(model: LayeredModel, x: torch.Tensor, y: torch.Tensor,
+             *, chunk: int = 2048) -> tuple[float, float]:
+    """(accuracy, mean cross-entropy) over a split."""
+    correct, loss = 0, 0.0
+    for i in range(0, x.shape[0], chunk):
+        out = model(x[i:i + chunk])
+        loss += float(F.cross_entropy(out, y[i:i + chunk], reduction="sum"))
+        correct += int((out.argmax(dim=1) == y[i:i + chunk]).sum())
+    return correct / x.shape[0], loss / x.shape[0]
+
+
+def save_checkpoint(run: _Run, directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {
+        "format": CHECKPOINT_FORMAT,
+        "version": CHECKPOINT_VERSION,
+        "spec": run.spec.to_dict(),
+        "epoch": run.epoch,
+        "model": run.model.state_dict(),
+        "method": run.method.state_dict(),
+        "sampler_rng": run.sampler_rng.get_state(),
+        "history": run.history,
+    }
+    tmp = directory / (CHECKPOINT_FILE + ".tmp")
+    torch.save(state, tmp)
+    tmp.replace(directory / CHECKPOINT_FILE)
+    return directory
+
+
+def load_checkpoint_state(directory: Path) -> dict[str, Any]:
+    """Read and validate a checkpoint; any problem is a UserInputError naming the path."""
+    path = Path(directory) / CHECKPOINT_FILE
+    if not path.is_file():
+        raise UserInputError(field="checkpoint", value=str(directory),
+                             allowed=f"a directory containing {CHECKPOINT_FILE}")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises many types for corrupt files
+        raise UserInputError(field="checkpoint", value=str(path),
+                             allowed=f"a readable dpsweep checkpoint ({exc.__class__.__name__})"
+                             ) from None
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+        raise UserInputError(field="checkpoint", value=str(path),
+                             allowed=f"a file written by dpsweep (format {CHECKPOINT_FORMAT!r})")
+    if state.get("version") != CHECKPOINT_VERSION:
+        raise UserInputError(field="checkpoint.version", value=state.get("version"),
+                             allowed=f"{CHECKPOINT_VERSION}")
+    return state
+
+
+def _restore(run: _Run, state: dict[str, Any]) -> None:
+    if state["spec"] != run.spec.to_dict():
+        raise UserInputError(field="checkpoint", value="spec",
+                             allowed="a checkpoint of this same trial (its spec differs)")
+    run.model.load_state_dict(state["model"])
+    run.method.load_state_dict(state["method"])
+    run.sampler_rng.set_state(state["sampler_rng"])
+    run.history = list(state["history"])
+    run.epoch = int(state["epoch"])
+
+
+def load_model(directory: Path, *, data: DataSplits | None = None,
+               device: str = "cpu") -> tuple[LayeredModel, TrialSpec]:
+    """The trained model stored in a checkpoint, for the audit and for users."""
+    state = load_checkpoint_state(directory)
+    spec = TrialSpec.from_dict(state["spec"])
+    if data is None:
+        sizes = SplitSizes(**spec.sizes) if spec.sizes else None
+        data = load_splits(dataset=spec.dataset, seed=spec.split_seed, sizes=sizes,
+                           data_dir=spec.data_dir)
+    name = DEFAULT_MODEL[data.name] if spec.model == "auto" else spec.model
+    model = build_model(name=name, input_shape=data.input_shape, num_classes=data.num_classes,
+                        activation=spec.activation)
+    model.load_state_dict(state["model"])
+    return model.to(torch.device(device)), spec
+
+
+def _versions() -> dict[str, str]:
+    import opacus
+    import prv_accountant
+
+    from orchestrator import __version__
+
+    return {"dpsweep": __version__, "torch": torch.__version__, "opacus": opacus.__version__,
+            "prv_accountant": getattr(prv_accountant, "__version__", "0.2.0"),
+            "python": platform.python_version()}
+
+
+def verify_ledger(method: DPStep) -> None:
+    """Every step must have been at least as noisy as the schedule the accountant certified."""
+    steps = 0
+    for event in method.ledger.events:
+        for k in range(event["count"]):
+            granted = method.sigma_at(steps + k)
+            if event["noise_multiplier"] < granted * (1 - 1e-9):
+                raise RuntimeError(
+                    f"step {steps + k}: noise multiplier {event['noise_multiplier']} below the "
+                    f"certified {granted}; the epsilon claim would not hold")
+        steps += event["count"]
+
+
+def privacy_record(run: _Run) -> dict[str, Any]:
+    cal = run.spec.calibration
+    verify_ledger(run.method)
+    bounds = cal["bounds"]
+    return {
+        "mechanism": "poisson_subsampled_gaussian",
+        "method": run.spec.method,
+        "dp_valid": run.method.dp_valid,
+        "validity_reason": run.method.validity_reason,
+        "sample_rate": cal["sample_rate"],
+        "steps": run.method.ledger.steps,
+        "noise_multiplier": cal["schedule"][0]["noise_multiplier"],
+        "noise_schedule": cal["schedule"],
+        "clip_norm": run.spec.clip_norm,
+        "delta": cal["delta"],
+        "target_epsilon": cal["target_epsilon"],
+        "epsilon_lower": bounds["lower"],
+        "epsilon_estimate": bounds["estimate"],
+        "epsilon_upper": bounds["upper"],
+        "accountant": cal["accountant"],
+        "accountant_fallback": cal["fallback_reason"],
+        "eps_error": cal["eps_error"],
+        "ledger": run.method.ledger.to_dict(),
+        "versions": _versions(),
+    }
+
+
+def train_trial(
+    spec: TrialSpec,
+    *,
+    data: DataSplits | None = None,
+    checkpoint_root: Path | None = None,
+    resume_from: Path | None = None,
+    report: Reporter | None = None,
+) -> TrialResult:
+    """Train one model; checkpoint and report after every epoch.
+
+    ``checkpoint_root/epoch_XXX`` receives a checkpoint per epoch when given (the Ray wrapper
+    passes a fresh temporary directory each time instead, through ``report``).
+    """
+    start = time.perf_counter()
+    run = _build(spec, data)
+    if resume_from is not None:
+        _restore(run, load_checkpoint_state(resume_from))
+    x_train = run.data.train.x.to(run.device)
+    y_train = run.data.train.y.to(run.device)
+    x_test = run.data.test.x.to(run.device)
+    y_test = run.data.test.y.to(run.device)
+    last_dir: Path | None = resume_from
+    while run.epoch < spec.epochs:
+        t0 = time.perf_counter()
+        loss_sum, seen = 0.0, 0
+        run.model.train()
+        for indices in run.sampler:
+            idx = torch.as_tensor(indices, dtype=torch.long, device=run.device)
+            losses = run.method.step(x_train[idx], y_train[idx])
+            loss_sum += float(losses.sum())
+            seen += int(losses.numel())
+        train_loss = loss_sum / max(seen, 1)
+        if not math.isfinite(train_loss):
+            raise TrialDiverged(f"train loss became {train_loss} in epoch {run.epoch + 1}")
+        run.model.eval()
+        acc, test_loss = evaluate(run.model, x_test, y_test)
+        if not math.isfinite(test_loss):
+            raise TrialDiverged(f"test loss became {test_loss} in epoch {run.epoch + 1}")
+        run.epoch += 1
+        metrics = {
+            "epoch": run.epoch,
+            "step": run.method.step_count,
+            "train_loss": train_loss,
+            "test_accuracy": acc,
+            "test_loss": test_loss,
+            "epsilon_spent": float(spec.epsilon_curve[run.epoch - 1]),
+            "noise_multiplier": run.method.sigma_at(run.method.step_count - 1),
+            "epoch_seconds": time.perf_counter() - t0,
+            **run.method.epoch_metrics(),
+        }
+        run.history.append(metrics)
+        ckpt_dir = None
+        if checkpoint_root is not None:
+            ckpt_dir = save_checkpoint(run, Path(checkpoint_root) / f"epoch_{run.epoch:03d}")
+            last_dir = ckpt_dir
+        if report is not None:
+            report(metrics, ckpt_dir)
+    record = privacy_record(run)
+    if checkpoint_root is not None:
+        final = Path(checkpoint_root)
+        final.mkdir(parents=True, exist_ok=True)
+        (final / "privacy.json").write_text(json.dumps(record, indent=2))
+        (final / "history.json").write_text(json.dumps(run.history, indent=2))
+    return TrialResult(spec=spec, history=run.history, privacy=record, checkpoint_dir=last_dir,
+                       seconds=time.perf_counter() - start)
