@@ -47,7 +47,7 @@ def run(cfg: Config, label: str) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--epsilon", type=float, default=3.0)
-    ap.add_argument("--epochs", type=int, default=20)
+    ap.add_argument("--epochs", type=int, default=15)
     ap.add_argument("--lr", type=float, default=2.0)
     ap.add_argument("--clip-norm", type=float, default=0.5)
     ap.add_argument("--batch-size", type=int, default=256)

@@ -76,8 +76,8 @@ class TrainingConfig:
     method: str = _f("dpsgd", "method of a single-trial run (the demo's until the sweep lands)")
     batch_size: int = _f(64, "expected Poisson batch size; sample rate = 1/ceil(N/batch_size)",
                          lo=1)
-    epochs: int = _f(30, "training epochs", lo=1, hi=10000)
-    lr: float = _f(1.0, "learning rate", lo=0.0, lo_open=True, hi=100.0)
+    epochs: int = _f(20, "training epochs", lo=1, hi=10000)
+    lr: float = _f(0.5, "learning rate", lo=0.0, lo_open=True, hi=100.0)
     clip_norm: float = _f(1.0, "per-example clipping norm C", lo=0.0, lo_open=True, hi=1e4)
     momentum: float = _f(0.0, "SGD momentum", lo=0.0, hi=1.0, hi_open=True)
     max_physical_batch: int = _f(512, "examples per vmap chunk (memory bound; no effect on "

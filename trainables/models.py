@@ -85,7 +85,7 @@ def _dense_block(fin: int, fout: int, *, act: str | None, flatten: bool = False)
 
 
 def digits_cnn(*, in_channels: int = 1, num_classes: int = 10, act: str = "tanh") -> LayeredModel:
-    """Small CNN for 8x8 digits: 2 conv + 2 dense, ~7k parameters."""
+    """Small CNN for 8x8 digits: 2 conv + 2 dense, ~9k parameters."""
     return LayeredModel(
         [
             ("conv1", _conv_block(in_channels, 16, 3, stride=1, padding=1, act=act,
