@@ -121,7 +121,7 @@ def _train_config(cfg: Any, out: Path) -> Any:
     from trainables.training import train_trial
 
     data = load_data(cfg)  # validates data_dir and files before anything is written
-    spec = plan_trial(cfg)
+    spec = plan_trial(cfg, data=data)
     cal = spec.calibration
     print(f"budget: sigma {cal['schedule'][0]['noise_multiplier']:.4f} for epsilon "
           f"{cal['target_epsilon']:g}, delta {cal['delta']:g}, q {cal['sample_rate']:.5g}, "

@@ -74,6 +74,8 @@ class PrivacyConfig:
 @dataclass(frozen=True)
 class TrainingConfig:
     method: str = _f("dpsgd", "method of a single-trial run (the demo's until the sweep lands)")
+    preset: str = _f("", "start from the method's named preset ('paper' = the paper's defaults, "
+                         "including lr and clip_norm); '' = none")
     batch_size: int = _f(64, "expected Poisson batch size; sample rate = 1/ceil(N/batch_size)",
                          lo=1)
     epochs: int = _f(20, "training epochs", lo=1, hi=10000)
@@ -100,6 +102,22 @@ class Config:
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+    #: Method hyperparameters beyond lr and clip_norm (checked by the method itself).
+    method_params: dict[str, Any] = field(default_factory=dict)
+
+    def trial_params(self) -> dict[str, Any]:
+        """lr, clip_norm, momentum and method params after applying the preset."""
+        from trainables.methods import get_method
+
+        cls = get_method(self.training.method)
+        preset = dict(cls.presets[self.training.preset]) if self.training.preset else {}
+        base = {"lr": self.training.lr, "clip_norm": self.training.clip_norm,
+                "momentum": self.training.momentum}
+        for key in ("lr", "clip_norm", "momentum"):
+            if key in preset:
+                base[key] = preset.pop(key)
+        params = cls.validate_params({**preset, **self.method_params})
+        return {**base, "method_params": params}
 
     def split_sizes(self) -> dict[str, int]:
         """Split sizes with dataset defaults filled in."""
@@ -114,7 +132,10 @@ class Config:
         }
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if not d["method_params"]:
+            del d["method_params"]
+        return d
 
     def to_toml(self) -> str:
         return tomli_w.dumps(self.to_dict())
@@ -167,13 +188,18 @@ def _section(section: str, raw: Any) -> Any:
 
 def from_dict(raw: dict[str, Any]) -> Config:
     """Build and fully validate a config from parsed TOML."""
+    raw = dict(raw)
+    method_params = raw.pop("method_params", {})
+    if not isinstance(method_params, dict):
+        raise UserInputError(field="method_params", value=method_params,
+                             allowed="a table of the method's hyperparameters")
     for key in raw:
         if key not in _SECTION_TYPES:
             raise UserInputError(field=key, value=raw[key] if not isinstance(raw[key], dict)
                                  else "[table]",
                                  allowed=f"one of the sections {sorted(_SECTION_TYPES)} "
                                          "(unknown section)")
-    cfg = Config(**{k: _section(k, v) for k, v in raw.items()})
+    cfg = Config(**{k: _section(k, v) for k, v in raw.items()}, method_params=method_params)
     _cross_checks(cfg)
     return cfg
 
@@ -195,6 +221,12 @@ def _cross_checks(cfg: Config) -> None:
     if cfg.training.method not in METHODS:
         raise UserInputError(field="training.method", value=cfg.training.method,
                              allowed=f"one of {sorted(METHODS)}")
+    presets = METHODS[cfg.training.method].presets
+    if cfg.training.preset and cfg.training.preset not in presets:
+        raise UserInputError(field="training.preset", value=cfg.training.preset,
+                             allowed=f"'' or a preset of {cfg.training.method}: "
+                                     f"{sorted(presets) or 'none'}")
+    cfg.trial_params()  # the method checks its own hyperparameters
     sizes = cfg.split_sizes()
     pool, official_test = DATASET_POOLS[cfg.data.dataset]
     if official_test:
@@ -224,7 +256,9 @@ def _cross_checks(cfg: Config) -> None:
 
 def describe() -> str:
     """The documented defaults as a commented TOML file."""
-    lines = ["# dpsweep config: every key with its default. Unknown keys are an error.", ""]
+    lines = ["# dpsweep config: every key with its default. Unknown keys are an error.",
+             "# [method_params] (optional): the method's own hyperparameters, e.g. r = 2.0 for",
+             "# lm_dpsgd; each method documents and checks its keys.", ""]
     for section, cls in _SECTION_TYPES.items():
         lines.append(f"[{section}]")
         for f in fields(cls):

@@ -6,11 +6,15 @@ question (cached on disk) and every trial receives the exact schedule it must tr
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from pathlib import Path
 
-from orchestrator.budget import calibrate, epsilon_curve
+from orchestrator.budget import Phase, calibrate, default_cache_dir, epsilon_curve
 from orchestrator.config import Config
 from trainables.data import DataSplits, SplitSizes, load_splits
+from trainables.methods import get_method
+from trainables.models import DEFAULT_MODEL, LayeredModel, build_model
 from trainables.training import TrialSpec, poisson_plan
 
 
@@ -21,26 +25,44 @@ def load_data(cfg: Config) -> DataSplits:
 
 
 def plan_trial(cfg: Config, *, method: str | None = None, trial_id: str = "trial",
-               cache_dir: Path | None = None) -> TrialSpec:
-    """Match the budget for the config's sampling plan and return the trial spec."""
+               cache_dir: Path | None = None, data: DataSplits | None = None) -> TrialSpec:
+    """Match the budget for the config's sampling plan and method schedule; return the spec.
+
+    Runs the method's once-per-sweep preparation (on public data only, cached) first, since
+    its output (e.g. LM-DP-SGD's risk vector) travels in the spec.
+    """
+    if method is not None and method != cfg.training.method:
+        cfg = dataclasses.replace(cfg, training=dataclasses.replace(cfg.training, method=method))
+    method_cls = get_method(cfg.training.method)
+    tp = cfg.trial_params()
+    params = dict(tp["method_params"])
     sizes = cfg.split_sizes()
     q, steps_per_epoch = poisson_plan(dataset_size=sizes["train"],
                                       batch_size=cfg.training.batch_size)
     epochs = cfg.training.epochs
+    shape = method_cls.noise_shape(epochs=epochs, steps_per_epoch=steps_per_epoch, params=params)
     cal = calibrate(target_epsilon=cfg.privacy.epsilon, delta=cfg.privacy.delta, sample_rate=q,
-                    steps=epochs * steps_per_epoch, cache_dir=cache_dir,
-                    timeout_s=cfg.privacy.accountant_timeout_s)
-    curve = epsilon_curve(cal, at_steps=[steps_per_epoch * (e + 1) for e in range(epochs)])
+                    shape=[Phase(noise_multiplier=p.noise_multiplier, steps=p.steps)
+                           for p in shape],
+                    cache_dir=cache_dir, timeout_s=cfg.privacy.accountant_timeout_s)
+    curve = epsilon_curve(cal, at_steps=[steps_per_epoch * (e + 1) for e in range(epochs)],
+                          cache_dir=cache_dir)
+    prepared = method_cls.prepare(
+        data=data if data is not None else _lazy_data(cfg),
+        model_factory=functools.partial(_model_factory, cfg),
+        params=params, seed=cfg.training.seed, cache_dir=cache_dir or default_cache_dir())
+    params.update(prepared)
     return TrialSpec(
-        method=method or cfg.training.method,
-        lr=cfg.training.lr,
-        clip_norm=cfg.training.clip_norm,
+        method=cfg.training.method,
+        lr=tp["lr"],
+        clip_norm=tp["clip_norm"],
         epochs=epochs,
         batch_size=cfg.training.batch_size,
         calibration=cal.to_dict(),
         epsilon_curve=[b.upper for b in curve],
         seed=cfg.training.seed,
-        momentum=cfg.training.momentum,
+        method_params=params,
+        momentum=tp["momentum"],
         dataset=cfg.data.dataset,
         data_dir=cfg.data.data_dir or None,
         split_seed=cfg.data.split_seed,
@@ -52,3 +74,25 @@ def plan_trial(cfg: Config, *, method: str | None = None, trial_id: str = "trial
         max_physical_batch=cfg.training.max_physical_batch,
         trial_id=trial_id,
     )
+
+
+class _lazy_data:
+    """Loads the splits only if a method's preparation actually reads them."""
+
+    def __init__(self, cfg: Config) -> None:
+        self._cfg = cfg
+        self._data: DataSplits | None = None
+
+    def __getattr__(self, name: str) -> object:
+        if self._data is None:
+            self._data = load_data(self._cfg)
+        return getattr(self._data, name)
+
+
+def _model_factory(cfg: Config) -> LayeredModel:
+    from trainables.data import INPUT_SHAPES, NUM_CLASSES
+
+    name = DEFAULT_MODEL[cfg.data.dataset] if cfg.model.name == "auto" else cfg.model.name
+    return build_model(name=name, input_shape=INPUT_SHAPES[cfg.data.dataset],
+                       num_classes=NUM_CLASSES[cfg.data.dataset],
+                       activation=cfg.model.activation)

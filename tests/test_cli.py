@@ -87,7 +87,7 @@ def test_bad_input_exit_code_and_nothing_written(tmp_path: Path) -> None:
     assert r.stderr.strip().splitlines() == [
         "dpsweep: error: training.learning_rate = 0.1 is not allowed: expected one of the keys "
         "['batch_size', 'clip_norm', 'epochs', 'lr', 'max_physical_batch', 'method', "
-        "'momentum', 'seed'] (unknown key)"]
+        "'momentum', 'preset', 'seed'] (unknown key)"]
     assert not out.exists()
     cfg.write_text("[data]\ndataset = 'imagenet'\n")
     r = _run("train", str(cfg), "--out", str(out))

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from tests.conformance import MethodConformance
+from tests.conformance import SoundMethodConformance
 
 
-class TestDPSGD(MethodConformance):
+class TestDPSGD(SoundMethodConformance):
     method = "dpsgd"
 
     def test_flat_clipping_matches_the_definition(self) -> None:

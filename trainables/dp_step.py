@@ -104,8 +104,46 @@ class DPStep:
     name: ClassVar[str] = "base"
     #: Hyperparameters this method adds to lr and clip_norm, with their defaults.
     extra_params: ClassVar[dict[str, Any]] = {}
+    #: Named presets. "paper" holds the paper's defaults: method params and, where the paper
+    #: fixes them, "lr" / "clip_norm" / "momentum".
+    presets: ClassVar[dict[str, dict[str, Any]]] = {}
     #: Optimiser the method's update rule uses.
     optimizer_name: ClassVar[str] = "sgd"
+
+    # ---- class-level hooks the orchestrator calls before any trial --------------------
+    @classmethod
+    def validate_params(cls, params: dict[str, Any]) -> dict[str, Any]:
+        """Check method hyperparameters; raise UserInputError naming ``method_params.KEY``.
+
+        Subclasses extend this with range checks; the base rejects unknown keys and fills
+        defaults, so a typo never silently trains with a default.
+        """
+        from orchestrator.errors import UserInputError
+
+        for key in params:
+            if key not in cls.extra_params:
+                raise UserInputError(field=f"method_params.{key}", value=params[key],
+                                     allowed=f"a hyperparameter of {cls.name}: "
+                                             f"{sorted(cls.extra_params) or 'none'}")
+        return {**cls.extra_params, **params}
+
+    @classmethod
+    def noise_shape(cls, *, epochs: int, steps_per_epoch: int,
+                    params: dict[str, Any]) -> list[NoisePhase]:
+        """Relative noise schedule the accountant scales to the budget (default: constant)."""
+        del params
+        return [NoisePhase(noise_multiplier=1.0, steps=epochs * steps_per_epoch)]
+
+    @classmethod
+    def prepare(cls, *, data: Any, model_factory: Any, params: dict[str, Any], seed: int,
+                cache_dir: Any) -> dict[str, Any]:
+        """Once-per-sweep work on public data only (e.g. a risk vector); returns params to add.
+
+        ``model_factory()`` builds a fresh model of the trial's architecture. The result must be
+        plain data (it travels in every trial's spec) and be cached in ``cache_dir``.
+        """
+        del data, model_factory, params, seed, cache_dir
+        return {}
 
     def __init__(
         self,
@@ -119,16 +157,21 @@ class DPStep:
         noise_generator: torch.Generator,
         momentum: float = 0.0,
         max_physical_batch: int = 512,
+        steps_per_epoch: int = 1,
+        public_data: tuple[torch.Tensor, torch.Tensor] | None = None,
+        public_generator: torch.Generator | None = None,
         **params: Any,
     ) -> None:
-        unknown = set(params) - set(self.extra_params)
-        if unknown:
-            raise TypeError(f"{self.name}: unknown hyperparameters {sorted(unknown)}")
+        params = self.validate_params(params)
         if not (clip_norm > 0 and math.isfinite(clip_norm)):
             raise ValueError(f"clip_norm must be positive, got {clip_norm}")
         if expected_batch_size <= 0:
             raise ValueError(f"expected_batch_size must be positive, got {expected_batch_size}")
-        self.params = {**self.extra_params, **params}
+        self.params = params
+        self.steps_per_epoch = int(steps_per_epoch)
+        self.total_steps = sum(p.steps for p in noise_schedule)
+        self.public_data = public_data
+        self.public_generator = public_generator
         self.model = model
         self.lr = lr
         self.clip_norm = float(clip_norm)
@@ -160,6 +203,15 @@ class DPStep:
                 return phase.noise_multiplier
             step -= phase.steps
         raise RuntimeError("step beyond the calibrated schedule: the accountant did not cover it")
+
+    def public_batch(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A uniform batch of the public shadow pool (no privacy cost: not private data)."""
+        if self.public_data is None or self.public_generator is None:
+            raise RuntimeError(f"{self.name}: this mode needs the public shadow pool")
+        x, y = self.public_data
+        idx = torch.randperm(x.shape[0], generator=self.public_generator)[:size]
+        idx = idx.to(x.device)
+        return x[idx], y[idx]
 
     # ---- phase 1 ------------------------------------------------------------------------
     def begin_step(self, step: int) -> None:
@@ -300,6 +352,14 @@ class DPStep:
         """Method-specific values logged with each epoch's metrics (e.g. the clipping norm)."""
         return {"clip_norm": self.clip_norm}
 
+    def trajectories(self) -> dict[str, list[float]]:
+        """Per-step or per-probe series stored with the trial (e.g. WW's C_t and zeta)."""
+        return {}
+
+    def extra_record(self) -> dict[str, Any]:
+        """Method-specific facts for the privacy record (mode, risk vector, ...); JSON-safe."""
+        return {}
+
     # ---- checkpointing ------------------------------------------------------------------
     def extra_state(self) -> dict[str, Any]:
         """Method-specific state to checkpoint (tensors, numbers, lists, dicts only)."""
@@ -314,6 +374,8 @@ class DPStep:
             "noise_rng": self.noise_generator.get_state(),
             "step_count": self.step_count,
             "ledger": self.ledger.to_dict(),
+            "public_rng": (None if self.public_generator is None
+                           else self.public_generator.get_state()),
             "extra": self.extra_state(),
         }
 
@@ -322,4 +384,6 @@ class DPStep:
         self.noise_generator.set_state(state["noise_rng"])
         self.step_count = int(state["step_count"])
         self.ledger = Ledger.from_dict(state["ledger"])
+        if self.public_generator is not None and state.get("public_rng") is not None:
+            self.public_generator.set_state(state["public_rng"])
         self.load_extra_state(state["extra"])

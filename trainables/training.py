@@ -104,9 +104,9 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def _derived_seeds(seed: int) -> tuple[int, int, int]:
-    a, b, c = np.random.SeedSequence(seed).generate_state(3)
-    return int(a), int(b), int(c)
+def _derived_seeds(seed: int) -> tuple[int, int, int, int]:
+    a, b, c, d = np.random.SeedSequence(seed).generate_state(4)
+    return int(a), int(b), int(c), int(d)
 
 
 @dataclass
@@ -141,7 +141,7 @@ def _build(spec: TrialSpec, data: DataSplits | None) -> _Run:
                 for p in cal["schedule"]]
     if sum(p.steps for p in schedule) != spec.epochs * steps_per_epoch:
         raise RuntimeError("calibrated step count differs from epochs x steps per epoch")
-    seed_model, seed_sampler, seed_noise = _derived_seeds(spec.seed)
+    seed_model, seed_sampler, seed_noise, seed_public = _derived_seeds(spec.seed)
     torch.manual_seed(seed_model)
     model_name = DEFAULT_MODEL[data.name] if spec.model == "auto" else spec.model
     model = build_model(name=model_name, input_shape=data.input_shape,
@@ -153,6 +153,9 @@ def _build(spec: TrialSpec, data: DataSplits | None) -> _Run:
         model=model, lr=spec.lr, clip_norm=spec.clip_norm, noise_schedule=schedule,
         sample_rate=q, expected_batch_size=q * n, noise_generator=noise_rng,
         momentum=spec.momentum, max_physical_batch=spec.max_physical_batch,
+        steps_per_epoch=steps_per_epoch,
+        public_data=(data.shadow.x.to(device), data.shadow.y.to(device)),
+        public_generator=torch.Generator().manual_seed(seed_public),
         **spec.method_params,
     )
     sampler = UniformWithReplacementSampler(num_samples=n, sample_rate=q, generator=sampler_rng,
@@ -286,6 +289,8 @@ def privacy_record(run: _Run) -> dict[str, Any]:
         "accountant_fallback": cal["fallback_reason"],
         "eps_error": cal["eps_error"],
         "ledger": run.method.ledger.to_dict(),
+        "method_record": run.method.extra_record(),
+        "trajectories": run.method.trajectories(),
         "versions": _versions(),
     }
 
