@@ -53,13 +53,14 @@ class MethodConformance:
 
     # ---- construction ------------------------------------------------------------------
     def make_step(self, *, clip_norm: float = 1.0, sigma: float = 1.3, seed: int = 0,
-                  prepared: dict[str, Any] | None = None) -> DPStep:
+                  prepared: dict[str, Any] | None = None,
+                  params: dict[str, Any] | None = None) -> DPStep:
         """A step on digits_cnn with a long constant schedule (no training data involved)."""
         torch.manual_seed(seed)
         model = build_model(name="digits_cnn", input_shape=(1, 8, 8), num_classes=10)
         cls = get_method(self.method)
-        params = {**self.method_params, **(prepared if prepared is not None else
-                                           self.prepared_params())}
+        params = {**(self.method_params if params is None else params),
+                  **(prepared if prepared is not None else self.prepared_params())}
         return cls(model=model, lr=0.1, clip_norm=clip_norm,
                    noise_schedule=[NoisePhase(noise_multiplier=sigma, steps=10_000)],
                    sample_rate=0.1, expected_batch_size=60.0,

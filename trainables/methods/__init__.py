@@ -1,7 +1,7 @@
 """Registry of DP methods: config name -> DPStep subclass.
 
 Each method lives in its own module and registers itself on import; importing this package
-imports them all, so ``METHODS`` is complete wherever it is read.
+imports every module in it, so ``METHODS`` is complete wherever it is read.
 """
 
 from __future__ import annotations
@@ -32,4 +32,12 @@ def get_method(name: str) -> type[DPStep]:
                              allowed=f"one of {sorted(METHODS)}") from None
 
 
-from trainables.methods import dpsgd  # noqa: E402,F401  (registers)
+def _import_all() -> None:
+    import importlib
+    import pkgutil
+
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        importlib.import_module(f"{__name__}.{info.name}")
+
+
+_import_all()
