@@ -358,5 +358,6 @@ def train_trial(
         final.mkdir(parents=True, exist_ok=True)
         (final / "privacy.json").write_text(json.dumps(record, indent=2))
         (final / "history.json").write_text(json.dumps(run.history, indent=2))
+        (final / "spec.json").write_text(json.dumps(spec.to_dict(), indent=2))
     return TrialResult(spec=spec, history=run.history, privacy=record, checkpoint_dir=last_dir,
                        seconds=time.perf_counter() - start)
