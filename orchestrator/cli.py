@@ -160,6 +160,25 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    from orchestrator import config as config_mod
+    from orchestrator.sweep import run_sweep
+
+    cfg = config_mod.load(args.config)
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = Path(args.out) if args.out else Path("runs") / f"{Path(args.config).stem}-{stamp}"
+    _new_out_dir(out)
+    run_sweep(cfg, run_dir=out, address=args.address, quiet=args.quiet)
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from orchestrator.sweep import resume_sweep
+
+    resume_sweep(Path(args.run_dir), address=args.address, quiet=args.quiet)
+    return 0
+
+
 def cmd_config(args: argparse.Namespace) -> int:
     from orchestrator import config as config_mod
 
@@ -187,6 +206,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds before falling back to RDP (default 120)")
     b.add_argument("--json", action="store_true", help="print the full calibration as JSON")
     b.set_defaults(func=cmd_budget)
+
+    r = sub.add_parser("run", help="sweep: train, match budgets, tune, audit, report")
+    r.add_argument("config", help="CONFIG.toml")
+    r.add_argument("--out", help="new run directory (default runs/CONFIG-TIMESTAMP)")
+    r.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or local Ray)")
+    r.add_argument("--quiet", action="store_true", help="no progress lines (for CI)")
+    r.set_defaults(func=cmd_run)
+
+    rs = sub.add_parser("resume", help="continue an interrupted sweep; finished trials kept")
+    rs.add_argument("run_dir", help="RUN_DIR of the sweep")
+    rs.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or local Ray)")
+    rs.add_argument("--quiet", action="store_true", help="no progress lines (for CI)")
+    rs.set_defaults(func=cmd_resume)
 
     t = sub.add_parser("train", help="train one trial from a config (no sweep)")
     t.add_argument("config", help="CONFIG.toml")

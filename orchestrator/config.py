@@ -95,6 +95,28 @@ class ResourcesConfig:
                      choices=("auto", "cpu", "cuda"))
 
 
+ALL_METHODS = ["dpsgd", "lm_dpsgd", "ww_dpsgd", "dp_adamilg", "dpsgd_lf"]
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    methods: list = _f(ALL_METHODS, "methods to compare, one Optuna study each")  # noqa: RUF009
+    trials_per_method: int = _f(4, "trials per method (equal budgets; the first is the paper "
+                                    "preset)", lo=1, hi=10000)
+    max_concurrent_trials: int = _f(2, "trials running at once (bounded by the cluster's CPUs)",
+                                    lo=1)
+    seed: int = _f(0, "seed of the Optuna samplers", lo=0)
+
+
+@dataclass(frozen=True)
+class AuditConfig:
+    enabled: bool = _f(True, "attack every trained model with per-layer shadow-model MIAs")
+    in_trial: bool = _f(True, "audit inside each trial (two-objective search: accuracy up, peak "
+                              "MIA down); false = accuracy-only search, audit afterwards")
+    shadow_models: int = _f(1, "shadow models per audited trial", lo=1, hi=16)
+    seed: int = _f(0, "seed of the shadow split, shadow training and attack classifiers", lo=0)
+
+
 @dataclass(frozen=True)
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
@@ -102,6 +124,8 @@ class Config:
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
+    audit: AuditConfig = field(default_factory=AuditConfig)
     #: Method hyperparameters beyond lr and clip_norm (checked by the method itself).
     method_params: dict[str, Any] = field(default_factory=dict)
 
@@ -142,7 +166,8 @@ class Config:
 
 
 _SECTION_TYPES = {"data": DataConfig, "model": ModelConfig, "privacy": PrivacyConfig,
-                  "training": TrainingConfig, "resources": ResourcesConfig}
+                  "training": TrainingConfig, "resources": ResourcesConfig,
+                  "sweep": SweepConfig, "audit": AuditConfig}
 
 
 _KIND_NAMES = {int: "an integer", float: "a float", str: "a string", bool: "a boolean",
@@ -249,6 +274,11 @@ def _cross_checks(cfg: Config) -> None:
     if cfg.training.batch_size > n:
         raise UserInputError(field="training.batch_size", value=cfg.training.batch_size,
                              allowed=f"<= train_size = {n}")
+    methods = cfg.sweep.methods
+    if not methods or any(not isinstance(m, str) or m not in METHODS for m in methods) or len(
+            set(methods)) != len(methods):
+        raise UserInputError(field="sweep.methods", value=methods,
+                             allowed=f"a non-empty list of distinct names from {sorted(METHODS)}")
     if cfg.resources.device == "cuda" and cfg.resources.gpus_per_trial == 0:
         raise UserInputError(field="resources.gpus_per_trial", value=0.0,
                              allowed="> 0 when resources.device = 'cuda'")
@@ -263,7 +293,10 @@ def describe() -> str:
         lines.append(f"[{section}]")
         for f in fields(cls):
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            value = tomli_w.dumps({"x": default}).split("=", 1)[1].strip()
+            if isinstance(default, list):
+                value = "[" + ", ".join(f'"{v}"' for v in default) + "]"
+            else:
+                value = tomli_w.dumps({"x": default}).split("=", 1)[1].strip()
             rules = []
             if "choices" in f.metadata:
                 rules.append("one of " + ", ".join(map(str, f.metadata["choices"])))

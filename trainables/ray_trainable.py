@@ -1,18 +1,22 @@
-"""The Ray Tune function trainable: one trial of any method, resumable from Tune checkpoints.
+"""Running one trial under Ray Tune: per-epoch reports with checkpoints, exact resume.
 
-Tune passes ``{"spec": TrialSpec.to_dict(), **overrides}``; an override is either a TrialSpec
-field (``lr``, ``clip_norm``, ...) or a method hyperparameter (``method_params.<name>``), which
-is how a search space's samples reach the trial without the trainable knowing the space.
+``run_in_tune`` is the piece every Tune function trainable shares: it resumes from
+``tune.get_checkpoint()`` when Tune restarts the trial, reports each epoch's metrics with a
+checkpoint, and leaves the final artifacts (last checkpoint, privacy record, history, spec) in
+``out_dir`` for the results store. ``dp_trainable`` is the plain function trainable built on it;
+the sweep's trainable (orchestrator/sweep.py) adds budget planning and the audit around it.
 """
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from trainables.training import TrialSpec, train_trial
+from trainables.data import DataSplits
+from trainables.training import TrialResult, TrialSpec, train_trial
 
 _SPEC_FIELDS = {f.name for f in fields(TrialSpec)}
 
@@ -34,11 +38,11 @@ def spec_from_tune_config(config: dict[str, Any]) -> TrialSpec:
     return TrialSpec.from_dict(base)
 
 
-def dp_trainable(config: dict[str, Any]) -> None:
-    """Function trainable: reports per-epoch metrics with a checkpoint each epoch."""
+def run_in_tune(spec: TrialSpec, *, data: DataSplits | None = None,
+                out_dir: Path | None = None) -> TrialResult:
+    """Train under Tune; the final checkpoint and records are copied into ``out_dir``."""
     from ray import tune
 
-    spec = spec_from_tune_config(config)
     with tempfile.TemporaryDirectory(prefix="dpsweep-trial-") as tmp:
         resume_dir: Path | None = None
         checkpoint = tune.get_checkpoint()
@@ -49,5 +53,22 @@ def dp_trainable(config: dict[str, Any]) -> None:
             ckpt = tune.Checkpoint.from_directory(str(ckpt_dir)) if ckpt_dir else None
             tune.report(metrics, checkpoint=ckpt)
 
-        train_trial(spec, checkpoint_root=Path(tmp) / "ckpt", resume_from=resume_dir,
-                    report=report)
+        root = Path(tmp) / "ckpt"
+        result = train_trial(spec, data=data, checkpoint_root=root, resume_from=resume_dir,
+                             report=report)
+        if out_dir is not None:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            for name in ("privacy.json", "history.json", "spec.json"):
+                shutil.copy2(root / name, out_dir / name)
+            final = out_dir / f"epoch_{spec.epochs:03d}"
+            if final.exists():
+                shutil.rmtree(final)
+            assert result.checkpoint_dir is not None
+            shutil.copytree(result.checkpoint_dir, final)
+            result.checkpoint_dir = final
+        return result
+
+
+def dp_trainable(config: dict[str, Any]) -> None:
+    """Function trainable for a ready spec: ``{"spec": TrialSpec.to_dict(), **overrides}``."""
+    run_in_tune(spec_from_tune_config(config))
