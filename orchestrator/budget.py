@@ -511,6 +511,8 @@ class _ChildOutcome:
     result: dict[str, Any] | None
     reason: str | None = None
     timed_out: bool = False
+    #: the child failed to start or died: says nothing about this question, so not cached
+    transient: bool = False
 
 
 def _prv_in_child(job: dict[str, Any], timeout_s: float) -> _ChildOutcome:
@@ -530,7 +532,7 @@ def _prv_in_child(job: dict[str, Any], timeout_s: float) -> _ChildOutcome:
     except Exception as exc:
         recv_end.close()
         return _ChildOutcome(None, f"prv-accountant could not be started in a child process "
-                                   f"({type(exc).__name__}: {exc}); RDP used")
+                                   f"({type(exc).__name__}: {exc}); RDP used", transient=True)
     finally:
         send_end.close()  # so a child that dies without answering reads as EOF here
     try:
@@ -542,7 +544,8 @@ def _prv_in_child(job: dict[str, Any], timeout_s: float) -> _ChildOutcome:
         except EOFError:
             proc.join(5)
             return _ChildOutcome(None, f"prv-accountant's process exited (code "
-                                       f"{proc.exitcode}) without an answer; RDP used")
+                                       f"{proc.exitcode}) without an answer; RDP used",
+                                 transient=True)
         proc.join(5)
     finally:
         if proc.is_alive():
@@ -722,7 +725,7 @@ def calibrate(*, target_epsilon: float, delta: float, sample_rate: float,
     logger.info("calibrated noise %.6g (scale) for epsilon %g, delta %g, q %g, %d steps: "
                 "upper %.6f via %s in %.2f s", scale, target, d, q, cal.steps, bounds.upper,
                 accountant, cal.seconds)
-    if use_cache:
+    if use_cache and not outcome.transient:
         _cache_put(path, {"schema": SCHEMA_VERSION, "key": key, "calibration": cal.to_dict(),
                           "prv_timeout_s": timeout if outcome.timed_out else None})
     return cal

@@ -179,6 +179,27 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from reports.html import build_report
+
+    print(f"report: {build_report(Path(args.run_dir))}")
+    return 0
+
+
+def cmd_pick(args: argparse.Namespace) -> int:
+    from reports.pick import format_pick, pick
+
+    for name, value in (("--max-peak-mia", args.max_peak_mia),
+                        ("--min-test-acc", args.min_test_acc)):
+        if value is not None and not (math.isfinite(value) and 0.0 <= value <= 1.0):
+            raise UserInputError(field=name, value=value, allowed="a number in [0, 1]")
+    result = pick(Path(args.run_dir), max_peak_mia=args.max_peak_mia,
+                  min_test_acc=args.min_test_acc, method=args.method,
+                  allow_invalid_dp=args.allow_invalid_dp)
+    print(format_pick(result))
+    return 0
+
+
 def cmd_config(args: argparse.Namespace) -> int:
     from orchestrator import config as config_mod
 
@@ -219,6 +240,19 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or local Ray)")
     rs.add_argument("--quiet", action="store_true", help="no progress lines (for CI)")
     rs.set_defaults(func=cmd_resume)
+
+    rp = sub.add_parser("report", help="(re)build the report from stored results only")
+    rp.add_argument("run_dir", help="RUN_DIR")
+    rp.set_defaults(func=cmd_report)
+
+    pk = sub.add_parser("pick", help="deployable config + checkpoint from the Pareto front")
+    pk.add_argument("run_dir", help="RUN_DIR")
+    pk.add_argument("--max-peak-mia", type=float, help="largest acceptable peak-layer MIA acc.")
+    pk.add_argument("--min-test-acc", type=float, help="smallest acceptable test accuracy")
+    pk.add_argument("--method", help="only this method's trials")
+    pk.add_argument("--allow-invalid-dp", action="store_true",
+                    help="also consider trials whose epsilon claim is invalid (faithful modes)")
+    pk.set_defaults(func=cmd_pick)
 
     t = sub.add_parser("train", help="train one trial from a config (no sweep)")
     t.add_argument("config", help="CONFIG.toml")
