@@ -142,7 +142,8 @@ class SoundMethodConformance(MethodConformance):
 
     # ---- sensitivity -------------------------------------------------------------------
     @settings(max_examples=200, deadline=None,
-              suppress_health_check=[HealthCheck.function_scoped_fixture])
+              suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                     HealthCheck.differing_executors])
     @given(norms=NORMS)
     def test_contribution_norm_bounded(self, norms: list[list[float]]) -> None:
         step = self.make_step()
