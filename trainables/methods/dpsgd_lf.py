@@ -35,7 +35,7 @@ class DPSGDLayerFreeze(DPStep):
     # layers frozen after epoch 4 / 19 / 40 for epsilon 1 / 2 / 3. With our batch sizes the
     # epoch counts do not transfer, so the preset keeps C and the depth rule and freezes at 3/4.
     presets: ClassVar[dict[str, dict[str, Any]]] = {
-        "paper": {"clip_norm": 1.0, "t_f_fraction": 0.75, "m_f": 0},
+        "paper": {"clip_norm": 1.0, "t_f_fraction": 0.75},  # m_f: the default lower half
     }
 
     @classmethod
