@@ -151,12 +151,19 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    import dataclasses
+
     from orchestrator.config import Config
+    from orchestrator.sweep import run_sweep
 
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = _new_out_dir(Path(args.out) if args.out else Path("runs") / f"demo-{stamp}")
-    print("dpsweep demo: DP-SGD on the bundled digits data (offline), budget matched with PRV")
-    _train_config(Config(), out)
+    cfg = Config()
+    cfg = dataclasses.replace(cfg, sweep=dataclasses.replace(cfg.sweep, trials_per_method=3))
+    print("dpsweep demo: sweep of all five DP methods on the bundled digits data (offline), "
+          f"3 trials each at epsilon {cfg.privacy.epsilon:g}, per-layer MIA audit, report",
+          flush=True)
+    run_sweep(cfg, run_dir=out, quiet=args.quiet)
     return 0
 
 
@@ -259,8 +266,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--out", required=True, help="new output directory")
     t.set_defaults(func=cmd_train)
 
-    d = sub.add_parser("demo", help="the embedded default: offline DP-SGD on digits")
+    d = sub.add_parser("demo", help="the embedded default: a small offline sweep + report")
     d.add_argument("--out", help="output directory (default runs/demo-TIMESTAMP)")
+    d.add_argument("--quiet", action="store_true", help="no progress lines")
     d.set_defaults(func=cmd_demo)
 
     c = sub.add_parser("config", help="print every config key with its default and meaning")
