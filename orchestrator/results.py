@@ -62,8 +62,11 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "peak_layer_index": ("int64", "index of that layer, from the input"),
     "loss_attack_accuracy": ("float64", "loss-threshold baseline attack accuracy"),
     "loss_attack_auc": ("float64", "loss-threshold baseline attack AUC"),
-    "mia_layers": ("string", "JSON list per layer: name, accuracy, ci_low, ci_high, auc, "
-                             "tpr_at_1pct_fpr, tpr_at_0.1pct_fpr, n_members, n_nonmembers"),
+    "mia_layers": ("string", "JSON list per layer: name, index, accuracy, ci_low, ci_high "
+                             "(95% Wilson), auc, tpr_at_1pct_fpr, tpr_at_0.1pct_fpr and whether "
+                             "each is meaningful for the non-member count, n_members, "
+                             "n_nonmembers"),
+    "audit_error": ("string", "why the audit of an otherwise finished trial failed ('' if not)"),
     "checkpoint": ("string", "path of the final checkpoint directory, relative to the run dir"),
     "privacy_record": ("string", "path of privacy.json, relative to the run dir"),
     "trajectories": ("string", "JSON of per-step series logged by the method (e.g. WW C_t)"),

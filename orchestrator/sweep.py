@@ -88,13 +88,13 @@ def sweep_trainable(config: dict[str, Any]) -> None:
                                  "epsilon_upper": result.privacy["epsilon_upper"],
                                  "train_seconds": result.seconds}
         if cfg.audit.enabled and cfg.audit.in_trial:
-            from reports.audit import audit_trial, write_audit_json
+            from reports.audit import audit_trial
 
             audit = audit_trial(out / f"epoch_{spec.epochs:03d}", data=data,
-                                shadow_models=cfg.audit.shadow_models,
-                                audit_seed=cfg.audit.seed, cache_dir=run_dir / "cache")
-            write_audit_json(audit, out)
-            final["peak_mia_accuracy"] = audit.peak_accuracy
+                                shadow_models=cfg.audit.shadow_models, seed=cfg.audit.seed,
+                                cache_dir=run_dir / "cache",
+                                timeout_s=cfg.privacy.accountant_timeout_s, write_to=out)
+            final["peak_mia_accuracy"] = audit.attack.peak.accuracy
         bad = [k for k, v in final.items() if not math.isfinite(float(v))]
         if bad:
             raise RuntimeError(f"non-finite final metrics {bad}: trial marked failed")

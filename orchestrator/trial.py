@@ -10,7 +10,7 @@ import dataclasses
 import functools
 from pathlib import Path
 
-from orchestrator.budget import Phase, calibrate, default_cache_dir, epsilon_curve
+from orchestrator.budget import Calibration, Phase, calibrate, default_cache_dir, epsilon_curve
 from orchestrator.config import Config
 from trainables.data import DataSplits, SplitSizes, load_splits
 from trainables.methods import get_method
@@ -22,6 +22,27 @@ def load_data(cfg: Config) -> DataSplits:
     """The config's splits (cached in-process); bad data dirs or files raise UserInputError."""
     return load_splits(dataset=cfg.data.dataset, seed=cfg.data.split_seed,
                        sizes=SplitSizes(**cfg.split_sizes()), data_dir=cfg.data.data_dir or None)
+
+
+def match_budget(*, method: str, params: dict, dataset_size: int, batch_size: int,
+                 epochs: int, epsilon: float, delta: float, cache_dir: Path | None,
+                 timeout_s: float) -> tuple[Calibration, list[float]]:
+    """The calibrated schedule for a training run and its upper epsilon after each epoch.
+
+    The sample rate is the loader's exact 1/ceil(N/B); the method's noise shape (constant, or
+    AdamILG's epoch decay) is scaled to the target. Shadow models of the audit use this too,
+    with their own N, so they spend the same (epsilon, delta) as the target.
+    """
+    q, steps_per_epoch = poisson_plan(dataset_size=dataset_size, batch_size=batch_size)
+    shape = get_method(method).noise_shape(epochs=epochs, steps_per_epoch=steps_per_epoch,
+                                           params=params)
+    cal = calibrate(target_epsilon=epsilon, delta=delta, sample_rate=q,
+                    shape=[Phase(noise_multiplier=p.noise_multiplier, steps=p.steps)
+                           for p in shape],
+                    cache_dir=cache_dir, timeout_s=timeout_s)
+    curve = epsilon_curve(cal, at_steps=[steps_per_epoch * (e + 1) for e in range(epochs)],
+                          cache_dir=cache_dir)
+    return cal, [b.upper for b in curve]
 
 
 def plan_trial(cfg: Config, *, method: str | None = None, trial_id: str = "trial",
@@ -37,16 +58,12 @@ def plan_trial(cfg: Config, *, method: str | None = None, trial_id: str = "trial
     tp = cfg.trial_params()
     params = dict(tp["method_params"])
     sizes = cfg.split_sizes()
-    q, steps_per_epoch = poisson_plan(dataset_size=sizes["train"],
-                                      batch_size=cfg.training.batch_size)
     epochs = cfg.training.epochs
-    shape = method_cls.noise_shape(epochs=epochs, steps_per_epoch=steps_per_epoch, params=params)
-    cal = calibrate(target_epsilon=cfg.privacy.epsilon, delta=cfg.privacy.delta, sample_rate=q,
-                    shape=[Phase(noise_multiplier=p.noise_multiplier, steps=p.steps)
-                           for p in shape],
-                    cache_dir=cache_dir, timeout_s=cfg.privacy.accountant_timeout_s)
-    curve = epsilon_curve(cal, at_steps=[steps_per_epoch * (e + 1) for e in range(epochs)],
-                          cache_dir=cache_dir)
+    cal, curve = match_budget(method=cfg.training.method, params=params,
+                              dataset_size=sizes["train"], batch_size=cfg.training.batch_size,
+                              epochs=epochs, epsilon=cfg.privacy.epsilon,
+                              delta=cfg.privacy.delta, cache_dir=cache_dir,
+                              timeout_s=cfg.privacy.accountant_timeout_s)
     prepared = method_cls.prepare(
         data=data if data is not None else _lazy_data(cfg),
         model_factory=functools.partial(_model_factory, cfg),
@@ -59,7 +76,7 @@ def plan_trial(cfg: Config, *, method: str | None = None, trial_id: str = "trial
         epochs=epochs,
         batch_size=cfg.training.batch_size,
         calibration=cal.to_dict(),
-        epsilon_curve=[b.upper for b in curve],
+        epsilon_curve=curve,
         seed=cfg.training.seed,
         method_params=params,
         momentum=tp["momentum"],
