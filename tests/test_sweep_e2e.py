@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from orchestrator import results
-from reports.pareto import pareto_front
+from reports.pareto import eligible, front_of
 
 BIN = Path(sys.executable).parent / "dpsweep"
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -66,7 +66,7 @@ def test_run_writes_rows_front_and_report(tmp_path: Path) -> None:
         assert row["peak_mia_accuracy"] == pytest.approx(max(e["accuracy"] for e in layers))
         assert (run / row["checkpoint"] / "state.pt").is_file()
     # the front is non-empty and non-dominated
-    front = pareto_front(frame)
+    front = front_of(eligible(frame))
     assert 1 <= len(front) <= 4
     for _, a in front.iterrows():
         for _, b in frame.iterrows():
