@@ -225,6 +225,7 @@ def init_ray(*, address: str | None, quiet: bool) -> str:
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"  # see _failsafe_searcher_cls
     import optuna
     import ray
 
