@@ -1,7 +1,8 @@
 """Step time of every method as a ratio to a non-private SGD step (28x28 CNN, batch 256).
 
-One process, every contender warmed up, then timed in interleaved rounds (so machine noise
-hits all of them alike); medians. Opacus's own DP-SGD (hooks mode) is measured beside ours.
+One process, every contender warmed up, then timed in interleaved rounds in a shuffled order
+(so machine noise and cache effects hit all of them alike); medians. Opacus's own DP-SGD
+(hooks mode) is measured beside ours.
 
 Run: .venv/bin/python bench/step_time.py [--rounds 40] [--threads 2] [--batch 256]
 """
@@ -9,6 +10,7 @@ Run: .venv/bin/python bench/step_time.py [--rounds 40] [--threads 2] [--batch 25
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -97,8 +99,11 @@ def main() -> None:
         for _ in range(args.warmup):
             fn()
     times: dict[str, list[float]] = {k: [] for k in steps}
+    order = list(steps.items())
+    rng = random.Random(0)
     for _ in range(args.rounds):
-        for label, fn in steps.items():
+        rng.shuffle(order)  # no contender always runs right after the same neighbour
+        for label, fn in order:
             t0 = time.perf_counter()
             fn()
             times[label].append(time.perf_counter() - t0)
