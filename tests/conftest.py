@@ -25,3 +25,14 @@ def tiny_config(**training: object) -> Config:
     base = {"epochs": 2, "batch_size": 60, "lr": 1.0, "clip_norm": 1.0}
     base.update(training)
     return dataclasses.replace(Config(), training=TrainingConfig(**base))
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """A local Ray on loopback with 2 CPUs, shut down after the module."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             _node_ip_address="127.0.0.1")
+    yield
+    ray.shutdown()

@@ -17,14 +17,6 @@ ray = pytest.importorskip("ray")
 from ray import tune  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             _node_ip_address="127.0.0.1")
-    yield
-    ray.shutdown()
-
-
 def _flaky(config: dict[str, Any]) -> None:
     """dp_trainable that dies right after its first checkpoint, once (marker file)."""
     from ray import tune as t
