@@ -305,7 +305,7 @@ def train_trial(
 ) -> TrialResult:
     """Train one model; checkpoint and report after every epoch.
 
-    ``checkpoint_root/epoch_XXX`` receives a checkpoint per epoch when given (the Ray wrapper
+    ``checkpoint_root/epoch_NNN`` receives a checkpoint per epoch when given (the Ray wrapper
     passes a fresh temporary directory each time instead, through ``report``).
     """
     start = time.perf_counter()
