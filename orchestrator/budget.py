@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.errors import UserInputError
+from core.errors import UserInputError
 
 __all__ = [
     "Calibration",

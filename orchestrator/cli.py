@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from orchestrator.errors import UserInputError
+from core.errors import UserInputError
 
 EXIT_USAGE = 2
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import tomli_w
 
-from orchestrator.errors import UserInputError
+from core.errors import UserInputError
 
 if sys.version_info >= (3, 11):
     import tomllib

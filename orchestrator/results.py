@@ -17,7 +17,7 @@ from typing import Any
 
 import pandas as pd
 
-from orchestrator.errors import UserInputError
+from core.errors import UserInputError
 
 RESULTS_FILE = "results.parquet"
 TRIALS_DIR = "trials"

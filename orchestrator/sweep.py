@@ -30,10 +30,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from core.errors import UserInputError
 from orchestrator import config as config_mod
 from orchestrator import results
 from orchestrator.config import Config
-from orchestrator.errors import UserInputError
 from orchestrator.trial import load_data, plan_trial
 from search_spaces import SearchSpace, build_space
 

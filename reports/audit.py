@@ -58,7 +58,7 @@ import torch
 import torch.nn.functional as F
 from sklearn.metrics import balanced_accuracy_score, roc_auc_score, roc_curve
 
-from orchestrator.errors import UserInputError
+from core.errors import UserInputError
 from orchestrator.results import TRIALS_DIR, read_results, write_results
 from trainables.data import DataSplits, Split, SplitSizes, load_splits
 from trainables.layer_attack import balanced_xy, fit_layer_attacks, ir_features, reduce_ir

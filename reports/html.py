@@ -23,7 +23,7 @@ from typing import Any
 
 import pandas as pd
 
-from orchestrator.errors import UserInputError
+from core.errors import UserInputError
 from orchestrator.results import COLUMNS, TRIALS_DIR, read_results
 from reports import plots
 from reports.pareto import (

@@ -23,8 +23,8 @@ from typing import Any
 import pandas as pd
 import tomli_w
 
+from core.errors import UserInputError
 from orchestrator.config import Config, from_dict
-from orchestrator.errors import UserInputError
 from reports.html import INVALID_TAG, RunData, load_run, trial_dirs
 from reports.pareto import ACC, MIA, eligible, front_of, natural_key
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from optuna.distributions import BaseDistribution
 
-from orchestrator.errors import UserInputError
+from core.errors import UserInputError
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 
+from core.errors import UserInputError
 from orchestrator import results
 from orchestrator.config import Config, DataConfig, PrivacyConfig, TrainingConfig
-from orchestrator.errors import UserInputError
 from orchestrator.trial import plan_trial
 from reports import audit
 from reports.audit import (

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from core.errors import UserInputError
 from orchestrator import budget
 from orchestrator.budget import (
     Calibration,
@@ -28,7 +29,6 @@ from orchestrator.budget import (
     prv_epsilon,
     rdp_epsilon,
 )
-from orchestrator.errors import UserInputError
 
 Q, T, DELTA = 0.004267, 2344, 1e-5
 # A cheap question (about a second of PRV) for tests that need fresh calibrations.

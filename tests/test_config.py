@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from core.errors import UserInputError
 from orchestrator import config
-from orchestrator.errors import UserInputError
 
 
 def _load(tmp_path: Path, text: str) -> config.Config:

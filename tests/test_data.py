@@ -14,7 +14,7 @@ import pytest
 import torch
 from sklearn.datasets import load_digits
 
-from orchestrator.errors import UserInputError
+from core.errors import UserInputError
 from trainables import data
 from trainables.data import (
     DATASET_NAMES,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from orchestrator.errors import UserInputError
+from core.errors import UserInputError
 from trainables.layer_attack import (
     attack_accuracy,
     attack_error_rate,

@@ -11,7 +11,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 
-from orchestrator.errors import UserInputError
+from core.errors import UserInputError
 from tests.conformance import (
     NORMS,
     NUM_LAYERS,

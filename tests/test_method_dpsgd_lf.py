@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from orchestrator.errors import UserInputError
+from core.errors import UserInputError
 from tests.conformance import SoundMethodConformance
 from trainables.training import load_checkpoint_state, train_trial
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from orchestrator.errors import UserInputError
+from core.errors import UserInputError
 from tests.conformance import SoundMethodConformance
 from trainables.dp_step import NoisePhase
 from trainables.methods import ww_dpsgd

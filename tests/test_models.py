@@ -6,7 +6,7 @@ import pytest
 import torch
 from opacus.validators import ModuleValidator
 
-from orchestrator.errors import UserInputError
+from core.errors import UserInputError
 from trainables.models import MODEL_NAMES, build_model
 
 SHAPES = {"digits_cnn": (1, 8, 8), "cnn28": (1, 28, 28), "cnn5": (3, 32, 32)}

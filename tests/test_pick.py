@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from core.errors import UserInputError
 from orchestrator import results
 from orchestrator.config import from_dict, load
-from orchestrator.errors import UserInputError
 from reports.pick import PICK_CONFIG_FILE, PICK_FILE, config_from_spec, format_pick, pick
 from tests.test_report import INVALID_REASON, make_run
 

@@ -19,8 +19,8 @@ import pandas as pd
 import pytest
 from scipy.stats import norm
 
+from core.errors import UserInputError
 from orchestrator import results
-from orchestrator.errors import UserInputError
 from reports import html as report_html
 from reports.html import build_report, roc_by_layer
 from reports.pareto import ALL_METHODS, ALL_VALID

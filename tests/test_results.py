@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from core.errors import UserInputError
 from orchestrator import results
-from orchestrator.errors import UserInputError
 from orchestrator.trial import plan_trial
 from tests.conftest import tiny_config
 from trainables.training import train_trial

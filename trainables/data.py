@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from orchestrator.errors import UserInputError
+from core.errors import UserInputError
 
 DATASET_NAMES: tuple[str, ...] = ("digits", "fashion-mnist", "mnist", "cifar10")
 

@@ -118,7 +118,7 @@ class DPStep:
         Subclasses extend this with range checks; the base rejects unknown keys and fills
         defaults, so a typo never silently trains with a default.
         """
-        from orchestrator.errors import UserInputError
+        from core.errors import UserInputError
 
         for key in params:
             if key not in cls.extra_params:

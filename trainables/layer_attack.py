@@ -47,7 +47,7 @@ from sklearn.neural_network import MLPClassifier
 from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from orchestrator.errors import UserInputError
+from core.errors import UserInputError
 from trainables.models import LayeredModel
 
 #: Largest conv map (C * H * W values) kept whole; larger maps become per-channel statistics.

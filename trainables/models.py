@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from orchestrator.errors import UserInputError
+from core.errors import UserInputError
 
 ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
 

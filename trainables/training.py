@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 
-from orchestrator.errors import UserInputError
+from core.errors import UserInputError
 from trainables.data import DataSplits, SplitSizes, load_splits
 from trainables.dp_step import DPStep, NoisePhase
 from trainables.methods import get_method

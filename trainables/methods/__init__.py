@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-from orchestrator.errors import UserInputError
+from core.errors import UserInputError
 from trainables.dp_step import DPStep
 
 METHODS: dict[str, type[DPStep]] = {}

@@ -48,7 +48,7 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
-from orchestrator.errors import UserInputError
+from core.errors import UserInputError
 from trainables.dp_step import _NORM_EPS, DPStep, NoisePhase, PerExampleGrads
 from trainables.methods import register
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from orchestrator.errors import UserInputError
+from core.errors import UserInputError
 from trainables.dp_step import DPStep
 from trainables.methods import register
 

@@ -70,7 +70,7 @@ import torch
 import torch.nn.functional as F
 from threadpoolctl import threadpool_limits
 
-from orchestrator.errors import UserInputError
+from core.errors import UserInputError
 from trainables.dp_step import DPStep, PerExampleGrads
 from trainables.layer_attack import (
     ATTACK_KINDS,

@@ -44,7 +44,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from orchestrator.errors import UserInputError
+from core.errors import UserInputError
 from trainables.dp_step import DPStep
 from trainables.methods import register
 from trainables.spectral import KS_MIN_EIGS, MIN_TAIL, TOP_K_FRACTION, weight_tail_exponent
