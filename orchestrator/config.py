@@ -1,16 +1,22 @@
 """The sweep config: a TOML file whose every field has a documented default.
 
-Validation is strict and happens before anything is written: unknown sections or keys, wrong
-types and out-of-range values each raise one :class:`UserInputError` naming the field
-(``section.key``), the value and what is allowed. ``describe()`` renders the documented
-defaults (``dpsweep config``), so the README and the code cannot drift apart.
+Every field is a :class:`core.params.Param` declared once below (type, bounds, default and
+meaning); method hyperparameters are declared by the methods themselves. Validation is strict
+and happens before anything is written: unknown sections or keys, wrong types and out-of-range
+values each raise one :class:`UserInputError` naming the field (``section.key``), the value and
+what is allowed. ``describe()`` renders the documented defaults (``dpsweep config``), so the
+README and the code cannot drift apart.
+
+``[method_params]`` holds method hyperparameters (``lr``, ``clip_norm``, ``r``, ...): flat keys
+apply to every method that declares them (in a sweep they are then fixed, not searched), and a
+``[method_params.<method>]`` table applies to one method only.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -18,6 +24,8 @@ from typing import Any
 import tomli_w
 
 from core.errors import UserInputError
+from core.modes import INVALID_TAG
+from core.params import Param
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -32,14 +40,29 @@ DATASET_POOLS: dict[str, tuple[int, int]] = {
     "mnist": (60000, 10000),
     "cifar10": (50000, 10000),
 }
+#: Model names the config accepts (``trainables.models.MODEL_NAMES``; a test keeps them equal,
+#: so validating a config never imports torch).
+MODEL_CHOICES = ("auto", "digits_cnn", "cnn28", "cnn5", "resnet20_gn", "wrn16_4")
+#: Longest sensible PRV time bound: beyond it a fallback to RDP is better than waiting.
+MAX_ACCOUNTANT_TIMEOUT_S = 3600.0
+#: Largest epsilon any config may target: far beyond every meaningful claim, small enough that
+#: the accountants' discretisations stay within memory.
+MAX_EPSILON = 100.0
+SAMPLERS = ("tpe", "random", "nsga2", "gp")
 
 
 def _f(default: Any, doc: str, **rules: Any) -> Any:
-    """A config field: default, one-line doc, and validation rules (choices, lo, hi, lo_open)."""
-    meta = {"doc": doc, **rules}
+    """A config field: its default, one-line doc and the rules of its :class:`Param`."""
+    meta = {"doc": doc, "rules": rules}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)
+
+
+def field_param(section: str, f: dataclasses.Field) -> Param:
+    """The declaration of config field ``section.f``."""
+    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    return Param(f.name, default, f.metadata["doc"], **f.metadata["rules"])
 
 
 @dataclass(frozen=True)
@@ -47,65 +70,72 @@ class DataConfig:
     dataset: str = _f("digits", "dataset name", choices=tuple(DATASET_POOLS))
     data_dir: str = _f("", "directory with the dataset's files; '' = built-in lookup "
                            "(Debian's /usr/share/datasets for fashion-mnist, else download)")
-    split_seed: int = _f(0, "seed of the train/holdout/test/shadow split", lo=0)
-    train_size: int = _f(0, "private training examples (members); 0 = dataset default", lo=0)
-    holdout_size: int = _f(0, "private non-members for the audit; 0 = dataset default", lo=0)
-    test_size: int = _f(0, "test examples; 0 = dataset default", lo=0)
-    shadow_size: int = _f(0, "public shadow pool; 0 = dataset default", lo=0)
+    split_seed: int = _f(0, "seed of the train/validation/holdout/test/shadow split", low=0)
+    train_size: int = _f(0, "private training examples (members); 0 = dataset default", low=0)
+    validation_size: int = _f(0, "private validation examples (model selection); 0 = dataset "
+                                 "default", low=0)
+    holdout_size: int = _f(0, "private non-members for the audit; 0 = dataset default", low=0)
+    test_size: int = _f(0, "test examples (reported, never used to choose); 0 = dataset default",
+                        low=0)
+    shadow_size: int = _f(0, "public shadow pool; 0 = dataset default", low=0)
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     name: str = _f("auto", "model; 'auto' = digits_cnn for digits, cnn28 for 28x28, cnn5 for "
-                           "cifar10", choices=("auto", "digits_cnn", "cnn28", "cnn5"))
+                           "cifar10", choices=MODEL_CHOICES)
     activation: str = _f("tanh", "hidden activation", choices=("tanh", "relu"))
 
 
 @dataclass(frozen=True)
 class PrivacyConfig:
-    epsilon: float = _f(3.0, "target epsilon every trial is held to", lo=0.0, lo_open=True,
-                        hi=100.0)
-    delta: float = _f(1e-5, "target delta; must be below 1 / train_size", lo=0.0, lo_open=True,
-                      hi=1.0, hi_open=True)
+    epsilon: float = _f(3.0, "target epsilon every trial is held to", low=0.0, low_open=True,
+                        high=MAX_EPSILON)
+    delta: float = _f(1e-5, "target delta; must be below 1 / train_size", low=0.0, low_open=True,
+                      high=1.0, high_open=True)
     accountant_timeout_s: float = _f(120.0, "time bound of one PRV calibration before falling "
-                                            "back to Opacus RDP (recorded)", lo=1.0)
+                                            "back to RDP (recorded)", low=1.0,
+                                     high=MAX_ACCOUNTANT_TIMEOUT_S)
 
 
 @dataclass(frozen=True)
 class TrainingConfig:
-    method: str = _f("dpsgd", "method of a single-trial run (the demo's until the sweep lands)")
+    method: str = _f("dpsgd", "method of a single-trial run (`dpsweep train`)")
     preset: str = _f("", "start from the method's named preset ('paper' = the paper's defaults, "
                          "including lr and clip_norm); '' = none")
     batch_size: int = _f(64, "expected Poisson batch size; sample rate = 1/ceil(N/batch_size)",
-                         lo=1)
-    epochs: int = _f(20, "training epochs", lo=1, hi=10000)
-    lr: float = _f(0.5, "learning rate", lo=0.0, lo_open=True, hi=100.0)
-    clip_norm: float = _f(1.0, "per-example clipping norm C", lo=0.0, lo_open=True, hi=1e4)
-    momentum: float = _f(0.0, "SGD momentum", lo=0.0, hi=1.0, hi_open=True)
-    max_physical_batch: int = _f(512, "examples per vmap chunk (memory bound; no effect on "
-                                      "results)", lo=1)
-    seed: int = _f(0, "seed of model init, sampling and noise", lo=0)
+                         low=1)
+    epochs: int = _f(20, "training epochs", low=1, high=10000)
+    max_physical_batch: int = _f(512, "examples per per-example-gradient chunk (memory bound; "
+                                      "no effect on results)", low=1, high=1 << 20)
+    seed: int = _f(0, "seed of model initialisation and public-batch order (never of the noise "
+                      "or sampling, unless reproducible)", low=0)
+    reproducible: bool = _f(False, "seed the noise and Poisson sampling from `seed` too, so a "
+                                   "replay is bit-identical; such trials are unsafe to release")
+    secure_mode: bool = _f(False, "draw noise and sampling from a cryptographically secure "
+                                  "source, with the floating-point-safe Gaussian")
 
 
 @dataclass(frozen=True)
 class ResourcesConfig:
-    cpus_per_trial: int = _f(1, "CPUs per trial; torch threads are set to this", lo=1)
-    gpus_per_trial: float = _f(0.0, "GPUs per trial (fractions allowed)", lo=0.0, hi=8.0)
+    cpus_per_trial: int = _f(1, "CPUs per trial; torch threads are set to this", low=1,
+                             high=1024)
+    gpus_per_trial: float = _f(0.0, "GPUs per trial (fractions allowed)", low=0.0, high=16.0)
     device: str = _f("auto", "'auto' (CUDA when present), 'cpu' or 'cuda'",
                      choices=("auto", "cpu", "cuda"))
 
 
-ALL_METHODS = ["dpsgd", "lm_dpsgd", "ww_dpsgd", "dp_adamilg", "dpsgd_lf"]
-
-
 @dataclass(frozen=True)
 class SweepConfig:
-    methods: list = _f(ALL_METHODS, "methods to compare, one Optuna study each")  # noqa: RUF009
-    trials_per_method: int = _f(4, "trials per method (equal budgets; the first is the paper "
-                                    "preset)", lo=1, hi=10000)
+    methods: list = _f(  # noqa: RUF009
+        [], "series to compare, 'method' or 'method:mode', one Optuna study each; empty = every "
+            "registered method in its default mode", kind="list")
+    trials_per_method: int = _f(4, "trials per series (equal budgets; the first is the paper "
+                                   "preset)", low=1, high=10000)
     max_concurrent_trials: int = _f(2, "trials running at once (bounded by the cluster's CPUs)",
-                                    lo=1)
-    seed: int = _f(0, "seed of the Optuna samplers", lo=0)
+                                    low=1, high=1024)
+    seed: int = _f(0, "seed of the Optuna samplers", low=0)
+    sampler: str = _f("tpe", "Optuna sampler: tpe, random, nsga2 or gp", choices=SAMPLERS)
 
 
 @dataclass(frozen=True)
@@ -113,8 +143,13 @@ class AuditConfig:
     enabled: bool = _f(True, "attack every trained model with per-layer shadow-model MIAs")
     in_trial: bool = _f(True, "audit inside each trial (two-objective search: accuracy up, peak "
                               "MIA down); false = accuracy-only search, audit afterwards")
-    shadow_models: int = _f(1, "shadow models per audited trial", lo=1, hi=16)
-    seed: int = _f(0, "seed of the shadow split, shadow training and attack classifiers", lo=0)
+    shadow_models: int = _f(1, "shadow models per audited trial", low=1, high=64)
+    seed: int = _f(0, "seed of the shadow split, shadow training and attack classifiers", low=0)
+
+
+SECTIONS: dict[str, type] = {"data": DataConfig, "model": ModelConfig, "privacy": PrivacyConfig,
+                             "training": TrainingConfig, "resources": ResourcesConfig,
+                             "sweep": SweepConfig, "audit": AuditConfig}
 
 
 @dataclass(frozen=True)
@@ -126,81 +161,65 @@ class Config:
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
     audit: AuditConfig = field(default_factory=AuditConfig)
-    #: Method hyperparameters beyond lr and clip_norm (checked by the method itself).
+    #: Method hyperparameters: flat keys for every method declaring them, and per-method tables.
     method_params: dict[str, Any] = field(default_factory=dict)
+    #: Search-range overrides per method: ``{method: {param: {low, high, log} | {choices}}}``.
+    search: dict[str, Any] = field(default_factory=dict)
 
-    def trial_params(self) -> dict[str, Any]:
-        """lr, clip_norm, momentum and method params after applying the preset."""
+    def series(self) -> list[tuple[str, str]]:
+        """The sweep's (method, mode) series, in order."""
+        from trainables.methods import METHODS, parse_series
+
+        names = self.sweep.methods or list(METHODS)
+        return [parse_series(n) for n in names]
+
+    def given_params(self, method: str) -> dict[str, Any]:
+        """What the config sets for ``method``: flat keys it declares, then its own table."""
         from trainables.methods import get_method
 
-        cls = get_method(self.training.method)
-        preset = dict(cls.presets[self.training.preset]) if self.training.preset else {}
-        base = {"lr": self.training.lr, "clip_norm": self.training.clip_norm,
-                "momentum": self.training.momentum}
-        for key in ("lr", "clip_norm", "momentum"):
-            if key in preset:
-                base[key] = preset.pop(key)
-        params = cls.validate_params({**preset, **self.method_params})
-        return {**base, "method_params": params}
+        declared = get_method(method).declaration()
+        flat = {k: v for k, v in self.method_params.items()
+                if not isinstance(v, dict) and k in declared}
+        own = self.method_params.get(method, {})
+        return {**flat, **own}
+
+    def trial_params(self, method: str | None = None, *, mode: str | None = None,
+                     preset: str | None = None) -> dict[str, Any]:
+        """The validated method parameters of one trial: the preset (``training.preset`` for the
+        single-trial method), then the config's values, then ``mode`` if given."""
+        from trainables.methods import get_method
+
+        name = method or self.training.method
+        cls = get_method(name)
+        chosen = self.training.preset if preset is None and name == self.training.method \
+            else (preset or "")
+        values = dict(cls.presets()[chosen]) if chosen else {}
+        values.update(self.given_params(name))
+        if mode is not None:
+            values["mode"] = mode
+        return cls.validate_params(values)
 
     def split_sizes(self) -> dict[str, int]:
         """Split sizes with dataset defaults filled in."""
         from trainables.data import DEFAULT_SIZES
 
         d = DEFAULT_SIZES[self.data.dataset]
-        return {
-            "train": self.data.train_size or d.train,
-            "holdout": self.data.holdout_size or d.holdout,
-            "test": self.data.test_size or d.test,
-            "shadow": self.data.shadow_size or d.shadow,
-        }
+        return {name: getattr(self.data, f"{name}_size") or getattr(d, name)
+                for name in ("train", "validation", "holdout", "test", "shadow")}
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        if not d["method_params"]:
-            del d["method_params"]
+        for key in ("method_params", "search"):
+            if not d[key]:
+                del d[key]
         return d
 
     def to_toml(self) -> str:
         return tomli_w.dumps(self.to_dict())
 
 
-_SECTION_TYPES = {"data": DataConfig, "model": ModelConfig, "privacy": PrivacyConfig,
-                  "training": TrainingConfig, "resources": ResourcesConfig,
-                  "sweep": SweepConfig, "audit": AuditConfig}
-
-
-_KIND_NAMES = {int: "an integer", float: "a float", str: "a string", bool: "a boolean",
-               list: "a list"}
-
-
-def _check_value(section: str, f: dataclasses.Field, value: Any) -> Any:
-    name = f"{section}.{f.name}"
-    meta = f.metadata
-    kind = type(f.default) if f.default is not dataclasses.MISSING else list
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    if kind is bool or isinstance(value, bool):
-        if not isinstance(value, bool) or kind is not bool:
-            raise UserInputError(field=name, value=value, allowed=_KIND_NAMES[kind])
-    if not isinstance(value, kind):
-        raise UserInputError(field=name, value=value, allowed=_KIND_NAMES[kind])
-    if kind is float and not math.isfinite(value):
-        raise UserInputError(field=name, value=value, allowed="a finite number")
-    if "choices" in meta and value not in meta["choices"]:
-        raise UserInputError(field=name, value=value, allowed=f"one of {list(meta['choices'])}")
-    lo, hi = meta.get("lo"), meta.get("hi")
-    if lo is not None and (value < lo or (meta.get("lo_open") and value == lo)):
-        op = ">" if meta.get("lo_open") else ">="
-        raise UserInputError(field=name, value=value, allowed=f"a number {op} {lo}")
-    if hi is not None and (value > hi or (meta.get("hi_open") and value == hi)):
-        op = "<" if meta.get("hi_open") else "<="
-        raise UserInputError(field=name, value=value, allowed=f"a number {op} {hi}")
-    return value
-
-
 def _section(section: str, raw: Any) -> Any:
-    cls = _SECTION_TYPES[section]
+    cls = SECTIONS[section]
     if not isinstance(raw, dict):
         raise UserInputError(field=section, value=raw, allowed="a table of keys")
     known = {f.name: f for f in fields(cls)}
@@ -208,23 +227,27 @@ def _section(section: str, raw: Any) -> Any:
         if key not in known:
             raise UserInputError(field=f"{section}.{key}", value=raw[key],
                                  allowed=f"one of the keys {sorted(known)} (unknown key)")
-    return cls(**{k: _check_value(section, known[k], v) for k, v in raw.items()})
+    return cls(**{k: field_param(section, known[k]).check(v, prefix=section)
+                  for k, v in raw.items()})
 
 
-def from_dict(raw: dict[str, Any]) -> Config:
+def from_dict(raw: Mapping[str, Any]) -> Config:
     """Build and fully validate a config from parsed TOML."""
     raw = dict(raw)
     method_params = raw.pop("method_params", {})
-    if not isinstance(method_params, dict):
-        raise UserInputError(field="method_params", value=method_params,
-                             allowed="a table of the method's hyperparameters")
+    search = raw.pop("search", {})
+    for key, value in (("method_params", method_params), ("search", search)):
+        if not isinstance(value, dict):
+            raise UserInputError(field=key, value=value, allowed="a table")
     for key in raw:
-        if key not in _SECTION_TYPES:
+        if key not in SECTIONS:
             raise UserInputError(field=key, value=raw[key] if not isinstance(raw[key], dict)
                                  else "[table]",
-                                 allowed=f"one of the sections {sorted(_SECTION_TYPES)} "
+                                 allowed=f"one of the sections "
+                                         f"{sorted([*SECTIONS, 'method_params', 'search'])} "
                                          "(unknown section)")
-    cfg = Config(**{k: _section(k, v) for k, v in raw.items()}, method_params=method_params)
+    cfg = Config(**{k: _section(k, v) for k, v in raw.items()}, method_params=method_params,
+                 search=search)
     _cross_checks(cfg)
     return cfg
 
@@ -240,29 +263,64 @@ def load(path: str | Path) -> Config:
     return from_dict(raw)
 
 
+def _check_method_params(cfg: Config, methods: list[str]) -> None:
+    """Every key is declared by some method in play; per-method tables name known methods."""
+    from trainables.methods import METHODS
+
+    for key, value in cfg.method_params.items():
+        if isinstance(value, dict):
+            if key not in METHODS:
+                raise UserInputError(field=f"method_params.{key}", value="[table]",
+                                     allowed=f"a table named after a method: {sorted(METHODS)}")
+            continue
+        if not any(key in METHODS[m].declaration() for m in methods):
+            raise UserInputError(field=f"method_params.{key}", value=value,
+                                 allowed=f"a hyperparameter declared by {', '.join(methods)} "
+                                         "(see `dpsweep config --method M`)")
+
+
 def _cross_checks(cfg: Config) -> None:
     from trainables.methods import METHODS
 
     if cfg.training.method not in METHODS:
         raise UserInputError(field="training.method", value=cfg.training.method,
                              allowed=f"one of {sorted(METHODS)}")
-    presets = METHODS[cfg.training.method].presets
+    presets = METHODS[cfg.training.method].presets()
     if cfg.training.preset and cfg.training.preset not in presets:
         raise UserInputError(field="training.preset", value=cfg.training.preset,
                              allowed=f"'' or a preset of {cfg.training.method}: "
                                      f"{sorted(presets) or 'none'}")
-    cfg.trial_params()  # the method checks its own hyperparameters
+    series = cfg.series()
+    if len(set(series)) != len(series):
+        raise UserInputError(field="sweep.methods", value=cfg.sweep.methods,
+                             allowed="distinct 'method' or 'method:mode' entries")
+    in_play = sorted({cfg.training.method, *(m for m, _ in series)})
+    _check_method_params(cfg, in_play)
+    cfg.trial_params()  # the single-trial method checks its own hyperparameters
+    for method, mode in series:
+        cfg.trial_params(method, mode=mode)
+    from search_spaces import check_overrides
+
+    check_overrides(cfg.search, methods=[m for m, _ in series])
+    _check_sizes(cfg)
+    if cfg.resources.device == "cuda" and cfg.resources.gpus_per_trial == 0:
+        raise UserInputError(field="resources.gpus_per_trial", value=0.0,
+                             allowed="> 0 when resources.device = 'cuda'")
+
+
+def _check_sizes(cfg: Config) -> None:
     sizes = cfg.split_sizes()
     pool, official_test = DATASET_POOLS[cfg.data.dataset]
+    private = ("train", "validation", "holdout", "shadow")
     if official_test:
         if sizes["test"] > official_test:
             raise UserInputError(field="data.test_size", value=sizes["test"],
                                  allowed=f"<= {official_test} (the official test set)")
-        used = sizes["train"] + sizes["holdout"] + sizes["shadow"]
-        what = "train_size + holdout_size + shadow_size"
+        used = sum(sizes[k] for k in private)
+        what = " + ".join(f"{k}_size" for k in private)
     else:
         used = sum(sizes.values())
-        what = "train_size + holdout_size + test_size + shadow_size"
+        what = " + ".join(f"{k}_size" for k in (*private, "test"))
     if used > pool:
         raise UserInputError(field="data.sizes", value=f"{what} = {used}",
                              allowed=f"<= {pool} examples available in {cfg.data.dataset}")
@@ -274,33 +332,42 @@ def _cross_checks(cfg: Config) -> None:
     if cfg.training.batch_size > n:
         raise UserInputError(field="training.batch_size", value=cfg.training.batch_size,
                              allowed=f"<= train_size = {n}")
-    methods = cfg.sweep.methods
-    if not methods or any(not isinstance(m, str) or m not in METHODS for m in methods) or len(
-            set(methods)) != len(methods):
-        raise UserInputError(field="sweep.methods", value=methods,
-                             allowed=f"a non-empty list of distinct names from {sorted(METHODS)}")
-    if cfg.resources.device == "cuda" and cfg.resources.gpus_per_trial == 0:
-        raise UserInputError(field="resources.gpus_per_trial", value=0.0,
-                             allowed="> 0 when resources.device = 'cuda'")
 
 
-def describe() -> str:
-    """The documented defaults as a commented TOML file."""
+def describe(method: str | None = None) -> str:
+    """The documented defaults as a commented TOML file, or one method's declaration table."""
+    if method is not None:
+        return describe_method(method)
     lines = ["# dpsweep config: every key with its default. Unknown keys are an error.",
-             "# [method_params] (optional): the method's own hyperparameters, e.g. r = 2.0 for",
-             "# lm_dpsgd; each method documents and checks its keys.", ""]
-    for section, cls in _SECTION_TYPES.items():
+             "# [method_params]: method hyperparameters (lr, clip_norm, ...); flat keys apply to",
+             "# every method declaring them, [method_params.<method>] to one method. See",
+             "# `dpsweep config --method M` for a method's table.", ""]
+    for section, cls in SECTIONS.items():
         lines.append(f"[{section}]")
         for f in fields(cls):
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            if isinstance(default, list):
-                value = "[" + ", ".join(f'"{v}"' for v in default) + "]"
+            p = field_param(section, f)
+            if isinstance(p.default, list):
+                value = "[" + ", ".join(f'"{v}"' for v in p.default) + "]"
             else:
-                value = tomli_w.dumps({"x": default}).split("=", 1)[1].strip()
-            rules = []
-            if "choices" in f.metadata:
-                rules.append("one of " + ", ".join(map(str, f.metadata["choices"])))
-            lines.append(f"{f.name} = {value:<12} # {f.metadata['doc']}"
-                         + (f" ({'; '.join(rules)})" if rules else ""))
+                value = tomli_w.dumps({"x": p.default}).split("=", 1)[1].strip()
+            lines.append(f"{f.name} = {value:<12} # {p.doc} ({p.allowed()})")
         lines.append("")
     return "\n".join(lines)
+
+
+def describe_method(method: str) -> str:
+    """One method's hyperparameter table, from its declaration."""
+    from trainables.methods import get_method
+
+    cls = get_method(method)
+    rows = cls.declaration().table()
+    modes = "; ".join(f"{m.name} ({'valid' if m.dp_valid else INVALID_TAG})" for m in cls.modes)
+    out = [f"{cls.name}: {cls.summary}", f"  source: {cls.citation or 'baseline'}",
+           f"  modes: {modes}", ""]
+    width = max(len(r["name"]) for r in rows)
+    for r in rows:
+        extra = [x for x in (r["log"], f"modes: {r['modes']}" if r["modes"] != "all" else "",
+                             f"presets: {r['presets']}" if r["presets"] else "") if x]
+        out.append(f"  {r['name']:<{width}}  default {r['default']:<10} {r['allowed']}")
+        out.append(f"  {'':<{width}}  {r['doc']}" + (f" [{'; '.join(extra)}]" if extra else ""))
+    return "\n".join(out)

@@ -6,11 +6,11 @@ question (cached on disk) and every trial receives the exact schedule it must tr
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from pathlib import Path
+from typing import Any
 
-from orchestrator.budget import Calibration, Phase, calibrate, default_cache_dir, epsilon_curve
+from orchestrator.budget import Calibration, calibrate, default_cache_dir, epsilon_curve
 from orchestrator.config import Config
 from trainables.data import DataSplits, SplitSizes, load_splits
 from trainables.methods import get_method
@@ -37,49 +37,45 @@ def match_budget(*, method: str, params: dict, dataset_size: int, batch_size: in
     shape = get_method(method).noise_shape(epochs=epochs, steps_per_epoch=steps_per_epoch,
                                            params=params)
     cal = calibrate(target_epsilon=epsilon, delta=delta, sample_rate=q,
-                    shape=[Phase(noise_multiplier=p.noise_multiplier, steps=p.steps)
-                           for p in shape],
+                    shape=list(shape.phases),
                     cache_dir=cache_dir, timeout_s=timeout_s)
     curve = epsilon_curve(cal, at_steps=[steps_per_epoch * (e + 1) for e in range(epochs)],
                           cache_dir=cache_dir)
     return cal, [b.upper for b in curve]
 
 
-def plan_trial(cfg: Config, *, method: str | None = None, trial_id: str = "trial",
-               cache_dir: Path | None = None, data: DataSplits | None = None) -> TrialSpec:
+def plan_trial(cfg: Config, *, method: str | None = None, params: dict[str, Any] | None = None,
+               trial_id: str = "trial", cache_dir: Path | None = None,
+               data: DataSplits | None = None) -> TrialSpec:
     """Match the budget for the config's sampling plan and method schedule; return the spec.
 
-    Runs the method's once-per-sweep preparation (on public data only, cached) first, since
-    its output (e.g. LM-DP-SGD's risk vector) travels in the spec.
+    ``params`` are the trial's method parameters (validated here); by default the config's
+    (``Config.trial_params``). Runs the method's once-per-sweep preparation (on public data
+    only, cached) first, since its output (e.g. LM-DP-SGD's risk vector) travels in the spec.
     """
-    if method is not None and method != cfg.training.method:
-        cfg = dataclasses.replace(cfg, training=dataclasses.replace(cfg.training, method=method))
-    method_cls = get_method(cfg.training.method)
-    tp = cfg.trial_params()
-    params = dict(tp["method_params"])
+    name = method or cfg.training.method
+    method_cls = get_method(name)
+    params = method_cls.validate_params(cfg.trial_params(name) if params is None else params)
     sizes = cfg.split_sizes()
     epochs = cfg.training.epochs
-    cal, curve = match_budget(method=cfg.training.method, params=params,
-                              dataset_size=sizes["train"], batch_size=cfg.training.batch_size,
-                              epochs=epochs, epsilon=cfg.privacy.epsilon,
-                              delta=cfg.privacy.delta, cache_dir=cache_dir,
-                              timeout_s=cfg.privacy.accountant_timeout_s)
+    cal, curve = match_budget(method=name, params=params, dataset_size=sizes["train"],
+                              batch_size=cfg.training.batch_size, epochs=epochs,
+                              epsilon=cfg.privacy.epsilon, delta=cfg.privacy.delta,
+                              cache_dir=cache_dir, timeout_s=cfg.privacy.accountant_timeout_s)
     prepared = method_cls.prepare(
         data=data if data is not None else _lazy_data(cfg),
         model_factory=functools.partial(_model_factory, cfg),
         params=params, seed=cfg.training.seed, cache_dir=cache_dir or default_cache_dir())
-    params.update(prepared)
+    params = method_cls.validate_params({**params, **prepared})
     return TrialSpec(
-        method=cfg.training.method,
-        lr=tp["lr"],
-        clip_norm=tp["clip_norm"],
+        method=name,
+        method_params=params,
         epochs=epochs,
         batch_size=cfg.training.batch_size,
         calibration=cal.to_dict(),
         epsilon_curve=curve,
         seed=cfg.training.seed,
-        method_params=params,
-        momentum=tp["momentum"],
+        randomness=randomness_kind(cfg),
         dataset=cfg.data.dataset,
         data_dir=cfg.data.data_dir or None,
         split_seed=cfg.data.split_seed,
@@ -91,6 +87,13 @@ def plan_trial(cfg: Config, *, method: str | None = None, trial_id: str = "trial
         max_physical_batch=cfg.training.max_physical_batch,
         trial_id=trial_id,
     )
+
+
+def randomness_kind(cfg: Config) -> str:
+    """Where a trial's noise and sampling come from (``trainables.randomness``)."""
+    if cfg.training.reproducible:
+        return "reproducible"
+    return "secure" if cfg.training.secure_mode else "secret"
 
 
 class _lazy_data:

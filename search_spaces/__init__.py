@@ -1,64 +1,234 @@
-"""One search space per method: Optuna distributions plus the paper-defaults point.
+"""Search spaces: for each method, which declared hyperparameters a sweep explores, and where.
 
-Keys are trial overrides as the trainable understands them: ``lr``, ``clip_norm`` and
-``method_params.<name>``. Each space's ``first_point`` (the paper's defaults, or the config's
-own lr / clip_norm where the paper gives none) is enqueued as the method's first trial, so
-every study starts from a known-good configuration. Ranges are wide enough to contain every
-paper's defaults (tested).
+A method declares its hyperparameters once (``trainables/methods/``: type, bounds, default,
+log scale, presets, modes); a search space holds only the choices about *searching*: which of
+them to explore, over which ranges, and how to parametrise them. Everything else is derived:
+the Optuna distributions (type and log scale from the declaration), the first point of each
+study (the method's ``paper`` preset, else its defaults), the decoding of a sampled point into
+method parameters, and the checks on user overrides from the TOML (``[search.<method>]``).
 
-Spaces are built per sweep because some ranges depend on the model (DP-SGD-LF's m_f runs over
-the layers) and on the config (the first point's lr / clip_norm).
+SGD-family methods search the effective step ``lr_x_clip`` = lr * C together with C, not lr and
+C independently: with clipping active the update's size is about lr * C, so independent lr and
+C put most sampled points where the step is far too small or too large to learn (measured:
+``docs/search.md``). lr is decoded as lr_x_clip / C.
+
+Hyperparameters fixed by the config (``[method_params]``) and those the trial's mode does not
+read are not searched.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
+import math
+import pkgutil
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from optuna.distributions import BaseDistribution
-
 from core.errors import UserInputError
+from core.params import Param
+
+#: Name of the effective-step dimension (lr * C) of SGD-family spaces.
+STEP = "lr_x_clip"
+STEP_PARAM = Param(STEP, 0.5, "effective step lr * C", low=0.0, low_open=True, high=1e4, log=True)
 
 
 @dataclass(frozen=True)
-class SearchSpace:
-    method: str
-    distributions: dict[str, BaseDistribution]
-    first_point: dict[str, Any]
-    #: Overrides every trial of the method gets (e.g. its default mode), not searched.
-    fixed: dict[str, Any] = field(default_factory=dict)
+class Range:
+    """A numeric interval to explore; ``log`` None takes the declaration's scale."""
 
-    def contains(self, point: dict[str, Any]) -> bool:
-        """Whether every searched key of ``point`` lies inside its distribution."""
+    low: float
+    high: float
+    log: bool | None = None
+
+
+@dataclass(frozen=True)
+class Choices:
+    """A finite set to explore (e.g. a grid whose budgets are calibrated before the sweep)."""
+
+    values: tuple[Any, ...]
+
+
+Dimension = Range | Choices
+
+
+@dataclass(frozen=True)
+class Space:
+    """The searching choices of one method.
+
+    ``per_model`` adds ranges that depend on the model (e.g. a layer count); ``step`` makes lr
+    searched through the effective step lr * C (requires ``clip_norm`` in the ranges).
+    """
+
+    method: str
+    ranges: Mapping[str, Dimension]
+    step: Range | None = None
+    per_model: Callable[[int], Mapping[str, Dimension]] | None = None
+
+
+SPACES: dict[str, Space] = {}
+
+#: Ranges the SGD-family spaces share (measured on digits and Fashion-MNIST: docs/search.md):
+#: C over two decades around the 0.5-1 where DP-SGD's gradients are clipped, and the effective
+#: step lr * C where 20-epoch runs learn.
+SGD_CLIP = Range(0.1, 5.0)
+SGD_STEP = Range(0.1, 4.0)
+
+
+def register(space: Space) -> Space:
+    if space.method in SPACES:
+        raise RuntimeError(f"search space of {space.method!r} registered twice")
+    SPACES[space.method] = space
+    return space
+
+
+@dataclass(frozen=True)
+class BuiltSpace:
+    """A method's space for one sweep: Optuna distributions, first point, decoding."""
+
+    method: str
+    mode: str
+    distributions: dict[str, Any]
+    first_point: dict[str, Any]
+    fixed: dict[str, Any] = field(default_factory=dict)
+    step: bool = False
+
+    def decode(self, sampled: Mapping[str, Any]) -> dict[str, Any]:
+        """Method parameters of a sampled point (lr from the step, fixed values added)."""
+        out = {**self.fixed, **{k: v for k, v in sampled.items() if k != STEP}}
+        if self.step:
+            out["lr"] = float(sampled[STEP]) / float(out["clip_norm"])
+        out["mode"] = self.mode
+        return out
+
+    def contains(self, point: Mapping[str, Any]) -> bool:
+        """Whether every searched key of an encoded point lies inside its distribution."""
         return all(k in point and d._contains(d.to_internal_repr(point[k]))
                    for k, d in self.distributions.items())
 
 
-#: method -> builder(num_layers, lr, clip_norm) -> SearchSpace
-BUILDERS: dict[str, Callable[..., SearchSpace]] = {}
+def _distribution(param: Param, dim: Dimension) -> Any:
+    from optuna.distributions import (
+        CategoricalDistribution,
+        FloatDistribution,
+        IntDistribution,
+    )
+
+    if isinstance(dim, Choices):
+        return CategoricalDistribution(tuple(dim.values))
+    log = param.log if dim.log is None else dim.log
+    if param.kind == "int":
+        return IntDistribution(int(dim.low), int(dim.high), log=log)
+    return FloatDistribution(float(dim.low), float(dim.high), log=log)
 
 
-def register(method: str) -> Callable[[Callable[..., SearchSpace]], Callable[..., SearchSpace]]:
-    def deco(fn: Callable[..., SearchSpace]) -> Callable[..., SearchSpace]:
-        BUILDERS[method] = fn
-        return fn
+def _override(method: str, name: str, raw: Any, param: Param | None) -> Dimension:
+    """A [search.<method>] entry as a dimension, checked against the declaration."""
+    where = f"search.{method}.{name}"
+    if not isinstance(raw, dict) or not (set(raw) <= {"low", "high", "log"}
+                                         or set(raw) == {"choices"}):
+        raise UserInputError(field=where, value=raw,
+                             allowed="{low = .., high = .., log = true|false} or "
+                                     "{choices = [..]}")
+    declared = param if param is not None else STEP_PARAM
 
-    return deco
+    def check(value: Any) -> Any:
+        return declared.check(value, prefix=where)
+
+    if "choices" in raw:
+        values = raw["choices"]
+        if not isinstance(values, list) or not values:
+            raise UserInputError(field=f"{where}.choices", value=values,
+                                 allowed="a non-empty list")
+        return Choices(tuple(check(v) for v in values))
+    if "low" not in raw or "high" not in raw:
+        raise UserInputError(field=where, value=raw, allowed="both low and high")
+    low, high = check(raw["low"]), check(raw["high"])
+    if not (isinstance(low, (int, float)) and low < high):
+        raise UserInputError(field=f"{where}.high", value=raw["high"],
+                             allowed=f"a number > low = {raw['low']}")
+    log = raw.get("log")
+    if log is not None and not isinstance(log, bool):
+        raise UserInputError(field=f"{where}.log", value=log, allowed="true or false")
+    if log and low <= 0:
+        raise UserInputError(field=f"{where}.low", value=low, allowed="> 0 on a log scale")
+    return Range(low, high, log)
 
 
-def build_space(method: str, *, num_layers: int, lr: float, clip_norm: float) -> SearchSpace:
-    """The method's space for a model with ``num_layers`` layers and the config's lr / C."""
-    if method not in BUILDERS:
+def check_overrides(search: Mapping[str, Any], *, methods: list[str]) -> None:
+    """Validate ``[search.<method>]`` tables against the methods' spaces and declarations."""
+    from trainables.methods import get_method
+
+    for method, table in search.items():
+        if method not in methods:
+            raise UserInputError(field=f"search.{method}", value="[table]",
+                                 allowed=f"a table named after a swept method: {methods}")
+        if not isinstance(table, dict):
+            raise UserInputError(field=f"search.{method}", value=table, allowed="a table")
+        declared = get_method(method).declaration()
+        space = SPACES[method]
+        for name, raw in table.items():
+            if name == STEP and space.step is None:
+                raise UserInputError(field=f"search.{method}.{name}", value=raw,
+                                     allowed=f"a searched hyperparameter of {method}")
+            if name != STEP and name not in declared:
+                raise UserInputError(field=f"search.{method}.{name}", value=raw,
+                                     allowed=f"a hyperparameter declared by {method}: "
+                                             f"{declared.names}")
+            _override(method, name, raw, None if name == STEP else declared[name])
+
+
+def build_space(method: str, *, mode: str, num_layers: int,
+                fixed: Mapping[str, Any] | None = None,
+                overrides: Mapping[str, Any] | None = None) -> BuiltSpace:
+    """The method's space for a sweep: its ranges, the model's, the user's overrides, minus
+    what the config fixes and what the mode does not read."""
+    from trainables.methods import get_method
+
+    if method not in SPACES:
         raise UserInputError(field="sweep.methods", value=method,
-                             allowed=f"methods with a search space: {sorted(BUILDERS)}")
-    return BUILDERS[method](num_layers=num_layers, lr=lr, clip_norm=clip_norm)
+                             allowed=f"methods with a search space: {sorted(SPACES)}")
+    cls = get_method(method)
+    declared = cls.declaration()
+    space = SPACES[method]
+    fixed = dict(fixed or {})
+    fixed.pop("mode", None)
+    dims: dict[str, Dimension] = dict(space.ranges)
+    if space.per_model is not None:
+        dims.update(space.per_model(num_layers))
+    step = space.step
+    for name, raw in (overrides or {}).items():
+        dim = _override(method, name, raw, None if name == STEP else declared[name])
+        if name == STEP:
+            step = dim if isinstance(dim, Range) else step
+        else:
+            dims[name] = dim
+    dims = {k: v for k, v in dims.items()
+            if k not in fixed and (not declared[k].modes or mode in declared[k].modes)}
+    use_step = step is not None and "lr" not in fixed and "clip_norm" in dims
+    distributions = {k: _distribution(declared[k], d) for k, d in dims.items()}
+    if use_step:
+        distributions[STEP] = _distribution(declared["lr"], step)
+    start = {**declared.defaults(), **cls.presets().get("paper", {}), **fixed}
+    first = {k: start[k] for k in dims}
+    if use_step:
+        first[STEP] = float(start["lr"]) * float(start["clip_norm"])
+    first = {k: _inside(v, distributions[k]) for k, v in first.items()}
+    return BuiltSpace(method=method, mode=mode, distributions=distributions, first_point=first,
+                      fixed=fixed, step=use_step)
+
+
+def _inside(value: Any, dist: Any) -> Any:
+    """The first point clamped into its range (a preset outside a user's narrowed range)."""
+    if hasattr(dist, "choices"):
+        return value if value in dist.choices else dist.choices[0]
+    low, high = dist.low, dist.high
+    clamped = min(max(value, low), high)
+    return int(clamped) if isinstance(low, int) and not isinstance(low, bool) else (
+        float(clamped) if math.isfinite(clamped) else low)
 
 
 def _import_all() -> None:
-    import importlib
-    import pkgutil
-
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         importlib.import_module(f"{__name__}.{info.name}")
 

@@ -1,13 +1,7 @@
-"""dpsgd: lr and C only; the first point is the config's own (DP-SGD has no paper preset)."""
+"""dpsgd: the clipping norm C and the effective step lr * C (see the package docstring)."""
 
 from __future__ import annotations
 
-from search_spaces import SearchSpace, register
-from search_spaces.common import CLIP, LR, inside
+from search_spaces import SGD_CLIP, SGD_STEP, Space, register
 
-
-@register("dpsgd")
-def space(*, num_layers: int, lr: float, clip_norm: float) -> SearchSpace:
-    del num_layers
-    return SearchSpace(method="dpsgd", distributions={"lr": LR, "clip_norm": CLIP},
-                       first_point={"lr": inside(lr, LR), "clip_norm": inside(clip_norm, CLIP)})
+SPACE = register(Space(method="dpsgd", ranges={"clip_norm": SGD_CLIP}, step=SGD_STEP))

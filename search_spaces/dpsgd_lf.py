@@ -1,26 +1,15 @@
-"""dpsgd_lf: lr, C, the freeze time t_f (fraction of steps) and depth m_f in [1, L-1].
+"""dpsgd_lf: C, the effective step, the freeze time t_f (fraction of steps) and depth m_f.
 
-Paper (App. D): freeze the first 3 of 5 layers after epoch 4/19/40 of training at epsilon
-1/2/3, i.e. late in training; the first point freezes the lower half at 3/4 of the steps.
+Paper (App. D): freeze the first 3 of 5 layers late in training; t_f runs over [0.3, 0.95] of
+the steps and m_f over every depth that leaves a layer trainable, [1, L-1], plus 0 (the
+method's 'lower half' rule, the paper's default and the first point).
 """
 
 from __future__ import annotations
 
-from optuna.distributions import FloatDistribution, IntDistribution
+from search_spaces import SGD_CLIP, SGD_STEP, Range, Space, register
 
-from search_spaces import SearchSpace, register
-from search_spaces.common import CLIP, LR, inside
-
-
-@register("dpsgd_lf")
-def space(*, num_layers: int, lr: float, clip_norm: float) -> SearchSpace:
-    m_f = IntDistribution(1, max(1, num_layers - 1))
-    return SearchSpace(
-        method="dpsgd_lf",
-        distributions={"lr": LR, "clip_norm": CLIP,
-                       "method_params.t_f_fraction": FloatDistribution(0.3, 0.95),
-                       "method_params.m_f": m_f},
-        first_point={"lr": inside(lr, LR), "clip_norm": 1.0,
-                     "method_params.t_f_fraction": 0.75,
-                     "method_params.m_f": max(1, num_layers // 2)},
-    )
+SPACE = register(Space(method="dpsgd_lf",
+                       ranges={"clip_norm": SGD_CLIP, "t_f_fraction": Range(0.3, 0.95)},
+                       step=SGD_STEP,
+                       per_model=lambda layers: {"m_f": Range(0, max(1, layers - 1))}))

@@ -21,10 +21,15 @@ def _budget_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def tiny_config(**training: object) -> Config:
-    """Digits, 2 epochs of 10 Poisson steps: a trial in about a second."""
-    base = {"epochs": 2, "batch_size": 60, "lr": 1.0, "clip_norm": 1.0}
+    """Digits, 2 epochs of 10 Poisson steps (500 members, batch 50): a trial in about a second.
+
+    ``lr`` and ``clip_norm`` go to ``[method_params]``; everything else to ``[training]``.
+    """
+    params = {k: training.pop(k) for k in ("lr", "clip_norm") if k in training}
+    base: dict[str, object] = {"epochs": 2, "batch_size": 50}
     base.update(training)
-    return dataclasses.replace(Config(), training=TrainingConfig(**base))
+    return dataclasses.replace(Config(), training=TrainingConfig(**base),
+                               method_params={"lr": 1.0, "clip_norm": 1.0, **params})
 
 
 @pytest.fixture(scope="module")

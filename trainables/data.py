@@ -2,9 +2,11 @@
 
 A membership audit is only sound when the members (``train``) and non-members (``holdout``)
 come from the same distribution and never overlap, and when the attacker's ``shadow`` pool
-and the accuracy ``test`` set are disjoint from both. Every split therefore carries the
-indices of its examples in the dataset's pooled example list (official train set first,
-then the official test set), so the separation can be checked rather than trusted.
+and the accuracy ``test`` set are disjoint from both. Model selection reads only the private
+``validation`` split, so the reported test accuracy of a picked model is not selection-biased.
+Every split therefore carries the indices of its examples in the dataset's pooled example list
+(official train set first, then the official test set), so the separation can be checked
+rather than trusted.
 
 Normalisation uses constants fixed in this file, never statistics of the loaded data: a
 mean or standard deviation computed over the private examples would itself be an
@@ -21,11 +23,17 @@ import struct
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from core.errors import UserInputError
+from core.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch")
 
 DATASET_NAMES: tuple[str, ...] = ("digits", "fashion-mnist", "mnist", "cifar10")
 
@@ -75,6 +83,7 @@ NUM_CLASSES: dict[str, int] = {name: 10 for name in DATASET_NAMES}
 
 _SIZE_FIELDS: dict[str, str] = {
     "train": "data.train_size",
+    "validation": "data.validation_size",
     "holdout": "data.holdout_size",
     "test": "data.test_size",
     "shadow": "data.shadow_size",
@@ -87,6 +96,7 @@ class SplitSizes:
     empty holdout or shadow pool silently turns the membership audit into a no-op."""
 
     train: int
+    validation: int
     holdout: int
     test: int
     shadow: int
@@ -99,13 +109,16 @@ class SplitSizes:
 
 
 DEFAULT_SIZES: dict[str, SplitSizes] = {
-    # No official test set: all four are slices of the 1,797 examples (sums to 1,797).
-    "digits": SplitSizes(train=600, holdout=300, test=297, shadow=600),
-    # train/holdout/shadow from the official 60k train set, test from the official 10k.
-    "fashion-mnist": SplitSizes(train=30_000, holdout=10_000, test=10_000, shadow=20_000),
-    "mnist": SplitSizes(train=30_000, holdout=10_000, test=10_000, shadow=20_000),
-    # train/holdout/shadow from the official 50k train set, test from the official 10k.
-    "cifar10": SplitSizes(train=25_000, holdout=5_000, test=10_000, shadow=20_000),
+    # No official test set: all five are slices of the 1,797 examples (sums to 1,797).
+    "digits": SplitSizes(train=500, validation=200, holdout=300, test=297, shadow=500),
+    # train/validation/holdout/shadow from the official 60k train set, test = official 10k.
+    "fashion-mnist": SplitSizes(train=30_000, validation=5_000, holdout=10_000, test=10_000,
+                                shadow=15_000),
+    "mnist": SplitSizes(train=30_000, validation=5_000, holdout=10_000, test=10_000,
+                        shadow=15_000),
+    # train/validation/holdout/shadow from the official 50k train set, test = official 10k.
+    "cifar10": SplitSizes(train=25_000, validation=5_000, holdout=5_000, test=10_000,
+                          shadow=15_000),
 }
 
 
@@ -131,11 +144,12 @@ class Split:
 
 @dataclass(frozen=True, eq=False)
 class DataSplits:
-    """The four disjoint splits of one dataset for one seed, plus what a model needs to know
+    """The five disjoint splits of one dataset for one seed, plus what a model needs to know
     about them. ``source`` records where the raw data was read from."""
 
     name: str
     train: Split
+    validation: Split
     holdout: Split
     test: Split
     shadow: Split
@@ -180,11 +194,11 @@ def load_splits(
     sizes: SplitSizes | None = None,
     data_dir: str | os.PathLike[str] | None = None,
 ) -> DataSplits:
-    """Load ``dataset`` and cut the four disjoint splits for ``seed``.
+    """Load ``dataset`` and cut the five disjoint splits for ``seed``.
 
     With an official test set, ``test`` is the first ``sizes.test`` examples of a seeded
-    permutation of it, and train/holdout/shadow are consecutive slices of a seeded
-    permutation of the official train set. Without one (digits), all four are consecutive
+    permutation of it, and train/validation/holdout/shadow are consecutive slices of a seeded
+    permutation of the official train set. Without one (digits), all five are consecutive
     slices of a single permutation. ``data_dir`` is ignored for digits (bundled with
     scikit-learn), so one configured data directory can serve every dataset.
     """
@@ -204,6 +218,7 @@ def load_splits(
     return DataSplits(
         name=dataset,
         train=splits["train"],
+        validation=splits["validation"],
         holdout=splits["holdout"],
         test=splits["test"],
         shadow=splits["shadow"],
@@ -268,7 +283,8 @@ def _split_indices(
     rng = np.random.default_rng(seed)
     has_test = pool.n_test > 0
     from_pool = (
-        ("train", "holdout", "shadow") if has_test else ("train", "holdout", "shadow", "test")
+        ("train", "validation", "holdout", "shadow") if has_test
+        else ("train", "validation", "holdout", "shadow", "test")
     )
     wanted = sum(getattr(sizes, name) for name in from_pool)
     if wanted > pool.n_train:

@@ -1,18 +1,26 @@
-"""One DP step with named phases, shared by every method.
+"""One DP step with named phases, shared by every method, and the method contract.
 
 Call order, once per Poisson batch (the training loop drives it through :meth:`DPStep.step`):
 
 1. ``begin_step(step)``        adapt state, only from public data or released outputs
-2. ``per_example_grads(x, y)`` per-example gradients of the trainable parameters (torch.func)
-3. ``clip(grads)``             per-example clip / reweight, then sum; bounded by ``sensitivity``
+2. ``gradients(x, y)``         per-example gradient *view*: per-layer norms and weighted sums
+3. ``clip(view)``              per-example clip / reweight, then sum; bounded by ``sensitivity``
 4. ``noise(summed)``           Gaussian noise per layer with std ``noise_std()[layer]``
 5. ``update(noisy)``           noisy sum / expected batch size into the optimizer
 6. ``end_step(noisy)``         post-processing of the released noisy gradient
 
 A method overrides only the phase it changes. The usual override is ``clip_coefficients``: a
-[B, L] matrix of per-example, per-layer scale factors, so the clipped sum is one einsum per
-parameter and the sensitivity of every example can be checked from its layer norms alone (the
-conformance suite does exactly that with adversarial norms).
+[B, L] matrix of per-example, per-layer scale factors, so the clipped sum is one weighted sum
+per layer (``view.weighted_sum``) and the sensitivity of every example can be checked from its
+layer norms alone (the conformance suite does so with adversarial norms at every step of a
+trial's lifecycle, see ``docs/methods.md``).
+
+**The contract** (``docs/design.md``, "The method contract"). A method declares, once, as class
+attributes: its hyperparameters (:class:`core.params.ParamSet`, with bounds, defaults, search
+scale, paper presets and the modes that read each one), its modes (:class:`core.modes.Mode`:
+for each statistic it computes, where the statistic comes from), and its privacy argument.
+Config validation, the search space's encoding, the trial spec, ``dpsweep config --method``,
+the README tables, ``dp_valid`` and its reason all derive from that declaration.
 
 Privacy bookkeeping: every step appends one Poisson-subsampled Gaussian event with the step's
 *whitened* noise multiplier (noise std over sensitivity, taken per layer where the method bounds
@@ -23,34 +31,53 @@ the accountant certified, so a method cannot silently spend more than it was gra
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import torch
-import torch.nn.functional as F
-from torch.func import functional_call, grad_and_value, vmap
+from core.errors import UserInputError
+from core.lazy import lazy_module
+from core.modes import Mode
+from core.params import Param, ParamSet
+from core.schedule import Schedule
 
-from trainables.models import LayeredModel
+if TYPE_CHECKING:
+    import torch
 
-_NORM_EPS = 1e-6
+    from trainables.models import LayeredModel
+    from trainables.randomness import Randomness
+else:
+    torch = lazy_module("torch")
+
+#: Added to norms before dividing by them: a zero gradient is clipped by a finite factor.
+NORM_EPS = 1e-6
+#: Examples per per-example-gradient chunk unless the config says otherwise (memory bound).
+DEFAULT_PHYSICAL_BATCH = 512
+
+# ---- hyperparameters every SGD-family method shares -------------------------------------------
+LR = Param("lr", 0.5, "learning rate", low=0.0, low_open=True, high=100.0, log=True)
+CLIP = Param("clip_norm", 1.0, "per-example clipping norm C (sensitivity of the summed "
+             "gradient)", low=0.0, low_open=True, high=1e4, log=True)
+MOMENTUM = Param("momentum", 0.0, "SGD momentum", low=0.0, high=1.0, high_open=True,
+                 role="setting")
+#: The standard mode of a method whose statistics all come from fixed or released values.
+STANDARD = Mode("standard", doc="the method as published; no data-dependent statistic")
 
 
-@dataclass(frozen=True)
-class NoisePhase:
-    """``steps`` consecutive steps at noise multiplier ``noise_multiplier``."""
-
-    noise_multiplier: float
-    steps: int
-
-
+# ---- the gradient view ------------------------------------------------------------------------
 @dataclass
 class PerExampleGrads:
-    """Per-example gradients of the trainable parameters and their per-layer norms."""
+    """Explicit per-example gradients as a gradient view: norms and weighted sums.
+
+    The book-keeping engine (``trainables/engine.py``) gives the same view without ever
+    materialising these tensors; this class is the reference and the conformance suite's way to
+    feed adversarial gradients.
+    """
 
     grads: dict[str, torch.Tensor]  # parameter name -> [B, *param.shape]
     norms: torch.Tensor  # [B, L] per-example L2 norm of each layer's block (0 if frozen)
     losses: torch.Tensor  # [B] per-example loss, for monitoring only
+    layer_of: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_grads(cls, grads: dict[str, torch.Tensor], *, layer_of: dict[str, int],
@@ -62,7 +89,12 @@ class PerExampleGrads:
             sq[:, layer_of[n]] += g.flatten(1).pow(2).sum(dim=1)
         if losses is None:
             losses = torch.zeros(first.shape[0], device=first.device)
-        return cls(grads=grads, norms=sq.sqrt(), losses=losses)
+        return cls(grads=grads, norms=sq.sqrt(), losses=losses, layer_of=dict(layer_of))
+
+    def weighted_sum(self, coef: torch.Tensor) -> dict[str, torch.Tensor]:
+        """sum_i coef[i, layer(p)] * g_i(p) for every parameter p of the view."""
+        return {n: torch.einsum("i,i...->...", coef[:, self.layer_of[n]].to(g.dtype), g)
+                for n, g in self.grads.items()}
 
 
 @dataclass
@@ -94,48 +126,83 @@ class Ledger:
         return cls(sample_rate=float(d["sample_rate"]), events=[dict(e) for e in d["events"]])
 
 
-class DPStep:
-    """Base of every DP method; see the module docstring for the call order.
+@dataclass(frozen=True)
+class PublicData:
+    """The public shadow pool and the seeded generator that draws batches from it."""
 
-    ``noise_schedule`` is the calibrated schedule (what the accountant certified); ``sigma_t`` for
-    the current step comes from it. ``expected_batch_size`` is q * N, the Poisson batch's mean.
+    x: torch.Tensor
+    y: torch.Tensor
+    generator: torch.Generator
+
+    def batch(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A uniform batch of the public pool (no privacy cost: not private data)."""
+        idx = torch.randperm(self.x.shape[0], generator=self.generator)[:size].to(self.x.device)
+        return self.x[idx], self.y[idx]
+
+
+class DPStep:
+    """Base of every DP method; see the module docstring for the call order and the contract.
+
+    ``noise_schedule`` is the calibrated schedule (what the accountant certified); ``sigma_t``
+    of the current step comes from it. ``expected_batch_size`` is q * N, the Poisson batch's
+    mean.
     """
 
+    # ---- the declaration (class level; see the module docstring) ---------------------------
     name: ClassVar[str] = "base"
-    #: Hyperparameters this method adds to lr and clip_norm, with their defaults.
-    extra_params: ClassVar[dict[str, Any]] = {}
-    #: Named presets. "paper" holds the paper's defaults: method params and, where the paper
-    #: fixes them, "lr" / "clip_norm" / "momentum".
-    presets: ClassVar[dict[str, dict[str, Any]]] = {}
+    #: One line for tables: what the method does.
+    summary: ClassVar[str] = ""
+    #: The paper the method comes from, by title and arXiv id ("" for the baseline).
+    citation: ClassVar[str] = ""
+    #: Why the epsilon claim holds in the sound modes (the validity reason's first sentence).
+    argument: ClassVar[str] = ("each example's gradient is clipped to L2 norm <= C and "
+                               "N(0, sigma^2 C^2) is added once per Poisson batch: the "
+                               "Poisson-subsampled Gaussian mechanism, composed by the accountant.")
+    modes: ClassVar[tuple[Mode, ...]] = (STANDARD,)
+    params: ClassVar[ParamSet] = ParamSet.of(LR, CLIP, MOMENTUM)
     #: Optimiser the method's update rule uses.
     optimizer_name: ClassVar[str] = "sgd"
+    #: Hyperparameters that compress every state change of the method (controller updates,
+    #: freezing, refreshes) into a few dozen steps, for the lifecycle conformance suite.
+    fast_lifecycle: ClassVar[dict[str, Any]] = {}
 
-    # ---- class-level hooks the orchestrator calls before any trial --------------------
+    # ---- derived from the declaration --------------------------------------------------------
     @classmethod
-    def validate_params(cls, params: dict[str, Any]) -> dict[str, Any]:
-        """Check method hyperparameters; raise UserInputError naming ``method_params.KEY``.
+    def declaration(cls) -> ParamSet:
+        """Every parameter of the method: ``mode`` (from ``modes``) first, then ``params``."""
+        names = tuple(m.name for m in cls.modes)
+        mode = Param("mode", names[0], "where the method's statistics come from (its modes)",
+                     choices=names, role="setting")
+        return ParamSet((mode, *cls.params.params), cls.params.constraints)
 
-        Subclasses extend this with range checks; the base rejects unknown keys and fills
-        defaults, so a typo never silently trains with a default.
-        """
-        from core.errors import UserInputError
+    @classmethod
+    def validate_params(cls, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Defaults filled, every value checked against its declaration (one message format)."""
+        return cls.declaration().validate(params, prefix="method_params", mode_param="mode")
 
-        for key in params:
-            if key not in cls.extra_params:
-                raise UserInputError(field=f"method_params.{key}", value=params[key],
-                                     allowed=f"a hyperparameter of {cls.name}: "
-                                             f"{sorted(cls.extra_params) or 'none'}")
-        return {**cls.extra_params, **params}
+    @classmethod
+    def presets(cls) -> dict[str, dict[str, Any]]:
+        """Named presets (``paper`` = the paper's defaults), from the declarations."""
+        decl = cls.declaration()
+        return {name: decl.preset(name) for name in decl.preset_names()}
+
+    @classmethod
+    def mode_named(cls, name: str) -> Mode:
+        for m in cls.modes:
+            if m.name == name:
+                return m
+        raise UserInputError(field="method_params.mode", value=name,
+                             allowed=f"a mode of {cls.name}: {[m.name for m in cls.modes]}")
 
     @classmethod
     def noise_shape(cls, *, epochs: int, steps_per_epoch: int,
-                    params: dict[str, Any]) -> list[NoisePhase]:
+                    params: Mapping[str, Any]) -> Schedule:
         """Relative noise schedule the accountant scales to the budget (default: constant)."""
         del params
-        return [NoisePhase(noise_multiplier=1.0, steps=epochs * steps_per_epoch)]
+        return Schedule.constant(noise_multiplier=1.0, steps=epochs * steps_per_epoch)
 
     @classmethod
-    def prepare(cls, *, data: Any, model_factory: Any, params: dict[str, Any], seed: int,
+    def prepare(cls, *, data: Any, model_factory: Any, params: Mapping[str, Any], seed: int,
                 cache_dir: Any) -> dict[str, Any]:
         """Once-per-sweep work on public data only (e.g. a risk vector); returns params to add.
 
@@ -145,75 +212,67 @@ class DPStep:
         del data, model_factory, params, seed, cache_dir
         return {}
 
+    # ---- construction ------------------------------------------------------------------------
     def __init__(
         self,
         *,
         model: LayeredModel,
-        lr: float,
-        clip_norm: float,
-        noise_schedule: Sequence[NoisePhase],
+        params: Mapping[str, Any],
+        noise_schedule: Schedule,
         sample_rate: float,
         expected_batch_size: float,
-        noise_generator: torch.Generator,
-        momentum: float = 0.0,
-        max_physical_batch: int = 512,
+        randomness: Randomness,
         steps_per_epoch: int = 1,
-        public_data: tuple[torch.Tensor, torch.Tensor] | None = None,
-        public_generator: torch.Generator | None = None,
-        **params: Any,
+        public: PublicData | None = None,
+        max_physical_batch: int = DEFAULT_PHYSICAL_BATCH,
     ) -> None:
-        params = self.validate_params(params)
-        if not (clip_norm > 0 and math.isfinite(clip_norm)):
-            raise ValueError(f"clip_norm must be positive, got {clip_norm}")
+        p = self.validate_params(params)
         if expected_batch_size <= 0:
             raise ValueError(f"expected_batch_size must be positive, got {expected_batch_size}")
-        self.params = params
+        self.params = p
+        self.mode = self.mode_named(p["mode"])
+        self.lr = float(p["lr"])
+        self.clip_norm = float(p["clip_norm"])
         self.steps_per_epoch = int(steps_per_epoch)
-        self.total_steps = sum(p.steps for p in noise_schedule)
-        self.public_data = public_data
-        self.public_generator = public_generator
+        self.noise_schedule = noise_schedule
+        self.total_steps = noise_schedule.steps
+        self.public = public
         self.model = model
-        self.lr = lr
-        self.clip_norm = float(clip_norm)
-        self.noise_schedule = tuple(noise_schedule)
         self.expected_batch_size = float(expected_batch_size)
-        self.noise_generator = noise_generator
+        self.randomness = randomness
         self.max_physical_batch = max_physical_batch
         self.layer_of = model.layer_of_parameter()
         self.num_layers = len(model.layer_names)
         self.step_count = 0
         self.ledger = Ledger(sample_rate=sample_rate)
-        self.optimizer = self._make_optimizer(lr=lr, momentum=momentum)
+        self.optimizer = self._make_optimizer(lr=self.lr, momentum=float(p.get("momentum", 0.0)))
 
-    # ---- validity -----------------------------------------------------------------------
+    # ---- validity (derived from the mode's declaration) --------------------------------------
     @property
     def dp_valid(self) -> bool:
         """Whether the accountant's epsilon is a valid claim for this configuration."""
-        return True
+        return self.mode.dp_valid
 
     @property
     def validity_reason(self) -> str:
-        return "per-example sensitivity bounded; noise calibrated by the accountant"
+        return self.mode.validity_reason(argument=self.argument)
 
-    # ---- schedule -----------------------------------------------------------------------
+    # ---- schedule ----------------------------------------------------------------------------
     def sigma_at(self, step: int) -> float:
         """Noise multiplier the calibrated schedule grants to step ``step`` (0-based)."""
-        for phase in self.noise_schedule:
-            if step < phase.steps:
-                return phase.noise_multiplier
-            step -= phase.steps
-        raise RuntimeError("step beyond the calibrated schedule: the accountant did not cover it")
+        try:
+            return self.noise_schedule.sigma_at(step)
+        except IndexError:
+            raise RuntimeError("step beyond the calibrated schedule: the accountant did not "
+                               "cover it") from None
 
     def public_batch(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A uniform batch of the public shadow pool (no privacy cost: not private data)."""
-        if self.public_data is None or self.public_generator is None:
-            raise RuntimeError(f"{self.name}: this mode needs the public shadow pool")
-        x, y = self.public_data
-        idx = torch.randperm(x.shape[0], generator=self.public_generator)[:size]
-        idx = idx.to(x.device)
-        return x[idx], y[idx]
+        if self.public is None:
+            raise RuntimeError(f"{self.name}: mode {self.mode.name} needs the public shadow pool")
+        return self.public.batch(size)
 
-    # ---- phase 1 ------------------------------------------------------------------------
+    # ---- phase 1 -----------------------------------------------------------------------------
     def begin_step(self, step: int) -> None:
         """Adapt per-step state; must use only public data or already released outputs."""
 
@@ -221,25 +280,14 @@ class DPStep:
         """Which layers receive gradients, noise and updates at the current step."""
         return [True] * self.num_layers
 
-    # ---- phase 2 ------------------------------------------------------------------------
-    def per_example_grads(self, x: torch.Tensor, y: torch.Tensor) -> PerExampleGrads:
-        live = self.trainable_layers()
-        model = self.model
-        trainable = {n: p.detach() for n, p in model.named_parameters() if live[self.layer_of[n]]}
-        fixed = {n: p.detach() for n, p in model.named_parameters() if not live[self.layer_of[n]]}
+    # ---- phase 2 -----------------------------------------------------------------------------
+    def gradients(self, x: torch.Tensor, y: torch.Tensor) -> PerExampleGrads:
+        """The per-example gradient view of the live layers for a batch."""
+        return per_example_grads(self.model, x, y, live=self.trainable_layers(),
+                                 layer_of=self.layer_of, num_layers=self.num_layers,
+                                 max_physical_batch=self.max_physical_batch)
 
-        def loss_one(tp: dict[str, torch.Tensor], xi: torch.Tensor, yi: torch.Tensor):
-            out = functional_call(model, {**tp, **fixed}, (xi.unsqueeze(0),))
-            return F.cross_entropy(out, yi.unsqueeze(0))
-
-        chunk = self.max_physical_batch if x.shape[0] > self.max_physical_batch else None
-        grads, losses = vmap(grad_and_value(loss_one), in_dims=(None, 0, 0), chunk_size=chunk)(
-            trainable, x, y
-        )
-        return PerExampleGrads.from_grads(grads, layer_of=self.layer_of,
-                                          num_layers=self.num_layers, losses=losses.detach())
-
-    # ---- phase 3 ------------------------------------------------------------------------
+    # ---- phase 3 -----------------------------------------------------------------------------
     def sensitivity(self) -> float:
         """L2 bound on any one example's contribution to the summed gradient."""
         return self.clip_norm
@@ -251,18 +299,14 @@ class DPStep:
     def clip_coefficients(self, norms: torch.Tensor) -> torch.Tensor:
         """[B, L] scale factors; default: flat clipping of the whole gradient at C."""
         total = norms.pow(2).sum(dim=1).sqrt()
-        factor = (self.clip_norm / (total + _NORM_EPS)).clamp(max=1.0)
+        factor = (self.clip_norm / (total + NORM_EPS)).clamp(max=1.0)
         return factor.unsqueeze(1).expand(-1, self.num_layers)
 
-    def clip(self, grads: PerExampleGrads) -> dict[str, torch.Tensor]:
+    def clip(self, view: PerExampleGrads) -> dict[str, torch.Tensor]:
         """Sum of the clipped per-example gradients, per trainable parameter."""
-        coef = self.clip_coefficients(grads.norms)
-        return {
-            n: torch.einsum("i,i...->...", coef[:, self.layer_of[n]], g)
-            for n, g in grads.grads.items()
-        }
+        return view.weighted_sum(self.clip_coefficients(view.norms))
 
-    # ---- phase 4 ------------------------------------------------------------------------
+    # ---- phase 4 -----------------------------------------------------------------------------
     def noise_std(self) -> list[float]:
         """Std of the Gaussian noise added to each layer's summed block (0 for frozen layers)."""
         s = self.sigma_at(self.step_count) * self.clip_norm
@@ -293,15 +337,10 @@ class DPStep:
         out = {}
         for n, s in summed.items():
             std = stds[self.layer_of[n]]
-            if std > 0:
-                z = torch.randn(s.shape, generator=self.noise_generator, device=s.device,
-                                dtype=s.dtype)
-                out[n] = s + std * z
-            else:
-                out[n] = s
+            out[n] = s + std * self.randomness.normal(s.shape, dtype=s.dtype) if std > 0 else s
         return out
 
-    # ---- phase 5 ------------------------------------------------------------------------
+    # ---- phase 5 -----------------------------------------------------------------------------
     def _make_optimizer(self, *, lr: float, momentum: float) -> torch.optim.Optimizer:
         params = list(self.model.parameters())
         if self.optimizer_name == "adam":
@@ -319,11 +358,11 @@ class DPStep:
             p.grad = None if g is None else g / self.expected_batch_size
         self.optimizer.step()
 
-    # ---- phase 6 ------------------------------------------------------------------------
+    # ---- phase 6 -----------------------------------------------------------------------------
     def end_step(self, noisy: dict[str, torch.Tensor]) -> None:
         """Post-process the released noisy gradient (e.g. for lagged statistics)."""
 
-    # ---- the step -----------------------------------------------------------------------
+    # ---- the step ----------------------------------------------------------------------------
     def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """One DP step on a Poisson batch; returns the per-example losses (monitoring only).
 
@@ -333,9 +372,9 @@ class DPStep:
         self.begin_step(self.step_count)
         live = self.trainable_layers()
         if x.shape[0] > 0:
-            grads = self.per_example_grads(x, y)
-            summed = self.clip(grads)
-            losses = grads.losses
+            view = self.gradients(x, y)
+            summed = self.clip(view)
+            losses = view.losses
         else:
             summed = {n: torch.zeros_like(p) for n, p in self.model.named_parameters()
                       if live[self.layer_of[n]]}
@@ -357,10 +396,10 @@ class DPStep:
         return {}
 
     def extra_record(self) -> dict[str, Any]:
-        """Method-specific facts for the privacy record (mode, risk vector, ...); JSON-safe."""
+        """Method-specific facts for the privacy record (risk vector, thresholds, ...)."""
         return {}
 
-    # ---- checkpointing ------------------------------------------------------------------
+    # ---- checkpointing -----------------------------------------------------------------------
     def extra_state(self) -> dict[str, Any]:
         """Method-specific state to checkpoint (tensors, numbers, lists, dicts only)."""
         return {}
@@ -369,21 +408,41 @@ class DPStep:
         del state
 
     def state_dict(self) -> dict[str, Any]:
+        """Everything a resume needs; the noise's and sampler's states only if reproducible."""
         return {
             "optimizer": self.optimizer.state_dict(),
-            "noise_rng": self.noise_generator.get_state(),
+            "randomness": self.randomness.state(),
             "step_count": self.step_count,
             "ledger": self.ledger.to_dict(),
-            "public_rng": (None if self.public_generator is None
-                           else self.public_generator.get_state()),
+            "public_rng": None if self.public is None else self.public.generator.get_state(),
             "extra": self.extra_state(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
-        self.noise_generator.set_state(state["noise_rng"])
+        self.randomness.load_state(state["randomness"])
         self.step_count = int(state["step_count"])
         self.ledger = Ledger.from_dict(state["ledger"])
-        if self.public_generator is not None and state.get("public_rng") is not None:
-            self.public_generator.set_state(state["public_rng"])
+        if self.public is not None and state.get("public_rng") is not None:
+            self.public.generator.set_state(state["public_rng"])
         self.load_extra_state(state["extra"])
+
+
+def per_example_grads(model: LayeredModel, x: torch.Tensor, y: torch.Tensor, *,
+                      live: list[bool], layer_of: dict[str, int], num_layers: int,
+                      max_physical_batch: int) -> PerExampleGrads:
+    """Per-example gradients of the live layers' parameters (torch.func vmap of grad)."""
+    from torch.func import functional_call, grad_and_value, vmap
+
+    trainable = {n: p.detach() for n, p in model.named_parameters() if live[layer_of[n]]}
+    fixed = {n: p.detach() for n, p in model.named_parameters() if not live[layer_of[n]]}
+
+    def loss_one(tp: dict[str, torch.Tensor], xi: torch.Tensor, yi: torch.Tensor):
+        out = functional_call(model, {**tp, **fixed}, (xi.unsqueeze(0),))
+        return torch.nn.functional.cross_entropy(out, yi.unsqueeze(0))
+
+    chunk = max_physical_batch if x.shape[0] > max_physical_batch else None
+    grads, losses = vmap(grad_and_value(loss_one), in_dims=(None, 0, 0), chunk_size=chunk)(
+        trainable, x, y)
+    return PerExampleGrads.from_grads(grads, layer_of=layer_of, num_layers=num_layers,
+                                      losses=losses.detach())

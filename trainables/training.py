@@ -7,7 +7,7 @@ the exact rate the accountant was given, the step count, evaluation, checkpoints
 
 from __future__ import annotations
 
-import json
+import io
 import math
 import platform
 import time
@@ -19,21 +19,27 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 
-from core.errors import UserInputError
+from core.errors import PrivacyBoundViolation, TrialDiverged, UserInputError
+from core.schedule import Schedule
+from core.storage import atomic_write, atomic_write_json
 from trainables.data import DataSplits, SplitSizes, load_splits
-from trainables.dp_step import DPStep, NoisePhase
+from trainables.dp_step import DEFAULT_PHYSICAL_BATCH, DPStep, PublicData
 from trainables.methods import get_method
 from trainables.models import DEFAULT_MODEL, LayeredModel, build_model
+from trainables.randomness import Randomness, poisson_batches
 
 CHECKPOINT_FORMAT = "dpsweep-checkpoint"
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2
 CHECKPOINT_FILE = "state.pt"
+#: Where the noise and the Poisson sampling come from (``trainables.randomness``).
+RANDOMNESS_KINDS = Randomness.KINDS
+#: History keys computed on private data without noise: stored for monitoring, never covered
+#: by the trial's epsilon, never released by ``export``.
+NOT_COVERED_METRICS = ("train_loss_nonprivate", "val_accuracy", "val_loss")
 
-
-class TrialDiverged(RuntimeError):
-    """Training produced a non-finite loss; the trial ends as failed with this reason."""
+__all__ = ["TrialDiverged", "TrialResult", "TrialSpec", "evaluate", "load_checkpoint_state",
+           "load_model", "poisson_plan", "train_trial"]
 
 
 def poisson_plan(*, dataset_size: int, batch_size: int) -> tuple[float, int]:
@@ -48,18 +54,21 @@ def poisson_plan(*, dataset_size: int, batch_size: int) -> tuple[float, int]:
 
 @dataclass(frozen=True)
 class TrialSpec:
-    """Everything one trial needs; plain data so Ray can ship it and a checkpoint can pin it."""
+    """Everything one trial needs; plain data so Ray can ship it and a checkpoint can pin it.
+
+    ``method_params`` are the method's validated hyperparameters (its declaration: mode, lr,
+    clip_norm, ...). ``seed`` fixes initialisation and public-batch order only; the noise and
+    the Poisson sampling come from ``randomness`` (fresh OS entropy unless reproducible).
+    """
 
     method: str
-    lr: float
-    clip_norm: float
+    method_params: dict[str, Any]
     epochs: int
     batch_size: int
     calibration: dict[str, Any]  # orchestrator.budget.Calibration.to_dict()
     epsilon_curve: list[float]  # accountant's upper epsilon after each epoch
     seed: int = 0
-    method_params: dict[str, Any] = field(default_factory=dict)
-    momentum: float = 0.0
+    randomness: str = "secret"
     dataset: str = "digits"
     data_dir: str | None = None
     split_seed: int = 0
@@ -68,8 +77,25 @@ class TrialSpec:
     activation: str = "tanh"
     device: str = "auto"
     threads: int = 1
-    max_physical_batch: int = 512
+    max_physical_batch: int = DEFAULT_PHYSICAL_BATCH
     trial_id: str = "trial"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def lr(self) -> float:
+        return float(self.method_params["lr"])
+
+    @property
+    def clip_norm(self) -> float:
+        return float(self.method_params["clip_norm"])
+
+    @property
+    def mode(self) -> str:
+        return str(self.method_params["mode"])
+
+    @property
+    def release_safe(self) -> bool:
+        return self.randomness != "reproducible"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -91,6 +117,10 @@ class TrialResult:
     def test_accuracy(self) -> float:
         return float(self.history[-1]["test_accuracy"])
 
+    @property
+    def val_accuracy(self) -> float:
+        return float(self.history[-1]["val_accuracy"])
+
 
 Reporter = Callable[[dict[str, Any], Path | None], None]
 
@@ -104,9 +134,10 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def _derived_seeds(seed: int) -> tuple[int, int, int, int]:
-    a, b, c, d = np.random.SeedSequence(seed).generate_state(4)
-    return int(a), int(b), int(c), int(d)
+def _derived_seeds(seed: int) -> tuple[int, int]:
+    """(model initialisation, public-batch order): nothing the privacy proof relies on."""
+    a, b = np.random.SeedSequence([seed, 0x1217]).generate_state(2)
+    return int(a), int(b)
 
 
 @dataclass
@@ -117,51 +148,54 @@ class _Run:
     data: DataSplits
     model: LayeredModel
     method: DPStep
-    sampler: UniformWithReplacementSampler
-    sampler_rng: torch.Generator
+    randomness: Randomness
+    sample_rate: float
+    steps_per_epoch: int
     device: torch.device
     history: list[dict[str, Any]]
     epoch: int = 0
 
 
+def load_trial_data(spec: TrialSpec) -> DataSplits:
+    sizes = SplitSizes(**spec.sizes) if spec.sizes else None
+    return load_splits(dataset=spec.dataset, seed=spec.split_seed, sizes=sizes,
+                       data_dir=spec.data_dir)
+
+
+def build_trial_model(spec: TrialSpec, data: DataSplits) -> LayeredModel:
+    name = DEFAULT_MODEL[data.name] if spec.model == "auto" else spec.model
+    return build_model(name=name, input_shape=data.input_shape, num_classes=data.num_classes,
+                       activation=spec.activation)
+
+
 def _build(spec: TrialSpec, data: DataSplits | None) -> _Run:
     device = resolve_device(spec.device)
     torch.set_num_threads(max(1, spec.threads))
-    if data is None:
-        sizes = SplitSizes(**spec.sizes) if spec.sizes else None
-        data = load_splits(dataset=spec.dataset, seed=spec.split_seed, sizes=sizes,
-                           data_dir=spec.data_dir)
+    data = load_trial_data(spec) if data is None else data
     n = len(data.train)
     q, steps_per_epoch = poisson_plan(dataset_size=n, batch_size=spec.batch_size)
     cal = spec.calibration
     if cal["sample_rate"] != q:
         raise RuntimeError(f"calibration sample rate {cal['sample_rate']!r} differs from the "
                            f"loader's exact rate {q!r}: the accountant would not cover training")
-    schedule = [NoisePhase(noise_multiplier=float(p["noise_multiplier"]), steps=int(p["steps"]))
-                for p in cal["schedule"]]
-    if sum(p.steps for p in schedule) != spec.epochs * steps_per_epoch:
+    schedule = Schedule.from_list(cal["schedule"])
+    if schedule.steps != spec.epochs * steps_per_epoch:
         raise RuntimeError("calibrated step count differs from epochs x steps per epoch")
-    seed_model, seed_sampler, seed_noise, seed_public = _derived_seeds(spec.seed)
-    torch.manual_seed(seed_model)
-    model_name = DEFAULT_MODEL[data.name] if spec.model == "auto" else spec.model
-    model = build_model(name=model_name, input_shape=data.input_shape,
-                        num_classes=data.num_classes, activation=spec.activation).to(device)
-    noise_rng = torch.Generator(device=device).manual_seed(seed_noise)
-    sampler_rng = torch.Generator().manual_seed(seed_sampler)
+    seed_model, seed_public = _derived_seeds(spec.seed)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed_model)
+        model = build_trial_model(spec, data).to(device)
+    randomness = Randomness(kind=spec.randomness, device=device, seed=spec.seed)
     method_cls = get_method(spec.method)
     method = method_cls(
-        model=model, lr=spec.lr, clip_norm=spec.clip_norm, noise_schedule=schedule,
-        sample_rate=q, expected_batch_size=q * n, noise_generator=noise_rng,
-        momentum=spec.momentum, max_physical_batch=spec.max_physical_batch,
-        steps_per_epoch=steps_per_epoch,
-        public_data=(data.shadow.x.to(device), data.shadow.y.to(device)),
-        public_generator=torch.Generator().manual_seed(seed_public),
-        **spec.method_params,
+        model=model, params=spec.method_params, noise_schedule=schedule, sample_rate=q,
+        expected_batch_size=q * n, randomness=randomness, steps_per_epoch=steps_per_epoch,
+        public=PublicData(x=data.shadow.x.to(device), y=data.shadow.y.to(device),
+                          generator=torch.Generator().manual_seed(seed_public)),
+        max_physical_batch=spec.max_physical_batch,
     )
-    sampler = UniformWithReplacementSampler(num_samples=n, sample_rate=q, generator=sampler_rng,
-                                            steps=steps_per_epoch)
-    return _Run(spec=spec, data=data, model=model, method=method, sampler=sampler,
-                sampler_rng=sampler_rng, device=device, history=[])
+    return _Run(spec=spec, data=data, model=model, method=method, randomness=randomness,
+                sample_rate=q, steps_per_epoch=steps_per_epoch, device=device, history=[])
 
 
 @torch.no_grad()
@@ -177,7 +211,8 @@ def evaluate(model: LayeredModel, x: torch.Tensor, y: torch.Tensor,
 
 
 def save_checkpoint(run: _Run, directory: Path) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
+    """The trial's state after an epoch, written atomically. The noise's and sampler's
+    generator states are included only for reproducible trials (``Randomness.state``)."""
     state = {
         "format": CHECKPOINT_FORMAT,
         "version": CHECKPOINT_VERSION,
@@ -185,17 +220,19 @@ def save_checkpoint(run: _Run, directory: Path) -> Path:
         "epoch": run.epoch,
         "model": run.model.state_dict(),
         "method": run.method.state_dict(),
-        "sampler_rng": run.sampler_rng.get_state(),
         "history": run.history,
     }
-    tmp = directory / (CHECKPOINT_FILE + ".tmp")
-    torch.save(state, tmp)
-    tmp.replace(directory / CHECKPOINT_FILE)
-    return directory
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    atomic_write(Path(directory) / CHECKPOINT_FILE, lambda fh: fh.write(buffer.getvalue()))
+    return Path(directory)
 
 
 def load_checkpoint_state(directory: Path) -> dict[str, Any]:
-    """Read and validate a checkpoint; any problem is a UserInputError naming the path."""
+    """Read and validate a checkpoint; any problem is a UserInputError naming the path.
+
+    ``weights_only=True``: a checkpoint is data, never code (a crafted pickle cannot run).
+    """
     path = Path(directory) / CHECKPOINT_FILE
     if not path.is_file():
         raise UserInputError(field="checkpoint", value=str(directory),
@@ -221,7 +258,6 @@ def _restore(run: _Run, state: dict[str, Any]) -> None:
                              allowed="a checkpoint of this same trial (its spec differs)")
     run.model.load_state_dict(state["model"])
     run.method.load_state_dict(state["method"])
-    run.sampler_rng.set_state(state["sampler_rng"])
     run.history = list(state["history"])
     run.epoch = int(state["epoch"])
 
@@ -231,24 +267,17 @@ def load_model(directory: Path, *, data: DataSplits | None = None,
     """The trained model stored in a checkpoint, for the audit and for users."""
     state = load_checkpoint_state(directory)
     spec = TrialSpec.from_dict(state["spec"])
-    if data is None:
-        sizes = SplitSizes(**spec.sizes) if spec.sizes else None
-        data = load_splits(dataset=spec.dataset, seed=spec.split_seed, sizes=sizes,
-                           data_dir=spec.data_dir)
-    name = DEFAULT_MODEL[data.name] if spec.model == "auto" else spec.model
-    model = build_model(name=name, input_shape=data.input_shape, num_classes=data.num_classes,
-                        activation=spec.activation)
+    model = build_trial_model(spec, load_trial_data(spec) if data is None else data)
     model.load_state_dict(state["model"])
     return model.to(torch.device(device)), spec
 
 
 def _versions() -> dict[str, str]:
-    import opacus
     import prv_accountant
 
     from orchestrator import __version__
 
-    return {"dpsweep": __version__, "torch": torch.__version__, "opacus": opacus.__version__,
+    return {"dpsweep": __version__, "torch": torch.__version__,
             "prv_accountant": getattr(prv_accountant, "__version__", "0.2.0"),
             "python": platform.python_version()}
 
@@ -260,7 +289,7 @@ def verify_ledger(method: DPStep) -> None:
         for k in range(event["count"]):
             granted = method.sigma_at(steps + k)
             if event["noise_multiplier"] < granted * (1 - 1e-9):
-                raise RuntimeError(
+                raise PrivacyBoundViolation(
                     f"step {steps + k}: noise multiplier {event['noise_multiplier']} below the "
                     f"certified {granted}; the epsilon claim would not hold")
         steps += event["count"]
@@ -273,8 +302,11 @@ def privacy_record(run: _Run) -> dict[str, Any]:
     return {
         "mechanism": "poisson_subsampled_gaussian",
         "method": run.spec.method,
+        "mode": run.method.mode.name,
         "dp_valid": run.method.dp_valid,
         "validity_reason": run.method.validity_reason,
+        "randomness": run.spec.randomness,
+        "release_safe": run.spec.release_safe,
         "sample_rate": cal["sample_rate"],
         "steps": run.method.ledger.steps,
         "noise_multiplier": cal["schedule"][0]["noise_multiplier"],
@@ -306,7 +338,8 @@ def train_trial(
     """Train one model; checkpoint and report after every epoch.
 
     ``checkpoint_root/epoch_NNN`` receives a checkpoint per epoch when given (the Ray wrapper
-    passes a fresh temporary directory each time instead, through ``report``).
+    passes a fresh temporary directory each time instead, through ``report``). Each epoch is
+    evaluated on the validation split (what selection reads) and the test split (reported).
     """
     start = time.perf_counter()
     run = _build(spec, data)
@@ -314,15 +347,17 @@ def train_trial(
         _restore(run, load_checkpoint_state(resume_from))
     x_train = run.data.train.x.to(run.device)
     y_train = run.data.train.y.to(run.device)
-    x_test = run.data.test.x.to(run.device)
-    y_test = run.data.test.y.to(run.device)
+    splits = {name: (getattr(run.data, name).x.to(run.device),
+                     getattr(run.data, name).y.to(run.device))
+              for name in ("validation", "test")}
     last_dir: Path | None = resume_from
     while run.epoch < spec.epochs:
         t0 = time.perf_counter()
         loss_sum, seen = 0.0, 0
         run.model.train()
-        for indices in run.sampler:
-            idx = torch.as_tensor(indices, dtype=torch.long, device=run.device)
+        for idx in poisson_batches(n=len(y_train), rate=run.sample_rate,
+                                   steps=run.steps_per_epoch, randomness=run.randomness):
+            idx = idx.to(run.device)
             losses = run.method.step(x_train[idx], y_train[idx])
             loss_sum += float(losses.sum())
             seen += int(losses.numel())
@@ -330,15 +365,19 @@ def train_trial(
         if not math.isfinite(train_loss):
             raise TrialDiverged(f"train loss became {train_loss} in epoch {run.epoch + 1}")
         run.model.eval()
-        acc, test_loss = evaluate(run.model, x_test, y_test)
-        if not math.isfinite(test_loss):
-            raise TrialDiverged(f"test loss became {test_loss} in epoch {run.epoch + 1}")
+        val_acc, val_loss = evaluate(run.model, *splits["validation"])
+        test_acc, test_loss = evaluate(run.model, *splits["test"])
+        if not (math.isfinite(val_loss) and math.isfinite(test_loss)):
+            raise TrialDiverged(f"evaluation loss became {val_loss} (validation), {test_loss} "
+                                f"(test) in epoch {run.epoch + 1}")
         run.epoch += 1
         metrics = {
             "epoch": run.epoch,
             "step": run.method.step_count,
-            "train_loss": train_loss,
-            "test_accuracy": acc,
+            "train_loss_nonprivate": train_loss,
+            "val_accuracy": val_acc,
+            "val_loss": val_loss,
+            "test_accuracy": test_acc,
             "test_loss": test_loss,
             "epsilon_spent": float(spec.epsilon_curve[run.epoch - 1]),
             "noise_multiplier": run.method.sigma_at(run.method.step_count - 1),
@@ -355,9 +394,8 @@ def train_trial(
     record = privacy_record(run)
     if checkpoint_root is not None:
         final = Path(checkpoint_root)
-        final.mkdir(parents=True, exist_ok=True)
-        (final / "privacy.json").write_text(json.dumps(record, indent=2))
-        (final / "history.json").write_text(json.dumps(run.history, indent=2))
-        (final / "spec.json").write_text(json.dumps(spec.to_dict(), indent=2))
+        atomic_write_json(final / "privacy.json", record)
+        atomic_write_json(final / "history.json", run.history)
+        atomic_write_json(final / "spec.json", spec.to_dict())
     return TrialResult(spec=spec, history=run.history, privacy=record, checkpoint_dir=last_dir,
                        seconds=time.perf_counter() - start)

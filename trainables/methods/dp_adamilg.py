@@ -1,5 +1,6 @@
-"""dp_adamilg — importance-based layer-wise clipping and noise, decaying noise, Adam
-(papers/dp-adamilg...).
+"""dp_adamilg — importance-based layer-wise clipping and noise, decaying noise, Adam (Li, Liang,
+Jiang & Zhang, "Differentially Private Deep Learning with Importance-based Adaptive Gradient
+Processing", ACML 2024).
 
 Per layer j with n_j parameters the paper takes the importance h_j = ||g(j)|| / sqrt(n_j), the
 threshold s_j = alpha * h_j and per-layer noise std s_j * sqrt(n_j) * sigma_t; sigma_t decays by
@@ -42,21 +43,26 @@ that results, sigma_floor * sigma_0, is recorded with the trial.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Any, ClassVar
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import torch
-import torch.nn.functional as F
-
-from core.errors import UserInputError
-from trainables.dp_step import _NORM_EPS, DPStep, NoisePhase, PerExampleGrads
+from core.lazy import lazy_module
+from core.modes import Mode, Source
+from core.params import Param, ParamSet
+from core.schedule import Phase, Schedule
+from trainables.dp_step import CLIP, LR, NORM_EPS, DPStep, PerExampleGrads
 from trainables.methods import register
 
-MODES = ("public", "lagged", "faithful")
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch")
 
 #: Smallest share of the budget any layer keeps, as a fraction of the uniform share C/sqrt(J):
 #: a layer whose importance is zero (or NaN) is never starved, and nothing divides by zero.
 MIN_SHARE = 0.01
+#: The statistic the modes differ in.
+THRESHOLD_STAT = "layer thresholds (importances)"
 
 
 def paper_floor(*, sigma_0: float, delta: float = 1e-5, epsilon_lim: float = 1.0) -> float:
@@ -71,103 +77,154 @@ def paper_floor(*, sigma_0: float, delta: float = 1e-5, epsilon_lim: float = 1.0
 def decay_shape(*, epochs: int, k: float, floor: float) -> list[float]:
     """Relative multiplier of each epoch t = 0, 1, ...: max(1 / (1 + k t), floor).
 
-    t counts from 0 so that sigma_0 is the first epoch's multiplier (DESIGN.md's form; the
-    paper's Algorithm 1 loops from t = 1 but calls sigma_0 the initial scale).
+    t counts from 0 so that sigma_0 is the first epoch's multiplier (the paper's Algorithm 1
+    loops from t = 1 but calls sigma_0 the initial scale).
     """
     return [max(1.0 / (1.0 + k * t), floor) for t in range(epochs)]
+
+
+# ---- where the thresholds come from: one strategy per source (modes as data) ---------------
+class _Thresholds:
+    """Per-example, per-layer clipping at C_j with sqrt(sum C_j^2) = C (the sound modes)."""
+
+    def before_step(self, m: DPAdamILG, step: int) -> None:
+        """Public data: refresh before the private batch is touched."""
+
+    def after_release(self, m: DPAdamILG, noisy: dict[str, torch.Tensor]) -> None:
+        """Released outputs: post-processing of the noisy gradient."""
+
+    def clip(self, m: DPAdamILG, view: PerExampleGrads) -> dict[str, torch.Tensor]:
+        bounds = torch.tensor(m.bounds, dtype=view.norms.dtype, device=view.norms.device)
+        return view.weighted_sum((bounds / (view.norms + NORM_EPS)).clamp(max=1.0))
+
+    def noise_std(self, m: DPAdamILG, sigma: float) -> list[float]:
+        scale = sigma * math.sqrt(m.num_layers)
+        return [scale * c for c in m.bounds]
+
+    def sensitivity(self, m: DPAdamILG) -> float:
+        return m.clip_norm
+
+    def layer_bounds(self, m: DPAdamILG) -> list[float] | None:
+        return list(m.bounds)
+
+
+class _PublicThresholds(_Thresholds):
+    def before_step(self, m: DPAdamILG, step: int) -> None:
+        every = int(m.params["refresh_every"])
+        if m.refreshed_at is None or step - m.refreshed_at >= every:
+            m.set_bounds(m.public_importance())
+            m.refreshed_at = step
+
+
+class _ReleasedThresholds(_Thresholds):
+    def after_release(self, m: DPAdamILG, noisy: dict[str, torch.Tensor]) -> None:
+        m.set_bounds(m.layer_rms(noisy))
+
+
+class _BatchThresholds(_Thresholds):
+    """The paper's Algorithm 1 (invalid claim): the batch gradient is clipped coordinate-wise
+    at thresholds taken from itself and noised in proportion to them."""
+
+    def before_step(self, m: DPAdamILG, step: int) -> None:
+        m.faithful_s = [0.0] * m.num_layers  # an empty batch releases no signal
+
+    def clip(self, m: DPAdamILG, view: PerExampleGrads) -> dict[str, torch.Tensor]:
+        # Thresholds are scale-equivariant, so clipping the sum equals the paper's clipping of
+        # the mean times the batch size.
+        summed = view.weighted_sum(torch.ones_like(view.norms))
+        m.faithful_s = [m.alpha * h for h in m.layer_rms(summed)]
+        return {n: g.clamp(-m.faithful_s[m.layer_of[n]], m.faithful_s[m.layer_of[n]])
+                for n, g in summed.items()}
+
+    def noise_std(self, m: DPAdamILG, sigma: float) -> list[float]:
+        return [s * math.sqrt(n) * sigma for s, n in zip(m.faithful_s, m.sizes, strict=True)]
+
+    def sensitivity(self, m: DPAdamILG) -> float:
+        return math.inf
+
+    def layer_bounds(self, m: DPAdamILG) -> list[float] | None:
+        return None
+
+
+_THRESHOLDS_FROM: dict[Source, type[_Thresholds]] = {
+    Source.PUBLIC: _PublicThresholds, Source.RELEASED: _ReleasedThresholds,
+    Source.PRIVATE: _BatchThresholds}
 
 
 @register
 class DPAdamILG(DPStep):
     name: ClassVar[str] = "dp_adamilg"
+    summary: ClassVar[str] = ("per-layer clipping at importance-proportional thresholds, "
+                              "per-layer noise with whitened multiplier sigma_t, epoch-wise noise "
+                              "decay composed by the accountant, Adam")
+    citation: ClassVar[str] = ("Li, Liang, Jiang & Zhang, Differentially Private Deep Learning "
+                               "with Importance-based Adaptive Gradient Processing, ACML 2024")
+    argument: ClassVar[str] = (
+        "per-example per-layer clipping at C_j with sqrt(sum C_j^2) = C, thresholds independent "
+        "of the private batch; layer noise sigma_t * C_j * sqrt(J) makes every step a Gaussian "
+        "mechanism with whitened multiplier sigma_t; the decaying schedule is composed by the "
+        "accountant.")
     optimizer_name: ClassVar[str] = "adam"
-    extra_params: ClassVar[dict[str, Any]] = {
-        "mode": "public",
-        "alpha": 1.2,  # Table 1 (all datasets); cancels in the sound modes (module docstring)
-        "k": 0.05,  # Table 1, MNIST / FMNIST
-        "sigma_floor": paper_floor(sigma_0=10.0),  # Eq. 7 with Table 1's MNIST sigma_0
-        # public mode: size of the importance batch. 64 keeps the step within 1.2x DP-SGD's
-        # at batch 256 on cnn28 (the one ordinary pass costs ~0.1 ms per example on a CPU)
-        "public_batch_size": 64,
-        "refresh_every": 4,  # public mode: steps between importance refreshes (speed: 1.2x target)
-    }
+    modes: ClassVar[tuple[Mode, ...]] = (
+        Mode("public", {THRESHOLD_STAT: Source.PUBLIC, "noise schedule": Source.FIXED},
+             doc="importances from one backward pass on a public batch at the current weights"),
+        Mode("lagged", {THRESHOLD_STAT: Source.RELEASED, "noise schedule": Source.FIXED},
+             doc="importances from the previous released noisy gradient"),
+        Mode("faithful", {THRESHOLD_STAT: Source.PRIVATE, "noise schedule": Source.FIXED},
+             doc="the paper's Algorithm 1: the batch gradient clipped at thresholds taken from "
+                 "itself"),
+    )
     # Table 1: alpha = 1.2 everywhere; k = 0.05 and sigma_0 = 10 for MNIST / FMNIST, k = 0.001
     # and sigma_0 = 6 for CIFAR-10/100 and SVHN; the floor is Eq. 7 at delta = 1e-5 (Sec. 5.1)
     # relative to that sigma_0. The paper states no learning rate; lr is Adam's own default
-    # (Kingma & Ba, 2014, which the paper cites for its update). No per-example C exists in
-    # the paper, so clip_norm is left to the sweep.
-    presets: ClassVar[dict[str, dict[str, Any]]] = {
-        "paper": {"alpha": 1.2, "k": 0.05, "sigma_floor": paper_floor(sigma_0=10.0),
-                  "lr": 1e-3},
-        "paper_cifar10": {"alpha": 1.2, "k": 0.001, "sigma_floor": paper_floor(sigma_0=6.0),
-                          "lr": 1e-3},
-    }
+    # (Kingma & Ba, 2014, which the paper cites for its update). No per-example C exists in the
+    # paper, so clip_norm is left to the sweep.
+    params: ClassVar[ParamSet] = ParamSet.of(
+        LR.replace(default=1e-3, doc="Adam learning rate", high=1.0,
+                   presets={"paper": 1e-3, "paper_cifar10": 1e-3}),
+        CLIP,
+        Param("alpha", 1.2, "threshold factor s_j = alpha * h_j (Table 1); it cancels in the "
+              "sound modes, where thresholds are normalised to sqrt(sum C_j^2) = C",
+              low=0.0, low_open=True, high=1e3, modes=("faithful",),
+              presets={"paper": 1.2, "paper_cifar10": 1.2}),
+        Param("k", 0.05, "noise decay rate per epoch, sigma_t = sigma_0 / (1 + k t)", low=0.0,
+              high=10.0, presets={"paper": 0.05, "paper_cifar10": 0.001}),
+        Param("sigma_floor", paper_floor(sigma_0=10.0), "noise floor relative to sigma_0 (Eq. 7 "
+              "with Table 1's sigma_0)", low=0.0, high=1.0,
+              presets={"paper": paper_floor(sigma_0=10.0),
+                       "paper_cifar10": paper_floor(sigma_0=6.0)}),
+        Param("public_batch_size", 64, "public examples per importance refresh (64 keeps the "
+              "step within 1.1x DP-SGD's at batch 256)", low=1, modes=("public",),
+              role="setting"),
+        Param("refresh_every", 4, "steps between importance refreshes", low=1,
+              modes=("public",), role="setting"),
+    )
+    fast_lifecycle: ClassVar[dict[str, Any]] = {"refresh_every": 2, "k": 1.0}
 
     # ---- class-level hooks ----------------------------------------------------------------
     @classmethod
-    def validate_params(cls, params: dict[str, Any]) -> dict[str, Any]:
-        p = super().validate_params(params)
-        if p["mode"] not in MODES:
-            raise UserInputError(field="method_params.mode", value=p["mode"],
-                                 allowed=f"one of {MODES}")
-        _check_number(p, "alpha", allowed="a finite number > 0", ok=lambda x: x > 0)
-        _check_number(p, "k", allowed="a finite number >= 0 (decay rate per epoch)",
-                      ok=lambda x: x >= 0)
-        _check_number(p, "sigma_floor", allowed="a number in [0, 1] (fraction of sigma_0)",
-                      ok=lambda x: 0 <= x <= 1)
-        for key in ("public_batch_size", "refresh_every"):
-            v = p[key]
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise UserInputError(field=f"method_params.{key}", value=v,
-                                     allowed="an integer >= 1")
-        return p
-
-    @classmethod
     def noise_shape(cls, *, epochs: int, steps_per_epoch: int,
-                    params: dict[str, Any]) -> list[NoisePhase]:
+                    params: Mapping[str, Any]) -> Schedule:
         """One phase per epoch at max(1/(1+k t), floor); equal neighbours (the floor's plateau,
         or k = 0) merge, so the accountant composes one mechanism per distinct sigma_t."""
         p = cls.validate_params(params)
-        phases: list[NoisePhase] = []
-        for m in decay_shape(epochs=epochs, k=float(p["k"]), floor=float(p["sigma_floor"])):
-            if phases and phases[-1].noise_multiplier == m:
-                phases[-1] = NoisePhase(noise_multiplier=m,
-                                        steps=phases[-1].steps + steps_per_epoch)
-            else:
-                phases.append(NoisePhase(noise_multiplier=m, steps=steps_per_epoch))
-        return phases
+        shape = decay_shape(epochs=epochs, k=float(p["k"]), floor=float(p["sigma_floor"]))
+        return Schedule.of(Phase(noise_multiplier=m, steps=steps_per_epoch)
+                           for m in shape).merged()
 
     # ---- construction ---------------------------------------------------------------------
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.mode: str = self.params["mode"]
         self.alpha = float(self.params["alpha"])
-        self._sizes = [max(n, 1) for n in self.model.layer_sizes()]
+        self.sizes = [max(n, 1) for n in self.model.layer_sizes()]
         uniform = self.clip_norm / math.sqrt(self.num_layers)
-        self._bounds: list[float] = [uniform] * self.num_layers  # C_j (sound modes)
-        self._refreshed_at: int | None = None  # public mode: step of the last refresh
-        self._faithful_s: list[float] = [0.0] * self.num_layers  # s_j of the current batch
-
-    # ---- validity -------------------------------------------------------------------------
-    @property
-    def dp_valid(self) -> bool:
-        return self.mode != "faithful"
-
-    @property
-    def validity_reason(self) -> str:
-        if self.mode == "faithful":
-            return ("epsilon claim invalid: the batch gradient is clipped at thresholds taken "
-                    "from itself and noised in proportion to its own norm, so no per-example "
-                    "sensitivity bound exists; the reported epsilon is the PRV epsilon of the "
-                    "paper's multipliers sigma_t")
-        source = ("a public shadow batch at the current weights" if self.mode == "public"
-                  else "the previous released noisy gradient (post-processing)")
-        return (f"per-example per-layer clipping at C_j with sqrt(sum C_j^2) = C, thresholds "
-                f"from {source}; layer noise sigma_t * C_j * sqrt(J) makes every step a "
-                f"Gaussian mechanism with multiplier sigma_t; schedule composed by the accountant")
+        self.bounds: list[float] = [uniform] * self.num_layers  # C_j (sound modes)
+        self.refreshed_at: int | None = None  # public mode: step of the last refresh
+        self.faithful_s: list[float] = [0.0] * self.num_layers  # s_j of the current batch
+        self.thresholds = _THRESHOLDS_FROM[self.mode.sources[THRESHOLD_STAT]]()
 
     # ---- thresholds -----------------------------------------------------------------------
-    def _set_bounds(self, importance: list[float]) -> None:
+    def set_bounds(self, importance: list[float]) -> None:
         """C_j proportional to alpha * h_j with sqrt(sum C_j^2) = C (alpha cancels here).
 
         Zero, NaN or infinite importances fall back to the floor share; all-zero gives uniform.
@@ -182,68 +239,47 @@ class DPAdamILG(DPStep):
             norm = math.sqrt(sum(x * x for x in w))
             w = [max(x / norm, MIN_SHARE / math.sqrt(j)) for x in w]
         norm = math.sqrt(sum(x * x for x in w))
-        self._bounds = [self.clip_norm * x / norm for x in w]
+        self.bounds = [self.clip_norm * x / norm for x in w]
 
-    def _layer_rms(self, tensors: dict[str, torch.Tensor]) -> list[float]:
+    def layer_rms(self, tensors: dict[str, torch.Tensor]) -> list[float]:
         """||block_j|| / sqrt(n_j) per layer: the paper's importance of each layer."""
         first = next(iter(tensors.values()))
         sq = torch.zeros(self.num_layers, dtype=torch.float64, device=first.device)
         for n, g in tensors.items():
             sq[self.layer_of[n]] += g.detach().double().pow(2).sum()
         norms = sq.sqrt().tolist()  # one device sync per call
-        return [h / math.sqrt(n) for h, n in zip(norms, self._sizes, strict=True)]
+        return [h / math.sqrt(n) for h, n in zip(norms, self.sizes, strict=True)]
 
-    def _public_importance(self) -> list[float]:
+    def public_importance(self) -> list[float]:
         """One ordinary (not per-example) backward pass on a public batch: no privacy cost."""
         x, y = self.public_batch(int(self.params["public_batch_size"]))
         named = list(self.model.named_parameters())
         with torch.enable_grad():
-            loss = F.cross_entropy(self.model(x), y)
+            loss = torch.nn.functional.cross_entropy(self.model(x), y)
             grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
-        return self._layer_rms({n: g for (n, _), g in zip(named, grads, strict=True)
-                                if g is not None})
+        return self.layer_rms({n: g for (n, _), g in zip(named, grads, strict=True)
+                               if g is not None})
 
-    # ---- phases ---------------------------------------------------------------------------
+    # ---- phases (delegated to the thresholds' source) -------------------------------------
     def begin_step(self, step: int) -> None:
-        if self.mode == "faithful":
-            self._faithful_s = [0.0] * self.num_layers  # an empty batch releases no signal
-        elif self.mode == "public" and (
-                self._refreshed_at is None
-                or step - self._refreshed_at >= int(self.params["refresh_every"])):
-            self._set_bounds(self._public_importance())
-            self._refreshed_at = step
+        self.thresholds.before_step(self, step)
 
     def sensitivity(self) -> float:
-        return math.inf if self.mode == "faithful" else self.clip_norm
+        return self.thresholds.sensitivity(self)
 
     def layer_bounds(self) -> list[float] | None:
-        return None if self.mode == "faithful" else list(self._bounds)
+        return self.thresholds.layer_bounds(self)
 
     def clip_coefficients(self, norms: torch.Tensor) -> torch.Tensor:
-        """coef_ij = min(1, C_j / ||g_ij||); faithful mode clips no example (all ones)."""
-        if self.mode == "faithful":
-            return torch.ones_like(norms)
-        bounds = torch.tensor(self._bounds, dtype=norms.dtype, device=norms.device)
-        return (bounds / (norms + _NORM_EPS)).clamp(max=1.0)
+        """coef_ij = min(1, C_j / ||g_ij||) (the sound modes' per-example rule)."""
+        bounds = torch.tensor(self.bounds, dtype=norms.dtype, device=norms.device)
+        return (bounds / (norms + NORM_EPS)).clamp(max=1.0)
 
-    def clip(self, grads: PerExampleGrads) -> dict[str, torch.Tensor]:
-        if self.mode != "faithful":
-            return super().clip(grads)
-        # The paper clips the batch gradient. Thresholds are scale-equivariant, so clipping the
-        # sum here equals the paper's clipping of the mean times the batch size.
-        summed = {n: g.sum(dim=0) for n, g in grads.grads.items()}
-        self._faithful_s = [self.alpha * h for h in self._layer_rms(summed)]
-        return {n: s.clamp(-self._faithful_s[self.layer_of[n]],
-                           self._faithful_s[self.layer_of[n]])
-                for n, s in summed.items()}
+    def clip(self, view: PerExampleGrads) -> dict[str, torch.Tensor]:
+        return self.thresholds.clip(self, view)
 
     def noise_std(self) -> list[float]:
-        sigma = self.sigma_at(self.step_count)
-        if self.mode == "faithful":
-            return [s * math.sqrt(n) * sigma
-                    for s, n in zip(self._faithful_s, self._sizes, strict=True)]
-        scale = sigma * math.sqrt(self.num_layers)
-        return [scale * c for c in self._bounds]
+        return self.thresholds.noise_std(self, self.sigma_at(self.step_count))
 
     def whitened_noise_multiplier(self) -> float:
         """Sound modes: the base's whitening over ``layer_bounds`` (exactly sigma_t).
@@ -252,20 +288,19 @@ class DPAdamILG(DPStep):
         claimed multiplier sigma_t (under its own per-layer bounds s_j sqrt(n_j) the whitened
         multiplier would even be sigma_t / sqrt(J), as the paper composes layers in parallel).
         """
-        if self.mode == "faithful":
+        if self.layer_bounds() is None:
             return self.sigma_at(self.step_count)
         return super().whitened_noise_multiplier()
 
     def end_step(self, noisy: dict[str, torch.Tensor]) -> None:
-        if self.mode == "lagged":
-            self._set_bounds(self._layer_rms(noisy))
+        self.thresholds.after_release(self, noisy)
 
     # ---- reporting ------------------------------------------------------------------------
-    def _thresholds(self) -> list[float]:
-        return self._faithful_s if self.mode == "faithful" else self._bounds
+    def current_thresholds(self) -> list[float]:
+        return self.bounds if self.layer_bounds() is not None else self.faithful_s
 
     def epoch_metrics(self) -> dict[str, float]:
-        thresholds = self._thresholds()
+        thresholds = self.current_thresholds()
         return {
             **super().epoch_metrics(),
             "sigma_t": self.sigma_at(max(self.step_count - 1, 0)),
@@ -276,13 +311,12 @@ class DPAdamILG(DPStep):
         }
 
     def extra_record(self) -> dict[str, Any]:
-        sigma_0 = self.noise_schedule[0].noise_multiplier
+        sigma_0 = self.noise_schedule.first
         floor = float(self.params["sigma_floor"])
+        sound = self.layer_bounds() is not None
         return {
-            "mode": self.mode,
             "alpha": self.alpha,
-            "alpha_role": ("cancels: thresholds are normalised to sqrt(sum C_j^2) = C"
-                           if self.mode != "faithful"
+            "alpha_role": ("cancels: thresholds are normalised to sqrt(sum C_j^2) = C" if sound
                            else "coordinate threshold = alpha x layer RMS gradient"),
             "k": float(self.params["k"]),
             "sigma_floor": floor,
@@ -290,26 +324,17 @@ class DPAdamILG(DPStep):
             "sigma_floor_absolute": floor * sigma_0,
             "public_batch_size": int(self.params["public_batch_size"]),
             "refresh_every": int(self.params["refresh_every"]),
-            "layer_noise_std": ("sigma_t * s_j * sqrt(n_j)" if self.mode == "faithful"
-                                else "sigma_t * C_j * sqrt(J)"),
-            "thresholds": list(self._thresholds()),
+            "layer_noise_std": "sigma_t * C_j * sqrt(J)" if sound else "sigma_t * s_j * sqrt(n_j)",
+            "thresholds": list(self.current_thresholds()),
         }
 
     # ---- checkpointing --------------------------------------------------------------------
     def extra_state(self) -> dict[str, Any]:
-        return {"bounds": list(self._bounds), "refreshed_at": self._refreshed_at,
-                "faithful_s": list(self._faithful_s)}
+        return {"bounds": list(self.bounds), "refreshed_at": self.refreshed_at,
+                "faithful_s": list(self.faithful_s)}
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
-        self._bounds = [float(c) for c in state["bounds"]]
-        self._refreshed_at = (None if state["refreshed_at"] is None
-                              else int(state["refreshed_at"]))
-        self._faithful_s = [float(s) for s in state["faithful_s"]]
-
-
-def _check_number(p: dict[str, Any], key: str, *, allowed: str,
-                  ok: Callable[[float], bool]) -> None:
-    v = p[key]
-    if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
-            or not ok(v)):
-        raise UserInputError(field=f"method_params.{key}", value=v, allowed=allowed)
+        self.bounds = [float(c) for c in state["bounds"]]
+        self.refreshed_at = (None if state["refreshed_at"] is None
+                             else int(state["refreshed_at"]))
+        self.faithful_s = [float(s) for s in state["faithful_s"]]

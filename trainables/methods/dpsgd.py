@@ -1,4 +1,5 @@
-"""dpsgd — the baseline: DP-SGD (Abadi et al., 2016) as Opacus implements it.
+"""dpsgd — the baseline: DP-SGD (Abadi et al. 2016, "Deep Learning with Differential Privacy",
+arXiv 1607.00133) as Opacus implements it.
 
 Privacy argument: each example's gradient is clipped to L2 norm <= C (flat clipping over all
 layers), the clipped gradients are summed and N(0, sigma^2 C^2 I) is added once per Poisson
@@ -17,3 +18,6 @@ from trainables.methods import register
 @register
 class DPSGD(DPStep):
     name: ClassVar[str] = "dpsgd"
+    summary: ClassVar[str] = "DP-SGD: flat per-example clipping at C, noise N(0, sigma^2 C^2)"
+    citation: ClassVar[str] = ("Abadi et al. 2016, Deep Learning with Differential Privacy, "
+                               "arXiv 1607.00133")

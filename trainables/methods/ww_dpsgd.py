@@ -1,4 +1,6 @@
-"""ww_dpsgd — DP-SGD with spectral-feedback clipping control (papers/ww-dp-sgd..., WW-DP-SGD).
+"""ww_dpsgd — DP-SGD with spectral-feedback clipping control (Partohaghighi, Marcia, West &
+Chen, "When Gradient Clipping Becomes a Control Mechanism for Differential Privacy in Deep
+Learning").
 
 Every K steps the controller reads the probe layer's weight (conv kernels reshaped to
 C_out x C_in*kh*kw), fits the power-law tail exponent zeta of its eigenvalues lambda = s^2
@@ -18,16 +20,16 @@ with multiplier sigma, composed adaptively over the steps exactly as plain DP-SG
 Lemma 4.1 / Theorem 4.2). The controller's hyperparameters and the clamp never enter the
 accountant.
 
-Choices where the paper is loose (DESIGN.md rules where they differ):
+Choices where the paper is loose (``docs/methods.md`` gives the reasons):
 
-* u = log C of the *clamped* C before each update (DESIGN's order; Eq. 9 defines u_t = log C_t),
-  so a clamp hit does not wind the log state up beyond the bounds.
+* u = log C of the *clamped* C before each update (Eq. 9 defines u_t = log C_t), so a clamp
+  hit does not wind the log state up beyond the bounds.
 * zeta^ starts at the first probe's zeta (``ema_init="first"``) by default: the paper's
   zeta^_0 = zeta_star (Algorithm 1, line 6; ``ema_init="target"``, used by the "paper" preset)
   biases zeta^ towards the zone centre for ~1/(1-beta) probes and mutes the controller for most
   of a short trial.
-* Several probe layers: DESIGN's median of the raw zetas, then one EMA (the paper, Sec. 8.2,
-  takes the median of per-layer EMAs).
+* Several probe layers: the median of the raw zetas, then one EMA (the paper, Sec. 8.2, takes
+  the median of per-layer EMAs).
 * The clamp is relative to C_0 by default, C in [c_min * C_0, c_max * C_0], so a sweep over
   C_0 keeps its meaning; ``clamp="absolute"`` is the paper's form, ``"none"`` disables it. As
   in the paper (Alg. 1, line 21), the clamp acts at probes, so C_0 itself is never altered.
@@ -38,126 +40,104 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable
-from typing import Any, ClassVar
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from core.errors import UserInputError
-from trainables.dp_step import DPStep
+from core.lazy import lazy_module
+from core.modes import Mode, Source
+from core.params import Constraint, Param, ParamSet
+from trainables.dp_step import CLIP, LR, MOMENTUM, DPStep
 from trainables.methods import register
 from trainables.spectral import KS_MIN_EIGS, MIN_TAIL, TOP_K_FRACTION, weight_tail_exponent
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+else:
+    torch = lazy_module("torch")
 
 #: ``probe_layers`` values that name a rule instead of layers.
 FIRST_DENSE = "first_dense"
 ALL_LAYERS = "all"
-CLAMP_MODES = ("relative", "absolute", "none")
-EMA_INITS = ("first", "target")
-#: Modules whose weight a probe can read.
-_Weighted = nn.Linear | nn.Conv1d | nn.Conv2d | nn.Conv3d
+#: Largest |log C| the controller may reach unclamped (C stays a positive finite float).
+MAX_LOG_C = 700.0
 
 
-def _weight_module(block: nn.Module) -> _Weighted | None:
+def _probe_spec(value: Any) -> str | list[str]:
+    """A rule name, one layer name or a non-empty list of distinct layer names."""
+    if isinstance(value, str):
+        return value if value in (FIRST_DENSE, ALL_LAYERS) else [value]
+    if (not isinstance(value, (list, tuple)) or not value
+            or not all(isinstance(v, str) for v in value) or len(set(value)) != len(value)):
+        raise ValueError
+    return list(value)
+
+
+def _weight_module(block: nn.Module) -> nn.Module | None:
     """The block's Linear or Conv module (a layer is one of them plus activation / pooling)."""
+    kinds = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
     for module in block.modules():
-        if isinstance(module, _Weighted):
+        if isinstance(module, kinds):
             return module
     return None
-
-
-def _number(params: dict[str, Any], key: str, *, allowed: str,
-            ok: Callable[[float], bool]) -> float:
-    """``params[key]`` as a float if it is a finite real number (not a bool) passing ``ok``."""
-    value = params[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise UserInputError(field=f"method_params.{key}", value=value, allowed=allowed)
-    if not ok(float(value)):
-        raise UserInputError(field=f"method_params.{key}", value=value, allowed=allowed)
-    return float(value)
 
 
 @register
 class WWDPSGD(DPStep):
     name: ClassVar[str] = "ww_dpsgd"
-    extra_params: ClassVar[dict[str, Any]] = {
-        # controller gain per probe, in log C units (paper: kappa > 0; Table 13's "small" 0.05
-        # and "large" 0.30 bracket its unstated default, taken as 0.1)
-        "kappa": 0.1,
-        # health-zone centre and radius (paper Eq. 6-7 and Sec. 5.5: zone (2, 6) = 4 +- 2)
-        "zeta_star": 4.0,
-        "radius": 2.0,
-        # EMA factor: DESIGN's 0.9-0.98; 0.95 = the paper's checklist floor (beta >= 0.95)
-        "beta": 0.95,
-        # probe period in steps (paper Sec. 5.5: K in {10, 50, 100}; 50 in Sec. 8.2)
-        "K": 50,
-        # clamp: factors of C_0 by default; the paper's wider clamp [0.3, 5.0] (Table 13, C_0=1)
-        "clamp": "relative",
-        "c_min": 0.3,
-        "c_max": 5.0,
-        # "first_dense" (DESIGN; the paper's fc1, Table 13), "all" (median over every layer,
-        # the paper's "full" probe, Sec. 8.2), one layer name or a list of names
-        "probe_layers": FIRST_DENSE,
-        # zeta^ before the first probe: "first" (the first zeta) or "target" (zeta_star, paper)
-        "ema_init": "first",
-    }
-    presets: ClassVar[dict[str, dict[str, Any]]] = {
-        "paper": {
-            "clip_norm": 1.0,  # C_0 = 1 (Table 11's centre; the clamp [1, 3] starts there)
-            "kappa": 0.1,  # not stated; between Table 13's "small" 0.05 and "large" 0.30
-            "zeta_star": 4.0,  # Eq. 7, Sec. 5.5, Table 12 default
-            "radius": 2.0,  # Eq. 7, Sec. 5.5, Table 12 default
-            "beta": 0.98,  # Table 7 "default beta = 0.98"
-            "K": 50,  # Sec. 8.2 "probe period K = 50"
-            "clamp": "absolute",  # Sec. 8.2 "clamp bounds C_min = 1, C_max = 3"
-            "c_min": 1.0,
-            "c_max": 3.0,
-            "probe_layers": FIRST_DENSE,  # fc1 (Table 13 / Sec. 8.4.2 "probes the fc1 layer")
-            "ema_init": "target",  # Algorithm 1, line 6: zeta^_0 = zeta_star
-        },
-    }
-
-    @classmethod
-    def validate_params(cls, params: dict[str, Any]) -> dict[str, Any]:
-        p = super().validate_params(params)
-        p["kappa"] = _number(p, "kappa", allowed="a finite number > 0 (log-C step per probe)",
-                             ok=lambda v: v > 0)
-        p["zeta_star"] = _number(p, "zeta_star", ok=lambda v: v > 1,
-                                 allowed="a finite number > 1 (a power-law tail exponent)")
-        p["radius"] = _number(p, "radius", allowed="a finite number > 0", ok=lambda v: v > 0)
-        p["beta"] = _number(p, "beta", allowed="a number in [0, 1) (EMA factor)",
-                            ok=lambda v: 0 <= v < 1)
-        k = p["K"]
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise UserInputError(field="method_params.K", value=k,
-                                 allowed="an integer >= 1 (probe period in steps)")
-        if p["clamp"] not in CLAMP_MODES:
-            raise UserInputError(field="method_params.clamp", value=p["clamp"],
-                                 allowed=f"one of {CLAMP_MODES}")
-        p["c_min"] = _number(p, "c_min", allowed="a finite number > 0", ok=lambda v: v > 0)
-        p["c_max"] = _number(p, "c_max", allowed=f"a finite number > c_min = {p['c_min']}",
-                             ok=lambda v: v > p["c_min"])
-        if p["clamp"] == "relative" and not p["c_min"] <= 1 <= p["c_max"]:
-            raise UserInputError(field="method_params.c_min", value=[p["c_min"], p["c_max"]],
-                                 allowed="relative clamp factors with c_min <= 1 <= c_max "
-                                         "(the range must contain C_0)")
-        if p["ema_init"] not in EMA_INITS:
-            raise UserInputError(field="method_params.ema_init", value=p["ema_init"],
-                                 allowed=f"one of {EMA_INITS}")
-        p["probe_layers"] = cls._check_probe_spec(p["probe_layers"])
-        return p
-
-    @staticmethod
-    def _check_probe_spec(value: Any) -> str | list[str]:
-        allowed = (f"{FIRST_DENSE!r}, {ALL_LAYERS!r}, a layer name or a non-empty list of "
-                   "distinct layer names")
-        if isinstance(value, str):
-            return value if value in (FIRST_DENSE, ALL_LAYERS) else [value]
-        if (not isinstance(value, (list, tuple)) or not value
-                or not all(isinstance(v, str) for v in value) or len(set(value)) != len(value)):
-            raise UserInputError(field="method_params.probe_layers", value=value,
-                                 allowed=allowed)
-        return list(value)
+    summary: ClassVar[str] = ("clipping norm C_t steered every K steps by the tail exponent of "
+                              "the probe layer's weight spectrum (post-processing)")
+    citation: ClassVar[str] = ("Partohaghighi, Marcia, West & Chen, When Gradient Clipping "
+                               "Becomes a Control Mechanism for Differential Privacy in Deep "
+                               "Learning")
+    argument: ClassVar[str] = (
+        "C_t is computed from the released weights only (post-processing); conditioned on the "
+        "past each step clips to C_t and adds N(0, sigma^2 C_t^2), so every step is the "
+        "Poisson-subsampled Gaussian mechanism with multiplier sigma, as in DP-SGD.")
+    modes: ClassVar[tuple[Mode, ...]] = (
+        Mode("standard", {"clipping norm C_t": Source.RELEASED}),)
+    params: ClassVar[ParamSet] = ParamSet.of(
+        LR,
+        CLIP.replace(doc="initial clipping norm C_0 (the controller moves C_t from it)",
+                     presets={"paper": 1.0}),  # Table 11's centre; the clamp [1, 3] starts there
+        MOMENTUM,
+        Param("kappa", 0.1, "controller gain per probe, in log C units (paper: Table 13's "
+              "'small' 0.05 and 'large' 0.30 bracket its unstated default)", low=0.0,
+              low_open=True, high=10.0, log=True, presets={"paper": 0.1}),
+        Param("zeta_star", 4.0, "target tail exponent, centre of the health zone (Eq. 6-7)",
+              low=1.0, low_open=True, high=50.0, presets={"paper": 4.0}),
+        Param("radius", 2.0, "health-zone radius (Eq. 7, Sec. 5.5: zone (2, 6) = 4 +- 2)",
+              low=0.0, low_open=True, high=50.0, role="setting", presets={"paper": 2.0}),
+        Param("beta", 0.95, "EMA factor of zeta (0.95 = the paper's checklist floor; Table 7 "
+              "default 0.98)", low=0.0, high=1.0, high_open=True, role="setting",
+              presets={"paper": 0.98}),
+        Param("K", 50, "probe period in steps (Sec. 5.5: 10, 50, 100; Sec. 8.2: 50)", low=1,
+              role="setting", presets={"paper": 50}),
+        Param("clamp", "relative", "clamp of C_t: 'relative' to C_0, 'absolute' (the paper's), "
+              "or 'none'", choices=("relative", "absolute", "none"), role="setting",
+              presets={"paper": "absolute"}),
+        Param("c_min", 0.3, "lower clamp (a factor of C_0 when relative; Sec. 8.2: C_min 1)",
+              low=0.0, low_open=True, high=1e4, role="setting", presets={"paper": 1.0}),
+        Param("c_max", 5.0, "upper clamp (a factor of C_0 when relative; Sec. 8.2: C_max 3)",
+              low=0.0, low_open=True, high=1e4, role="setting", presets={"paper": 3.0}),
+        Param("probe_layers", FIRST_DENSE, "'first_dense' (the paper's fc1), 'all' (median "
+              "over every layer, Sec. 8.2's 'full' probe), a layer name or a list of names",
+              kind="any", rule=_probe_spec, role="setting",
+              allowed_text=f"{FIRST_DENSE!r}, {ALL_LAYERS!r}, a layer name or a non-empty list "
+                           "of distinct layer names", presets={"paper": FIRST_DENSE}),
+        Param("ema_init", "first", "zeta^ before the first probe: 'first' (the first zeta) or "
+              "'target' (zeta_star, Algorithm 1 line 6)", choices=("first", "target"),
+              role="setting", presets={"paper": "target"}),
+        constraints=(
+            Constraint("c_max", lambda p: p["c_max"] > p["c_min"],
+                       "a number > c_min (the clamp's upper end above its lower end)"),
+            Constraint("c_min", lambda p: p["clamp"] != "relative"
+                       or p["c_min"] <= 1.0 <= p["c_max"],
+                       "relative clamp factors with c_min <= 1 <= c_max (the range must contain "
+                       "C_0)"),
+        ),
+    )
+    fast_lifecycle: ClassVar[dict[str, Any]] = {"K": 3, "kappa": 0.5}
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -176,15 +156,15 @@ class WWDPSGD(DPStep):
         self.zeta_hat: float | None = p["zeta_star"] if p["ema_init"] == "target" else None
         self.traj: dict[str, list[float]] = {key: [] for key in self._traj_keys()}
 
-    def _resolve_probes(self, spec: str | list[str]) -> list[tuple[str, _Weighted]]:
+    def _resolve_probes(self, spec: str | list[str]) -> list[tuple[str, nn.Module]]:
         """(name, weight module) of each probe layer, checked against the model's layers."""
-        weighted: dict[str, _Weighted] = {}
+        weighted: dict[str, nn.Module] = {}
         for name in self.model.layer_names:
             module = _weight_module(self.model.blocks[name])
             if module is not None:
                 weighted[name] = module
         if spec == FIRST_DENSE:
-            dense = [(n, m) for n, m in weighted.items() if isinstance(m, nn.Linear)]
+            dense = [(n, m) for n, m in weighted.items() if isinstance(m, torch.nn.Linear)]
             if not dense:
                 raise UserInputError(field="method_params.probe_layers", value=spec,
                                      allowed=f"layer names (this model has no dense layer): "
@@ -225,7 +205,7 @@ class WWDPSGD(DPStep):
                 beta * self.zeta_hat + (1.0 - beta) * zeta)
             e = self.zeta_hat - p["zeta_star"]
             u = math.log(self.clip_norm) + p["kappa"] * min(1.0, max(-1.0, e / p["radius"]))
-            c = math.exp(min(max(u, -700.0), 700.0))  # stays a positive float even unclamped
+            c = math.exp(min(max(u, -MAX_LOG_C), MAX_LOG_C))  # positive and finite unclamped
             if c >= self.c_hi:
                 c, clamp = self.c_hi, 1.0
             elif c <= self.c_lo:

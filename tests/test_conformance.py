@@ -1,0 +1,120 @@
+"""Every registered method x mode, automatically: the lifecycle sensitivity check on the released
+update, validity derived from the declaration, accounting against an independent accountant,
+determinism under ``reproducible``, fresh randomness otherwise, and an exact checkpoint round
+trip. A new method is tested here without writing a test file."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+from core.modes import INVALID_TAG
+from core.schedule import Schedule
+from orchestrator.trial import plan_trial
+from search_spaces import SPACES, build_space
+from tests.conformance import lifecycle, lifecycle_params, prepared_params
+from tests.conftest import tiny_config
+from trainables.methods import METHODS
+from trainables.training import load_checkpoint_state, train_trial
+
+CASES = [pytest.param(name, mode.name, id=f"{name}:{mode.name}")
+         for name, cls in sorted(METHODS.items()) for mode in cls.modes]
+#: PLD's discretisation against PRV's certified upper bound (relative).
+INDEPENDENT_SLACK = 0.02
+
+
+def _spec(method: str, mode: str, **training: object):
+    cfg = tiny_config(**training)
+    params = {**lifecycle_params(METHODS[method], mode), "lr": 0.5, "clip_norm": 1.0}
+    return plan_trial(cfg, method=method, params=params)
+
+
+@pytest.mark.parametrize(("method", "mode"), CASES)
+def test_release_is_bounded_over_the_whole_lifecycle(method: str, mode: str) -> None:
+    cls = METHODS[method]
+    checks = lifecycle(cls, mode)
+    worst = min(checks, key=lambda c: c.effective / c.granted)
+    if cls.mode_named(mode).dp_valid:
+        assert worst.holds, f"sensitivity bound broken at {worst}"
+    else:
+        assert not worst.holds, "an unsound mode must be shown to violate its claimed bound"
+
+
+@pytest.mark.parametrize(("method", "mode"), CASES)
+def test_validity_is_derived_from_the_mode_declaration(method: str, mode: str) -> None:
+    cls = METHODS[method]
+    declared = cls.mode_named(mode)
+    reason = declared.validity_reason(argument=cls.argument)
+    assert (INVALID_TAG in reason) is (not declared.dp_valid)
+    assert declared.dp_valid is all(s.name != "PRIVATE" for s in declared.sources.values())
+    for statistic, source in declared.sources.items():
+        assert statistic in reason and source.value in reason
+
+
+@pytest.mark.parametrize(("method", "mode"), CASES)
+def test_declaration_presets_and_search_space_agree(method: str, mode: str) -> None:
+    cls = METHODS[method]
+    assert cls.summary and cls.argument
+    decl = cls.declaration()
+    assert {"mode", "lr", "clip_norm"} <= set(decl.names)
+    assert all(p.doc for p in decl)
+    for name, preset in cls.presets().items():
+        assert cls.validate_params({k: v for k, v in preset.items()
+                                    if not decl[k].modes or mode in decl[k].modes}), name
+    space = build_space(method, mode=mode, num_layers=4)
+    assert method in SPACES and space.contains(space.first_point)
+    decoded = space.decode(space.first_point)
+    assert cls.validate_params(decoded)["mode"] == mode
+
+
+@pytest.mark.parametrize(("method", "mode"), CASES)
+def test_accounting_matches_the_budget_by_an_independent_accountant(tmp_path: Path, method: str,
+                                                                    mode: str) -> None:
+    from orchestrator.budget import epsilon_of_events, schedule_events
+
+    spec = _spec(method, mode, reproducible=True)
+    result = train_trial(spec, checkpoint_root=tmp_path)
+    p = result.privacy
+    schedule = Schedule.from_list(spec.calibration["schedule"])
+    expected = schedule_events(schedule, sample_rate=spec.calibration["sample_rate"])
+    ledger = [(e["noise_multiplier"], e["count"]) for e in p["ledger"]["events"]]
+    assert ledger == [(ph.noise_multiplier, ph.steps) for ph in schedule.merged().phases]
+    independent = epsilon_of_events(expected, delta=p["delta"], accountant="pld")
+    assert independent <= p["target_epsilon"] * (1 + INDEPENDENT_SLACK)
+    assert independent >= p["epsilon_lower"] * (1 - INDEPENDENT_SLACK)
+    assert p["dp_valid"] is METHODS[method].mode_named(mode).dp_valid
+    assert result.history[0]["epsilon_spent"] < result.history[-1]["epsilon_spent"]
+
+
+@pytest.mark.parametrize(("method", "mode"), CASES)
+def test_reproducible_trials_replay_exactly_and_secret_ones_do_not(method: str,
+                                                                   mode: str) -> None:
+    spec = _spec(method, mode, reproducible=True)
+    a, b = train_trial(spec), train_trial(spec)
+    assert [m["val_accuracy"] for m in a.history] == [m["val_accuracy"] for m in b.history]
+    assert [m["test_loss"] for m in a.history] == [m["test_loss"] for m in b.history]
+    secret = dataclasses.replace(spec, randomness="secret")
+    c, d = train_trial(secret), train_trial(secret)
+    assert [m["test_loss"] for m in c.history] != [m["test_loss"] for m in d.history]
+
+
+@pytest.mark.parametrize(("method", "mode"), CASES)
+def test_checkpoint_round_trip_is_exact(tmp_path: Path, method: str, mode: str) -> None:
+    spec = _spec(method, mode, reproducible=True, epochs=3)
+    straight = train_trial(spec, checkpoint_root=tmp_path / "a")
+    resumed = train_trial(spec, checkpoint_root=tmp_path / "b",
+                          resume_from=tmp_path / "a" / "epoch_001")
+    final_a = load_checkpoint_state(tmp_path / "a" / "epoch_003")["model"]
+    final_b = load_checkpoint_state(tmp_path / "b" / "epoch_003")["model"]
+    assert final_a.keys() == final_b.keys()
+    for k in final_a:
+        assert torch.equal(final_a[k], final_b[k]), k
+    assert resumed.privacy["ledger"] == straight.privacy["ledger"]
+
+
+def test_every_method_has_prepared_params_that_validate() -> None:
+    for name, cls in METHODS.items():
+        assert cls.validate_params(dict(prepared_params(name)))
