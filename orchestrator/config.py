@@ -25,7 +25,7 @@ import tomli_w
 
 from core.errors import UserInputError
 from core.modes import INVALID_TAG
-from core.params import Param
+from core.params import Param, is_real
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -98,6 +98,21 @@ class PrivacyConfig:
                                      high=MAX_ACCOUNTANT_TIMEOUT_S)
 
 
+def _epsilon_list(value: Any) -> list[float]:
+    if not isinstance(value, (list, tuple)) or len(set(value)) != len(value) or not all(
+            is_real(v) and 0 < v <= MAX_EPSILON for v in value):
+        raise ValueError
+    return sorted(float(v) for v in value)
+
+
+@dataclass(frozen=True)
+class BudgetConfig:
+    epsilons: list = _f(  # noqa: RUF009
+        [], "target epsilons of a sweep: one study per series and target (privacy-utility "
+            "curves); empty = [privacy.epsilon]", kind="list", rule=_epsilon_list,
+        allowed_text=f"a list of distinct numbers in (0, {MAX_EPSILON:g}]")
+
+
 @dataclass(frozen=True)
 class TrainingConfig:
     method: str = _f("dpsgd", "method of a single-trial run (`dpsweep train`)")
@@ -148,8 +163,9 @@ class AuditConfig:
 
 
 SECTIONS: dict[str, type] = {"data": DataConfig, "model": ModelConfig, "privacy": PrivacyConfig,
-                             "training": TrainingConfig, "resources": ResourcesConfig,
-                             "sweep": SweepConfig, "audit": AuditConfig}
+                             "budget": BudgetConfig, "training": TrainingConfig,
+                             "resources": ResourcesConfig, "sweep": SweepConfig,
+                             "audit": AuditConfig}
 
 
 @dataclass(frozen=True)
@@ -157,6 +173,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)

@@ -1,359 +1,69 @@
-"""The sweep: Ray Tune runs the trials, Optuna picks their hyperparameters, all at one budget.
+"""The sweep: Ray Tune runs the trials, Optuna picks their hyperparameters, all at matched budgets.
 
-How methods share trials: **one Optuna study per method, with equal trial budgets**, run one
-method after another (trials of a method run concurrently). A fair comparison needs each
-method tuned with the same effort, and each method has its own conditional hyperparameters;
-a single study with a categorical method choice lets TPE starve the methods that start badly
-and models conditional spaces poorly. Each study's first trial is the method's paper preset.
+``run_sweep`` validates everything before Ray starts (config, resources, ``--out``, data), then
+creates the run directory (``orchestrator.rundir``: manifest, exclusive lock), calibrates every
+budget the search can ask for (``precompute``), and runs one Ray Tune experiment over all studies
+(``orchestrator.studies``: one Optuna study per series and target epsilon). Objectives: with the
+audit inside the trial (default), validation accuracy (max) and peak MIA accuracy (min); else
+validation accuracy alone, the audit afterwards. Test accuracy is recorded, never used to choose.
+No ASHA or other early stopping: a stopped trial would enter the front as if complete.
 
-Objectives: with the audit inside the trial (default), two — test accuracy (max) and peak-layer
-MIA accuracy (min) — through ``OptunaSearch(metric=[...], mode=[...])``; otherwise test accuracy
-alone and the audit runs after all trials. No ASHA or other early stopping: a stopped trial
-would enter the front as if complete. Trials report only finite values; a trial that diverges
-or fails raises, Optuna is told FAIL (not COMPLETE with a stale value), its row is recorded with
-the reason, and the sweep goes on.
-
-Layout of RUN_DIR: ``config.toml`` (as run), ``optuna.db`` (SQLite; open it with
-optuna-dashboard), ``tune/<method>/`` (Ray Tune experiments, used by ``resume``),
-``trials/<trial_id>/`` (final checkpoint, privacy.json, history.json, spec.json, audit.json),
-``cache/`` (budget calibrations and LM-DP-SGD risk vectors), ``results.parquet`` and ``report/``.
+Signals: SIGINT / SIGTERM stop the sweep within seconds: running trials stop, their Optuna trials
+are told FAIL (``interrupted``) and re-enqueued under the same ids, state is flushed, and the
+process exits 130 / 143 with a hint to resume. ``resume_sweep`` rebuilds the state from the config,
+the Optuna storage and the trial directories (``studies.reconcile``): after a ``kill -9`` of the
+driver or a worker, no finished trial is trained again, none is lost, none stays RUNNING.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
-import socket
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from core.errors import UserInputError
 from orchestrator import config as config_mod
-from orchestrator import results
 from orchestrator.config import Config
+from orchestrator.rundir import RESULTS, RunDir, check_creatable
+from orchestrator.studies import (
+    OBJECTIVES,
+    Outcome,
+    StudyPlan,
+    SweepSearcher,
+    make_sampler,
+    open_study,
+    reconcile,
+    study_name,
+)
 from orchestrator.trial import load_data, plan_trial
-from search_spaces import SearchSpace, build_space
+from reports import store
+from search_spaces import build_space
 
-OBJECTIVES = ["test_accuracy", "peak_mia_accuracy"]
-MODES = ["max", "min"]
-OPTUNA_DB = "optuna.db"
-CONFIG_FILE = "config.toml"
-
-
-def with_overrides(cfg: Config, *, method: str, overrides: dict[str, Any]) -> Config:
-    """The config of one trial: the sweep's config, one method, the sampled hyperparameters.
-
-    The config's own [method_params] and preset belong to single-trial runs; in a sweep each
-    method starts from its defaults and the search space's values.
-    """
-    training = dataclasses.replace(cfg.training, method=method, preset="",
-                                   lr=float(overrides.get("lr", cfg.training.lr)),
-                                   clip_norm=float(overrides.get("clip_norm",
-                                                                 cfg.training.clip_norm)))
-    params = {k.split(".", 1)[1]: v for k, v in overrides.items()
-              if k.startswith("method_params.")}
-    return dataclasses.replace(cfg, training=training, method_params=params)
+#: Exit codes of a sweep stopped by a signal (128 + signal number, as shells report them).
+EXIT_SIGINT = 130
+EXIT_SIGTERM = 143
 
 
-def _overrides(config: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in config.items()
-            if k in ("lr", "clip_norm") or k.startswith("method_params.")}
+class Interrupted(Exception):
+    """The sweep was stopped by a signal; the run directory is consistent and resumable."""
 
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        name = signal.Signals(signum).name
+        super().__init__(f"interrupted by {name}")
 
-def trial_dir(run_dir: Path, trial_id: str) -> Path:
-    return Path(run_dir) / results.TRIALS_DIR / trial_id
-
-
-def sweep_trainable(config: dict[str, Any]) -> None:
-    """Ray Tune function trainable: plan (cached budget) -> train -> audit -> final report."""
-    from ray import tune
-
-    from trainables.ray_trainable import run_in_tune
-
-    run_dir = Path(config["run_dir"])
-    method = config["method"]
-    trial_id = f"{method}-{tune.get_context().get_trial_id()}"
-    out = trial_dir(run_dir, trial_id)
-    out.mkdir(parents=True, exist_ok=True)
-    try:
-        cfg = with_overrides(config_mod.from_dict(config["config"]), method=method,
-                             overrides=_overrides(config))
-        data = load_data(cfg)
-        spec = plan_trial(cfg, trial_id=trial_id, cache_dir=run_dir / "cache", data=data)
-        result = run_in_tune(spec, data=data, out_dir=out)
-        final: dict[str, Any] = {"test_accuracy": result.test_accuracy,
-                                 "epsilon_upper": result.privacy["epsilon_upper"],
-                                 "train_seconds": result.seconds}
-        if cfg.audit.enabled and cfg.audit.in_trial:
-            from reports.audit import audit_trial
-
-            audit = audit_trial(out / f"epoch_{spec.epochs:03d}", data=data,
-                                shadow_models=cfg.audit.shadow_models, seed=cfg.audit.seed,
-                                cache_dir=run_dir / "cache",
-                                timeout_s=cfg.privacy.accountant_timeout_s, write_to=out)
-            final["peak_mia_accuracy"] = audit.attack.peak.accuracy
-        bad = [k for k, v in final.items() if not math.isfinite(float(v))]
-        if bad:
-            raise RuntimeError(f"non-finite final metrics {bad}: trial marked failed")
-        tune.report(final)
-    except Exception as exc:
-        (out / "error.txt").write_text(f"{type(exc).__name__}: {exc}")
-        raise
-
-
-def _failsafe_searcher_cls() -> type:
-    """OptunaSearch that tells Optuna FAIL for errored or incomplete trials.
-
-    Ray's OptunaSearch marks an errored trial COMPLETE when its last intermediate result has
-    the metric (a stale value enters the front), and with several objectives a missing value
-    makes ``study.tell`` raise and leaves a zombie RUNNING trial. Both are wrong for a sweep.
-    """
-    from optuna.trial import TrialState
-    from ray.tune.search.optuna import OptunaSearch
-
-    # Per-epoch results carry test accuracy only; the peak-MIA objective exists once the
-    # trial's audit has run, so Tune's per-result check for every objective must be off.
-    os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"
-
-    class FailSafeOptunaSearch(OptunaSearch):
-        def on_trial_complete(self, trial_id: str, result: dict | None = None,
-                              error: bool = False) -> None:
-            metrics = self._metric if isinstance(self._metric, list) else [self._metric]
-            values = [None if not result else result.get(m) for m in metrics]
-            ok = not error and all(
-                v is not None and math.isfinite(float(v)) for v in values)
-            if ok or trial_id in self._completed_trials or trial_id not in self._ot_trials:
-                super().on_trial_complete(trial_id, result=result, error=error)
-                return
-            self._ot_study.tell(self._ot_trials[trial_id], state=TrialState.FAIL)
-            self._completed_trials.add(trial_id)
-
-    return FailSafeOptunaSearch
-
-
-class _ResultsCallback:
-    """Driver-side: one results row per finished or failed trial, plus terminal progress."""
-
-    def __init__(self, *, run_dir: Path, method: str, total: int, quiet: bool) -> None:
-        self.run_dir = Path(run_dir)
-        self.method = method
-        self.total = total
-        self.quiet = quiet
-        self.start = time.time()
-        self.done = 0
-        self.failed = 0
-        self.best: tuple[float, float] | None = None
-
-    def _trial_id(self, trial: Any) -> str:
-        return f"{self.method}-{trial.trial_id}"
-
-    def complete(self, trial: Any) -> None:
-        tid = self._trial_id(trial)
-        out = trial_dir(self.run_dir, tid)
-        try:
-            row = _row_for(self.run_dir, out, config=trial.config)
-        except Exception as exc:  # a record missing after a crash: keep the failure visible
-            row = results.failed_row(trial_id=tid, method=self.method,
-                                     error=f"results could not be read: {exc}")
-        results.append_row(self.run_dir, row)
-        if row["status"] == "ok":
-            self.done += 1
-            acc, peak = row["test_accuracy"], row.get("peak_mia_accuracy", math.nan)
-            if self.best is None or acc > self.best[0]:
-                self.best = (acc, peak)
-        else:
-            self.failed += 1
-        self._progress(running=None)
-
-    def error(self, trial: Any) -> None:
-        tid = self._trial_id(trial)
-        err_file = trial_dir(self.run_dir, tid) / "error.txt"
-        reason = err_file.read_text() if err_file.is_file() else (
-            str(getattr(trial, "error_msg", "") or "trial errored"))
-        results.append_row(self.run_dir, results.failed_row(
-            trial_id=tid, method=self.method, error=reason.strip().splitlines()[-1][:500]))
-        self.failed += 1
-        self._progress(running=None)
-
-    def _progress(self, *, running: int | None) -> None:
-        if self.quiet:
-            return
-        best = ("-" if self.best is None else
-                f"acc {self.best[0]:.4f}" + ("" if math.isnan(self.best[1])
-                                             else f", peak MIA {self.best[1]:.4f}"))
-        print(f"[{self.method}] done {self.done}/{self.total}, failed {self.failed}, "
-              f"best {best}, elapsed {time.time() - self.start:.0f} s", flush=True)
-
-
-def _row_for(run_dir: Path, out: Path, *, config: dict[str, Any]) -> dict[str, Any]:
-    import json
-
-    spec = json.loads((out / "spec.json").read_text())
-    privacy = json.loads((out / "privacy.json").read_text())
-    history = json.loads((out / "history.json").read_text())
-    row = results.row_from_trial(run_dir=run_dir, trial_dir=out, spec=spec, privacy=privacy,
-                                 history=history,
-                                 train_seconds=sum(m["epoch_seconds"] for m in history))
-    audit_file = out / "audit.json"
-    if audit_file.is_file():
-        from reports.audit import fill_row_from_json
-
-        row = fill_row_from_json(row, json.loads(audit_file.read_text()))
-    del config
-    return row
-
-
-def _tune_callback(cb: _ResultsCallback) -> Any:
-    from ray.tune import Callback
-
-    class TuneResults(Callback):
-        def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-            cb.complete(trial)
-
-        def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-            cb.error(trial)
-
-    return TuneResults()
-
-
-def init_ray(*, address: str | None, quiet: bool) -> str:
-    """Connect to a cluster (``--address`` or RAY_ADDRESS) or start a loopback-only local Ray."""
-    # Ray Tune's own tables and per-checkpoint chatter would drown the progress lines.
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"  # see _failsafe_searcher_cls
-    import optuna
-    import ray
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    if ray.is_initialized():
-        return "existing"
-    address = address or os.environ.get("RAY_ADDRESS") or None
-    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
-                              "configure_logging": True,
-                              "logging_level": "ERROR" if quiet else "WARNING"}
-    if address:
-        try:
-            ray.init(address=address, **kwargs)
-        except (ConnectionError, RuntimeError, ValueError) as exc:
-            raise UserInputError(field="--address", value=address,
-                                 allowed=f"the address of a running Ray cluster ({exc})"
-                                 ) from None
-        return address
-    ray.init(_node_ip_address="127.0.0.1", **kwargs)
-    return "local"
-
-
-def check_storage(run_dir: Path) -> None:
-    """Every alive Ray node must read and write RUN_DIR (shared storage on a cluster)."""
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    marker = Path(run_dir) / ".storage-probe"
-    token = f"{socket.gethostname()}-{os.getpid()}-{time.time()}"
-    marker.write_text(token)
-
-    @ray.remote(num_cpus=0)
-    def probe(path: str, expected: str) -> str:
-        p = Path(path)
-        seen = p.read_text() if p.is_file() else None
-        if seen != expected:
-            raise RuntimeError(f"cannot read {path} on {socket.gethostname()}")
-        w = p.with_name(f".probe-{socket.gethostname()}-{os.getpid()}")
-        w.write_text("ok")
-        w.unlink()
-        return socket.gethostname()
-
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    refs = [probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
-        node_id=n["NodeID"], soft=False)).remote(str(marker), token) for n in nodes]
-    try:
-        ray.get(refs, timeout=120)
-    except Exception as exc:
-        raise UserInputError(field="RUN_DIR", value=str(run_dir),
-                             allowed="a directory every Ray node can read and write (shared "
-                                     f"storage on a cluster): {exc}") from None
-    finally:
-        marker.unlink(missing_ok=True)
-
-
-def _num_layers(cfg: Config) -> int:
-    from orchestrator.trial import _model_factory
-
-    return len(_model_factory(cfg).layer_names)
-
-
-def spaces_for(cfg: Config) -> dict[str, SearchSpace]:
-    layers = _num_layers(cfg)
-    return {m: build_space(m, num_layers=layers, lr=cfg.training.lr,
-                           clip_norm=cfg.training.clip_norm) for m in cfg.sweep.methods}
-
-
-def precompute(cfg: Config, *, run_dir: Path, spaces: dict[str, SearchSpace],
-               quiet: bool) -> None:
-    """Budgets and once-per-sweep preparations for every schedule the spaces can produce.
-
-    Constant schedules are one calibration per sweep; categorical dimensions (e.g. AdamILG's k)
-    are enumerated at the first point so trials only ever hit the cache.
-    """
-    from optuna.distributions import CategoricalDistribution
-
-    data = load_data(cfg)
-    for method, space in spaces.items():
-        points = [dict(space.first_point)]
-        for key, dist in space.distributions.items():
-            if isinstance(dist, CategoricalDistribution):
-                points += [{**space.first_point, key: v} for v in dist.choices
-                           if v != space.first_point.get(key)]
-        t0 = time.perf_counter()
-        for point in points:
-            plan_trial(with_overrides(cfg, method=method, overrides=point),
-                       cache_dir=run_dir / "cache", data=data)
-        if not quiet:
-            print(f"[{method}] budget and preparation: {len(points)} schedule(s) in "
-                  f"{time.perf_counter() - t0:.1f} s", flush=True)
-
-
-def _trial_name(trial: Any) -> str:
-    return f"{trial.config.get('method', 'trial')}-{trial.trial_id}"
-
-
-def _tuner(cfg: Config, *, run_dir: Path, method: str, space: SearchSpace, index: int,
-           quiet: bool) -> Any:
-    import optuna
-    from ray import tune
-
-    two = cfg.audit.enabled and cfg.audit.in_trial
-    storage = optuna.storages.RDBStorage(f"sqlite:///{(run_dir / OPTUNA_DB).resolve()}")
-    searcher = _failsafe_searcher_cls()(
-        space=dict(space.distributions),
-        metric=OBJECTIVES if two else OBJECTIVES[0], mode=MODES if two else MODES[0],
-        points_to_evaluate=[dict(space.first_point)],
-        sampler=optuna.samplers.TPESampler(seed=cfg.sweep.seed + index),
-        study_name=method, storage=storage)
-    trainable = tune.with_resources(sweep_trainable, {"cpu": cfg.resources.cpus_per_trial,
-                                                      "gpu": cfg.resources.gpus_per_trial})
-    callback = _ResultsCallback(run_dir=run_dir, method=method,
-                                total=cfg.sweep.trials_per_method, quiet=quiet)
-    return tune.Tuner(
-        trainable,
-        param_space={"run_dir": str(run_dir.resolve()), "config": cfg.to_dict(),
-                     "method": method, **space.fixed},
-        tune_config=tune.TuneConfig(search_alg=searcher,
-                                    num_samples=cfg.sweep.trials_per_method,
-                                    max_concurrent_trials=cfg.sweep.max_concurrent_trials,
-                                    trial_name_creator=_trial_name,
-                                    trial_dirname_creator=_trial_name),
-        run_config=tune.RunConfig(
-            name=method, storage_path=str((run_dir / "tune").resolve()), verbose=0,
-            callbacks=[_tune_callback(callback)],
-            failure_config=tune.FailureConfig(max_failures=0),
-            checkpoint_config=tune.CheckpointConfig(num_to_keep=1)),
-    )
+    @property
+    def exit_code(self) -> int:
+        return EXIT_SIGTERM if self.signum == signal.SIGTERM else EXIT_SIGINT
 
 
 @dataclasses.dataclass
@@ -365,77 +75,385 @@ class SweepSummary:
     report: Path | None
 
 
-def _finish(cfg: Config, *, run_dir: Path, start: float, quiet: bool) -> SweepSummary:
-    frame = results.read_results(run_dir)
-    if cfg.audit.enabled and not cfg.audit.in_trial:
-        from reports.audit import audit_run
+# ---- signals ----------------------------------------------------------------------------------
+class _StopFlag:
+    """Set by SIGINT/SIGTERM; Tune polls it through a Stopper, other phases raise at once."""
 
-        audit_run(run_dir, shadow_models=cfg.audit.shadow_models, seed=cfg.audit.seed)
-        frame = results.read_results(run_dir)
-    from reports.html import build_report
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.signum: int | None = None
+        self.in_tune = False
 
-    report = build_report(run_dir)
-    summary = SweepSummary(run_dir=run_dir, rows=len(frame),
-                           failed=int((frame["status"] != "ok").sum()),
-                           seconds=time.time() - start, report=report)
-    if not quiet:
-        print(f"sweep finished: {summary.rows} trials ({summary.failed} failed) in "
-              f"{summary.seconds:.0f} s", flush=True)
-    print(f"report: {report}", flush=True)
-    return summary
+    def handler(self, signum: int, _frame: Any) -> None:
+        if self.event.is_set():  # a second signal: stop now
+            raise Interrupted(signum)
+        self.signum = signum
+        self.event.set()
+        if not self.in_tune:
+            raise Interrupted(signum)
+
+
+@contextmanager
+def _signals(flag: _StopFlag) -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for s in previous:
+        signal.signal(s, flag.handler)
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def _stopper(flag: _StopFlag) -> Any:
+    from ray.tune import Stopper
+
+    class InterruptStopper(Stopper):
+        def __call__(self, trial_id: str, result: dict) -> bool:
+            return False
+
+        def stop_all(self) -> bool:
+            return flag.event.is_set()
+
+    return InterruptStopper()
+
+
+# ---- planning -----------------------------------------------------------------------------------
+def epsilons(cfg: Config) -> list[float]:
+    return list(cfg.budget.epsilons) or [cfg.privacy.epsilon]
+
+
+def _num_layers(cfg: Config) -> int:
+    from orchestrator.trial import _model_factory
+
+    return len(_model_factory(cfg).layer_names)
+
+
+def study_plans(cfg: Config) -> list[StudyPlan]:
+    """Every (series, target) study with its space: fixed values from [method_params] are not
+    searched, user ranges from [search.<method>] replace the defaults."""
+    from trainables.methods import series_name
+
+    layers = _num_layers(cfg)
+    two = cfg.audit.enabled and cfg.audit.in_trial
+    objectives = tuple(OBJECTIVES) if two else ("val_accuracy",)
+    plans = []
+    for eps in epsilons(cfg):
+        for method, mode in cfg.series():
+            series = series_name(method, mode)
+            space = build_space(method, mode=mode, num_layers=layers,
+                                fixed=cfg.given_params(method),
+                                overrides=cfg.search.get(method))
+            plans.append(StudyPlan(name=study_name(series, eps), series=series, method=method,
+                                   mode=mode, epsilon=eps, space=space,
+                                   n_trials=cfg.sweep.trials_per_method,
+                                   objectives=objectives))
+    return plans
+
+
+def at_epsilon(cfg: Config, eps: float) -> Config:
+    return dataclasses.replace(cfg, privacy=dataclasses.replace(cfg.privacy, epsilon=eps))
+
+
+def schedule_points(plan: StudyPlan) -> list[dict[str, Any]]:
+    """Points whose noise schedules differ: the first point and every categorical choice.
+    (Only categorical dimensions may change a method's noise shape; see search_spaces.)"""
+    points = [dict(plan.space.first_point)]
+    for key, dist in plan.space.distributions.items():
+        for value in getattr(dist, "choices", ()):
+            if value != plan.space.first_point.get(key):
+                points.append({**plan.space.first_point, key: value})
+    return points
+
+
+def precompute(cfg: Config, *, run: RunDir, plans: list[StudyPlan], data: Any,
+               quiet: bool) -> None:
+    """Budgets and once-per-sweep preparations for every schedule a study can produce, so
+    trials only ever hit the cache (and the shadow pool's risk estimate runs once)."""
+    jobs = [(plan, point) for plan in plans for point in schedule_points(plan)]
+    with _progress(total=len(jobs), desc="budgets", quiet=quiet) as bar:
+        for plan, point in jobs:
+            plan_trial(at_epsilon(cfg, plan.epsilon), method=plan.method,
+                       params=plan.space.decode(point), cache_dir=run.cache_dir, data=data)
+            bar.update(1)
+
+
+@contextmanager
+def _progress(*, total: int, desc: str, quiet: bool) -> Iterator[Any]:
+    """A progress bar with ETA on stderr (tqdm), or nothing with --quiet."""
+    if quiet or total == 0:
+        class _Null:
+            def update(self, n: int = 1) -> None:
+                del n
+
+            def set_postfix_str(self, text: str) -> None:
+                del text
+
+            def write(self, text: str) -> None:
+                del text
+
+        yield _Null()
+        return
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, desc=desc, unit="trial" if desc == "trials" else "it",
+               dynamic_ncols=True, file=sys.stderr)
+    try:
+        yield bar
+    finally:
+        bar.close()
+
+
+# ---- the driver -----------------------------------------------------------------------------
+class _Driver:
+    """Driver-side state of one sweep attempt (a run or a resume)."""
+
+    def __init__(self, cfg: Config, run: RunDir, *, quiet: bool) -> None:
+        self.cfg = cfg
+        self.run = run
+        self.quiet = quiet
+        self.plans = study_plans(cfg)
+        self.data = load_data(cfg)
+        self.rows: dict[str, dict[str, Any]] = {
+            r["trial_id"]: r for r in store.read_results(run.path, allow_empty=True)
+            .to_dict("records")}
+        self.start = time.time()
+        self.best: dict[str, float] = {}
+        self.bar: Any = None
+
+    # ---- results --------------------------------------------------------------------------
+    def _row(self, plan: StudyPlan, tid: str, outcome: Outcome) -> dict[str, Any]:
+        trial_dir = self.run.trial_dir(tid)
+        if outcome.status != "ok":
+            spec = _read_json(trial_dir / "spec.json")
+            return store.failed_row(trial_id=tid, method=plan.method, series=plan.series,
+                                    study=plan.name, error=outcome.error, spec=spec)
+        from trainables.data import NUM_CLASSES
+
+        spec = _read_json(trial_dir / "spec.json")
+        history = _read_json(trial_dir / "history.json")
+        row = store.row_from_trial(
+            run_dir=self.run.path, trial_dir=trial_dir,
+            checkpoint_dir=trial_dir / "checkpoint", spec=spec,
+            privacy=_read_json(trial_dir / "privacy.json"), history=history,
+            train_seconds=float(outcome.metrics.get("train_seconds", math.nan)),
+            num_classes=NUM_CLASSES[self.cfg.data.dataset], series=plan.series,
+            study=plan.name, preset="paper" if tid.endswith("-000") else "")
+        audit_file = trial_dir / "audit.json"
+        if audit_file.is_file():
+            from orchestrator.audit import row_audit_columns
+
+            row.update(row_audit_columns(_read_json(audit_file)))
+        row["audit_error"] = str(outcome.metrics.get("audit_error", "") or "")
+        if "audit_seconds" in outcome.metrics:
+            row["audit_seconds"] = float(outcome.metrics["audit_seconds"])
+        return row
+
+    def record(self, plan: StudyPlan, tid: str, outcome: Outcome, _ot: Any = None) -> None:
+        """One finished or failed trial: its row, its files in the manifest, a progress line."""
+        try:
+            row = self._row(plan, tid, outcome)
+        except Exception as exc:  # a record missing after a crash: the failure stays visible
+            from core.errors import describe
+
+            row = store.failed_row(trial_id=tid, method=plan.method, series=plan.series,
+                                   study=plan.name,
+                                   error=f"records could not be read: {describe(exc)}")
+        self.rows[tid] = row
+        store.write_results(self.run.path, list(self.rows.values()))
+        self.run.record_trial(tid)
+        self.run.record([RESULTS])
+        self._progress_line(plan, row)
+
+    def _progress_line(self, plan: StudyPlan, row: dict[str, Any]) -> None:
+        if self.quiet:
+            return
+        ok = row["status"] == "ok"
+        if ok and not row.get("degenerate"):
+            self.best[plan.name] = max(self.best.get(plan.name, -1.0), row["val_accuracy"])
+        done = sum(r["status"] == "ok" for r in self.rows.values())
+        failed = sum(r["status"] != "ok" for r in self.rows.values())
+        what = (f"val acc {row['val_accuracy']:.3f}" + (
+            f", peak MIA {row['peak_mia_accuracy']:.3f}"
+            if isinstance(row.get("peak_mia_accuracy"), float)
+            and math.isfinite(row["peak_mia_accuracy"]) else "")
+                if ok else f"FAILED: {row['error']}")
+        line = (f"[{plan.name}] {row['trial_id']}: {what} | done {done}, failed {failed}, "
+                f"best {self.best.get(plan.name, float('nan')):.3f}, "
+                f"elapsed {time.time() - self.start:.0f} s")
+        if self.bar is not None:
+            self.bar.write(line)
+            self.bar.update(1)
+        else:
+            print(line, flush=True)
+
+    # ---- trials ---------------------------------------------------------------------------
+    def trial_config(self, plan: StudyPlan, params: dict[str, Any], tid: str) -> dict[str, Any]:
+        spec = plan_trial(at_epsilon(self.cfg, plan.epsilon), method=plan.method,
+                          params=params, trial_id=tid, cache_dir=self.run.cache_dir,
+                          data=self.data)
+        return {"run_dir": str(self.run.path), "trial_id": tid, "study": plan.name,
+                "series": plan.series, "spec": spec.to_dict(),
+                "audit": audit_settings(self.cfg)}
+
+    def tune(self, studies: dict[str, Any], tallies: dict[str, Any], flag: _StopFlag) -> None:
+        from ray import tune
+
+        from orchestrator.trial_runner import tune_trainable
+
+        searcher = SweepSearcher(plans=self.plans, studies=studies, tallies=tallies,
+                                 make_config=self.trial_config, on_outcome=self.record,
+                                 trials_root=self.run.path / "trials")
+        to_run = sum(t.remaining(p.n_trials) for p, t in
+                     ((p, tallies[p.name]) for p in self.plans))
+        if to_run == 0:
+            return
+        attempt = 1 + sum(1 for _ in self.run.tune_dir.glob("attempt-*"))
+        resources = {"cpu": self.cfg.resources.cpus_per_trial,
+                     "gpu": self.cfg.resources.gpus_per_trial}
+        tuner = tune.Tuner(
+            tune.with_resources(tune_trainable, resources),
+            tune_config=tune.TuneConfig(
+                search_alg=searcher, num_samples=4 * to_run + 16,
+                max_concurrent_trials=self.cfg.sweep.max_concurrent_trials, reuse_actors=True),
+            run_config=tune.RunConfig(
+                name=f"attempt-{attempt}", storage_path=str(self.run.tune_dir), verbose=0,
+                stop=_stopper(flag), failure_config=tune.FailureConfig(max_failures=0)))
+        with _progress(total=to_run, desc="trials", quiet=self.quiet) as bar:
+            self.bar = bar
+            flag.in_tune = True
+            try:
+                tuner.fit()
+            finally:
+                flag.in_tune = False
+                self.bar = None
+                if flag.event.is_set():
+                    stopped = searcher.interrupt(f"interrupted by "
+                                                 f"{signal.Signals(flag.signum).name}")
+                    if stopped and not self.quiet:
+                        print(f"stopped {len(stopped)} running trial(s): {', '.join(stopped)}",
+                              file=sys.stderr)
+        if flag.event.is_set():
+            raise Interrupted(flag.signum or signal.SIGINT)
+
+    def open_studies(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        storage = optuna.storages.RDBStorage(self.run.optuna_url)
+        studies, tallies = {}, {}
+        parallel = self.cfg.sweep.max_concurrent_trials > 1
+        for index, plan in enumerate(self.plans):
+            sampler = make_sampler(self.cfg.sweep.sampler, seed=self.cfg.sweep.seed + index,
+                                   parallel=parallel)
+            study = open_study(plan, storage=storage, sampler=sampler)
+            tallies[plan.name] = reconcile(
+                study, plan, storage=storage, trials_root=self.run.path / "trials",
+                on_finished=lambda tid, out, _t, plan=plan: (
+                    None if tid in self.rows else self.record(plan, tid, out)))
+            studies[plan.name] = study
+        return studies, tallies
+
+    def finish(self) -> SweepSummary:
+        frame = store.read_results(self.run.path, allow_empty=True)
+        if self.cfg.audit.enabled and not self.cfg.audit.in_trial:
+            from orchestrator.audit import audit_run
+
+            audit_run(self.run, cfg=self.cfg, quiet=self.quiet)
+            frame = store.read_results(self.run.path)
+        report = None
+        if len(frame):
+            from reports.html import build_report
+
+            report = build_report(self.run.path)
+        summary = SweepSummary(run_dir=self.run.path, rows=len(frame),
+                               failed=int((frame["status"] != "ok").sum()) if len(frame) else 0,
+                               seconds=time.time() - self.start, report=report)
+        if not self.quiet:
+            print(f"sweep finished: {summary.rows} trials ({summary.failed} failed) in "
+                  f"{summary.seconds:.0f} s", flush=True)
+        if report is not None:
+            print(f"report: {report}", flush=True)
+        return summary
+
+
+def audit_settings(cfg: Config) -> dict[str, Any]:
+    return {"enabled": cfg.audit.enabled, "in_trial": cfg.audit.enabled and cfg.audit.in_trial,
+            **{f.name: getattr(cfg.audit, f.name) for f in dataclasses.fields(cfg.audit)}}
+
+
+def _read_json(path: Path) -> Any:
+    return json.loads(Path(path).read_text())
+
+
+def _validate_before_ray(cfg: Config, *, out: Path | None) -> None:
+    """Everything that can be checked without Ray: resources, --out, data, search spaces."""
+    from orchestrator.cluster import check_resources
+
+    if out is not None:
+        check_creatable(out)
+    check_resources(cpus_per_trial=cfg.resources.cpus_per_trial,
+                    gpus_per_trial=cfg.resources.gpus_per_trial,
+                    memory_per_trial_mb=0, max_concurrent=cfg.sweep.max_concurrent_trials,
+                    info=None)
+    load_data(cfg)
+    study_plans(cfg)
+
+
+def _drive(cfg: Config, run: RunDir, *, address: str | None, quiet: bool) -> SweepSummary:
+    from orchestrator import cluster
+
+    flag = _StopFlag()
+    with _signals(flag):
+        try:
+            info = (cluster.connect(address, quiet=quiet) if address
+                    else cluster.start_local(num_cpus=None, num_gpus=None, quiet=quiet))
+            if address:
+                cluster.check_resources(cpus_per_trial=cfg.resources.cpus_per_trial,
+                                        gpus_per_trial=cfg.resources.gpus_per_trial,
+                                        memory_per_trial_mb=0,
+                                        max_concurrent=cfg.sweep.max_concurrent_trials,
+                                        info=info)
+            cluster.check_storage(run.path)
+            driver = _Driver(cfg, run, quiet=quiet)
+            studies, tallies = driver.open_studies()
+            precompute(cfg, run=run, plans=driver.plans, data=driver.data, quiet=quiet)
+            driver.tune(studies, tallies, flag)
+            return driver.finish()
+        finally:
+            cluster.shutdown()
 
 
 def run_sweep(cfg: Config, *, run_dir: Path, address: str | None = None,
               quiet: bool = False) -> SweepSummary:
     """A new sweep into a new (or empty) RUN_DIR."""
-    run_dir = Path(run_dir)
-    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
-        raise UserInputError(field="--out", value=str(run_dir),
-                             allowed="a new or empty directory (use `dpsweep resume` to "
-                                     "continue a sweep)")
-    spaces = spaces_for(cfg)
-    load_data(cfg)  # bad data dirs fail here, before anything is written
-    start = time.time()
-    init_ray(address=address, quiet=quiet)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    check_storage(run_dir)
-    (run_dir / CONFIG_FILE).write_text(cfg.to_toml())
-    precompute(cfg, run_dir=run_dir, spaces=spaces, quiet=quiet)
-    for index, (method, space) in enumerate(spaces.items()):
-        _tuner(cfg, run_dir=run_dir, method=method, space=space, index=index,
-               quiet=quiet).fit()
-    return _finish(cfg, run_dir=run_dir, start=start, quiet=quiet)
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    _validate_before_ray(cfg, out=Path(run_dir))
+    run = RunDir.create(Path(run_dir), config_text=cfg.to_toml())
+    try:
+        return _drive(cfg, run, address=address, quiet=quiet)
+    finally:
+        run.release()
 
 
 def resume_sweep(run_dir: Path, *, address: str | None = None,
                  quiet: bool = False) -> SweepSummary:
-    """Continue an interrupted sweep: finished trials are kept, unfinished ones resume."""
-    from ray import tune
-
-    run_dir = Path(run_dir)
-    cfg = config_mod.load(run_dir / CONFIG_FILE) if (run_dir / CONFIG_FILE).is_file() else None
-    if cfg is None:
-        raise UserInputError(field="RUN_DIR", value=str(run_dir),
-                             allowed=f"a sweep directory containing {CONFIG_FILE}")
-    spaces = spaces_for(cfg)
-    start = time.time()
-    init_ray(address=address, quiet=quiet)
-    check_storage(run_dir)
-    for index, (method, space) in enumerate(spaces.items()):
-        path = (run_dir / "tune" / method).resolve()
-        if tune.Tuner.can_restore(str(path)):
-            if not quiet:
-                print(f"[{method}] resuming {path}", flush=True)
-            tuner = tune.Tuner.restore(str(path), trainable=tune.with_resources(
-                sweep_trainable, {"cpu": cfg.resources.cpus_per_trial,
-                                  "gpu": cfg.resources.gpus_per_trial}),
-                resume_unfinished=True, resume_errored=False, restart_errored=False)
-        else:
-            tuner = _tuner(cfg, run_dir=run_dir, method=method, space=space, index=index,
-                           quiet=quiet)
-        tuner.fit()
-    return _finish(cfg, run_dir=run_dir, start=start, quiet=quiet)
+    """Continue an interrupted sweep from its verified state (config + Optuna + records)."""
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    run = RunDir.open(Path(run_dir), write=True)
+    try:
+        cfg = config_mod.load(run.path / "config.toml")
+        _validate_before_ray(cfg, out=None)
+        if not quiet:
+            print(f"resuming {run.path}", flush=True)
+        return _drive(cfg, run, address=address, quiet=quiet)
+    finally:
+        run.release()
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit("use the dpsweep command")
+    raise UserInputError(field="module", value="orchestrator.sweep",
+                         allowed="the dpsweep command")

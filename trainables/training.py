@@ -334,12 +334,15 @@ def train_trial(
     checkpoint_root: Path | None = None,
     resume_from: Path | None = None,
     report: Reporter | None = None,
+    rolling_checkpoint: str | None = None,
 ) -> TrialResult:
     """Train one model; checkpoint and report after every epoch.
 
-    ``checkpoint_root/epoch_NNN`` receives a checkpoint per epoch when given (the Ray wrapper
-    passes a fresh temporary directory each time instead, through ``report``). Each epoch is
-    evaluated on the validation split (what selection reads) and the test split (reported).
+    ``checkpoint_root/epoch_NNN`` receives a checkpoint per epoch when given; with
+    ``rolling_checkpoint`` the one directory ``checkpoint_root/<name>`` is replaced each epoch
+    instead, so a sweep stores every model once (the last epoch's checkpoint is the final one).
+    Each epoch is evaluated on the validation split (what selection reads) and the test split
+    (reported).
     """
     start = time.perf_counter()
     run = _build(spec, data)
@@ -387,7 +390,8 @@ def train_trial(
         run.history.append(metrics)
         ckpt_dir = None
         if checkpoint_root is not None:
-            ckpt_dir = save_checkpoint(run, Path(checkpoint_root) / f"epoch_{run.epoch:03d}")
+            name = rolling_checkpoint or f"epoch_{run.epoch:03d}"
+            ckpt_dir = save_checkpoint(run, Path(checkpoint_root) / name)
             last_dir = ckpt_dir
         if report is not None:
             report(metrics, ckpt_dir)

@@ -1,0 +1,314 @@
+"""The sweep's Optuna studies and the Ray Tune searcher that drives all of them.
+
+How series share trials: **one Optuna study per series (method, or method:mode) at each target
+epsilon, with equal trial budgets**. A fair comparison needs each series tuned with the same
+effort, and each method has its own conditional hyperparameters; one study with a categorical
+method choice lets TPE starve a method that starts badly and models conditional spaces poorly.
+Each study's first trial is the method's paper preset (or its defaults).
+
+One Ray Tune experiment runs the trials of every study (studies in order, a study's trials
+concurrently), through :class:`SweepSearcher`, so Tune's actors are reused across studies. The
+searcher owns the Optuna bookkeeping that Ray's stock ``OptunaSearch`` gets wrong for this use
+(errored trials recorded COMPLETE with a stale value; RUNNING zombies with two objectives): a
+trial is told COMPLETE only with every objective finite, FAIL otherwise, with its reason.
+
+Trial ids are ``<study>-<index>`` in order of creation; a trial interrupted by a signal, a crash
+or a dead worker is re-run under the same id and the same hyperparameters (its Optuna trial is
+FAIL with ``interrupted`` and a WAITING copy carries the id), so an interrupted and resumed sweep
+ends with the same set of trial ids as an uninterrupted one, none trained twice.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from core.errors import describe
+from search_spaces import BuiltSpace
+
+#: Objectives and their directions; names carried by every study (optuna-dashboard shows them).
+OBJECTIVES = {"val_accuracy": "maximize", "peak_mia_accuracy": "minimize"}
+ID_ATTR = "dpsweep_trial_id"
+INTERRUPTED_ATTR = "interrupted"
+RESULT_FILE = "result.json"
+ERROR_FILE = "error.json"
+
+
+def study_name(series: str, epsilon: float) -> str:
+    return f"{series}@eps{epsilon:g}"
+
+
+def slug(text: str) -> str:
+    """A study name as one path component (``lm_dpsgd:faithful@eps3`` ->
+    ``lm_dpsgd-faithful_eps3``)."""
+    return re.sub(r"[^A-Za-z0-9_.+-]", "-", text.replace("@", "_"))
+
+
+@dataclass(frozen=True)
+class StudyPlan:
+    """One study: its series at one target, its space, its trial budget and objectives."""
+
+    name: str
+    series: str
+    method: str
+    mode: str
+    epsilon: float
+    space: BuiltSpace
+    n_trials: int
+    objectives: tuple[str, ...]
+
+    def trial_id(self, index: int) -> str:
+        return f"{slug(self.name)}-{index:03d}"
+
+
+def make_sampler(kind: str, *, seed: int, parallel: bool) -> Any:
+    """The Optuna sampler named in ``sweep.sampler`` (seeded: the search, not the noise)."""
+    import optuna
+
+    if kind == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if kind == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed)
+    if kind == "gp":
+        return optuna.samplers.GPSampler(seed=seed)
+    # constant_liar: concurrent trials pretend the pending ones scored badly, so two trials
+    # running at once are not sampled at the same point.
+    return optuna.samplers.TPESampler(seed=seed, constant_liar=parallel, multivariate=True)
+
+
+def open_study(plan: StudyPlan, *, storage: str, sampler: Any) -> Any:
+    """Create or load the study, with metric names and attributes for optuna-dashboard."""
+    import optuna
+
+    study = optuna.create_study(
+        study_name=plan.name, storage=storage, load_if_exists=True, sampler=sampler,
+        directions=[OBJECTIVES[o] for o in plan.objectives])
+    study.set_metric_names(list(plan.objectives))
+    for key, value in (("series", plan.series), ("method", plan.method), ("mode", plan.mode),
+                       ("epsilon", plan.epsilon), ("trials_per_study", plan.n_trials)):
+        study.set_user_attr(key, value)
+    if not study.trials:
+        study.enqueue_trial(dict(plan.space.first_point), user_attrs={ID_ATTR: plan.trial_id(0),
+                                                                      "preset": "first point"})
+    return study
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a trial left in its directory: finished (with metrics) or failed (with why)."""
+
+    status: str  # "ok" | "failed" | "interrupted"
+    metrics: dict[str, Any]
+    error: str
+
+    def values(self, objectives: tuple[str, ...]) -> list[float] | None:
+        vals = [self.metrics.get(o) for o in objectives]
+        if self.status != "ok" or any(v is None or not math.isfinite(float(v)) for v in vals):
+            return None
+        return [float(v) for v in vals]
+
+
+def read_outcome(trial_dir: Path) -> Outcome:
+    """The trial's final record; a directory with neither record was interrupted."""
+    for name, status in ((RESULT_FILE, "ok"), (ERROR_FILE, "failed")):
+        path = trial_dir / name
+        if path.is_file():
+            try:
+                record = json.loads(path.read_text())
+            except (OSError, ValueError) as exc:
+                return Outcome("failed", {}, f"unreadable {name}: {describe(exc)}")
+            return Outcome(status, record, str(record.get("error", "")))
+    return Outcome("interrupted", {}, "")
+
+
+@dataclass
+class Tally:
+    """Trials of one study: finished ids, and how many more to start."""
+
+    done: set[str]
+    failed: set[str]
+    pending: int  # WAITING trials (re-runs and the first point) still to start
+    next_index: int
+
+    def remaining(self, n_trials: int) -> int:
+        return max(0, n_trials - len(self.done) - len(self.failed))
+
+
+def _set_attr(storage: Any, study: Any, number: int, key: str, value: Any) -> None:
+    """Set a user attribute on a trial known only by number (a FrozenTrial after a crash)."""
+    study_id = storage.get_study_id_from_name(study.study_name)
+    storage.set_trial_user_attr(storage.get_trial_id_from_study_id_trial_number(study_id, number),
+                                key, value)
+
+
+def reconcile(study: Any, plan: StudyPlan, *, storage: Any, trials_root: Path,
+              on_finished: Callable[[str, Outcome, Any], None]) -> Tally:
+    """Bring a study in line with the trial directories after a crash or an interrupt.
+
+    A RUNNING trial whose directory holds a result is told COMPLETE (it finished; only the
+    driver died) — never trained again; one with an error record is told FAIL; one with neither
+    was interrupted: it is told FAIL (``interrupted``) and re-enqueued under the same id. COMPLETE
+    or FAIL trials are reported through ``on_finished`` so their result rows exist.
+    """
+    from optuna.trial import TrialState
+
+    done: set[str] = set()
+    failed: set[str] = set()
+    waiting_ids: set[str] = set()
+    indices = [-1]
+    for t in study.get_trials(deepcopy=False):
+        tid = t.user_attrs.get(ID_ATTR)
+        if tid is None:
+            continue
+        indices.append(int(tid.rsplit("-", 1)[1]))
+        if t.state == TrialState.WAITING:
+            waiting_ids.add(tid)
+    for t in study.get_trials(deepcopy=False):
+        tid = t.user_attrs.get(ID_ATTR)
+        if tid is None or t.state == TrialState.WAITING:
+            continue
+        outcome = read_outcome(trials_root / tid)
+        if t.state == TrialState.RUNNING:
+            values = outcome.values(plan.objectives)
+            if values is not None:
+                study.tell(t.number, values)
+            else:
+                reason = outcome.error or "interrupted (the sweep stopped while it ran)"
+                _set_attr(storage, study, t.number, INTERRUPTED_ATTR,
+                          outcome.status == "interrupted")
+                _set_attr(storage, study, t.number, "error", reason)
+                study.tell(t.number, state=TrialState.FAIL)
+                if outcome.status == "interrupted" and tid not in waiting_ids:
+                    study.enqueue_trial(dict(t.params), user_attrs={ID_ATTR: tid,
+                                                                    "rerun_of": t.number})
+                    waiting_ids.add(tid)
+        if outcome.status == "ok":
+            done.add(tid)
+            on_finished(tid, outcome, t)
+        elif outcome.status == "failed" and not t.user_attrs.get(INTERRUPTED_ATTR):
+            failed.add(tid)
+            on_finished(tid, outcome, t)
+        elif outcome.status == "interrupted" and t.state == TrialState.FAIL \
+                and tid not in waiting_ids and tid not in done:
+            study.enqueue_trial(dict(t.params), user_attrs={ID_ATTR: tid, "rerun_of": t.number})
+            waiting_ids.add(tid)
+    waiting_ids -= done | failed
+    return Tally(done=done, failed=failed, pending=len(waiting_ids),
+                 next_index=max(indices) + 1)
+
+
+class SweepSearcher:
+    """A Ray Tune searcher over a list of studies (built lazily: Ray is imported only here)."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        from ray.tune.search import Searcher
+
+        class _Searcher(Searcher):
+            def __init__(self, *, plans: list[StudyPlan], studies: dict[str, Any],
+                         tallies: dict[str, Tally], make_config: Callable[..., dict[str, Any]],
+                         on_outcome: Callable[..., None], trials_root: Path) -> None:
+                super().__init__()
+                self._plans = plans
+                self._studies = studies
+                self._tallies = tallies
+                self._make_config = make_config
+                self._on_outcome = on_outcome
+                self._trials_root = trials_root
+                self._live: dict[str, tuple[StudyPlan, Any, str]] = {}
+                self._started: dict[str, int] = {p.name: 0 for p in plans}
+                self._lock = threading.Lock()
+
+            def _to_start(self, plan: StudyPlan) -> int:
+                tally = self._tallies[plan.name]
+                running = sum(1 for p, _, _ in self._live.values() if p.name == plan.name)
+                return tally.remaining(plan.n_trials) - running
+
+            def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
+                with self._lock:
+                    for plan in self._plans:
+                        if self._to_start(plan) <= 0:
+                            continue
+                        study = self._studies[plan.name]
+                        ot = study.ask(plan.space.distributions)
+                        tid = ot.user_attrs.get(ID_ATTR)
+                        if tid is None:
+                            tally = self._tallies[plan.name]
+                            tid = plan.trial_id(tally.next_index)
+                            tally.next_index += 1
+                            ot.set_user_attr(ID_ATTR, tid)
+                        for key, value in (("series", plan.series), ("method", plan.method),
+                                           ("mode", plan.mode), ("epsilon", plan.epsilon)):
+                            ot.set_user_attr(key, value)
+                        try:
+                            config = self._make_config(plan, plan.space.decode(ot.params), tid)
+                        except Exception as exc:  # planning failed: the trial fails, not the run
+                            self._finish(plan, ot, tid, Outcome("failed", {}, describe(exc)))
+                            continue
+                        self._live[trial_id] = (plan, ot, tid)
+                        return config
+                    return None if self._live else Searcher.FINISHED
+
+            def on_trial_complete(self, trial_id: str, result: dict | None = None,
+                                  error: bool = False) -> None:
+                with self._lock:
+                    entry = self._live.pop(trial_id, None)
+                    if entry is None:
+                        return
+                    plan, ot, tid = entry
+                    self._finish(plan, ot, tid, read_outcome(self._trials_root / tid))
+
+            def _finish(self, plan: StudyPlan, ot: Any, tid: str, outcome: Outcome) -> None:
+                from optuna.trial import TrialState
+
+                study = self._studies[plan.name]
+                tally = self._tallies[plan.name]
+                values = outcome.values(plan.objectives)
+                if values is not None:
+                    study.tell(ot, values)
+                    tally.done.add(tid)
+                elif outcome.status == "interrupted":
+                    # a dead worker or a stopped run: re-run it under the same id
+                    ot.set_user_attr(INTERRUPTED_ATTR, True)
+                    ot.set_user_attr("error", "interrupted (its worker stopped)")
+                    study.tell(ot, state=TrialState.FAIL)
+                    study.enqueue_trial(dict(ot.params),
+                                        user_attrs={ID_ATTR: tid, "rerun_of": ot.number})
+                    return
+                else:
+                    ot.set_user_attr("error", outcome.error or "a metric was missing or "
+                                                                "not finite")
+                    study.tell(ot, state=TrialState.FAIL)
+                    if outcome.status == "ok":
+                        tally.done.add(tid)
+                    else:
+                        tally.failed.add(tid)
+                self._on_outcome(plan, tid, outcome, ot)
+
+            def interrupt(self, reason: str) -> list[str]:
+                """Tell every live trial FAIL (interrupted) and enqueue its re-run."""
+                with self._lock:
+                    from optuna.trial import TrialState
+
+                    stopped = []
+                    for plan, ot, tid in self._live.values():
+                        outcome = read_outcome(self._trials_root / tid)
+                        if outcome.status != "interrupted":
+                            self._finish(plan, ot, tid, outcome)
+                            continue
+                        study = self._studies[plan.name]
+                        ot.set_user_attr(INTERRUPTED_ATTR, True)
+                        ot.set_user_attr("error", reason)
+                        study.tell(ot, state=TrialState.FAIL)
+                        study.enqueue_trial(dict(ot.params),
+                                            user_attrs={ID_ATTR: tid, "rerun_of": ot.number})
+                        stopped.append(tid)
+                    self._live.clear()
+                    return stopped
+
+        return _Searcher(*args, **kwargs)

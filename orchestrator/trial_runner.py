@@ -1,0 +1,111 @@
+"""One trial under Ray Tune: train (resuming from its own checkpoint), audit, record, report.
+
+The trial's records live in ``RUN_DIR/trials/<trial_id>/`` and nowhere else: ``spec.json``,
+``history.json``, ``privacy.json``, the one rolling checkpoint ``checkpoint/state.pt`` (the last
+epoch's is the final model: every model is stored once), ``audit.json``, and last of all either
+``result.json`` (finished) or ``error.json`` (failed, with the exception's type and message).
+The driver reads those files, never Tune's copies, so a reason survives any Ray failure and a
+finished trial is recognised even if the driver died before hearing about it.
+
+Heavy modules are imported once per worker process and the data splits are cached per process
+(``trainables.data``), so a reused actor starts its next trial without either cost.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from core.errors import UserInputError, describe
+from core.storage import atomic_write_json
+from orchestrator.rundir import CHECKPOINT_DIR
+from orchestrator.studies import ERROR_FILE, RESULT_FILE
+from trainables.training import (
+    CHECKPOINT_FILE,
+    TrialResult,
+    TrialSpec,
+    load_checkpoint_state,
+    load_trial_data,
+    train_trial,
+)
+
+#: Lines of traceback kept in error.json (the type and message are always kept in full).
+TRACEBACK_LINES = 12
+
+
+def resumable_checkpoint(trial_dir: Path, spec: TrialSpec) -> Path | None:
+    """The trial's own checkpoint when it belongs to this very spec (a re-run after an
+    interrupt); anything else is not resumed from."""
+    ckpt = trial_dir / CHECKPOINT_DIR
+    if not (ckpt / CHECKPOINT_FILE).is_file():
+        return None
+    try:
+        state = load_checkpoint_state(ckpt)
+    except UserInputError:
+        return None
+    return ckpt if state.get("spec") == spec.to_dict() else None
+
+
+def execute(config: dict[str, Any], *,
+            report: Callable[[dict[str, Any]], None] | None = None,
+            audit: Callable[..., dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Run the trial described by ``config`` (from the searcher) and write its records.
+
+    Returns the final record (also ``result.json``); on failure writes ``error.json`` and
+    re-raises. ``audit(spec=, result=, trial_dir=, config=)`` returns the audit's summary; its
+    failure keeps the trained trial and records ``audit_error``.
+    """
+    trial_dir = Path(config["run_dir"]) / "trials" / config["trial_id"]
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    for stale in (RESULT_FILE, ERROR_FILE):
+        (trial_dir / stale).unlink(missing_ok=True)
+    started = time.perf_counter()
+    try:
+        spec = TrialSpec.from_dict(config["spec"])
+        data = load_trial_data(spec)
+
+        def per_epoch(metrics: dict[str, Any], _ckpt: Path | None) -> None:
+            if report is not None:
+                report({"epoch": metrics["epoch"], "val_accuracy": metrics["val_accuracy"]})
+
+        result: TrialResult = train_trial(
+            spec, data=data, checkpoint_root=trial_dir, rolling_checkpoint=CHECKPOINT_DIR,
+            resume_from=resumable_checkpoint(trial_dir, spec), report=per_epoch)
+        record: dict[str, Any] = {
+            "status": "ok", "trial_id": spec.trial_id,
+            "val_accuracy": result.val_accuracy, "test_accuracy": result.test_accuracy,
+            "epsilon_upper": result.privacy["epsilon_upper"],
+            "train_seconds": sum(m["epoch_seconds"] for m in result.history),
+            "audit_error": "",
+        }
+        if audit is not None and config.get("audit", {}).get("in_trial"):
+            audit_started = time.perf_counter()
+            try:
+                record.update(audit(spec=spec, result=result, trial_dir=trial_dir,
+                                    config=config, data=data))
+            except Exception as exc:  # the trained model is kept; the audit's failure noted
+                record["audit_error"] = describe(exc)
+            record["audit_seconds"] = time.perf_counter() - audit_started
+        record["seconds"] = time.perf_counter() - started
+        atomic_write_json(trial_dir / RESULT_FILE, record)
+        return record
+    except Exception as exc:
+        atomic_write_json(trial_dir / ERROR_FILE, {
+            "status": "failed", "trial_id": config.get("trial_id"), "error": describe(exc),
+            "type": type(exc).__name__,
+            "traceback": traceback.format_exc().splitlines()[-TRACEBACK_LINES:]})
+        raise
+
+
+def tune_trainable(config: dict[str, Any]) -> None:
+    """The Ray Tune function trainable: :func:`execute` with per-epoch reports to Tune."""
+    from ray import tune
+
+    from orchestrator.audit import audit_in_trial
+
+    record = execute(config, report=tune.report, audit=audit_in_trial)
+    tune.report({k: v for k, v in record.items() if isinstance(v, (int, float))
+                 and not isinstance(v, bool)} | {"done": True})
