@@ -1,0 +1,12 @@
+"""dp_psac: the learning rate and the weight's shape parameter r.
+
+C only scales both the reweighted gradients and the noise, so it is fixed (1) and the step is
+searched through lr alone, over the SGD-family step range; r on a log scale around the paper's
+0.1.
+"""
+
+from __future__ import annotations
+
+from search_spaces import SGD_STEP, Range, Space, register
+
+SPACE = register(Space(method="dp_psac", ranges={"lr": SGD_STEP, "r": Range(0.01, 1.0)}))
