@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 from core.errors import UserInputError
 
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
 
 
 class _Parser(argparse.ArgumentParser):
@@ -96,75 +97,83 @@ def cmd_budget(args: argparse.Namespace) -> int:
     return 0
 
 
-def _new_out_dir(path: Path) -> Path:
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):
-        raise UserInputError(field="--out", value=str(path),
-                             allowed="a new or empty directory (refusing to overwrite)")
-    return path
+def _out_dir(args: argparse.Namespace, *, stem: str) -> Path:
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path(args.out) if args.out else Path("runs") / f"{stem}-{stamp}"
 
 
 def _print_trial(result: Any, out: Path) -> None:
     p = result.privacy
-    print(f"\n{'epoch':>5} {'train_loss':>10} {'test_acc':>8} {'eps_spent':>9} {'sec':>6}")
+    print(f"\n{'epoch':>5} {'val_acc':>8} {'test_acc':>8} {'train_loss*':>11} {'eps_spent':>9} "
+          f"{'sec':>6}")
     for m in result.history:
-        print(f"{m['epoch']:>5} {m['train_loss']:>10.4f} {m['test_accuracy']:>8.4f} "
-              f"{m['epsilon_spent']:>9.3f} {m['epoch_seconds']:>6.2f}")
-    print(f"\nmethod {p['method']}  test accuracy {result.test_accuracy:.4f}")
-    print(f"epsilon upper {p['epsilon_upper']:.4f} (target {p['target_epsilon']:g}, "
-          f"delta {p['delta']:g}, accountant {p['accountant']}), sigma {p['noise_multiplier']:.4f},"
-          f" q {p['sample_rate']:.5g}, steps {p['steps']}, dp_valid {p['dp_valid']}")
-    print(f"wall time {result.seconds:.1f} s; results in {out}")
+        print(f"{m['epoch']:>5} {m['val_accuracy']:>8.4f} {m['test_accuracy']:>8.4f} "
+              f"{m['train_loss_nonprivate']:>11.4f} {m['epsilon_spent']:>9.3f} "
+              f"{m['epoch_seconds']:>6.2f}")
+    print("* computed on private data without noise: not covered by epsilon, never exported")
+    print(f"\nmethod {p['method']} (mode {p['mode']})  validation accuracy "
+          f"{result.val_accuracy:.4f}  test accuracy {result.test_accuracy:.4f}")
+    print(f"epsilon <= {_up(p['epsilon_upper'])} (target {p['target_epsilon']:g}, "
+          f"delta {p['delta']:g}, accountant {p['accountant']}), sigma "
+          f"{_up(p['noise_multiplier'])}, q {p['sample_rate']:.5g}, steps {p['steps']}")
+    validity = "valid" if p["dp_valid"] else p["validity_reason"]
+    release = "" if p["release_safe"] else "; REPLAYABLE (reproducible = true): not releasable"
+    print(f"epsilon claim: {validity}{release}")
+    print(f"wall time {result.seconds:.1f} s; run directory {out}")
 
 
-def _train_config(cfg: Any, out: Path) -> Any:
-    from orchestrator.trial import load_data, plan_trial
-    from trainables.training import train_trial
-
-    data = load_data(cfg)  # validates data_dir and files before anything is written
-    spec = plan_trial(cfg, data=data)
-    cal = spec.calibration
-    print(f"budget: sigma {cal['schedule'][0]['noise_multiplier']:.4f} for epsilon "
-          f"{cal['target_epsilon']:g}, delta {cal['delta']:g}, q {cal['sample_rate']:.5g}, "
-          f"{sum(p['steps'] for p in cal['schedule'])} steps "
-          f"(upper epsilon {cal['bounds']['upper']:.4f}, {cal['accountant']})", flush=True)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.toml").write_text(cfg.to_toml())
-    (out / "budget.json").write_text(json.dumps(cal, indent=2))
-
-    def progress(metrics: dict[str, Any], _ckpt: Path | None) -> None:
-        print(f"  epoch {metrics['epoch']:>3}/{spec.epochs}: test acc "
-              f"{metrics['test_accuracy']:.4f}, eps spent {metrics['epsilon_spent']:.3f}",
-              flush=True)
-
-    result = train_trial(spec, data=data, checkpoint_root=out / "checkpoints", report=progress)
-    _print_trial(result, out)
-    return result
+def _up(value: float) -> str:
+    """A privacy number rounded up at 4 decimals (rounding down would understate it)."""
+    return f"{math.ceil(value * 1e4) / 1e4:.4f}"
 
 
 def cmd_train(args: argparse.Namespace) -> int:
     from orchestrator import config as config_mod
+    from orchestrator.single import train_single
 
     cfg = config_mod.load(args.config)
-    out = _new_out_dir(Path(args.out))
-    _train_config(cfg, out)
+    out = Path(args.out)
+
+    def progress(m: dict[str, Any]) -> None:
+        print(f"  epoch {m['epoch']:>3}/{cfg.training.epochs}: val acc {m['val_accuracy']:.4f}, "
+              f"eps spent {m['epsilon_spent']:.3f}", flush=True)
+
+    _print_trial(train_single(cfg, out=out, progress=progress), out)
+    return 0
+
+
+def demo_config() -> Any:
+    """The embedded default sweep: every registered method, 3 trials each, on digits."""
+    import dataclasses
+
+    from orchestrator.config import Config
+
+    cfg = Config()
+    return dataclasses.replace(cfg, sweep=dataclasses.replace(cfg.sweep, trials_per_method=3))
+
+
+def _sweep(action: Any) -> int:
+    from orchestrator.sweep import Interrupted
+
+    try:
+        action()
+    except Interrupted as exc:
+        sys.stderr.write(f"dpsweep: {exc}; the run directory is consistent: continue with "
+                         f"`dpsweep resume {exc.run_dir}`\n")
+        return exc.exit_code
     return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    import dataclasses
-
-    from orchestrator.config import Config
     from orchestrator.sweep import run_sweep
+    from trainables.methods import METHODS
 
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out = _new_out_dir(Path(args.out) if args.out else Path("runs") / f"demo-{stamp}")
-    cfg = Config()
-    cfg = dataclasses.replace(cfg, sweep=dataclasses.replace(cfg.sweep, trials_per_method=3))
-    print("dpsweep demo: sweep of all five DP methods on the bundled digits data (offline), "
-          f"3 trials each at epsilon {cfg.privacy.epsilon:g}, per-layer MIA audit, report",
-          flush=True)
-    run_sweep(cfg, run_dir=out, quiet=args.quiet)
-    return 0
+    cfg = demo_config()
+    out = _out_dir(args, stem="demo")
+    print(f"dpsweep demo: sweep of all {len(METHODS)} DP methods on the bundled digits data "
+          f"(offline), 3 trials each at epsilon {cfg.privacy.epsilon:g}, per-layer MIA audit, "
+          "report", flush=True)
+    return _sweep(lambda: run_sweep(cfg, run_dir=out, quiet=args.quiet))
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -172,18 +181,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     from orchestrator.sweep import run_sweep
 
     cfg = config_mod.load(args.config)
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out = Path(args.out) if args.out else Path("runs") / f"{Path(args.config).stem}-{stamp}"
-    _new_out_dir(out)
-    run_sweep(cfg, run_dir=out, address=args.address, quiet=args.quiet)
-    return 0
+    out = _out_dir(args, stem=Path(args.config).stem)
+    return _sweep(lambda: run_sweep(cfg, run_dir=out, address=args.address, quiet=args.quiet))
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
     from orchestrator.sweep import resume_sweep
 
-    resume_sweep(Path(args.run_dir), address=args.address, quiet=args.quiet)
-    return 0
+    return _sweep(lambda: resume_sweep(Path(args.run_dir), address=args.address,
+                                       quiet=args.quiet))
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -194,32 +200,62 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_pick(args: argparse.Namespace) -> int:
-    from reports.pick import format_pick, pick
+    from orchestrator.pickfile import pick_and_write
 
     for name, value in (("--max-peak-mia", args.max_peak_mia),
-                        ("--min-test-acc", args.min_test_acc)):
+                        ("--min-val-acc", args.min_val_acc)):
         if value is not None and not (math.isfinite(value) and 0.0 <= value <= 1.0):
             raise UserInputError(field=name, value=value, allowed="a number in [0, 1]")
-    result = pick(Path(args.run_dir), max_peak_mia=args.max_peak_mia,
-                  min_test_acc=args.min_test_acc, method=args.method,
-                  allow_invalid_dp=args.allow_invalid_dp)
-    print(format_pick(result))
+    print(pick_and_write(Path(args.run_dir), max_peak_mia=args.max_peak_mia,
+                         min_val_acc=args.min_val_acc, series=args.series,
+                         allow_invalid_dp=args.allow_invalid_dp,
+                         allow_replayable=args.allow_replayable,
+                         export_to=Path(args.export) if args.export else None))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from orchestrator.release import export_from_run
+
+    result = export_from_run(Path(args.run_dir), trial_id=args.trial, out=Path(args.out),
+                             allow_replayable=args.allow_replayable,
+                             allow_invalid_dp=args.allow_invalid_dp)
+    print(result.summary())
+    return 0
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    from orchestrator.canary import audit_with_canaries
+
+    result = audit_with_canaries(Path(args.run_dir), trial_id=args.trial,
+                                 canaries=args.canaries, white_box=args.white_box,
+                                 quiet=args.quiet)
+    print(result.summary())
     return 0
 
 
 def cmd_config(args: argparse.Namespace) -> int:
     from orchestrator import config as config_mod
 
+    if args.method:
+        print(config_mod.describe(args.method))
+        return 0
     if args.check:
-        config_mod.load(args.check)
-        print(f"{args.check}: valid")
+        cfg = config_mod.load(args.check)
+        from trainables.data import check_available
+
+        where = check_available(dataset=cfg.data.dataset, data_dir=cfg.data.data_dir or None)
+        print(f"{args.check}: valid; {cfg.data.dataset} data: {where}")
         return 0
     print(config_mod.describe())
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from orchestrator import __version__
+
     p = _Parser(prog="dpsweep", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"dpsweep {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     b = sub.add_parser("budget", help="noise multiplier for a privacy budget (PRV accountant)")
@@ -239,40 +275,67 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("config", help="CONFIG.toml")
     r.add_argument("--out", help="new run directory (default runs/CONFIG-TIMESTAMP)")
     r.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or local Ray)")
-    r.add_argument("--quiet", action="store_true", help="no progress lines (for CI)")
+    r.add_argument("--quiet", action="store_true", help="no progress output (for CI)")
     r.set_defaults(func=cmd_run)
 
     rs = sub.add_parser("resume", help="continue an interrupted sweep; finished trials kept")
     rs.add_argument("run_dir", help="RUN_DIR of the sweep")
     rs.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or local Ray)")
-    rs.add_argument("--quiet", action="store_true", help="no progress lines (for CI)")
+    rs.add_argument("--quiet", action="store_true", help="no progress output (for CI)")
     rs.set_defaults(func=cmd_resume)
 
     rp = sub.add_parser("report", help="(re)build the report from stored results only")
     rp.add_argument("run_dir", help="RUN_DIR")
     rp.set_defaults(func=cmd_report)
 
-    pk = sub.add_parser("pick", help="deployable config + checkpoint from the Pareto front")
+    pk = sub.add_parser("pick", help="the deployable trial from the Pareto front")
     pk.add_argument("run_dir", help="RUN_DIR")
-    pk.add_argument("--max-peak-mia", type=float, help="largest acceptable peak-layer MIA acc.")
-    pk.add_argument("--min-test-acc", type=float, help="smallest acceptable test accuracy")
-    pk.add_argument("--method", help="only this method's trials")
+    pk.add_argument("--max-peak-mia", type=float,
+                    help="largest acceptable upper confidence bound of the peak MIA accuracy")
+    pk.add_argument("--min-val-acc", type=float, help="smallest acceptable validation accuracy")
+    pk.add_argument("--series", help="only this series' trials ('method' or 'method:mode')")
     pk.add_argument("--allow-invalid-dp", action="store_true",
                     help="also consider trials whose epsilon claim is invalid (faithful modes)")
+    pk.add_argument("--allow-replayable", action="store_true",
+                    help="also consider reproducible trials (seeded noise: not releasable)")
+    pk.add_argument("--export", metavar="DIR", help="also export the picked trial's release")
     pk.set_defaults(func=cmd_pick)
+
+    ex = sub.add_parser("export", help="write a trial's release: weights + privacy statement")
+    ex.add_argument("run_dir", help="RUN_DIR")
+    ex.add_argument("--trial", required=True, help="trial id")
+    ex.add_argument("--out", required=True, help="new directory for the release")
+    ex.add_argument("--allow-replayable", action="store_true",
+                    help="export a reproducible (seeded, replayable) trial anyway")
+    ex.add_argument("--allow-invalid-dp", action="store_true",
+                    help="export a trial whose epsilon claim is invalid anyway")
+    ex.set_defaults(func=cmd_export)
+
+    au = sub.add_parser("audit", help="canary audit of a trial: an empirical epsilon lower bound")
+    au.add_argument("run_dir", help="RUN_DIR")
+    au.add_argument("--trial", required=True, help="trial id")
+    au.add_argument("--canaries", type=int, default=None,
+                    help="canaries m (default: audit.canaries of the run's config)")
+    au.add_argument("--white-box", action="store_true",
+                    help="gradient canaries scored by the released updates (else input canaries "
+                         "scored by loss)")
+    au.add_argument("--quiet", action="store_true", help="no progress output")
+    au.set_defaults(func=cmd_audit)
 
     t = sub.add_parser("train", help="train one trial from a config (no sweep)")
     t.add_argument("config", help="CONFIG.toml")
-    t.add_argument("--out", required=True, help="new output directory")
+    t.add_argument("--out", required=True, help="new run directory")
     t.set_defaults(func=cmd_train)
 
     d = sub.add_parser("demo", help="the embedded default: a small offline sweep + report")
     d.add_argument("--out", help="output directory (default runs/demo-TIMESTAMP)")
-    d.add_argument("--quiet", action="store_true", help="no progress lines")
+    d.add_argument("--quiet", action="store_true", help="no progress output")
     d.set_defaults(func=cmd_demo)
 
     c = sub.add_parser("config", help="print every config key with its default and meaning")
-    c.add_argument("--check", metavar="CONFIG", help="validate a config file and exit")
+    c.add_argument("--check", metavar="CONFIG",
+                   help="validate a config file (and that its data is available) and exit")
+    c.add_argument("--method", help="print one method's hyperparameter table")
     c.set_defaults(func=cmd_config)
     return p
 
@@ -287,7 +350,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         sys.stderr.write("dpsweep: interrupted\n")
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -56,8 +56,9 @@ EXIT_SIGTERM = 143
 class Interrupted(Exception):
     """The sweep was stopped by a signal; the run directory is consistent and resumable."""
 
-    def __init__(self, signum: int) -> None:
+    def __init__(self, signum: int, run_dir: Path | None = None) -> None:
         self.signum = signum
+        self.run_dir = run_dir
         name = signal.Signals(signum).name
         super().__init__(f"interrupted by {name}")
 
@@ -435,6 +436,9 @@ def run_sweep(cfg: Config, *, run_dir: Path, address: str | None = None,
     run = RunDir.create(Path(run_dir), config_text=cfg.to_toml())
     try:
         return _drive(cfg, run, address=address, quiet=quiet)
+    except Interrupted as exc:
+        exc.run_dir = run.path
+        raise
     finally:
         run.release()
 
@@ -450,6 +454,9 @@ def resume_sweep(run_dir: Path, *, address: str | None = None,
         if not quiet:
             print(f"resuming {run.path}", flush=True)
         return _drive(cfg, run, address=address, quiet=quiet)
+    except Interrupted as exc:
+        exc.run_dir = run.path
+        raise
     finally:
         run.release()
 

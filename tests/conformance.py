@@ -204,3 +204,21 @@ def lifecycle(cls: type[DPStep], mode: str, *, extra: dict[str, Any] | None = No
         checks.append(check_release(probe))
         method.step(x[idx], y[idx])
     return checks
+
+
+def build_step(method: str, *, mode: str | None = None, clip_norm: float = 1.0,
+               sigma: float = SIGMA, params: dict[str, Any] | None = None, seed: int = 0,
+               steps: int = 10_000, prepared: bool = True) -> DPStep:
+    """A method instance on digits_cnn with a long constant schedule, for unit tests: its
+    default mode (or ``mode``), lr 0.1, clip_norm C, the once-per-sweep preparation unless
+    ``prepared`` is False, then ``params`` on top."""
+    cls = get_method(method)
+    values: dict[str, Any] = {"lr": 0.1, "clip_norm": clip_norm}
+    if prepared:
+        values.update(dict(prepared_params(method)))
+    if mode is not None:
+        values["mode"] = mode
+    values.update(params or {})
+    return make_method(cls, params=cls.validate_params(values),
+                       schedule=Schedule.constant(noise_multiplier=sigma, steps=steps),
+                       seed=seed)

@@ -236,6 +236,32 @@ def available_size(dataset: str, data_dir: str | os.PathLike[str] | None = None)
     return Available(pool=pool.n_train, test=pool.n_test if pool.n_test else None)
 
 
+def check_available(*, dataset: str, data_dir: str | os.PathLike[str] | None = None) -> str:
+    """Where the dataset's files are, without downloading anything; UserInputError if nowhere.
+
+    ``dpsweep config --check`` calls this so a config is not declared runnable on a machine
+    without its data (torchvision would only try to download it when the first trial starts).
+    """
+    _check_dataset(dataset)
+    if dataset == "digits":
+        return "bundled with scikit-learn"
+    if dataset == "fashion-mnist":
+        idx_dir = _fashion_mnist_dir(data_dir)
+        if idx_dir is not None:
+            return str(idx_dir)
+    root = Path(data_dir).expanduser() if data_dir is not None else _download_root()
+    folder = {"fashion-mnist": "FashionMNIST", "mnist": "MNIST",
+              "cifar10": "cifar-10-batches-py"}[dataset]
+    if (root / folder).is_dir():
+        return str(root / folder)
+    raise UserInputError(
+        field="data.data_dir", value=str(data_dir or root),
+        allowed=f"a directory holding {dataset} ({folder}/ under it"
+                + (f", or Debian's {DEBIAN_FASHION_MNIST_DIR}: `make data`"
+                   if dataset == "fashion-mnist" else "")
+                + "); it is not on this machine and would have to be downloaded")
+
+
 def load_pool(*, dataset: str, data_dir: str | os.PathLike[str] | None = None) -> RawPool:
     """The raw pooled examples of ``dataset``, from the in-process cache when already read."""
     _check_dataset(dataset)

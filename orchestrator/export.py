@@ -1,0 +1,644 @@
+"""``dpsweep export``: write one trial's release, and only what its epsilon covers.
+
+A DP guarantee covers the released model (and anything computed from it alone), nothing else.
+A run directory holds much that the epsilon does not cover: the training loss, validation and
+test scores, audit metrics, every other trial, seeds and data paths. The export therefore
+writes a new directory with exactly five files:
+
+* ``weights.pt`` — the model's ``state_dict`` only (``torch.load(..., weights_only=True)``);
+* ``model.safetensors`` — the same tensors in the safetensors format;
+* ``model.json`` — the architecture needed to rebuild the model (no data, no seeds);
+* ``privacy_statement.json`` / ``privacy_statement.md`` — what the epsilon covers, how it was
+  computed, and what it does not cover, for a reviewer.
+
+No trial id is written either: under private tuning the index of the selected trial bounds the
+secret number of trials. The release is assembled in a staging directory next to ``out`` and
+renamed into place, so a failure leaves no half-written release behind.
+"""
+
+from __future__ import annotations
+
+import decimal
+import hashlib
+import io
+import json
+import math
+import os
+import secrets
+import shutil
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import safetensors.torch
+import torch
+
+from core.errors import UserInputError
+from core.schedule import Schedule
+from core.storage import TMP_PREFIX, atomic_write_bytes
+from orchestrator import __version__
+from orchestrator.rundir import check_creatable
+from trainables.data import INPUT_SHAPES, NORMALIZATION, NUM_CLASSES
+from trainables.models import DEFAULT_MODEL, LayeredModel, build_model
+from trainables.training import RANDOMNESS_KINDS, load_checkpoint_state
+
+__all__ = [
+    "RELEASE_FILES",
+    "ExportResult",
+    "PrivacyStatement",
+    "export_trial",
+    "model_description",
+    "privacy_statement",
+]
+
+WEIGHTS_FILE = "weights.pt"
+SAFETENSORS_FILE = "model.safetensors"
+MODEL_FILE = "model.json"
+STATEMENT_JSON = "privacy_statement.json"
+STATEMENT_MD = "privacy_statement.md"
+#: Everything an export writes, in writing order; nothing else is ever written.
+RELEASE_FILES = (WEIGHTS_FILE, SAFETENSORS_FILE, MODEL_FILE, STATEMENT_JSON, STATEMENT_MD)
+
+STATEMENT_FORMAT = "dpsweep-privacy-statement"
+STATEMENT_VERSION = 1
+MODEL_FORMAT = "dpsweep-model"
+MODEL_VERSION = 1
+#: Decimals of displayed privacy figures. Upper bounds round up and lower bounds round down,
+#: so a displayed figure never overstates the protection.
+DISPLAY_DECIMALS = 4
+
+#: Permission bits a released file may get (read/write, never execute).
+FILE_MODE_MASK = 0o666
+
+ALLOW_REPLAYABLE_FLAG = "--allow-replayable"
+ALLOW_INVALID_FLAG = "--allow-invalid-dp"
+OUT_FIELD = "--out"
+
+NEIGHBOURING = ("datasets that differ by adding or removing one example of the training split "
+                "(Poisson subsampling, add/remove adjacency)")
+ACCOUNTANTS = {
+    "prv": ("PRV accountant (Gopi, Lee & Wutschitz 2021, numerical composition of privacy "
+            "random variables); the upper bound includes its certified error eps_error"),
+    "rdp": ("RDP accountant (Mironov 2017; Opacus's orders), an analytic upper bound; "
+            "no lower bound or estimate is available"),
+}
+MECHANISM = ("Poisson-subsampled Gaussian mechanism (DP-SGD): at every step each training "
+             "example enters the batch independently with probability q, each example's gradient "
+             "is clipped to the recorded bound, and Gaussian noise with standard deviation sigma "
+             "times the sum's L2 sensitivity is added before the update")
+RANDOMNESS_NOTES = {
+    "secret": ("noise and Poisson sampling seeded from fresh operating-system entropy; the seeds "
+               "lived only in memory and were never written"),
+    "secure": ("noise and Poisson sampling from a cryptographically secure source (os.urandom), "
+               "each Gaussian coordinate a normalised sum of float64 Box-Muller samples against "
+               "floating-point attacks (timing side channels are not addressed)"),
+    "reproducible": ("noise and Poisson sampling seeded from the recorded trial seed: anyone "
+                     "with the run's records can replay the noise, so no epsilon holds for "
+                     "this release"),
+}
+#: method_record keys that describe clipping (per-layer bounds, adaptive clip norms, frozen
+#: layers). Only these leave the run: other keys may hold cache names or provenance.
+CLIPPING_RECORD_KEYS = ("thresholds", "layer_noise_std", "clip_norm_0", "clip_norm_final",
+                        "clip_norm_bounds", "clamp", "frozen_layers", "weights", "final_weights")
+
+NOT_COVERED_ALWAYS = (
+    "validation accuracy and validation loss (computed on the private validation split "
+    "without noise)",
+    "test accuracy and test loss (computed on the test split without noise)",
+    "the training loss (computed on the private training split without noise)",
+    "membership-inference and canary audit metrics, including any audit figure quoted in this "
+    "statement",
+    "every non-selected trial of the sweep: its model, checkpoints, scores and records",
+    "everything else in the run directory (configuration, seeds, logs, per-epoch reports)",
+)
+NOT_COVERED_SELECTION = ("the selection of this trial and its hyperparameters (chosen from "
+                         "scores computed without noise; see Hyperparameter tuning)")
+NOT_COVERED_PRIVATE_K = ("the number of trials of the private tuning run (the end-to-end "
+                         "guarantee assumes it stays secret) and any score other than one "
+                         "noisy score per trial")
+
+TUNING_MODES = ("adaptive", "private")
+AUDIT_KEYS = ("eps_lower_bound", "canaries", "confidence")
+
+
+# --------------------------------------------------------------------------------------------
+# Small validators (every failure is one UserInputError naming the field)
+
+
+def _bad(field: str, value: Any, allowed: str) -> UserInputError:
+    return UserInputError(field=field, value=value, allowed=allowed)
+
+
+def _get(record: dict[str, Any], key: str, *, where: str) -> Any:
+    if not isinstance(record, dict) or key not in record:
+        raise _bad(f"{where}.{key}", None, "present (a dpsweep record)")
+    return record[key]
+
+
+def _number(record: dict[str, Any], key: str, *, where: str, low: float = 0.0,
+            low_open: bool = True, high: float = math.inf) -> float:
+    value = _get(record, key, where=where)
+    allowed = f"a finite number in {'(' if low_open else '['}{low:g}, {high:g}]"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _bad(f"{where}.{key}", value, allowed)
+    x = float(value)
+    if not (math.isfinite(x) and (x > low if low_open else x >= low) and x <= high):
+        raise _bad(f"{where}.{key}", value, allowed)
+    return x
+
+
+def _maybe_number(record: dict[str, Any], key: str, *, where: str) -> float | None:
+    """A number >= 0 or null (RDP has no lower bound or estimate)."""
+    if _get(record, key, where=where) is None:
+        return None
+    return _number(record, key, where=where, low_open=False)
+
+
+def _text(record: dict[str, Any], key: str, *, where: str, optional: bool = False
+          ) -> str | None:
+    value = _get(record, key, where=where)
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        raise _bad(f"{where}.{key}", value, "a string")
+    return value
+
+
+def _flag(record: dict[str, Any], key: str, *, where: str) -> bool:
+    value = _get(record, key, where=where)
+    if not isinstance(value, bool):
+        raise _bad(f"{where}.{key}", value, "true or false")
+    return value
+
+
+def _count(record: dict[str, Any], key: str, *, where: str) -> int:
+    value = _get(record, key, where=where)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise _bad(f"{where}.{key}", value, "an integer >= 1")
+    return value
+
+
+def round_up(value: float) -> str:
+    """``value`` at DISPLAY_DECIMALS, rounded towards +infinity (for upper bounds)."""
+    return _rounded(value, decimal.ROUND_CEILING)
+
+
+def round_down(value: float) -> str:
+    """``value`` at DISPLAY_DECIMALS, rounded towards -infinity (for lower bounds)."""
+    return _rounded(value, decimal.ROUND_FLOOR)
+
+
+def _rounded(value: float, rounding: str) -> str:
+    """Rounds the shortest decimal that reads back as ``value`` (0.008 stays 0.0080, where its
+    binary expansion 0.0080000000000000002 would round up to 0.0081); the float of the result
+    is still on the safe side of ``value``."""
+    quantum = decimal.Decimal(1).scaleb(-DISPLAY_DECIMALS)
+    return str(decimal.Decimal(repr(float(value))).quantize(quantum, rounding=rounding))
+
+
+# --------------------------------------------------------------------------------------------
+# The statement
+
+
+@dataclass(frozen=True)
+class PrivacyStatement:
+    """Everything a reviewer needs to check a release's DP claim, and what it does not cover.
+
+    ``epsilon`` is the accountant's upper bound rounded up at DISPLAY_DECIMALS (the exact value
+    is ``epsilon_exact``); ``holds`` is false when the mode is invalid, the noise is replayable
+    or an audit contradicts the claim, and ``headline`` then says so first.
+    """
+
+    holds: bool
+    headline: str
+    epsilon: float
+    epsilon_display: str
+    epsilon_exact: float
+    epsilon_lower: float | None
+    epsilon_estimate: float | None
+    target_epsilon: float
+    delta: float
+    neighbouring: str
+    dataset: str
+    accountant: str
+    accountant_description: str
+    eps_error: float | None
+    accountant_fallback: str | None
+    mechanism: str
+    sample_rate: float
+    steps: int
+    epochs: int
+    noise_multiplier: float
+    noise_schedule: tuple[dict[str, Any], ...]
+    clipping: dict[str, Any]
+    method: str
+    mode: str
+    dp_valid: bool
+    validity_reason: str
+    randomness: str
+    randomness_note: str
+    release_safe: bool
+    tuning: dict[str, Any] | None
+    selection_covered: bool
+    audit: dict[str, Any] | None
+    audit_contradicts: bool
+    not_covered: tuple[str, ...]
+    versions: dict[str, str]
+    artifacts: dict[str, str] = field(default_factory=dict)
+    format: str = STATEMENT_FORMAT
+    version: int = STATEMENT_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON data (tuples become lists); refuses NaN rather than writing it."""
+        return json.loads(json.dumps(asdict(self), allow_nan=False))
+
+    def to_markdown(self) -> str:
+        return _markdown(self)
+
+
+def privacy_statement(*, privacy: dict[str, Any], spec: dict[str, Any],
+                      tuning: dict[str, Any] | None, audit_bound: dict[str, Any] | None
+                      ) -> PrivacyStatement:
+    """The statement for one trial from its privacy record and spec (``TrialSpec.to_dict()``).
+
+    The record must belong to the spec (method, mode, randomness, sampling rate, schedule,
+    delta and epsilon bound are compared). ``tuning`` is how the trial was selected:
+    ``{"mode": "adaptive", "n_trials", "statement", ...}`` (``AdaptiveStatement.to_dict()``)
+    or ``{"mode": "private", "end_to_end_epsilon", "statement", ...}``
+    (``PrivateTuningPlan.to_dict()``); ``audit_bound`` a canary audit's
+    ``{"eps_lower_bound", "canaries", "confidence", "kind"?}``.
+    """
+    where = "privacy"
+    method = _text(privacy, "method", where=where)
+    mode = _text(privacy, "mode", where=where)
+    dp_valid = _flag(privacy, "dp_valid", where=where)
+    reason = _text(privacy, "validity_reason", where=where)
+    randomness = _text(privacy, "randomness", where=where)
+    if randomness not in RANDOMNESS_KINDS:
+        raise _bad(f"{where}.randomness", randomness, f"one of {RANDOMNESS_KINDS}")
+    release_safe = _flag(privacy, "release_safe", where=where) and randomness != "reproducible"
+    q = _number(privacy, "sample_rate", where=where, high=1.0)
+    steps = _count(privacy, "steps", where=where)
+    schedule = Schedule.from_list(_get(privacy, "noise_schedule", where=where))
+    if schedule.steps != steps:
+        raise _bad(f"{where}.noise_schedule", schedule.to_list()[:8],
+                   f"phases that add up to the record's {steps} steps")
+    sigma = _number(privacy, "noise_multiplier", where=where)
+    clip_norm = _number(privacy, "clip_norm", where=where)
+    delta = _number(privacy, "delta", where=where, high=1.0)
+    target = _number(privacy, "target_epsilon", where=where)
+    upper = _number(privacy, "epsilon_upper", where=where)
+    lower = _maybe_number(privacy, "epsilon_lower", where=where)
+    estimate = _maybe_number(privacy, "epsilon_estimate", where=where)
+    accountant = _text(privacy, "accountant", where=where)
+    if accountant not in ACCOUNTANTS:
+        raise _bad(f"{where}.accountant", accountant, f"one of {tuple(ACCOUNTANTS)}")
+    eps_error = _maybe_number(privacy, "eps_error", where=where)
+    fallback = _text(privacy, "accountant_fallback", where=where, optional=True)
+    method_record = _get(privacy, "method_record", where=where)
+    versions = _get(privacy, "versions", where=where)
+    if not isinstance(method_record, dict):
+        raise _bad(f"{where}.method_record", type(method_record).__name__, "a JSON object")
+    if not isinstance(versions, dict):
+        raise _bad(f"{where}.versions", type(versions).__name__, "a JSON object")
+
+    _check_same_trial(privacy, spec, mode=mode)
+    epochs = _count(spec, "epochs", where="spec")
+    dataset = _text(spec, "dataset", where="spec")
+
+    tuning_info = _tuning(tuning, delta=delta)
+    audit = _audit(audit_bound, claimed=upper)
+    contradicts = audit is not None and bool(audit["contradicts"])
+    selection_covered = bool(tuning_info and tuning_info["mode"] == "private")
+
+    failures = []
+    if not dp_valid:
+        failures.append(f"the method's mode is not differentially private ({reason})")
+    if not release_safe:
+        failures.append("the noise is replayable from recorded seeds (reproducible randomness)")
+    if audit is not None and contradicts:
+        failures.append(f"a canary audit's empirical lower bound epsilon >= "
+                        f"{audit['eps_lower_bound_display']} exceeds the claimed bound")
+    eps_display = round_up(upper)
+    if failures:
+        headline = ("NO differential-privacy guarantee holds for this release: "
+                    + "; ".join(failures) + f". The accountant's figure for the noise alone "
+                    f"is epsilon <= {eps_display} at delta {delta!r}.")
+    elif tuning_info is not None and selection_covered:
+        headline = (f"({tuning_info['end_to_end_epsilon_display']}, {tuning_info['delta']!r})-"
+                    f"differential privacy end to end for the released model and its selection "
+                    f"by private tuning; training alone is ({eps_display}, {delta!r})-DP.")
+    else:
+        headline = (f"({eps_display}, {delta!r})-differential privacy for the released model "
+                    f"weights; the selection of this trial is not covered.")
+
+    not_covered = list(NOT_COVERED_ALWAYS)
+    not_covered.append(NOT_COVERED_PRIVATE_K if selection_covered else NOT_COVERED_SELECTION)
+    clipping: dict[str, Any] = {"clip_norm": clip_norm}
+    clipping.update({k: method_record[k] for k in CLIPPING_RECORD_KEYS if k in method_record})
+    return PrivacyStatement(
+        holds=not failures, headline=headline, epsilon=float(eps_display),
+        epsilon_display=eps_display, epsilon_exact=upper, epsilon_lower=lower,
+        epsilon_estimate=estimate, target_epsilon=target, delta=delta,
+        neighbouring=NEIGHBOURING, dataset=dataset, accountant=accountant,
+        accountant_description=ACCOUNTANTS[accountant], eps_error=eps_error,
+        accountant_fallback=fallback, mechanism=MECHANISM, sample_rate=q, steps=steps,
+        epochs=epochs, noise_multiplier=sigma, noise_schedule=tuple(schedule.to_list()),
+        clipping=clipping, method=method, mode=mode, dp_valid=dp_valid, validity_reason=reason,
+        randomness=randomness, randomness_note=RANDOMNESS_NOTES[randomness],
+        release_safe=release_safe, tuning=tuning_info, selection_covered=selection_covered,
+        audit=audit, audit_contradicts=contradicts, not_covered=tuple(not_covered),
+        versions={str(k): str(v) for k, v in versions.items()},
+    )
+
+
+def _check_same_trial(privacy: dict[str, Any], spec: dict[str, Any], *, mode: str) -> None:
+    """The record must be this spec's: a statement about another trial would be false."""
+    cal = _get(spec, "calibration", where="spec")
+    params = _get(spec, "method_params", where="spec")
+    if not isinstance(params, dict) or not isinstance(cal, dict):
+        raise _bad("spec", "method_params/calibration", "a TrialSpec.to_dict()")
+    bounds = _get(cal, "bounds", where="spec.calibration")
+    pairs = {
+        "method": (privacy["method"], _get(spec, "method", where="spec")),
+        "mode": (mode, params.get("mode")),
+        "randomness": (privacy["randomness"], _get(spec, "randomness", where="spec")),
+        "sample_rate": (privacy["sample_rate"], _get(cal, "sample_rate", where="spec.calibration")),
+        "noise_schedule": (privacy["noise_schedule"],
+                           _get(cal, "schedule", where="spec.calibration")),
+        "delta": (privacy["delta"], _get(cal, "delta", where="spec.calibration")),
+        "epsilon_upper": (privacy["epsilon_upper"], _get(bounds, "upper", where="spec.bounds")),
+    }
+    for key, (recorded, specified) in pairs.items():
+        if recorded != specified:
+            raise _bad(f"privacy.{key}", recorded,
+                       f"the value of the checkpoint's own trial ({specified!r}): this privacy "
+                       f"record belongs to another trial")
+
+
+def _tuning(tuning: dict[str, Any] | None, *, delta: float) -> dict[str, Any] | None:
+    """The selection's cost, whitelisted: under private tuning the trial count is never copied."""
+    if tuning is None:
+        return None
+    where = "tuning"
+    mode = _text(tuning, "mode", where=where)
+    if mode not in TUNING_MODES:
+        raise _bad(f"{where}.mode", mode, f"one of {TUNING_MODES}")
+    statement = _text(tuning, "statement", where=where)
+    if mode == "adaptive":
+        info: dict[str, Any] = {"mode": mode, "statement": statement,
+                                "n_trials": _count(tuning, "n_trials", where=where)}
+        for key in ("per_trial_epsilon", "composed_epsilon"):
+            if tuning.get(key) is not None:
+                value = _number(tuning, key, where=where)
+                info[key] = value
+                info[f"{key}_display"] = round_up(value)
+        for key in ("composed_delta", "composition"):
+            if tuning.get(key) is not None:
+                info[key] = tuning[key]
+        return info
+    e2e = _number(tuning, "end_to_end_epsilon", where=where)
+    info = {"mode": mode, "statement": statement, "end_to_end_epsilon": e2e,
+            "end_to_end_epsilon_display": round_up(e2e),
+            "delta": _number(tuning, "delta", where=where, high=1.0)
+            if tuning.get("delta") is not None else delta}
+    for key in ("end_to_end_accountant", "distribution", "mean_trials",
+                "score_noise_multiplier", "per_trial_epsilon"):
+        if tuning.get(key) is not None:
+            info[key] = tuning[key]
+    return info
+
+
+def _audit(bound: dict[str, Any] | None, *, claimed: float) -> dict[str, Any] | None:
+    if bound is None:
+        return None
+    where = "audit_bound"
+    lb = _number(bound, "eps_lower_bound", where=where, low_open=False)
+    confidence = _number(bound, "confidence", where=where, high=1.0)
+    canaries = _count(bound, "canaries", where=where)
+    kind = _text(bound, "kind", where=where, optional=True) if "kind" in bound else None
+    if confidence >= 1.0:
+        raise _bad(f"{where}.confidence", confidence, "a number in (0, 1)")
+    return {"eps_lower_bound": lb, "eps_lower_bound_display": round_down(lb),
+            "canaries": canaries, "confidence": confidence, "kind": kind,
+            "claimed_epsilon": claimed, "contradicts": lb > claimed}
+
+
+# --------------------------------------------------------------------------------------------
+# Markdown
+
+
+def _markdown(s: PrivacyStatement) -> str:
+    yes = {True: "yes", False: "**NO**"}
+    lines = ["# Privacy statement", "", f"**{s.headline}**", ""]
+    lines += ["## Guarantee", "",
+              f"- epsilon: **{s.epsilon_display}** (the accountant's upper bound, rounded up; "
+              f"target {s.target_epsilon!r}; exact {s.epsilon_exact!r})",
+              f"- delta: **{s.delta!r}**",
+              f"- neighbouring datasets: {s.neighbouring}; dataset: {s.dataset}",
+              f"- covers: the released weights ({WEIGHTS_FILE}, {SAFETENSORS_FILE}) and anything "
+              f"computed from them without private data (post-processing)",
+              f"- guarantee holds: {yes[s.holds]}", ""]
+    lines += ["## Accountant", "", f"- {s.accountant}: {s.accountant_description}"]
+    if s.epsilon_lower is not None and s.epsilon_estimate is not None:
+        lines.append(f"- epsilon lower {round_down(s.epsilon_lower)}, estimate "
+                     f"{round_up(s.epsilon_estimate)}, upper {s.epsilon_display}")
+    if s.eps_error is not None and s.accountant == "prv":  # RDP's bound is analytic
+        lines.append(f"- eps_error: {round_up(s.eps_error)}")
+    if s.accountant_fallback:
+        lines.append(f"- RDP fallback, because: {s.accountant_fallback}")
+    sigmas = ", ".join(f"sigma {p['noise_multiplier']!r} for {p['steps']} steps"
+                       for p in s.noise_schedule)
+    lines += ["", "## Mechanism", "", f"- {s.mechanism}",
+              f"- Poisson sampling rate q = {s.sample_rate!r}, {s.steps} steps "
+              f"({s.epochs} epochs)",
+              f"- noise schedule: {sigmas}",
+              f"- clipping norm C = {s.clipping['clip_norm']!r}"]
+    lines += [f"- {key}: {json.dumps(value)}" for key, value in s.clipping.items()
+              if key != "clip_norm"]
+    lines += ["", "## Method", "", f"- method {s.method}, mode {s.mode}",
+              f"- DP-valid: {yes[s.dp_valid]}; {s.validity_reason}", ""]
+    lines += ["## Randomness", "", f"- {s.randomness}: {s.randomness_note}",
+              f"- release-safe: {yes[s.release_safe]}", ""]
+    lines += ["## Hyperparameter tuning", ""]
+    if s.tuning is None:
+        lines.append("- Not stated. How this trial and its hyperparameters were chosen is NOT "
+                     "covered by the epsilon above.")
+    elif s.tuning["mode"] == "private":
+        lines += [f"- private tuning: end-to-end epsilon "
+                  f"**{s.tuning['end_to_end_epsilon_display']}** (delta "
+                  f"{s.tuning['delta']!r}) covers training and selection",
+                  f"- {s.tuning['statement']}"]
+    else:
+        lines += [f"- adaptive sweep of {s.tuning['n_trials']} trials: the selection is NOT "
+                  f"covered by the epsilon above", f"- {s.tuning['statement']}"]
+    lines += ["", "## Empirical audit", ""]
+    if s.audit is None:
+        lines.append("- No canary audit was given.")
+    else:
+        a = s.audit
+        verdict = ("**CONTRADICTS the claim**" if a["contradicts"]
+                   else "consistent with the claim")
+        kind = f" ({a['kind']})" if a["kind"] else ""
+        lines.append(f"- canary audit{kind}: epsilon >= {a['eps_lower_bound_display']} at "
+                     f"confidence {a['confidence']!r} from {a['canaries']} canaries; "
+                     f"{verdict} epsilon <= {s.epsilon_display}")
+    lines += ["", "## Not covered by this epsilon", ""]
+    lines += [f"- {item}" for item in s.not_covered]
+    if s.artifacts:
+        lines += ["", "## Files (SHA-256)", ""]
+        lines += [f"- {name}: `{digest}`" for name, digest in sorted(s.artifacts.items())]
+    lines += ["", "## Versions", ""]
+    lines += [f"- {name}: {value}" for name, value in sorted(s.versions.items())]
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------------------------
+# The model description
+
+
+def model_description(spec: dict[str, Any]) -> dict[str, Any]:
+    """How to rebuild the model, from the spec without loading any data."""
+    dataset = _text(spec, "dataset", where="spec")
+    if dataset not in INPUT_SHAPES:
+        raise _bad("spec.dataset", dataset, f"one of {tuple(INPUT_SHAPES)}")
+    name = _text(spec, "model", where="spec")
+    architecture = DEFAULT_MODEL[dataset] if name == "auto" else name
+    norm = NORMALIZATION[dataset]
+    return {"format": MODEL_FORMAT, "version": MODEL_VERSION, "architecture": architecture,
+            "input_shape": list(INPUT_SHAPES[dataset]), "num_classes": NUM_CLASSES[dataset],
+            "activation": _text(spec, "activation", where="spec"),
+            "input_normalization": {"max_value": norm.max_value, "mean": list(norm.mean),
+                                    "std": list(norm.std),
+                                    "rule": "x / max_value, then (x - mean) / std per channel"},
+            "dpsweep_version": __version__}
+
+
+def _fresh_model(info: dict[str, Any]) -> LayeredModel:
+    return build_model(name=info["architecture"], input_shape=tuple(info["input_shape"]),
+                       num_classes=info["num_classes"], activation=info["activation"])
+
+
+# --------------------------------------------------------------------------------------------
+# The export
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    out: Path
+    files: tuple[str, ...]
+    statement: PrivacyStatement
+    model: dict[str, Any]
+
+    def summary(self) -> str:
+        return (f"exported {self.out}: {', '.join(self.files)}\n{self.statement.headline}")
+
+
+def export_trial(*, checkpoint_dir: Path, privacy: dict[str, Any], out: Path,
+                 tuning: dict[str, Any] | None = None,
+                 audit_bound: dict[str, Any] | None = None, allow_replayable: bool = False,
+                 allow_invalid_dp: bool = False) -> ExportResult:
+    """Write the release of the trial whose final checkpoint is ``checkpoint_dir``.
+
+    Everything is validated before anything is written: a replayable (reproducible) trial or
+    an invalid mode is refused unless explicitly allowed, ``out`` must be new or an empty
+    directory, and the privacy record must match the checkpoint's trial and step count.
+    """
+    out = Path(out)
+    if not isinstance(privacy, dict):
+        raise _bad("privacy", type(privacy).__name__, "the trial's privacy record (a dict)")
+    randomness = _text(privacy, "randomness", where="privacy")
+    release_safe = _flag(privacy, "release_safe", where="privacy")
+    if (not release_safe or randomness == "reproducible") and not allow_replayable:
+        raise _bad("randomness", randomness,
+                   f"a release-safe trial (secret or secure randomness): a reproducible trial's "
+                   f"noise can be replayed from recorded seeds, so no epsilon holds for its "
+                   f"release; pass {ALLOW_REPLAYABLE_FLAG} to export it anyway")
+    if not _flag(privacy, "dp_valid", where="privacy") and not allow_invalid_dp:
+        raise _bad("dp_valid", False,
+                   f"a trial whose epsilon claim holds ({privacy.get('validity_reason')}); "
+                   f"pass {ALLOW_INVALID_FLAG} to export it anyway")
+    _check_out(out)
+
+    state = load_checkpoint_state(Path(checkpoint_dir))
+    spec = state.get("spec")
+    if not isinstance(spec, dict):
+        raise _bad("checkpoint", str(checkpoint_dir), "a checkpoint with its trial spec")
+    statement = privacy_statement(privacy=privacy, spec=spec, tuning=tuning,
+                                  audit_bound=audit_bound)
+    method_state = state.get("method")
+    done = method_state.get("step_count") if isinstance(method_state, dict) else None
+    if state.get("epoch") != spec.get("epochs") or done != statement.steps:
+        raise _bad("checkpoint", str(checkpoint_dir),
+                   f"the trial's final checkpoint (epoch {spec.get('epochs')}, "
+                   f"{statement.steps} steps; this one is epoch {state.get('epoch')}, "
+                   f"{done} steps)")
+
+    info = model_description(spec)
+    model = _fresh_model(info)
+    try:
+        model.load_state_dict(state["model"], strict=True)
+    except (RuntimeError, KeyError, TypeError) as exc:
+        raise _bad("checkpoint", str(checkpoint_dir),
+                   f"weights of a {info['architecture']} model "
+                   f"({' '.join(str(exc).split())[:200]})") from None
+    tensors = {k: v.detach().cpu().clone().contiguous() for k, v in model.state_dict().items()}
+    info.update({"layers": model.layer_names, "layer_parameters": model.layer_sizes(),
+                 "parameters": sum(p.numel() for p in model.parameters()),
+                 "weights": {"torch": WEIGHTS_FILE, "safetensors": SAFETENSORS_FILE},
+                 "load": (f"model = trainables.models.build_model(name=architecture, "
+                          f"input_shape=input_shape, num_classes=num_classes, "
+                          f"activation=activation); model.load_state_dict(torch.load("
+                          f"'{WEIGHTS_FILE}', weights_only=True))")})
+
+    buffer = io.BytesIO()
+    torch.save(tensors, buffer)
+    blobs: dict[str, bytes] = {
+        WEIGHTS_FILE: buffer.getvalue(),
+        SAFETENSORS_FILE: safetensors.torch.save(tensors, metadata={"format": "pt"}),
+        MODEL_FILE: _json_bytes(info),
+    }
+    statement = replace(statement, artifacts={name: hashlib.sha256(data).hexdigest()
+                                              for name, data in blobs.items()})
+    blobs[STATEMENT_JSON] = _json_bytes(statement.to_dict())
+    blobs[STATEMENT_MD] = statement.to_markdown().encode("utf-8")
+    _write_release(out, blobs)
+    return ExportResult(out=out, files=RELEASE_FILES, statement=statement, model=info)
+
+
+def _json_bytes(value: Any) -> bytes:
+    return (json.dumps(value, indent=1, sort_keys=True, allow_nan=False) + "\n").encode("utf-8")
+
+
+def _check_out(out: Path) -> None:
+    """``out`` is a new path, or an empty directory, where a directory can be created."""
+    if out.is_symlink():
+        raise _bad(OUT_FIELD, str(out), "a path that is not a symbolic link")
+    if out.is_dir() and any(out.iterdir()):
+        raise _bad(OUT_FIELD, str(out), "a new or empty directory for the release")
+    check_creatable(out, field_name=OUT_FIELD)
+
+
+def _write_release(out: Path, blobs: dict[str, bytes]) -> None:
+    """Fill a staging directory beside ``out``, then rename it into place (all or nothing)."""
+    parent = out.absolute().parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        staging = parent / f"{TMP_PREFIX}{out.name}-{secrets.token_hex(8)}"
+        staging.mkdir()
+    except OSError as exc:
+        raise _bad(OUT_FIELD, str(out), f"a location you can write ({exc.strerror})") from None
+    try:
+        # atomic_write's temporary files are private (0600); a release is meant to be shared,
+        # so its files get the directory's umask-derived mode without the execute bits.
+        file_mode = staging.stat().st_mode & FILE_MODE_MASK
+        for name in RELEASE_FILES:
+            os.chmod(atomic_write_bytes(staging / name, blobs[name]), file_mode)
+        os.replace(staging, out)  # onto a missing path or an empty directory
+    except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise _bad(OUT_FIELD, str(out), f"a new or empty directory you can write "
+                                        f"({exc.strerror})") from None
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise

@@ -1,0 +1,68 @@
+"""``dpsweep export RUN_DIR --trial ID``: a trial's release, read from a verified run directory.
+
+Every file the export reads (results store, privacy record, spec, checkpoint) is checked against
+the run's manifest first, so an edited record can never be exported as a privacy claim. The
+tuning statement comes from the run's ``summary.json`` (written by the sweep), the audit's
+lower bound from the trial's results row.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from core.errors import UserInputError
+from orchestrator.export import ExportResult, export_trial
+from orchestrator.rundir import RESULTS, RunDir, check_trial_id
+from reports import store
+
+#: Confidence of the canary audits' epsilon lower bounds (``orchestrator.canary``).
+CANARY_CONFIDENCE = 0.95
+SUMMARY_FILE = "summary.json"
+
+
+def _row(run: RunDir, trial_id: str) -> dict[str, Any]:
+    run.verify(RESULTS)
+    frame = store.read_results(run.path)
+    rows = frame[frame["trial_id"] == trial_id]
+    if rows.empty:
+        raise UserInputError(field="--trial", value=trial_id,
+                             allowed=f"a trial of this run: {sorted(frame['trial_id'])[:10]}")
+    row = rows.iloc[0].to_dict()
+    if row["status"] != "ok":
+        raise UserInputError(field="--trial", value=trial_id,
+                             allowed=f"a finished trial (this one failed: {row['error']})")
+    return row
+
+
+def _tuning(run: RunDir) -> dict[str, Any] | None:
+    path = run.path / SUMMARY_FILE
+    if not path.is_file():
+        return None
+    summary = json.loads(run.verify(SUMMARY_FILE).read_text())
+    return summary.get("tuning")
+
+
+def audit_bound(row: dict[str, Any]) -> dict[str, Any] | None:
+    """The row's canary lower bound in the export's form, if an audit measured one."""
+    bound = row.get("eps_lower_bound")
+    if bound is None or not math.isfinite(float(bound)):
+        return None
+    return {"eps_lower_bound": float(bound), "canaries": int(row["canaries"]),
+            "confidence": CANARY_CONFIDENCE, "kind": str(row["eps_lower_bound_kind"])}
+
+
+def export_from_run(run_dir: Path, *, trial_id: str, out: Path, allow_replayable: bool = False,
+                    allow_invalid_dp: bool = False) -> ExportResult:
+    """Verify, then export the trial's weights, model description and privacy statement."""
+    check_trial_id(trial_id)
+    run = RunDir.open(Path(run_dir), write=False)
+    row = _row(run, trial_id)
+    privacy = json.loads(run.verify(str(row["privacy_record"])).read_text())
+    checkpoint = run.path / str(row["checkpoint"])
+    run.verify(str(Path(str(row["checkpoint"])) / "state.pt"))
+    return export_trial(checkpoint_dir=checkpoint, privacy=privacy, out=Path(out),
+                        tuning=_tuning(run), audit_bound=audit_bound(row),
+                        allow_replayable=allow_replayable, allow_invalid_dp=allow_invalid_dp)

@@ -1,0 +1,45 @@
+"""``dpsweep train``: one trial, no sweep, in a run directory like a sweep's.
+
+The output is a run directory of kind ``trial`` (manifest, lock, ``trials/<id>/`` records, a
+one-row results store), so ``report``, ``export`` and ``audit`` work on it exactly as on a sweep.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from orchestrator.config import Config
+from orchestrator.rundir import CHECKPOINT_DIR, RESULTS, RunDir
+from orchestrator.trial import load_data, plan_trial
+from reports import store
+from trainables.data import NUM_CLASSES
+from trainables.training import TrialResult, train_trial
+
+TRIAL_ID = "trial-000"
+
+
+def train_single(cfg: Config, *, out: Path,
+                 progress: Callable[[dict[str, Any]], None] | None = None) -> TrialResult:
+    """Plan the budget, train, and record one trial into a new run directory ``out``."""
+    data = load_data(cfg)  # validates data_dir and files before anything is written
+    run = RunDir.create(Path(out), config_text=cfg.to_toml(), kind="trial")
+    try:
+        spec = plan_trial(cfg, trial_id=TRIAL_ID, cache_dir=run.cache_dir, data=data)
+        trial_dir = run.trial_dir(TRIAL_ID)
+        result = train_trial(spec, data=data, checkpoint_root=trial_dir,
+                             rolling_checkpoint=CHECKPOINT_DIR,
+                             report=(lambda m, _c: progress(m)) if progress else None)
+        row = store.row_from_trial(
+            run_dir=run.path, trial_dir=trial_dir, checkpoint_dir=trial_dir / CHECKPOINT_DIR,
+            spec=spec.to_dict(), privacy=result.privacy, history=result.history,
+            train_seconds=sum(m["epoch_seconds"] for m in result.history),
+            num_classes=NUM_CLASSES[cfg.data.dataset], study="single",
+            preset=cfg.training.preset)
+        store.write_results(run.path, [row])
+        run.record_trial(TRIAL_ID)
+        run.record([RESULTS])
+        return result
+    finally:
+        run.release()
