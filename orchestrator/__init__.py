@@ -1,3 +1,5 @@
-"""dpsweep orchestrator: CLI, config schema, PRV budget matching, sweep, results store."""
+"""dpsweep orchestrator: CLI, config schema, PRV budget matching, sweep, run directory."""
 
-__version__ = "0.1.0"
+from core import __version__
+
+__all__ = ["__version__"]

@@ -70,7 +70,7 @@ GENERATORS = {"methods": methods_table, "hyperparameters": hyperparameter_tables
 
 
 def _pattern(block: str) -> re.Pattern[str]:
-    return re.compile(rf"(<!-- generated:{block} -->\n).*?(\n<!-- /generated:{block} -->)",
+    return re.compile(rf"(<!-- generated:{block} -->\n)(?:.*?\n)?(<!-- /generated:{block} -->)",
                       re.DOTALL)
 
 
@@ -79,7 +79,7 @@ def render(text: str, block: str) -> str:
     pattern = _pattern(block)
     if not pattern.search(text):
         raise ValueError(f"no <!-- generated:{block} --> block")
-    return pattern.sub(lambda m: m.group(1) + GENERATORS[block]() + m.group(2), text)
+    return pattern.sub(lambda m: m.group(1) + GENERATORS[block]() + "\n" + m.group(2), text)
 
 
 def stale(root: Path = ROOT) -> list[str]:
