@@ -136,6 +136,9 @@ class ResourcesConfig:
     cpus_per_trial: int = _f(1, "CPUs per trial; torch threads are set to this", low=1,
                              high=1024)
     gpus_per_trial: float = _f(0.0, "GPUs per trial (fractions allowed)", low=0.0, high=16.0)
+    memory_per_trial_mb: int = _f(0, "memory Ray reserves per trial in MB; 0 = none reserved "
+                                     "(checked against a node's memory before any trial starts)",
+                                  low=0, high=1 << 24)
     device: str = _f("auto", "'auto' (CUDA when present), 'cpu' or 'cuda'",
                      choices=("auto", "cpu", "cuda"))
 

@@ -315,6 +315,8 @@ class _Driver:
         attempt = 1 + sum(1 for _ in self.run.tune_dir.glob("attempt-*"))
         resources = {"cpu": self.cfg.resources.cpus_per_trial,
                      "gpu": self.cfg.resources.gpus_per_trial}
+        if self.cfg.resources.memory_per_trial_mb:
+            resources["memory"] = self.cfg.resources.memory_per_trial_mb * 2**20
         tuner = tune.Tuner(
             tune.with_resources(tune_trainable, resources),
             tune_config=tune.TuneConfig(
@@ -398,8 +400,8 @@ def _validate_before_ray(cfg: Config, *, out: Path | None) -> None:
         check_creatable(out)
     check_resources(cpus_per_trial=cfg.resources.cpus_per_trial,
                     gpus_per_trial=cfg.resources.gpus_per_trial,
-                    memory_per_trial_mb=0, max_concurrent=cfg.sweep.max_concurrent_trials,
-                    info=None)
+                    memory_per_trial_mb=cfg.resources.memory_per_trial_mb or None,
+                    max_concurrent=cfg.sweep.max_concurrent_trials, info=None)
     load_data(cfg)
     study_plans(cfg)
 
@@ -415,7 +417,8 @@ def _drive(cfg: Config, run: RunDir, *, address: str | None, quiet: bool) -> Swe
             if address:
                 cluster.check_resources(cpus_per_trial=cfg.resources.cpus_per_trial,
                                         gpus_per_trial=cfg.resources.gpus_per_trial,
-                                        memory_per_trial_mb=0,
+                                        memory_per_trial_mb=(
+                                            cfg.resources.memory_per_trial_mb or None),
                                         max_concurrent=cfg.sweep.max_concurrent_trials,
                                         info=info)
             cluster.check_storage(run.path)

@@ -34,10 +34,9 @@ def tiny_config(**training: object) -> Config:
 
 @pytest.fixture(scope="module")
 def ray_local():
-    """A local Ray on loopback with 2 CPUs, shut down after the module."""
-    import ray
+    """A loopback-only local Ray with 2 CPUs, shut down after the module."""
+    from orchestrator import cluster
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             _node_ip_address="127.0.0.1")
+    cluster.start_local(num_cpus=2, num_gpus=None, quiet=True)
     yield
-    ray.shutdown()
+    cluster.shutdown()

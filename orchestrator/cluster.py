@@ -1,0 +1,712 @@
+"""Where a sweep runs: a loopback-only local Ray, an honest cluster connection, resource checks.
+
+Why this module exists (measured with Ray 2.60 on Linux, see docs/security.md):
+
+* ``ray.init(_node_ip_address="127.0.0.1")`` does not keep a local Ray on loopback: Ray rewrites
+  a loopback node address to the machine's routable one (``resolve_ip_for_localhost``), and every
+  gRPC server (GCS, raylet, workers, the driver) then binds the wildcard address. Ray's own
+  local-only mode (the one it uses on macOS and Windows, ``ENABLE_RAY_CLUSTER`` off) keeps the
+  node address at 127.0.0.1, and every Ray server binds loopback when the node address is
+  loopback. :func:`start_local` turns that mode on for the duration of ``ray.init`` only.
+* ``ray.init()`` without an address silently *joins* the newest cluster recorded in
+  ``/tmp/ray/ray_current_cluster`` (any ``ray start`` on the machine); :func:`start_local`
+  passes ``address="local"`` so a local run is always its own.
+* ``ray.init(address=...)`` to a closed port on 127.0.0.1 retries for more than five minutes
+  (20 attempts of 40 s); :func:`connect` probes the address first (TCP, then the HTTP/2
+  greeting every gRPC server sends) and bounds Ray's own retries.
+* A trial asking for more CPUs, GPUs or memory than any single node has waits forever in Ray's
+  queue; :func:`check_resources` refuses it up front.
+
+Token authentication stays on for a local run (loopback is reachable by every local user and
+container sharing the network namespace); the token is a fresh random one per run, passed to
+Ray's processes through the environment, never written to disk or put on a command line.
+"""
+
+from __future__ import annotations
+
+import atexit
+import math
+import os
+import secrets
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from core.errors import UserInputError
+
+LOOPBACK_V4 = "127.0.0.1"
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+ADDRESS_FIELD = "--address"
+CLIENT_SCHEME = "ray://"
+AUTO_ADDRESS = "auto"
+# Ray refuses GCS ports outside this range (services.extract_ip_port).
+GCS_PORT_RANGE = (1024, 65535)
+ANY_PORT_RANGE = (1, 65535)
+# The TCP connect and the HTTP/2 greeting each get this long: a live GCS answers in milliseconds.
+CONNECT_PROBE_TIMEOUT_S = 5.0
+# ray.init's connection attempts, about 1 s each once the probe has seen the port speak gRPC
+# (Ray's default is 20; a wrong or missing token fails every one of them).
+GCS_CONNECT_ATTEMPTS = 3
+STORAGE_PROBE_TIMEOUT_S = 60.0
+NVIDIA_SMI_TIMEOUT_S = 5.0
+TOKEN_HEX_BYTES = 32  # 256 bits, the size Ray generates itself
+PRIVATE_TEMP_PREFIX = "dpsweep-ray-"
+MIB = 1024 * 1024
+
+# Ray's environment switches this module sets (and restores on shutdown).
+AUTH_MODE_ENV = "RAY_AUTH_MODE"
+AUTH_TOKEN_ENV = "RAY_AUTH_TOKEN"
+AUTH_TOKEN_PATH_ENV = "RAY_AUTH_TOKEN_PATH"
+GCS_WAIT_ENV = "RAY_gcs_server_port_wait_time_s"
+USE_TLS_ENV = "RAY_USE_TLS"
+USAGE_STATS_ENV = "RAY_USAGE_STATS_ENABLED"
+
+# The client greeting of HTTP/2 (RFC 9113 3.4) and an empty SETTINGS frame; a gRPC server must
+# answer with its own SETTINGS frame (type 4) before anything else.
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+_H2_FRAME_HEADER = 9
+_H2_SETTINGS = 0x04
+_CUDA_NONE = frozenset({"", "-1", "NoDevFiles"})
+_AUTH_FAILURE_MARKERS = ("InvalidAuthToken", "Authentication token", "AuthenticationError")
+
+
+@dataclass(frozen=True)
+class NodeResources:
+    """What one node offers a trial (a trial must fit on one node)."""
+
+    node_id: str
+    address: str
+    cpus: float
+    gpus: float
+    memory_mb: float
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    """The Ray this process is attached to: its GCS address and its alive nodes."""
+
+    address: str
+    local: bool
+    token_auth: bool
+    nodes: tuple[NodeResources, ...]
+    session_dir: str  # this machine's Ray session: logs, sockets, spilled objects
+
+    @property
+    def total_cpus(self) -> float:
+        return sum(n.cpus for n in self.nodes)
+
+    @property
+    def total_gpus(self) -> float:
+        return sum(n.gpus for n in self.nodes)
+
+
+@dataclass
+class _State:
+    """What this module changed, so :func:`shutdown` undoes exactly that."""
+
+    owner: str | None = None  # "local" or "cluster" while attached through this module
+    saved_env: dict[str, str | None] | None = None
+    atexit_registered: bool = False
+
+
+_state = _State()
+
+
+# --------------------------------------------------------------------------- local Ray
+
+
+def start_local(*, num_cpus: int | None, num_gpus: float | None, quiet: bool) -> ClusterInfo:
+    """Start a private Ray on this machine whose every listening socket is on 127.0.0.1.
+
+    ``num_cpus=None`` gives Ray the CPUs this process may use (affinity and cgroup quota, which
+    Ray itself does not read); ``num_gpus=None`` lets Ray detect GPUs.
+    """
+    if num_cpus is not None and (isinstance(num_cpus, bool) or not isinstance(num_cpus, int)
+                                 or num_cpus < 1):
+        raise UserInputError(field="num_cpus", value=num_cpus, allowed="an integer >= 1 or None")
+    if num_gpus is not None and (isinstance(num_gpus, bool)
+                                 or not isinstance(num_gpus, (int, float))
+                                 or not math.isfinite(num_gpus) or num_gpus < 0):
+        raise UserInputError(field="num_gpus", value=num_gpus, allowed="a number >= 0 or None")
+    import ray
+
+    if ray.is_initialized():
+        raise RuntimeError("Ray is already initialised in this process; call "
+                           "orchestrator.cluster.shutdown() (or ray.shutdown()) first")
+    _save_env()
+    token_auth = _configure_local_auth()
+    # ray.init turns usage stats off for a local cluster already; said explicitly, it holds for
+    # nightly wheels too and for every process Ray starts (they inherit the environment).
+    os.environ[USAGE_STATS_ENV] = "0"
+    _register_atexit()
+    _state.owner = "local"  # from here on shutdown() stops whatever part of Ray came up
+    try:
+        with _loopback_node_address():
+            ray.init(address="local", num_cpus=num_cpus or _usable_cpus(), num_gpus=num_gpus,
+                     include_dashboard=False, _temp_dir=str(_private_temp_dir()),
+                     **_init_kwargs(quiet=quiet))
+        info = _describe(local=True, token_auth=token_auth)
+        outside = [n.address for n in info.nodes if n.address != LOOPBACK_V4]
+        if outside:  # Ray changed how it picks the node address: refuse rather than expose it
+            raise RuntimeError(f"local Ray came up on {outside}, not {LOOPBACK_V4}; refusing "
+                               "to run with sockets outside loopback")
+        return info
+    except BaseException:
+        shutdown()
+        raise
+
+
+def shutdown() -> None:
+    """Stop the Ray :func:`start_local` started (or leave the cluster :func:`connect` joined).
+
+    Idempotent, and also run at exit: Ray turns SIGTERM into ``SystemExit``, so a signalled run
+    ends here too (a SIGKILLed driver's Ray processes are reaped by Ray's fate sharing). A Ray
+    initialised by someone else is left alone.
+    """
+    _shutdown(refresh_config=True)
+
+
+def _shutdown(*, refresh_config: bool) -> None:
+    if _state.owner is not None:
+        ray = sys.modules.get("ray")
+        if ray is not None and ray.is_initialized():
+            ray.shutdown()
+        _state.owner = None
+    if _state.saved_env is not None:
+        for key, value in _state.saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        _state.saved_env = None
+        if refresh_config:  # pointless at exit, and Ray's threads may still be draining then
+            _refresh_ray_auth_config()
+
+
+def _shutdown_at_exit() -> None:
+    _shutdown(refresh_config=False)
+
+
+# --------------------------------------------------------------------------- existing cluster
+
+
+def connect(address: str, *, quiet: bool) -> ClusterInfo:
+    """Join a running cluster (``--address`` / RAY_ADDRESS): ``host:port``, ``auto`` or ``ray://``.
+
+    Every failure is one :class:`UserInputError` naming ``--address``, within seconds: the
+    address is probed before Ray's own (minutes-long) retry loop can start.
+    """
+    text = address.strip() if isinstance(address, str) else ""
+    if not text:
+        raise _address_error(address, "host:port of a running Ray cluster's GCS (`ray start "
+                                      "--head` prints it), 'auto', or ray://host:port")
+    import ray
+
+    if ray.is_initialized():
+        raise RuntimeError("Ray is already initialised in this process; call "
+                           "orchestrator.cluster.shutdown() (or ray.shutdown()) first")
+    if text.startswith(CLIENT_SCHEME):
+        return _connect_client(text, quiet=quiet)
+    if text == AUTO_ADDRESS:
+        text = _resolve_auto(address)
+    host, port = _split_host_port(text, original=address, ports=GCS_PORT_RANGE)
+    _probe_grpc(host, port, original=address)
+    _refresh_ray_auth_config()  # the environment may have changed since Ray was imported
+    _check_gcs_and_local_node(f"{_resolve_loopback(host)}:{port}", original=address)
+    _save_env()
+    os.environ[GCS_WAIT_ENV] = str(GCS_CONNECT_ATTEMPTS)
+    _register_atexit()
+    _state.owner = "cluster"
+    try:
+        with _loopback_node_address(enabled=host in LOOPBACK_HOSTS):
+            ray.init(address=f"{_bracket(host)}:{port}", **_init_kwargs(quiet=quiet))
+    except Exception as exc:
+        shutdown()
+        raise _connect_failure(address, exc) from None
+    _restore_env(GCS_WAIT_ENV)  # only ray.init's own connection needs the short retry budget
+    return _describe(local=False, token_auth=_auth_mode_is_token())
+
+
+def _check_gcs_and_local_node(gcs_address: str, *, original: str) -> None:
+    """Ask the GCS itself, with a deadline, before ray.init retries without one.
+
+    A driver attaches to a Ray node running on its own machine; ray.init looks for one for 60 s
+    before saying so, and retries a missing token 20 times: both are answered here at once.
+    """
+    from ray._private import services
+    from ray._raylet import InnerGcsClient
+    from ray.core.generated.gcs_pb2 import GcsNodeInfo
+
+    try:
+        gcs = InnerGcsClient.standalone(gcs_address, None, int(CONNECT_PROBE_TIMEOUT_S * 1000))
+        alive = gcs.get_all_node_info(timeout=CONNECT_PROBE_TIMEOUT_S,
+                                      state_filter=GcsNodeInfo.GcsNodeState.ALIVE)
+    except Exception as exc:
+        raise _connect_failure(original, exc) from None
+    cluster_nodes = {node_id.hex() for node_id in alive}
+    if not cluster_nodes & set(services.find_node_ids()):
+        raise _address_error(original, "a cluster with a node on this machine: a Ray driver "
+                                       "attaches to a local node (run dpsweep on the head node, "
+                                       "or `ray start --address=...` here first)")
+
+
+def _resolve_loopback(host: str) -> str:
+    """The address Ray will use for a loopback host once local-only mode keeps it loopback."""
+    return "[::1]" if host == "::1" else LOOPBACK_V4 if host in LOOPBACK_HOSTS else _bracket(host)
+
+
+def _connect_client(text: str, *, quiet: bool) -> ClusterInfo:
+    """A Ray Client address: needs ``ray[client]`` (grpcio), which dpsweep does not require."""
+    from ray._private.utils import get_ray_client_dependency_error
+
+    if get_ray_client_dependency_error() is not None:
+        raise _address_error(text, "a host:port GCS address: ray:// (Ray Client) addresses "
+                                   "need `pip install 'ray[client]'` (grpcio), not installed")
+    host, port = _split_host_port(text[len(CLIENT_SCHEME):], original=text, ports=ANY_PORT_RANGE)
+    _probe_grpc(host, port, original=text)
+    import ray
+
+    _save_env()
+    _register_atexit()
+    _state.owner = "cluster"
+    try:
+        ray.init(address=text, logging_level="ERROR" if quiet else "WARNING")
+    except Exception as exc:
+        shutdown()
+        raise _connect_failure(text, exc) from None
+    return _describe(local=False, token_auth=_auth_mode_is_token())
+
+
+def _resolve_auto(original: str) -> str:
+    from ray._private import services
+
+    try:
+        return services.canonicalize_bootstrap_address_or_die(AUTO_ADDRESS)
+    except ConnectionError as exc:
+        raise _address_error(original, f"a running Ray cluster on this machine ({exc})") from None
+
+
+def _split_host_port(text: str, *, original: str, ports: tuple[int, int]) -> tuple[str, int]:
+    """``host:port`` or ``[v6]:port``; Ray's own parser accepts less and explains less."""
+    if text.startswith("["):
+        host, sep, port_text = text[1:].partition("]:")
+    else:
+        host, sep, port_text = text.rpartition(":")
+    low, high = ports
+    bad_host = not host or "/" in host or (":" in host and not text.startswith("["))
+    if not sep or bad_host or not port_text.isdigit() or not low <= int(port_text) <= high:
+        raise _address_error(original, f"host:port with a port in {low}..{high} (IPv6 as "
+                                       "[addr]:port), 'auto', or ray://host:port")
+    return host, int(port_text)
+
+
+def _probe_grpc(host: str, port: int, *, original: str) -> None:
+    """Fail in seconds where Ray would retry for minutes: DNS, closed port, non-gRPC service."""
+    try:
+        sock = socket.create_connection((host, port), timeout=CONNECT_PROBE_TIMEOUT_S)
+    except socket.gaierror as exc:
+        raise _address_error(original, f"a resolvable host ({exc.strerror})") from None
+    except TimeoutError:
+        raise _address_error(original, f"an address answering within {CONNECT_PROBE_TIMEOUT_S:g}"
+                                       " s (nothing answered: host down or firewalled?)") from None
+    except OSError as exc:
+        raise _address_error(original, "the address of a running Ray cluster (connecting "
+                                       f"failed: {exc.strerror or exc})") from None
+    with sock:
+        if _truthy(os.environ.get(USE_TLS_ENV)):
+            return  # a TLS server waits for our handshake: the TCP accept is all we can check
+        try:
+            sock.sendall(_H2_PREFACE)
+            head = _recv_exactly(sock, _H2_FRAME_HEADER)
+        except OSError:  # includes the timeout of a listener that never answers
+            head = b""
+    if len(head) < _H2_FRAME_HEADER or head[3] != _H2_SETTINGS:
+        raise _address_error(original, "the port of a Ray cluster (the service at that port "
+                                       "does not speak gRPC)")
+
+
+def _recv_exactly(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def _connect_failure(original: str, exc: BaseException) -> UserInputError:
+    chain = []
+    cause: BaseException | None = exc
+    while cause is not None and len(chain) < 8:
+        chain.append(f"{type(cause).__name__}: {cause}")
+        cause = cause.__cause__ or cause.__context__
+    text = " ".join(" | ".join(chain).split())
+    if any(marker in text for marker in _AUTH_FAILURE_MARKERS):
+        return _address_error(original, "a cluster whose authentication token this process "
+                                        f"has: set {AUTH_MODE_ENV}=token and {AUTH_TOKEN_ENV} "
+                                        f"(or {AUTH_TOKEN_PATH_ENV}) to the token of the cluster "
+                                        "(`ray get-auth-token` on its head node)")
+    return _address_error(original, f"the address of a running Ray cluster ({text[:400]})")
+
+
+def _address_error(value: Any, allowed: str) -> UserInputError:
+    return UserInputError(field=ADDRESS_FIELD, value=value, allowed=allowed)
+
+
+# --------------------------------------------------------------------------- Ray plumbing
+
+
+def _init_kwargs(*, quiet: bool) -> dict[str, Any]:
+    return {"log_to_driver": False, "configure_logging": True,
+            "logging_level": "ERROR" if quiet else "WARNING"}
+
+
+@contextmanager
+def _loopback_node_address(*, enabled: bool = True) -> Iterator[None]:
+    """Ray's local-only mode while ``ray.init`` runs: a loopback address stays loopback.
+
+    ``services.get_node_ip_address`` and ``resolve_ip_for_localhost`` read this flag at call
+    time; Ray's processes get the node address on their command line, so restoring it after
+    ``ray.init`` changes nothing for them.
+    """
+    from ray._private import ray_constants
+
+    before = ray_constants.ENABLE_RAY_CLUSTER
+    if enabled:
+        ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = before
+
+
+def _configure_local_auth() -> bool:
+    """Token auth on, with a fresh per-run token, unless the user chose otherwise.
+
+    Saying ``RAY_AUTH_MODE=token`` explicitly is what keeps Ray from warning on every run; an
+    explicit ``RAY_AUTH_MODE=disabled`` or a token of the user's own is respected.
+    """
+    if os.environ.get(AUTH_MODE_ENV) is None:
+        os.environ[AUTH_MODE_ENV] = "token"
+    token_auth = os.environ[AUTH_MODE_ENV].lower() == "token"
+    if token_auth and not (os.environ.get(AUTH_TOKEN_ENV) or os.environ.get(AUTH_TOKEN_PATH_ENV)):
+        # In the environment, not ~/.ray/auth_token: nothing persists after the run, and Ray's
+        # processes (same user) inherit it; it is never on a command line.
+        os.environ[AUTH_TOKEN_ENV] = secrets.token_hex(TOKEN_HEX_BYTES)
+    _refresh_ray_auth_config()
+    return token_auth
+
+
+def _private_temp_dir() -> Path:
+    """Ray's temp dir inside a directory only this user can enter.
+
+    Ray makes every directory of its session mode 0777 and writes logs, Unix sockets and
+    spilled objects (trial data) there; under /tmp/ray any local user could read the logs and
+    spilled objects or replace the socket files. A 0700 parent closes all of that at once.
+    """
+    root = Path(tempfile.gettempdir()) / f"{PRIVATE_TEMP_PREFIX}{os.getuid()}"
+    with suppress(FileExistsError):
+        root.mkdir(mode=0o700)
+    info = os.lstat(root)
+    if (not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid()
+            or info.st_mode & (stat.S_IRWXG | stat.S_IRWXO)):
+        # Someone else's (or a loosened) directory under that name: never use it.
+        root = Path(tempfile.mkdtemp(prefix=PRIVATE_TEMP_PREFIX))
+    return root / "ray"
+
+
+def _refresh_ray_auth_config() -> None:
+    """Make this process's cached Ray config and token follow the environment again.
+
+    Ray reads ``RAY_AUTH_MODE`` once per process (its own tests refresh it the same way); the
+    config is refreshed before the token cache is dropped, as Ray's test utilities do.
+    """
+    if "ray" not in sys.modules:
+        return
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+
+
+def _auth_mode_is_token() -> bool:
+    from ray._raylet import AuthenticationMode, get_authentication_mode
+
+    return get_authentication_mode() == AuthenticationMode.TOKEN
+
+
+def _save_env() -> None:
+    if _state.saved_env is None:
+        keys = (AUTH_MODE_ENV, AUTH_TOKEN_ENV, GCS_WAIT_ENV, USAGE_STATS_ENV)
+        _state.saved_env = {key: os.environ.get(key) for key in keys}
+
+
+def _restore_env(key: str) -> None:
+    saved = (_state.saved_env or {}).get(key)
+    if saved is None:
+        os.environ.pop(key, None)
+    else:
+        os.environ[key] = saved
+
+
+def _register_atexit() -> None:
+    if not _state.atexit_registered:
+        atexit.register(_shutdown_at_exit)
+        _state.atexit_registered = True
+
+
+def _describe(*, local: bool, token_auth: bool) -> ClusterInfo:
+    import ray
+
+    nodes = tuple(
+        NodeResources(node_id=n["NodeID"], address=n["NodeManagerAddress"],
+                      cpus=float(n["Resources"].get("CPU", 0.0)),
+                      gpus=float(n["Resources"].get("GPU", 0.0)),
+                      memory_mb=float(n["Resources"].get("memory", 0.0)) / MIB)
+        for n in ray.nodes() if n.get("Alive"))
+    return ClusterInfo(address=ray.get_runtime_context().gcs_address, local=local,
+                       token_auth=token_auth, nodes=nodes,
+                       session_dir=ray._private.worker._global_node.get_session_dir_path())
+
+
+def _bracket(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+# --------------------------------------------------------------------------- resources
+
+
+def machine_resources() -> NodeResources:
+    """This machine as Ray would see it, read without starting Ray or importing torch."""
+    return NodeResources(node_id="", address=LOOPBACK_V4, cpus=float(_usable_cpus()),
+                         gpus=float(_visible_gpus()), memory_mb=_memory_mb())
+
+
+def check_resources(*, cpus_per_trial: float, gpus_per_trial: float,
+                    memory_per_trial_mb: float | None, max_concurrent: int,
+                    info: ClusterInfo | None) -> int:
+    """Refuse a trial that no single node can ever run (Ray would queue it forever).
+
+    Checked against this machine when ``info`` is None (before Ray starts), else against the
+    alive nodes of ``info``. Returns how many trials can run at once: ``max_concurrent``, or
+    fewer when the nodes hold fewer (not an error: the rest wait their turn).
+    """
+    nodes: Sequence[NodeResources] = info.nodes if info is not None else (machine_resources(),)
+    where = ("this machine" if info is None else
+             "one node of this cluster" if not info.local else "the local Ray")
+    _check_number("resources.cpus_per_trial", cpus_per_trial, low=0.0)
+    _check_number("resources.gpus_per_trial", gpus_per_trial, low=0.0)
+    if memory_per_trial_mb is not None:
+        _check_number("resources.memory_per_trial_mb", memory_per_trial_mb, low=0.0)
+    if isinstance(max_concurrent, bool) or not isinstance(max_concurrent, int) \
+            or max_concurrent < 1:
+        raise UserInputError(field="sweep.max_concurrent_trials", value=max_concurrent,
+                             allowed="an integer >= 1")
+    if gpus_per_trial > 1 and gpus_per_trial != int(gpus_per_trial):
+        raise UserInputError(field="resources.gpus_per_trial", value=gpus_per_trial,
+                             allowed="a fraction below 1 or a whole number (Ray's rule)")
+    if not nodes:
+        raise UserInputError(field=ADDRESS_FIELD, value=info.address if info else None,
+                             allowed="a cluster with at least one alive node")
+    most_cpus = max(n.cpus for n in nodes)
+    if cpus_per_trial > most_cpus:
+        raise UserInputError(field="resources.cpus_per_trial", value=cpus_per_trial,
+                             allowed=f"at most {most_cpus:g}, the CPUs of {where}"
+                                     f"{_listing(nodes, 'cpus')}")
+    most_gpus = max(n.gpus for n in nodes)
+    if gpus_per_trial > 0 and most_gpus == 0:
+        raise UserInputError(field="resources.gpus_per_trial", value=gpus_per_trial,
+                             allowed=f"0: {where} has no GPU{_gpu_hint(info)}")
+    if gpus_per_trial > most_gpus:
+        raise UserInputError(field="resources.gpus_per_trial", value=gpus_per_trial,
+                             allowed=f"at most {most_gpus:g}, the GPUs of {where}"
+                                     f"{_listing(nodes, 'gpus')}")
+    memory = memory_per_trial_mb or 0.0
+    most_memory = max(n.memory_mb for n in nodes)
+    if memory > most_memory:
+        raise UserInputError(field="resources.memory_per_trial_mb", value=memory_per_trial_mb,
+                             allowed=f"at most {most_memory:.0f} MB, the memory of {where}")
+    per_node = [_fits(n, cpus=cpus_per_trial, gpus=gpus_per_trial, memory_mb=memory)
+                for n in nodes]
+    if not any(per_node):
+        wanted = {"cpus_per_trial": cpus_per_trial, "gpus_per_trial": gpus_per_trial}
+        raise UserInputError(field="resources", value=wanted,
+                             allowed="a trial that fits on one node: no node has "
+                                     f"{cpus_per_trial:g} CPUs and {gpus_per_trial:g} GPUs "
+                                     f"together{_listing(nodes, 'cpus', 'gpus')}")
+    return max(1, min(max_concurrent, sum(per_node)))
+
+
+def _fits(node: NodeResources, *, cpus: float, gpus: float, memory_mb: float) -> int:
+    """How many such trials this node holds at once."""
+    counts = [math.floor(have / want + 1e-9) for have, want in
+              ((node.cpus, cpus), (node.gpus, gpus), (node.memory_mb, memory_mb)) if want > 0]
+    return min(counts) if counts else sys.maxsize  # asks for nothing: max_concurrent limits
+
+
+def _check_number(field: str, value: object, *, low: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or value < low:
+        raise UserInputError(field=field, value=value, allowed=f"a finite number >= {low:g}")
+
+
+def _listing(nodes: Sequence[NodeResources], *keys: str) -> str:
+    if len(nodes) < 2:
+        return ""
+    parts = [", ".join(f"{getattr(n, k):g} {k}" for k in keys) + f" on {n.address}"
+             for n in nodes]
+    return " (nodes: " + "; ".join(parts) + ")"
+
+
+def _gpu_hint(info: ClusterInfo | None) -> str:
+    if info is not None:
+        return ""
+    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if cvd is not None:
+        return f" visible (CUDA_VISIBLE_DEVICES={cvd!r})"
+    return " (no NVIDIA driver found)"
+
+
+def _usable_cpus() -> int:
+    """CPUs this process may run on: affinity mask and cgroup quota, whichever is smaller."""
+    try:
+        count = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        count = os.cpu_count() or 1
+    quota = _cgroup_cpu_quota()
+    if quota is not None:
+        count = min(count, max(1, math.floor(quota)))
+    return max(1, count)
+
+
+def _cgroup_cpu_quota() -> float | None:
+    """CPU quota of this process's cgroup (v2 cpu.max or v1 cfs quota), None when unlimited."""
+    v2 = Path("/sys/fs/cgroup/cpu.max")
+    v1 = (Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"), Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us"))
+    try:
+        if v2.is_file():
+            quota, period = v2.read_text().split()[:2]
+            return None if quota == "max" else float(quota) / float(period)
+        if v1[0].is_file() and v1[1].is_file():
+            quota_us = float(v1[0].read_text())
+            return None if quota_us <= 0 else quota_us / float(v1[1].read_text())
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _visible_gpus() -> int:
+    """NVIDIA GPUs this process may use, honouring CUDA_VISIBLE_DEVICES, without torch."""
+    physical = _physical_gpus()
+    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if cvd is None:
+        return physical
+    visible = 0
+    for item in cvd.split(","):
+        if item.strip() in _CUDA_NONE:  # CUDA stops at the first invalid entry
+            break
+        visible += 1
+    return min(visible, physical)
+
+
+def _physical_gpus() -> int:
+    """GPUs the NVIDIA driver lists: /proc first (no process), else ``nvidia-smi -L``.
+
+    Without either, a torch the program already imported is asked (never imported for this).
+    """
+    proc = Path("/proc/driver/nvidia/gpus")
+    if proc.is_dir():
+        return sum(1 for _ in proc.iterdir())
+    smi = shutil.which("nvidia-smi")
+    if smi is not None:
+        try:
+            out = subprocess.run([smi, "-L"], capture_output=True, text=True, check=False,
+                                 timeout=NVIDIA_SMI_TIMEOUT_S).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return 0
+        return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        return int(torch.cuda.device_count())
+    return 0
+
+
+def _memory_mb() -> float:
+    """Physical memory, or the cgroup limit when lower."""
+    total = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    for limit in (Path("/sys/fs/cgroup/memory.max"),
+                  Path("/sys/fs/cgroup/memory/memory.limit_in_bytes")):
+        try:
+            text = limit.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            total = min(total, float(text))
+        break
+    return total / MIB
+
+
+# --------------------------------------------------------------------------- storage
+
+
+def check_storage(run_dir: Path) -> int:
+    """Every alive Ray node must read and write RUN_DIR (shared storage on a cluster).
+
+    Bounded by STORAGE_PROBE_TIMEOUT_S: a node that cannot start the probe (no worker, dead
+    node) is an error, not a wait. Returns the number of nodes that passed.
+    """
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    marker = Path(run_dir) / ".storage-probe"
+    token = f"{socket.gethostname()}-{os.getpid()}-{time.time()}"
+    marker.write_text(token)
+
+    # Defined here so cloudpickle ships it by value: a node need not have dpsweep installed to
+    # answer the probe.
+    def probe(path: str, expected: str) -> str:
+        import os
+        import socket
+        from pathlib import Path
+
+        p = Path(path)
+        seen = p.read_text() if p.is_file() else None
+        if seen != expected:
+            raise RuntimeError(f"cannot read {path} on {socket.gethostname()}")
+        w = p.with_name(f".probe-{socket.gethostname()}-{os.getpid()}")
+        w.write_text("ok")
+        w.unlink()
+        return socket.gethostname()
+
+    remote = ray.remote(num_cpus=0)(probe)
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    refs = [remote.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+        node_id=n["NodeID"], soft=False)).remote(str(marker), token) for n in nodes]
+    try:
+        passed = len(ray.get(refs, timeout=STORAGE_PROBE_TIMEOUT_S))
+    except Exception as exc:
+        for ref in refs:
+            with suppress(ray.exceptions.RayError, ValueError):  # best effort: it may be done
+                ray.cancel(ref, force=True)
+        reason = (f"no answer within {STORAGE_PROBE_TIMEOUT_S:g} s"
+                  if isinstance(exc, ray.exceptions.GetTimeoutError) else str(exc))
+        raise UserInputError(field="RUN_DIR", value=str(run_dir),
+                             allowed="a directory every Ray node can read and write (shared "
+                                     f"storage on a cluster): {reason}") from None
+    finally:
+        marker.unlink(missing_ok=True)
+    return passed
