@@ -2,7 +2,8 @@
 
 Every function takes plain data, writes one PNG and returns its path. PNGs carry no software
 or date metadata, so the same data gives byte-identical files and a rebuilt report is
-identical to the first one.
+identical to the first one. Every title names the epsilon it is about, and every figure of
+values computed on private data without noise carries the "not covered by epsilon" footnote.
 """
 
 from __future__ import annotations
@@ -18,168 +19,337 @@ matplotlib.use("Agg")
 
 import numpy as np
 import pandas as pd
+from matplotlib.colors import TwoSlopeNorm
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
+from matplotlib.ticker import MaxNLocator
 
-from reports.pareto import ACC, MIA, eligible, front_mask, front_of
+from reports.pareto import ACC, ACC_HI, ACC_LO, MIA, MIA_HI, MIA_LO
 
-DPI = 110
+DPI = 100
 INVALID_LABEL = "epsilon claim invalid"
+CONTRADICTED_LABEL = "claim contradicted by audit"
+REPLAYABLE_LABEL = "replayable: not releasable"
+#: Footnote of every figure whose values were computed on private data without noise.
+NOT_COVERED_NOTE = ("not covered by epsilon: computed on private data without noise "
+                    "(stays in the run directory, never exported)")
+NOT_COVERED_COLOUR = "#b00020"
 _PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
             "#7f7f7f", "#bcbd22", "#17becf")
+#: Most trials in one heat map (further ones are in its CSV).
+MAX_HEAT_ROWS = 16
 
 
-def method_colours(methods: Sequence[str]) -> dict[str, str]:
-    """One fixed colour per method, by sorted name, so every figure agrees."""
-    return {m: _PALETTE[i % len(_PALETTE)] for i, m in enumerate(sorted(set(methods)))}
+def series_colours(series: Sequence[str]) -> dict[str, str]:
+    """One fixed colour per series, by sorted name, so every figure agrees."""
+    return {s: _PALETTE[i % len(_PALETTE)] for i, s in enumerate(sorted(set(series)))}
 
 
-def _save(fig: Figure, path: Path) -> Path:
+def eps_text(epsilons: Sequence[float]) -> str:
+    """'ε = 3' or 'ε ∈ {1, 3, 8}' for titles."""
+    values = sorted({float(e) for e in epsilons if math.isfinite(e)})
+    if not values:
+        return "ε: none"
+    if len(values) == 1:
+        return f"ε = {values[0]:g}"
+    return "ε ∈ {" + ", ".join(f"{e:g}" for e in values) + "}"
+
+
+def _footnote(fig: Figure) -> None:
+    fig.text(0.01, 0.008, NOT_COVERED_NOTE, fontsize=7.5, color=NOT_COVERED_COLOUR,
+             ha="left", va="bottom")
+
+
+def _save(fig: Figure, path: Path, *, not_covered: bool,
+          margins: tuple[float, float, float, float] = (0.08, 0.97, 0.14, 0.9),
+          wspace: float = 0.28) -> Path:
+    """Fixed margins (left, right, bottom, top): tight_layout costs seconds per figure on a
+    busy machine and the layouts here are known in advance."""
+    left, right, bottom, top = margins
+    fig.subplots_adjust(left=left, right=right, bottom=bottom, top=top, wspace=wspace)
+    if not_covered:
+        _footnote(fig)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=DPI, metadata={"Software": None})
     return path
 
 
+# ---- the front -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Baseline:
+    """The non-private baseline: validation accuracy, test accuracy and peak MIA (NaN if not
+    audited)."""
+
+    val_accuracy: float
+    test_accuracy: float
+    peak_mia: float
+
+
 def _staircase(front: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """Front ordered by MIA up; 'steps-post' then draws the attainment boundary."""
+    """The attainment staircase of a front: the best validation accuracy reached at or below
+    each peak MIA. Trials tied within their intervals may sit below it; they keep their error
+    bars, and the staircase stays monotone."""
     ordered = front.sort_values([MIA, ACC], kind="stable")
-    return ordered[MIA].to_numpy(), ordered[ACC].to_numpy()
+    return ordered[MIA].to_numpy(), np.maximum.accumulate(ordered[ACC].to_numpy())
 
 
-def front_plot(frame: pd.DataFrame, *, path: Path, num_classes: int) -> Path:
-    """Peak MIA (x, lower is better) vs test accuracy (y, higher is better), one colour per
-    method; each method's front joined and solid, its dominated trials faded; the front over
-    all methods dashed; invalid-DP trials as crosses, labelled on the fronts."""
-    ok = eligible(frame)
-    colours = method_colours(ok["method"].astype(str).tolist())
-    fig = Figure(figsize=(10.5, 6.0))
+def front_plot(points: pd.DataFrame, *, study_fronts: dict[str, set[str]], overall: pd.DataFrame,
+               target_epsilon: float, delta: float, chance_halfwidth: float,
+               baseline: Baseline | None, path: Path) -> Path:
+    """Peak MIA accuracy (x, lower is better) vs validation accuracy (y, higher is better) at
+    one target: each series' front solid with 95% error bars on both axes and joined, its
+    dominated trials faded; the front over all series as a wide grey band; the chance band
+    0.5 +- the MIA interval half-width; invalid-DP trials as crosses, replayable ones hollow."""
+    colours = series_colours(points["series"].tolist())
+    fig = Figure(figsize=(10.5, 6.2))
     ax = fig.add_subplot()
-    for method, colour in colours.items():
-        rows = ok[ok["method"] == method]
-        on_front = front_mask(accuracy=rows[ACC].to_numpy(), mia=rows[MIA].to_numpy())
-        valid = rows["dp_valid"].astype(bool).to_numpy()
-        for front_flag, alpha in ((False, 0.25), (True, 1.0)):
-            for valid_flag, marker, size in ((True, "o", 46), (False, "X", 90)):
-                sel = rows[(on_front == front_flag) & (valid == valid_flag)]
-                if sel.empty:
-                    continue
-                label = method if front_flag and valid_flag else None
-                ax.scatter(sel[MIA], sel[ACC], c=colour, marker=marker, s=size, alpha=alpha,
-                           edgecolors="black" if not valid_flag else "none", linewidths=0.6,
-                           label=label, zorder=3)
-        front = rows[on_front]
-        xs, ys = _staircase(front)
-        ax.plot(xs, ys, drawstyle="steps-post", color=colour, linewidth=1.6, zorder=2,
-                label=None if valid[on_front].any() else method)
-        invalid = rows[~rows["dp_valid"].astype(bool)]
-        if len(invalid) > 10:  # too many labels to read: label those on the front only
-            invalid = front[~front["dp_valid"].astype(bool)]
-        for _, row in invalid.iterrows():
-            ax.annotate(INVALID_LABEL, (row[MIA], row[ACC]), xytext=(6, -12),
-                        textcoords="offset points", fontsize=7, color="#b00020")
-    overall = front_of(ok)
-    xs, ys = _staircase(overall)
-    ax.plot(xs, ys, drawstyle="steps-post", color="black", alpha=0.22, linewidth=6,
-            solid_capstyle="round", zorder=1, label="front, all methods")
-    if len(overall) <= 15:
-        for _, row in overall.iterrows():
-            ax.annotate(str(row["trial_id"]), (row[MIA], row[ACC]), xytext=(5, 4),
-                        textcoords="offset points", fontsize=7, color="#333333")
-    ax.scatter([], [], marker="X", c="white", edgecolors="black", s=90, label=INVALID_LABEL)
-    ax.scatter([], [], marker="o", c="grey", alpha=0.25, s=46, label="dominated (faded)")
-    if not ok.empty:  # zoom on the trials; the reference lines show only when in view
-        lo_x, hi_x, lo_y, hi_y = ok[MIA].min(), ok[MIA].max(), ok[ACC].min(), ok[ACC].max()
-        pad_x, pad_y = 0.08 * max(hi_x - lo_x, 0.02), 0.08 * max(hi_y - lo_y, 0.02)
-        ax.set_xlim(lo_x - pad_x, hi_x + 2 * pad_x)
+    if math.isfinite(chance_halfwidth):
+        ax.axvspan(0.5 - chance_halfwidth, 0.5 + chance_halfwidth, color="#9e9e9e", alpha=0.18,
+                   zorder=0, label=f"chance band 0.5 ± {chance_halfwidth:.3f}")
+    ax.axvline(0.5, color="grey", linestyle="-.", linewidth=0.9, zorder=0)
+    for series, colour in colours.items():
+        rows = points[points["series"] == series]
+        on = rows["trial_id"].isin(study_fronts.get(series, set())).to_numpy()
+        front, rest = rows[on], rows[~on]
+        if len(rest):
+            ax.scatter(rest[MIA], rest[ACC], c=colour, alpha=0.25, s=30, zorder=2,
+                       marker="o", edgecolors="none")
+        if len(front):
+            ax.errorbar(front[MIA], front[ACC],
+                        xerr=[front[MIA] - front[MIA_LO], front[MIA_HI] - front[MIA]],
+                        yerr=[front[ACC] - front[ACC_LO], front[ACC_HI] - front[ACC]],
+                        fmt="none", ecolor=colour, elinewidth=1.0, capsize=2.5, alpha=0.8,
+                        zorder=3)
+            xs, ys = _staircase(front)
+            ax.plot(xs, ys, drawstyle="steps-post", color=colour, linewidth=1.4, zorder=3)
+            for valid, safe, marker, face, size in ((True, True, "o", colour, 44),
+                                                    (True, False, "o", "white", 44),
+                                                    (False, True, "X", colour, 80),
+                                                    (False, False, "X", "white", 80)):
+                sel = front[(front["dp_valid"] == valid) & (front["release_safe"] == safe)]
+                if len(sel):
+                    ax.scatter(sel[MIA], sel[ACC], marker=marker, s=size, c=face,
+                               edgecolors=colour if face == "white" else "black",
+                               linewidths=0.9, zorder=4)
+        ax.plot([], [], color=colour, marker="o", linewidth=1.4, label=series)
+    contradicted = points[points["audit_contradicts"]] if "audit_contradicts" in points else \
+        points.iloc[:0]
+    for _, row in contradicted.iterrows():
+        ax.annotate(CONTRADICTED_LABEL, (row[MIA], row[ACC]), xytext=(-7, -12), ha="right",
+                    textcoords="offset points", fontsize=7, color=NOT_COVERED_COLOUR, zorder=5)
+    if len(overall):
+        xs, ys = _staircase(overall)
+        ax.plot(xs, ys, drawstyle="steps-post", color="black", alpha=0.2, linewidth=7,
+                solid_capstyle="round", zorder=1, label="front over all series")
+        if len(overall) <= 15:
+            for _, row in overall.iterrows():
+                ax.annotate(str(row["trial_id"]), (row[MIA], row[ACC]), xytext=(5, 4),
+                            textcoords="offset points", fontsize=7, color="#333333", zorder=5)
+    if baseline is not None and math.isfinite(baseline.val_accuracy):
+        ax.axhline(baseline.val_accuracy, color="black", linestyle="--", linewidth=1,
+                   label=f"non-private baseline (val {baseline.val_accuracy:.3f})")
+        if math.isfinite(baseline.peak_mia):
+            ax.scatter([baseline.peak_mia], [baseline.val_accuracy], marker="*", s=140,
+                       c="black", zorder=5)
+    ax.scatter([], [], marker="X", c="grey", edgecolors="black", s=80, label=INVALID_LABEL)
+    ax.scatter([], [], marker="o", c="white", edgecolors="grey", s=44, label=REPLAYABLE_LABEL)
+    ax.scatter([], [], marker="o", c="grey", alpha=0.25, s=30, label="dominated in its series")
+    if len(points):
+        lo_x = min(points[MIA_LO].min(), 0.5 - (chance_halfwidth if math.isfinite(
+            chance_halfwidth) else 0.0))
+        hi_x = points[MIA_HI].max()
+        lo_y, hi_y = points[ACC_LO].min(), points[ACC_HI].max()
+        if baseline is not None and math.isfinite(baseline.val_accuracy):
+            hi_y = max(hi_y, baseline.val_accuracy)
+        pad_x, pad_y = 0.06 * max(hi_x - lo_x, 0.02), 0.06 * max(hi_y - lo_y, 0.02)
+        ax.set_xlim(lo_x - pad_x, hi_x + pad_x)
         ax.set_ylim(lo_y - pad_y, hi_y + pad_y)
-    (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
-    if y0 <= 1.0 / num_classes <= y1:
-        ax.axhline(1.0 / num_classes, color="grey", linestyle=":", linewidth=1,
-                   label="chance accuracy")
-    if x0 <= 0.5 <= x1:
-        ax.axvline(0.5, color="grey", linestyle="-.", linewidth=1, label="random-guess attack")
-    ax.set_xlabel("peak-layer MIA accuracy (lower is better)")
-    ax.set_ylabel("test accuracy (higher is better)")
-    ax.set_title("Pareto front: test accuracy vs peak-layer MIA accuracy")
+    ax.set_xlabel("peak MIA accuracy over layers × attacks, 95% interval (lower is better)")
+    ax.set_ylabel("validation accuracy, 95% Wilson interval")
+    ax.set_title(f"Pareto fronts at ε = {target_epsilon:g}, δ = {delta:g}: validation accuracy "
+                 "vs peak MIA accuracy")
     ax.grid(True, alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
-    fig.tight_layout()
-    return _save(fig, path)
+    return _save(fig, path, not_covered=True, margins=(0.085, 0.72, 0.13, 0.92))
 
 
+# ---- per-layer x attack heat map ---------------------------------------------------------------
 @dataclass(frozen=True)
 class HeatRow:
-    """One trial's per-layer attack accuracies (NaN where the layer was not attacked)."""
+    """One trial's attack accuracies per (layer, attack), with significance after the audit's
+    multiple-testing correction, and its peak cell."""
 
     label: str
-    accuracies: dict[str, float]
-    peak_layer: str
+    cells: dict[tuple[str, str], tuple[float, bool]]
+    peak: tuple[str, str]
 
 
-def mia_heatmap(rows: Sequence[HeatRow], *, layers: Sequence[str], path: Path) -> Path:
-    """Rows = trials, columns = layers (input to output), cell = attack accuracy; the peak
-    layer of each trial is outlined."""
-    data = np.array([[row.accuracies.get(layer, math.nan) for layer in layers] for row in rows],
+def mia_heatmap(rows: Sequence[HeatRow], *, columns: Sequence[tuple[str, str]], title: str,
+                path: Path) -> Path:
+    """Rows = trials, columns = (layer, attack) grouped by layer from input to output; one
+    diverging scale centred on 0.5 (chance): red = the attack beats guessing, blue = below.
+    Cells not significant after correction are faded with grey values; significant ones are
+    bold with a star; the black box is the trial's peak."""
+    rows = list(rows)[:MAX_HEAT_ROWS]
+    data = np.array([[row.cells.get(c, (math.nan, False))[0] for c in columns] for row in rows],
                     dtype=float)
-    fig = Figure(figsize=(max(5.0, 1.1 * len(layers) + 3.0), max(2.5, 0.42 * len(rows) + 1.6)))
+    width = max(7.5, 0.62 * len(columns) + 3.6)
+    height = max(3.0, 0.36 * len(rows) + 2.3)
+    fig = Figure(figsize=(width, height))
     ax = fig.add_subplot()
-    masked = np.ma.masked_invalid(data)
     finite = data[np.isfinite(data)]
-    vmin = min(0.5, float(finite.min())) if finite.size else 0.5
-    vmax = max(vmin + 0.05, float(finite.max())) if finite.size else 1.0
-    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="#dddddd")
-    image = ax.imshow(masked, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
+    spread = max(float(np.max(np.abs(finite - 0.5))) if finite.size else 0.05, 0.02)
+    norm = TwoSlopeNorm(vmin=0.5 - spread, vcenter=0.5, vmax=0.5 + spread)
+    cmap = matplotlib.colormaps["RdBu_r"].with_extremes(bad="#e6e6e6")
+    image = ax.imshow(np.ma.masked_invalid(data), cmap=cmap, norm=norm, aspect="auto")
+    significant = np.array([[row.cells.get(c, (math.nan, False))[1] for c in columns]
+                            for row in rows], dtype=bool)
+    veil = np.zeros((*data.shape, 4))
+    veil[..., :3] = 1.0
+    veil[..., 3] = np.where(np.isfinite(data) & ~significant, 0.55, 0.0)
+    ax.imshow(veil, aspect="auto", interpolation="nearest")  # fades the n.s. cells
     for i, row in enumerate(rows):
-        for j, layer in enumerate(layers):
+        for j, column in enumerate(columns):
             value = data[i, j]
-            if math.isfinite(value):
-                light = (value - vmin) / (vmax - vmin) < 0.6
-                ax.text(j, i, f"{value:.3f}", ha="center", va="center", fontsize=8,
-                        color="white" if light else "black")
-            if layer == row.peak_layer:
-                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="red",
-                                       linewidth=2))
-    ax.set_xticks(range(len(layers)), labels=list(layers), rotation=30, ha="right")
-    ax.set_yticks(range(len(rows)), labels=[row.label for row in rows])
-    ax.set_xlabel("layer (input -> output); red box = peak layer")
-    ax.set_title("Per-layer MIA accuracy of the front's trials")
-    fig.colorbar(image, ax=ax, label="attack accuracy")
-    fig.tight_layout()
-    return _save(fig, path)
+            if not math.isfinite(value):
+                continue
+            sig = bool(significant[i, j])
+            strong = sig and abs(value - 0.5) > 0.6 * spread
+            ax.text(j, i, f"{value:.3f}*" if sig else f"{value:.3f}", ha="center", va="center",
+                    fontsize=6.5, fontweight="bold" if sig else "normal",
+                    color="white" if strong else ("black" if sig else "#606060"))
+            if column == row.peak:
+                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="black",
+                                       linewidth=2.0))
+    layers = [c[0] for c in columns]
+    for j in range(1, len(columns)):
+        if layers[j] != layers[j - 1]:
+            ax.axvline(j - 0.5, color="black", linewidth=1.2)
+    ax.set_xticks(range(len(columns)), labels=[f"{layer} · {attack}" for layer, attack in
+                                               columns], rotation=40, ha="right", fontsize=7.5)
+    ax.set_yticks(range(len(rows)), labels=[row.label for row in rows], fontsize=8)
+    ax.set_title(title + "\nfaded, grey = not significant after correction; * = significant",
+                 fontsize=9.5)
+    bar = fig.colorbar(image, ax=ax, fraction=0.03, pad=0.015)
+    bar.set_label("attack accuracy (0.5 = chance)", fontsize=8)
+    label_room = 0.11 + 0.006 * max(len(row.label) for row in rows)
+    return _save(fig, path, not_covered=True,
+                 margins=(min(0.3, label_room), 0.9, min(0.45, 1.3 / height), 0.9))
+
+
+# ---- curves ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Curve:
+    """One trial's per-epoch validation accuracy."""
+
+    label: str
+    series: str
+    epochs: tuple[float, ...]
+    values: tuple[float, ...]
+
+
+def validation_curves(curves: Sequence[Curve], *, title: str, baseline: float,
+                      path: Path) -> Path:
+    """Validation accuracy per epoch of the front trials, one colour per series."""
+    colours = series_colours([c.series for c in curves])
+    fig = Figure(figsize=(10.5, 4.8))
+    ax = fig.add_subplot()
+    styles = ("-", "--", ":", "-.")
+    seen: dict[str, int] = {}
+    for curve in curves:
+        k = seen.get(curve.series, 0)
+        seen[curve.series] = k + 1
+        ax.plot(curve.epochs, curve.values, color=colours[curve.series],
+                linestyle=styles[k % len(styles)], marker=".", linewidth=1.3,
+                label=curve.label if len(curves) <= 14 else None)
+    if math.isfinite(baseline):
+        ax.axhline(baseline, color="black", linestyle="--", linewidth=1,
+                   label=f"non-private baseline ({baseline:.3f})")
+    ax.set(xlabel="epoch", ylabel="validation accuracy", title=title)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7.5, frameon=False)
+    return _save(fig, path, not_covered=True, margins=(0.07, 0.74, 0.15, 0.9))
 
 
 @dataclass(frozen=True)
+class UtilitySeries:
+    """One series across targets: mean and sd over its best configuration and re-runs."""
+
+    series: str
+    epsilons: tuple[float, ...]
+    val_mean: tuple[float, ...]
+    val_sd: tuple[float, ...]
+    test_mean: tuple[float, ...]
+    test_sd: tuple[float, ...]
+    mia_mean: tuple[float, ...]
+    mia_sd: tuple[float, ...]
+
+
+def privacy_utility(series: Sequence[UtilitySeries], *, baseline: Baseline | None,
+                    path: Path) -> Path:
+    """Validation accuracy, test accuracy and peak MIA accuracy against target epsilon (log
+    axis), mean +- sd per series, the non-private baseline as a dashed line."""
+    colours = series_colours([s.series for s in series])
+    fig = Figure(figsize=(14.0, 4.6))
+    axes = [fig.add_subplot(1, 3, k + 1) for k in range(3)]
+    targets = sorted({e for s in series for e in s.epsilons})
+    panels = (("val", "validation accuracy", "val_accuracy"),
+              ("test", "test accuracy (reported, not used to choose)", "test_accuracy"),
+              ("mia", "peak MIA accuracy", "peak_mia"))
+    for ax, (key, label, base_key) in zip(axes, panels, strict=True):
+        for s in series:
+            mean = np.array(getattr(s, f"{key}_mean"), dtype=float)
+            sd = np.array(getattr(s, f"{key}_sd"), dtype=float)
+            ax.errorbar(s.epsilons, mean, yerr=np.nan_to_num(sd), color=colours[s.series],
+                        marker="o", markersize=4, capsize=3, linewidth=1.3, label=s.series)
+        value = getattr(baseline, base_key) if baseline is not None else math.nan
+        if math.isfinite(value):
+            ax.axhline(value, color="black", linestyle="--", linewidth=1,
+                       label="non-private baseline")
+        if key == "mia":
+            ax.axhline(0.5, color="grey", linestyle=":", linewidth=1, label="chance")
+        ax.set_xscale("log")
+        ax.set_xticks(targets, labels=[f"{t:g}" for t in targets])
+        ax.minorticks_off()
+        ax.set(xlabel="target ε", ylabel=label, title=f"{label.split(' (')[0]} vs "
+               f"{eps_text(targets)}")
+        ax.grid(True, alpha=0.3)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(0.86, 0.5), fontsize=7.5,
+               frameon=False)
+    return _save(fig, path, not_covered=True, margins=(0.05, 0.85, 0.16, 0.88), wspace=0.32)
+
+
+# ---- ROC and WW ------------------------------------------------------------------------------
+@dataclass(frozen=True)
 class RocCurve:
-    """A trial's ROC on its peak layer."""
+    """A trial's ROC at its peak (layer, attack)."""
 
     label: str
     fpr: tuple[float, ...]
     tpr: tuple[float, ...]
 
 
-def roc_plot(curves: Sequence[RocCurve], *, path: Path) -> Path:
-    """Linear ROC beside log-log ROC: the low-FPR corner is where strong attacks show."""
-    fig = Figure(figsize=(11.0, 4.8))
-    lin, log = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
-    colours = [_PALETTE[i % len(_PALETTE)] for i in range(len(curves))]
-    for curve, colour in zip(curves, colours, strict=True):
+def roc_plot(curves: Sequence[RocCurve], *, title: str, path: Path) -> Path:
+    """ROC on log-log axes: the low-FPR corner, where strong attacks show, is what matters."""
+    fig = Figure(figsize=(9.5, 5.0))
+    ax = fig.add_subplot()
+    for i, curve in enumerate(curves):
         fpr, tpr = np.asarray(curve.fpr, dtype=float), np.asarray(curve.tpr, dtype=float)
-        lin.plot(fpr, tpr, color=colour, linewidth=1.4, label=curve.label)
         pos = fpr > 0
-        log.plot(fpr[pos], np.maximum(tpr[pos], 1e-4), color=colour, linewidth=1.4)
+        ax.plot(fpr[pos], np.maximum(tpr[pos], 1e-4), color=_PALETTE[i % len(_PALETTE)],
+                linestyle=("-", "--")[(i // len(_PALETTE)) % 2], linewidth=1.3,
+                label=curve.label if len(curves) <= 16 else None)
     grid = np.logspace(-4, 0, 50)
-    lin.plot([0, 1], [0, 1], color="grey", linestyle=":", linewidth=1, label="chance")
-    log.plot(grid, grid, color="grey", linestyle=":", linewidth=1)
-    lin.set(xlim=(0, 1), ylim=(0, 1), xlabel="false positive rate", ylabel="true positive rate",
-            title="ROC of the peak layer")
-    log.set(xscale="log", yscale="log", xlim=(1e-3, 1), ylim=(1e-3, 1),
-            xlabel="false positive rate (log)", ylabel="true positive rate (log)",
-            title="low-FPR region")
-    for ax in (lin, log):
-        ax.grid(True, alpha=0.3)
-    lin.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    return _save(fig, path)
+    ax.plot(grid, grid, color="grey", linestyle=":", linewidth=1, label="chance")
+    for fpr in (0.01, 0.001):
+        ax.axvline(fpr, color="#bbbbbb", linewidth=0.8)
+    ax.set(xscale="log", yscale="log", xlim=(1e-3, 1), ylim=(1e-3, 1),
+           xlabel="false positive rate (log)", ylabel="true positive rate (log)", title=title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
+    return _save(fig, path, not_covered=True, margins=(0.08, 0.62, 0.15, 0.91))
 
 
 @dataclass(frozen=True)
@@ -196,9 +366,9 @@ class Trajectory:
     radius: float
 
 
-def ww_trajectories(trajectories: Sequence[Trajectory], *, path: Path) -> Path:
+def ww_trajectories(trajectories: Sequence[Trajectory], *, title: str, path: Path) -> Path:
     """C_t (left) and zeta^ with the raw zeta and the health zone zeta_star +- radius
-    (right), one colour per trial."""
+    (right), one colour per trial. Released quantities (post-processing): covered."""
     fig = Figure(figsize=(11.0, 4.5))
     c_ax, z_ax = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     zones: set[tuple[float, float]] = set()
@@ -220,12 +390,11 @@ def ww_trajectories(trajectories: Sequence[Trajectory], *, path: Path) -> Path:
         z_ax.axhline(centre, color="grey", linestyle="--", linewidth=0.8)
         if math.isfinite(radius):
             z_ax.axhspan(centre - radius, centre + radius, color="green", alpha=0.06)
-    c_ax.set(xlabel="step", ylabel="clipping norm C_t", title="WW-DP-SGD clipping norm C_t")
+    c_ax.set(xlabel="step", ylabel="clipping norm C_t", title=f"{title}: clipping norm C_t")
     z_ax.set(xlabel="step", ylabel="tail exponent",
-             title="zeta^ (solid), raw zeta (dotted), zone zeta* +- radius")
+             title="zeta^ (solid), raw zeta (dotted), zone zeta* ± radius")
     for ax in (c_ax, z_ax):
         ax.grid(True, alpha=0.3)
     if len(trajectories) <= 10:
         c_ax.legend(fontsize=7)
-    fig.tight_layout()
-    return _save(fig, path)
+    return _save(fig, path, not_covered=False, margins=(0.07, 0.98, 0.12, 0.9))

@@ -1,18 +1,24 @@
-"""pick: constraints, the validity rule, a loadable pick.toml, and clear refusals."""
+"""pick: validation accuracy only, constraints on the MIA upper bound, ties, refusals, verified
+records and a pick_config.toml that loads."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
+import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from core.errors import UserInputError
-from orchestrator import results
+from orchestrator.cli import main
 from orchestrator.config import from_dict, load
-from reports.pick import PICK_CONFIG_FILE, PICK_FILE, config_from_spec, format_pick, pick
-from tests.test_report import INVALID_REASON, make_run
+from orchestrator.pickfile import PICK_CONFIG_FILE, PICK_FILE, config_from_spec, pick_and_write
+from reports import store
+from reports.pick import choose
+from tests.test_report import INVALID_REASON, SIZES, make_run
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -25,134 +31,220 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_run(tmp_path_factory.mktemp("pick"))
 
 
-def _pick(run: Path, **kw: object) -> object:
-    args = {"max_peak_mia": None, "min_test_acc": None, "method": None,
-            "allow_invalid_dp": False, **kw}
-    return pick(run, **args)  # type: ignore[arg-type]
+def _pick(run: Path, **kw: Any) -> str:
+    args: dict[str, Any] = {"max_peak_mia": None, "min_val_acc": None, "series": None,
+                            "allow_invalid_dp": False, "allow_replayable": False,
+                            "export_to": None, **kw}
+    return pick_and_write(run, **args)
 
 
-def test_default_pick_is_the_most_accurate_valid_front_trial(run_dir: Path) -> None:
-    result = _pick(run_dir)
-    assert result.trial_id == "t4" and result.dp_valid  # t7 is more accurate but invalid
-    doc = tomllib.loads((run_dir / PICK_FILE).read_text())
+def _doc(run: Path) -> dict[str, Any]:
+    return tomllib.loads((run / PICK_FILE).read_text())
+
+
+def test_default_pick_is_the_most_accurate_admissible_front_trial(run_dir: Path) -> None:
+    text = _pick(run_dir)
+    doc = _doc(run_dir)
     sel = doc["selection"]
-    assert sel["trial_id"] == "t4" and sel["method"] == "ww_dpsgd" and sel["dp_valid"] is True
-    assert sel["test_accuracy"] == pytest.approx(0.91)
-    assert sel["peak_mia_accuracy"] == pytest.approx(0.58) and sel["peak_layer"] == "fc1"
-    assert sel["constraints"] == {"allow_invalid_dp": False}
-    config = from_dict(doc["config"])  # loadable as a dpsweep config
-    assert config == result.config
+    # t7 (.93, invalid DP) and t13 (.92, replayable) are more accurate but not admissible
+    assert sel["trial_id"] == "t4" and sel["series"] == "ww_dpsgd" and sel["dp_valid"] is True
+    assert sel["release_safe"] is True and sel["target_epsilon"] == 3.0
+    assert sel["val_accuracy"] == pytest.approx(0.91)
+    assert sel["val_accuracy_ci"] == pytest.approx([0.896659, 0.921769], abs=1e-6)
+    assert sel["test_accuracy"] == pytest.approx(0.90)
+    assert sel["test_accuracy_note"] == "reported, not used to choose"
+    assert sel["peak_mia_upper"] == pytest.approx(0.615) and sel["peak_attack"] == "lira"
+    # tied within the validation intervals: t1 (.90) and t9 / t10 (.89); not t5 (.88)
+    assert [t["trial_id"] for t in sel["ties"]] == ["t1", "t9", "t10"]
+    assert sel["front_trials"] == ["t23", "t6", "t2", "t9", "t10", "t5", "t1", "t4"]
+    assert sel["constraints"] == {"allow_invalid_dp": False, "allow_replayable": False}
+    config = from_dict(doc["config"])
     assert load(run_dir / PICK_CONFIG_FILE) == config
-    assert config.sweep.methods == ["ww_dpsgd"]
-    assert config.training.method == "ww_dpsgd" and config.training.lr == pytest.approx(0.8)
-    assert config.training.seed == 3 and config.data.train_size == 600
-    assert config.method_params["K"] == 50 and config.privacy.epsilon == 3.0
-    checkpoint = Path(doc["checkpoint"]["path"])
-    assert checkpoint.is_absolute() and checkpoint == run_dir.resolve() / "trials/t4/epoch_002"
+    assert config.training.method == "ww_dpsgd" and config.training.seed == 3
+    assert config.training.reproducible is False and config.training.preset == ""
+    assert config.method_params["lr"] == pytest.approx(0.8)
+    assert config.method_params["mode"] == "standard"
+    assert config.data.dataset == "fashion-mnist"
+    assert config.data.validation_size == SIZES["validation"]
+    assert config.privacy.epsilon == 3.0 and config.sweep.methods == ["ww_dpsgd"]
+    assert Path(doc["checkpoint"]["path"]) == run_dir / "trials/t4/checkpoint"
     privacy = doc["privacy"]
-    assert privacy["epsilon_upper"] == pytest.approx(2.99)
-    assert privacy["accountant"] == "prv" and privacy["mechanism"].startswith("poisson")
-    assert privacy["noise_schedule"] == [{"noise_multiplier": 1.21, "steps": 20}]
+    assert privacy["epsilon_upper"] == pytest.approx(2.991) and privacy["accountant"] == "prv"
+    assert privacy["noise_schedule"] == [{"noise_multiplier": 1.21, "steps": 100}]
     assert "accountant_fallback" not in privacy  # null in the record: TOML has no null
-    text = format_pick(result)
-    assert "picked trial t4 (ww_dpsgd)" in text and str(checkpoint) in text
+    assert "picked trial t4 (series ww_dpsgd, target epsilon 3)" in text
+    assert "test accuracy        0.9000  (reported, not used to choose)" in text
+    assert "3 trial(s) tied within their validation intervals" in text
     assert "WARNING" not in text
 
 
-def test_constraints_and_ties(run_dir: Path) -> None:
-    # t9 and t10 tie at (.89, .54): the readable-first trial id wins
-    assert _pick(run_dir, max_peak_mia=0.55).trial_id == "t9"
-    assert _pick(run_dir, max_peak_mia=0.55, method="dpsgd").trial_id == "t2"
-    assert _pick(run_dir, min_test_acc=0.9, max_peak_mia=0.57).trial_id == "t1"
-    result = _pick(run_dir, max_peak_mia=0.53)
-    assert result.trial_id == "t6" and result.qualifying == ("t6",)
-    assert result.test_accuracy <= 0.87 and result.peak_mia_accuracy <= 0.53
+def test_constraints_apply_to_the_upper_bound_and_ties_are_reported(run_dir: Path) -> None:
+    frame = store.read_results(run_dir)
+    # uppers: t23 .54, t6 .55, t2 .56, t9/t10 .57, t5 .575, t1 .59, t4 .615
+    choice = choose(frame, validation_size=2000, max_peak_mia=0.571)
+    assert choice.trial_id == "t9"  # t10 is identical: the readable trial id decides
+    assert choice.qualifying == ("t9", "t10", "t6", "t2", "t23")
+    assert [t["trial_id"] for t in choice.ties] == ["t10", "t6"]
+    # peak_mia_accuracy .56 would pass 0.571, its upper bound .59 does not
+    assert "t1" not in choice.qualifying
+    choice = choose(frame, validation_size=2000, min_val_acc=0.9, max_peak_mia=0.6)
+    assert choice.trial_id == "t1" and choice.ties == ()
+    assert choose(frame, validation_size=2000, series="dpsgd").trial_id == "t1"
+    assert choose(frame, validation_size=2000, allow_replayable=True).trial_id == "t13"
 
 
-def test_invalid_dp_only_when_allowed(run_dir: Path) -> None:
-    with pytest.raises(UserInputError) as info:
-        _pick(run_dir, max_peak_mia=0.55, min_test_acc=0.9)
-    message = str(info.value)
-    assert info.value.field == "--max-peak-mia/--min-test-acc"
-    assert "2 have peak MIA accuracy > 0.55" in message
-    assert "3 have test accuracy < 0.9" in message
-    assert "--allow-invalid-dp admits them; 1 of them would qualify" in message
-    assert "closest: t1 (dpsgd) test acc 0.9000, peak MIA 0.5600" in message
-    result = _pick(run_dir, max_peak_mia=0.55, min_test_acc=0.9, allow_invalid_dp=True)
-    assert result.trial_id == "t7" and not result.dp_valid
-    doc = tomllib.loads((run_dir / PICK_FILE).read_text())
-    assert doc["selection"]["dp_valid"] is False
-    assert doc["selection"]["validity_reason"] == INVALID_REASON
-    assert doc["privacy"]["dp_valid"] is False
+def test_invalid_and_replayable_trials_only_when_allowed(run_dir: Path) -> None:
+    text = _pick(run_dir, allow_invalid_dp=True)
+    sel = _doc(run_dir)["selection"]
+    assert sel["trial_id"] == "t7" and sel["dp_valid"] is False
+    assert sel["validity_reason"] == INVALID_REASON and sel["audit_contradicts"] is True
+    doc = _doc(run_dir)
     assert doc["config"]["method_params"]["mode"] == "faithful"
-    assert "risk_meta" not in doc["config"]["method_params"]  # prepared, not a hyperparameter
-    assert "WARNING: epsilon claim invalid" in format_pick(result)
-    assert _pick(run_dir, allow_invalid_dp=True).trial_id == "t7"
+    assert doc["config"]["sweep"]["methods"] == ["dp_adamilg:faithful"]
+    assert "WARNING: epsilon claim invalid" in text
+    assert "WARNING: claim contradicted by audit" in text
+    text = _pick(run_dir, allow_replayable=True)
+    doc = _doc(run_dir)
+    assert doc["selection"]["trial_id"] == "t13" and doc["selection"]["release_safe"] is False
+    assert doc["config"]["training"]["reproducible"] is True
+    assert "WARNING: replayable: not releasable" in text
 
 
-def test_nothing_qualifies_names_the_constraint_and_closest_trials(run_dir: Path) -> None:
+def test_refusals_name_the_constraint_and_the_closest_trials(run_dir: Path) -> None:
+    frame = store.read_results(run_dir)
     with pytest.raises(UserInputError) as info:
-        _pick(run_dir, max_peak_mia=0.5)
+        choose(frame, validation_size=2000, max_peak_mia=0.5)
     assert info.value.field == "--max-peak-mia" and info.value.value == 0.5
     message = str(info.value)
-    assert "of the 5 valid-DP front trials (all methods), 5 have peak MIA accuracy > 0.5" \
-        in message
+    assert "of the 8 admissible front trials (all series), 8 have a peak MIA upper bound " \
+           "above 0.5" in message
+    assert "3 other audited trials were excluded" in message
     assert "none of them would qualify either" in message
     closest = message.split("closest: ")[1].split("; ")
-    assert [c.split(" ")[0] for c in closest] == ["t6", "t9", "t10"]
-    with pytest.raises(UserInputError, match=r"valid-DP front trials \(method dp_adamilg\)"):
-        _pick(run_dir, method="dp_adamilg", min_test_acc=0.9)
-
-
-def test_bad_arguments_and_stores_are_user_errors(run_dir: Path, tmp_path: Path) -> None:
-    with pytest.raises(UserInputError, match="--method"):
-        _pick(run_dir, method="nope")
+    assert [c.split(" ")[0] for c in closest] == ["t23", "t6", "t2"]
+    with pytest.raises(UserInputError) as info:
+        choose(frame, validation_size=2000, max_peak_mia=0.6, min_val_acc=0.92)
+    assert info.value.field == "--max-peak-mia/--min-val-acc"
+    assert "8 have validation accuracy below 0.92" in str(info.value)
+    assert "admits them; 2 of them would qualify" in str(info.value)  # t7, t13
+    with pytest.raises(UserInputError, match=r"admissible front trials \(series dp_adamilg\)"):
+        choose(frame, validation_size=2000, series="dp_adamilg", min_val_acc=0.9)
+    with pytest.raises(UserInputError) as info:
+        choose(frame, validation_size=2000, series="dp_adamilg:faithful")
+    assert info.value.field == "--allow-invalid-dp"
+    with pytest.raises(UserInputError, match="--series"):
+        choose(frame, validation_size=2000, series="nope")
     with pytest.raises(UserInputError, match="--max-peak-mia"):
-        _pick(run_dir, max_peak_mia=1.5)
-    with pytest.raises(UserInputError, match="--min-test-acc"):
-        _pick(run_dir, min_test_acc=float("nan"))
-    with pytest.raises(UserInputError, match="RUN_DIR"):
-        _pick(tmp_path / "missing")
-    (tmp_path / results.RESULTS_FILE).write_bytes(b"garbage")
-    with pytest.raises(UserInputError, match="readable Parquet"):
-        _pick(tmp_path)
-    unaudited = make_run(tmp_path / "unaudited", audited=False)
+        choose(frame, validation_size=2000, max_peak_mia=1.5)
+    with pytest.raises(UserInputError, match="--min-val-acc"):
+        choose(frame, validation_size=2000, min_val_acc=float("nan"))
     with pytest.raises(UserInputError, match="run the audit first"):
-        _pick(unaudited)
+        choose(frame.assign(peak_mia_accuracy=float("nan")), validation_size=2000)
 
 
-def test_missing_checkpoint_or_spec_is_a_user_error(tmp_path: Path) -> None:
-    run = make_run(tmp_path)
-    (run / "trials/t4/spec.json").unlink()  # falls back to the checkpoint's spec (fake here)
-    with pytest.raises(UserInputError, match="checkpoint"):
+def test_cli_refusal_is_one_line_and_exit_2(run_dir: Path, capsys: pytest.CaptureFixture
+                                            ) -> None:
+    (run_dir / PICK_FILE).unlink(missing_ok=True)
+    assert main(["pick", str(run_dir), "--max-peak-mia", "0.5"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("dpsweep: error: --max-peak-mia = 0.5")
+    assert not (run_dir / PICK_FILE).exists()
+    assert main(["pick", str(run_dir), "--min-val-acc", "0.9", "--max-peak-mia", "0.6"]) == 0
+    assert "picked trial t1" in capsys.readouterr().out
+
+
+def test_test_accuracy_is_never_read_to_choose(tmp_path: Path, run_dir: Path) -> None:
+    def poison(rows: list[dict[str, Any]]) -> None:
+        for row in rows:
+            row["test_accuracy"] = 1.0 - float(row["val_accuracy"] or 0.0)
+
+    poisoned = make_run(tmp_path, rows_hook=poison)
+    for kw in ({}, {"max_peak_mia": 0.571}, {"allow_invalid_dp": True}):
+        _pick(run_dir, **kw)
+        _pick(poisoned, **kw)
+        clean, dirty = _doc(run_dir)["selection"], _doc(poisoned)["selection"]
+        assert dirty["test_accuracy"] == pytest.approx(1.0 - dirty["val_accuracy"])
+        for key in ("trial_id", "ties", "qualifying_front_trials", "front_trials"):
+            assert dirty[key] == clean[key], key
+
+
+def test_records_are_verified_by_the_manifest_and_nothing_is_written(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "a")
+    (run / "trials/t4/spec.json").unlink()
+    with pytest.raises(UserInputError, match=r"trials/t4/spec\.json.*now missing"):
         _pick(run)
-    for path in sorted((run / "trials/t4/epoch_002").iterdir()):
-        path.unlink()
-    (run / "trials/t4/epoch_002").rmdir()
+    run = make_run(tmp_path / "b")
+    shutil.rmtree(run / "trials/t4/checkpoint")
     with pytest.raises(UserInputError, match="checkpoint directory of the picked trial 't4'"):
         _pick(run)
-    assert not (run / PICK_FILE).exists()
+    run = make_run(tmp_path / "c")
+    (run / "trials/t4/checkpoint/state.pt").write_bytes(b"tampered")
+    with pytest.raises(UserInputError, match="modified or replaced"):
+        _pick(run)
+    run = make_run(tmp_path / "d")
+    frame = store.read_results(run)
+    frame.loc[frame["trial_id"] == "t1", "val_accuracy"] = 0.99
+    store.write_results(run, frame.to_dict("records"))  # edited behind the manifest's back
+    with pytest.raises(UserInputError, match=r"results\.parquet.*modified or replaced"):
+        _pick(run)
+    (run / "manifest.json").unlink()
+    with pytest.raises(UserInputError, match="RUN_DIR"):
+        _pick(run)
+    for name in "abcd":
+        assert not (tmp_path / name / "run" / PICK_FILE).exists()
+        assert not (tmp_path / name / "run" / PICK_CONFIG_FILE).exists()
 
 
-@pytest.mark.parametrize("method", ["ww_dpsgd", "dpsgd_lf"])
-def test_config_reproduces_the_trial_spec(method: str) -> None:
-    """plan_trial(config_from_spec(spec)) gives back the same spec: the config is complete."""
-    from orchestrator.trial import plan_trial
-    from tests.conftest import tiny_config
+def test_export_is_delegated_to_release(run_dir: Path, tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[Path, dict[str, Any]]] = []
 
-    spec = plan_trial(tiny_config(method=method, lr=0.7, seed=5), trial_id="x").to_dict()
-    again = plan_trial(config_from_spec(json.loads(json.dumps(spec))), trial_id="x").to_dict()
-    for d in (spec, again):
-        d["calibration"].pop("cached")
-        d["calibration"].pop("seconds")
-    assert again == spec
+    class Result:
+        def summary(self) -> str:
+            return "release written to OUT"
+
+    def export_from_run(run: Path, **kw: Any) -> Result:
+        calls.append((run, kw))
+        return Result()
+
+    fake = types.ModuleType("orchestrator.release")
+    fake.export_from_run = export_from_run  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "orchestrator.release", fake)
+    text = _pick(run_dir, allow_replayable=True, export_to=tmp_path / "out")
+    assert calls == [(run_dir, {"trial_id": "t13", "out": tmp_path / "out",
+                                "allow_replayable": True, "allow_invalid_dp": False})]
+    assert "exported             release written to OUT" in text
+
+
+@pytest.mark.parametrize("index", [0, 3, 5, 6, 8, 11])
+def test_config_reproduces_the_trial_spec(index: int) -> None:
+    """Everything a spec takes from the config comes back from config_from_spec: method and
+    its validated hyperparameters, sizes, batch, epochs, seed, randomness, budget."""
+    from orchestrator.trial import randomness_kind
+    from tests.test_report import TRIALS, make_spec
+
+    spec = make_spec(TRIALS[index], seed=index)
+    cfg = config_from_spec(json.loads(json.dumps(spec)))
+    assert cfg.trial_params(spec["method"]) == spec["method_params"]
+    assert cfg.split_sizes() == spec["sizes"]
+    assert (cfg.training.method, cfg.training.batch_size, cfg.training.epochs,
+            cfg.training.seed, cfg.training.max_physical_batch) == \
+        (spec["method"], spec["batch_size"], spec["epochs"], spec["seed"],
+         spec["max_physical_batch"])
+    assert randomness_kind(cfg) == spec["randomness"]
+    assert (cfg.privacy.epsilon, cfg.privacy.delta) == \
+        (spec["calibration"]["target_epsilon"], spec["calibration"]["delta"])
+    assert (cfg.data.dataset, cfg.data.split_seed, cfg.model.name, cfg.model.activation) == \
+        (spec["dataset"], spec["split_seed"], spec["model"], spec["activation"])
+    assert len(cfg.series()) == 1 and cfg.series()[0] == (spec["method"],
+                                                         spec["method_params"]["mode"])
 
 
 def test_prepared_parameters_are_not_written_as_hyperparameters() -> None:
-    from tests.test_report import make_spec
+    from tests.test_report import TRIALS, make_spec
     from trainables.methods import get_method
 
-    spec = make_spec("x", "dpsgd", "", 0)
+    spec = make_spec(TRIALS[0], 0)
     spec["method"] = "lm_dpsgd"
     spec["method_params"] = {**get_method("lm_dpsgd").validate_params({"r": 2.0}),
                              "risk": [0.4, 0.3, 0.2, 0.1], "risk_meta": {"cache_file": "c.json"}}

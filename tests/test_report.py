@@ -1,91 +1,144 @@
-"""The report: built from a synthetic results store (no training), deterministic, complete.
+"""The report: built from a synthetic run directory (no training), deterministic, complete.
 
-``make_run`` writes a realistic run directory without training a model: every results
-column, four methods, a decaying noise schedule, WW trajectories, an invalid-DP trial that
-dominates the valid ones, a tie, a failed trial, a trial whose audit failed, and per-trial
-spec.json / privacy.json / audit.json / checkpoint directories. test_pick uses it too.
+``make_run`` writes a realistic run directory without training a model: config.toml,
+summary.json, a manifest with every file's hash, the results store with every column, two
+targets (eps 1 and 3), five series (one invalid-DP mode), ties within intervals, a reproducible
+(replayable) trial, a degenerate trial, re-runs with fresh noise, a failed trial, a trial whose
+audit failed, canary bounds (one contradicting its claim), the non-private baseline, and per
+trial spec.json / privacy.json / history.json / audit.json / checkpoint. test_pick and
+test_pareto use it too.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import pytest
-from scipy.stats import norm
 
 from core.errors import UserInputError
-from orchestrator import results
+from orchestrator.config import Config, DataConfig, PrivacyConfig, SweepConfig
 from reports import html as report_html
-from reports.html import build_report, roc_by_layer
-from reports.pareto import ALL_METHODS, ALL_VALID
+from reports import store
+from reports.html import build_report
+from reports.pareto import KIND_ALL, KIND_VALID, front_name
 
-LAYERS = ("conv1", "conv2", "fc1", "fc2")
-#: trial_id, method, mode, test accuracy, peak MIA, dp_valid. Valid front: t6 (.87/.52),
-#: t9 and t10 (.89/.54, a tie), t1 (.90/.56), t4 (.91/.58); t7 (.93/.53, invalid) dominates
-#: most of them; t11 failed in training; t12 finished but its audit failed.
-TRIALS: tuple[tuple[str, str, str, float, float, bool], ...] = (
-    ("t1", "dpsgd", "", 0.90, 0.56, True),
-    ("t2", "dpsgd", "", 0.86, 0.53, True),
-    ("t3", "dpsgd", "", 0.80, 0.55, True),
-    ("t4", "ww_dpsgd", "", 0.91, 0.58, True),
-    ("t5", "ww_dpsgd", "", 0.88, 0.545, True),
-    ("t8", "ww_dpsgd", "", 0.84, 0.57, True),
-    ("t6", "dp_adamilg", "public", 0.87, 0.52, True),
-    ("t7", "dp_adamilg", "faithful", 0.93, 0.53, False),
-    ("t9", "dpsgd_lf", "", 0.89, 0.54, True),
-    ("t10", "dpsgd_lf", "", 0.89, 0.54, True),
-    ("t12", "dpsgd_lf", "", 0.85, math.nan, True),
+DATASET = "fashion-mnist"
+SIZES = {"train": 5000, "validation": 2000, "holdout": 2000, "test": 2000, "shadow": 5000}
+LAYERS = (("conv1", 0), ("conv2", 1), ("fc1", 2), ("output", -1))
+ATTACKS = ("lira", "rmia", "shadow_classifier")
+INVALID_REASON = ("epsilon claim invalid: clipping thresholds computed from private data "
+                  "without noise")
+
+
+@dataclass(frozen=True)
+class T:
+    """One synthetic trial."""
+
+    tid: str
+    method: str
+    mode: str
+    eps: float
+    val: float
+    mia: float  # NaN = audit failed
+    valid: bool = True
+    reproducible: bool = False
+    repeat_of: str = ""
+    leak: bool = False
+    canary: tuple[float, bool] | None = None  # (lower bound, contradicts)
+
+    @property
+    def series(self) -> str:
+        return self.method if self.mode in ("", "public") else f"{self.method}:{self.mode}"
+
+    @property
+    def test(self) -> float:
+        return round(self.val - 0.01, 4)
+
+
+#: At eps 3 (Wilson intervals on 2,000 validation examples are about +-0.014; MIA intervals are
+#: [mia - 0.02, mia + 0.03]): over all series the front is t6, t7, t13; over valid, release-safe
+#: trials it is t6, t2, t9, t10, t5, t1, t4, of which t2 and t5 are there only as ties (plain
+#: Pareto dominance would drop them).
+TRIALS: tuple[T, ...] = (
+    T("t1", "dpsgd", "", 3.0, 0.90, 0.56, canary=(0.8, False)),
+    T("t2", "dpsgd", "", 3.0, 0.86, 0.53),
+    T("t3", "dpsgd", "", 3.0, 0.80, 0.55),
+    T("t4", "ww_dpsgd", "", 3.0, 0.91, 0.585, leak=True),
+    T("t5", "ww_dpsgd", "", 3.0, 0.88, 0.545),
+    T("t6", "dp_adamilg", "public", 3.0, 0.87, 0.52),
+    T("t7", "dp_adamilg", "faithful", 3.0, 0.93, 0.53, valid=False, canary=(3.4, True)),
+    T("t8", "ww_dpsgd", "", 3.0, 0.84, 0.57),
+    T("t9", "dpsgd_lf", "", 3.0, 0.89, 0.54),
+    T("t10", "dpsgd_lf", "", 3.0, 0.89, 0.54),
+    T("t12", "dpsgd_lf", "", 3.0, 0.85, math.nan),
+    T("t13", "dpsgd", "", 3.0, 0.92, 0.55, reproducible=True),
+    T("t14", "dpsgd", "", 3.0, 0.15, 0.50),
+    T("t15", "dpsgd", "", 3.0, 0.895, 0.565, repeat_of="t1"),
+    T("t21", "dpsgd", "", 1.0, 0.80, 0.52),
+    T("t22", "ww_dpsgd", "", 1.0, 0.82, 0.525),
+    T("t23", "dp_adamilg", "public", 1.0, 0.78, 0.51),
+    T("t24", "dpsgd", "", 1.0, 0.79, 0.52, repeat_of="t21"),
+    T("t25", "dp_adamilg", "faithful", 1.0, 0.85, 0.54, valid=False),
 )
-INVALID_REASON = ("faithful mode: clipping thresholds come from the private batch; the "
-                  "epsilon claim does not hold")
+BASELINE = {"val": 0.97, "test": 0.965, "mia": 0.70}
+SERIES = ("dpsgd", "ww_dpsgd", "dp_adamilg", "dp_adamilg:faithful", "dpsgd_lf")
 
 
 def _params(method: str, mode: str) -> dict[str, Any]:
     from trainables.methods import get_method
 
-    return get_method(method).validate_params({"mode": mode} if mode else {})
+    values: dict[str, Any] = {"lr": 0.8, "clip_norm": 1.0}
+    if mode:
+        values["mode"] = mode
+    return get_method(method).validate_params(values)
 
 
 def _schedule(method: str) -> list[dict[str, Any]]:
     if method == "dp_adamilg":
-        return [{"noise_multiplier": 1.9, "steps": 10}, {"noise_multiplier": 1.6, "steps": 10}]
-    return [{"noise_multiplier": 1.21, "steps": 20}]
+        return [{"noise_multiplier": 1.9, "steps": 50}, {"noise_multiplier": 1.6, "steps": 50}]
+    return [{"noise_multiplier": 1.21, "steps": 100}]
 
 
-def _layers(peak: float, rng: np.random.Generator) -> list[dict[str, Any]]:
-    """Per-layer metrics rising towards the output, the peak at fc1 (index 2)."""
-    accs = [0.5 + (peak - 0.5) * f for f in (0.55, 0.8, 1.0, 0.9)]
-    out = []
-    for i, (name, acc) in enumerate(zip(LAYERS, accs, strict=True)):
-        auc = float(norm.cdf(2 * norm.ppf(acc) / math.sqrt(2)))
-        out.append({"name": name, "index": i, "accuracy": acc, "ci_low": acc - 0.04,
-                    "ci_high": acc + 0.04, "auc": auc,
-                    "tpr_at_1pct_fpr": 0.01 + 0.1 * (acc - 0.5) + 0.001 * rng.random(),
-                    "tpr_at_0.1pct_fpr": 0.001, "tpr_at_1pct_fpr_meaningful": True,
-                    "tpr_at_0.1pct_fpr_meaningful": False, "n_members": 300,
-                    "n_nonmembers": 300})
-    return out
+def _cells(t: T, rng: np.random.Generator) -> list[dict[str, Any]]:
+    """Per (layer, attack) metrics; the peak at fc1 x lira."""
+    cells = []
+    for name, index in LAYERS:
+        attacks = (*ATTACKS, "loss") if index == -1 else ATTACKS
+        for attack in attacks:
+            peak = (name, attack) == ("fc1", "lira")
+            acc = t.mia if peak else round(0.5 + (t.mia - 0.5) * (0.4 + 0.5 * rng.random()), 4)
+            cells.append({
+                "layer": name, "index": index, "attack": attack, "accuracy": acc,
+                "accuracy_ci": [acc - 0.02, acc + 0.02], "auc": acc + 0.01,
+                "auc_ci": [acc - 0.01, acc + 0.03], "tpr_at_1pct_fpr": 0.012,
+                "tpr_at_1pct_fpr_ci": [0.005, 0.02], "tpr_at_0.1pct_fpr": 0.001,
+                "tpr_at_0.1pct_fpr_ci": [0.0, 0.004], "tpr_at_1pct_fpr_meaningful": True,
+                "tpr_at_0.1pct_fpr_meaningful": False,
+                "p_value": 0.001 if (t.leak and peak) else 0.4,
+                "significant": bool(t.leak and peak), "n_members": 1000,
+                "n_nonmembers": 1000})
+    return cells
 
 
 def _roc(auc: float) -> tuple[list[float], list[float]]:
-    """Binormal ROC with the given AUC (what reports.audit thins to ~200 points)."""
-    d = math.sqrt(2) * norm.ppf(auc)
-    fpr = np.concatenate([[0.0], np.geomspace(1e-3, 1.0, 60)])
-    tpr = norm.cdf(d + norm.ppf(np.clip(fpr, 1e-12, 1.0)))
-    tpr[0] = 0.0
-    return [float(v) for v in fpr], [float(v) for v in tpr]
+    fpr = [0.0, 0.001, 0.01, 0.1, 0.3, 0.6, 1.0]
+    power = max(0.05, (1 - auc) / auc)
+    return fpr, [f ** power for f in fpr]
 
 
 def _trajectories(seed: int) -> dict[str, list[float]]:
     rng = np.random.default_rng(seed)
-    steps = [50.0 * (k + 1) for k in range(8)]
-    zeta = [6.5 - 0.3 * k + 0.2 * rng.standard_normal() for k in range(8)]
+    steps = [25.0 * (k + 1) for k in range(8)]
+    zeta = [6.5 - 0.3 * k + 0.2 * float(rng.standard_normal()) for k in range(8)]
     zeta_hat, clip, c, z = [], [], 1.0, zeta[0]
     for value in zeta:
         z = 0.95 * z + 0.05 * value
@@ -93,76 +146,141 @@ def _trajectories(seed: int) -> dict[str, list[float]]:
         zeta_hat.append(z)
         clip.append(c)
     return {"step": steps, "clip_norm": clip, "zeta_hat": zeta_hat, "zeta": zeta,
-            "clamp": [0.0] * 8, "zeta:fc1": zeta}
+            "clamp": [0.0] * 8}
 
 
-def make_spec(tid: str, method: str, mode: str, seed: int) -> dict[str, Any]:
-    schedule = _schedule(method)
-    return {"method": method, "lr": 0.8, "clip_norm": 1.0, "epochs": 2, "batch_size": 60,
-            "calibration": {"schema": 1, "target_epsilon": 3.0, "delta": 1e-5,
-                            "sample_rate": 0.1, "schedule": schedule, "scale": 1.0,
-                            "bounds": {"lower": 2.93, "estimate": 2.96, "upper": 2.99,
-                                       "accountant": "prv"},
+def make_spec(t: T, seed: int) -> dict[str, Any]:
+    schedule = _schedule(t.method)
+    return {"method": t.method, "method_params": _params(t.method, t.mode), "epochs": 2,
+            "batch_size": 100,
+            "calibration": {"schema": 1, "target_epsilon": t.eps, "delta": 1e-5,
+                            "sample_rate": 0.02, "schedule": schedule, "scale": 1.0,
+                            "bounds": {"lower": t.eps * 0.97, "estimate": t.eps * 0.98,
+                                       "upper": t.eps * 0.997, "accountant": "prv"},
                             "accountant": "prv", "fallback_reason": None, "eps_error": 0.01,
                             "seconds": 0.5, "cached": False},
-            "epsilon_curve": [2.1, 2.99], "seed": seed,
-            "method_params": {**_params(method, mode),
-                              **({"risk_meta": {"note": "prepared"}} if mode else {})},
-            "momentum": 0.0, "dataset": "digits", "data_dir": None, "split_seed": 0,
-            "sizes": {"train": 600, "holdout": 300, "test": 297, "shadow": 600},
+            "epsilon_curve": [t.eps * 0.7, t.eps * 0.997], "seed": seed,
+            "randomness": "reproducible" if t.reproducible else "secret",
+            "dataset": DATASET, "data_dir": None, "split_seed": 0, "sizes": dict(SIZES),
             "model": "auto", "activation": "tanh", "device": "auto", "threads": 1,
-            "max_physical_batch": 512, "trial_id": tid}
+            "max_physical_batch": 512, "trial_id": t.tid, "extra": {}}
 
 
-def make_run(root: Path, *, audited: bool = True) -> Path:
-    """A run directory with the results store and trial files of ``TRIALS``."""
-    run = root / "run"
+def _config() -> Config:
+    return dataclasses.replace(
+        Config(), data=DataConfig(dataset=DATASET, **{f"{k}_size": v for k, v in SIZES.items()}),
+        privacy=PrivacyConfig(epsilon=3.0, delta=1e-5),
+        budget=dataclasses.replace(Config().budget, epsilons=[1.0, 3.0]),
+        sweep=SweepConfig(methods=list(SERIES), trials_per_method=4))
+
+
+SUMMARY = {"started": "2025-01-01T10:00:00+00:00", "finished": "2025-01-01T11:02:03+00:00",
+           "wall_seconds": 3723.0, "versions": {"dpsweep": "0.2.0", "torch": "2.4.0",
+                                                "opacus": "1.5.2", "python": "3.11.2"},
+           "accountant": "prv (PRV accountant, Gopi et al. 2021)",
+           "split_sizes": dict(SIZES), "model": "cnn28",
+           "tuning": {"mode": "adaptive", "statement": "Adaptive TPE search over noiseless "
+                      "validation accuracy: not covered.", "n_trials": 21,
+                      "end_to_end_epsilon": None}}
+
+
+def _write_json(path: Path, value: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(value))
+
+
+def _baseline_row() -> dict[str, Any]:
+    row: dict[str, Any] = {name: None for name in store.COLUMNS}
+    row.update({"trial_id": "base", "series": "nonprivate", "study": "nonprivate",
+                "method": "nonprivate", "mode": "", "status": "ok", "error": "",
+                "dp_valid": False, "validity_reason": "non-private baseline: no DP",
+                "release_safe": False, "degenerate": False, "val_accuracy": BASELINE["val"],
+                "test_accuracy": BASELINE["test"], "epsilon_upper": math.nan,
+                "target_epsilon": math.nan, **store.empty_audit(),
+                "peak_mia_accuracy": BASELINE["mia"], "peak_mia_upper": BASELINE["mia"] + 0.03,
+                "peak_layer": "output", "peak_attack": "loss", "leak_detected": True,
+                "leak_p_value": 1e-6, "audit_contradicts": False, "trajectories": "{}",
+                "repeat_of": "", "canaries": -1, "epochs": 2, "batch_size": 100})
+    return row
+
+
+def make_run(root: Path, *, audited: bool = True, summary: bool = True,
+             rows_hook: Callable[[list[dict[str, Any]]], None] | None = None) -> Path:
+    """A run directory of ``TRIALS`` with its manifest (``rows_hook`` edits the rows before
+    the store is written, so the manifest still vouches for it)."""
+    from orchestrator.rundir import RunDir
+
+    run_path = root / "run"
+    run = RunDir.create(run_path, config_text=_config().to_toml())
+    rels: list[str] = []
     rng = np.random.default_rng(0)
     rows: list[dict[str, Any]] = []
-    for seed, (tid, method, mode, acc, mia, valid) in enumerate(TRIALS):
-        trial = run / results.TRIALS_DIR / tid
-        checkpoint = trial / "epoch_002"
-        checkpoint.mkdir(parents=True)
-        (checkpoint / "state.pt").write_bytes(b"not a real checkpoint")
-        schedule = _schedule(method)
-        spec = make_spec(tid, method, mode, seed)
-        reason = INVALID_REASON if not valid else "noise calibrated to clipped per-example " \
-                                                  "gradients; post-processing only"
-        privacy = {"mechanism": "poisson_subsampled_gaussian", "method": method,
-                   "dp_valid": valid, "validity_reason": reason, "sample_rate": 0.1,
-                   "steps": 20, "noise_multiplier": schedule[0]["noise_multiplier"],
-                   "noise_schedule": schedule, "clip_norm": 1.0, "delta": 1e-5,
-                   "target_epsilon": 3.0, "epsilon_lower": 2.93, "epsilon_estimate": 2.96,
-                   "epsilon_upper": 2.99, "accountant": "prv", "accountant_fallback": None,
-                   "eps_error": 0.01, "ledger": {"events": []}, "method_record": {"mode": mode},
-                   "trajectories": _trajectories(seed) if method == "ww_dpsgd" else {},
-                   "versions": {"dpsweep": "0.1.0"}}
-        (trial / "spec.json").write_text(json.dumps(spec))
-        (trial / "privacy.json").write_text(json.dumps(privacy))
-        history = [{"epoch": 2, "test_accuracy": acc, "test_loss": 0.4, "train_loss": 0.5,
-                    "epoch_seconds": 1.0}]
-        row = results.row_from_trial(run_dir=run, trial_dir=trial, spec=spec, privacy=privacy,
-                                     history=history, train_seconds=2.0)
-        row["mode"] = mode
-        row["audit_error"] = ""
-        if audited and math.isfinite(mia):
-            layers = _layers(mia, rng)
-            row.update({"peak_mia_accuracy": mia, "peak_layer": "fc1", "peak_layer_index": 2,
-                        "loss_attack_accuracy": 0.5 + (mia - 0.5) * 0.7,
-                        "loss_attack_auc": 0.5 + (mia - 0.5) * 0.8,
-                        "mia_layers": json.dumps(layers), "audit_seconds": 3.0})
-            audit = {"trial_id": tid, "layers": [
-                {**layer, "roc_fpr": _roc(layer["auc"])[0], "roc_tpr": _roc(layer["auc"])[1]}
-                for layer in layers], "peak_layer": "fc1"}
-            (trial / report_html.AUDIT_FILE).write_text(json.dumps(audit))
-        elif audited:
-            row["audit_error"] = "RuntimeError: shadow model diverged (train loss nan)"
-        rows.append(row)
-    rows.append(results.failed_row(trial_id="t11", method="ww_dpsgd",
-                                   error="TrialDiverged: train loss became nan in epoch 1",
-                                   spec={"seed": 11, "lr": 9.0, "clip_norm": 5.0}))
-    results.write_results(run, rows)
-    return run
+    try:
+        for seed, t in enumerate(TRIALS):
+            trial = run.path / store.TRIALS_DIR / t.tid
+            checkpoint = trial / "checkpoint"
+            checkpoint.mkdir(parents=True)
+            (checkpoint / "state.pt").write_bytes(b"synthetic checkpoint " + t.tid.encode())
+            spec = make_spec(t, seed)
+            schedule = _schedule(t.method)
+            reason = INVALID_REASON if not t.valid else (
+                "noise calibrated to clipped per-example gradients; post-processing only")
+            privacy = {"mechanism": "poisson_subsampled_gaussian", "method": t.method,
+                       "mode": spec["method_params"]["mode"], "dp_valid": t.valid,
+                       "validity_reason": reason, "randomness": spec["randomness"],
+                       "release_safe": not t.reproducible, "sample_rate": 0.02, "steps": 100,
+                       "noise_multiplier": schedule[0]["noise_multiplier"],
+                       "noise_schedule": schedule, "clip_norm": 1.0, "delta": 1e-5,
+                       "target_epsilon": t.eps, "epsilon_lower": t.eps * 0.97,
+                       "epsilon_estimate": t.eps * 0.98, "epsilon_upper": t.eps * 0.997,
+                       "accountant": "prv", "accountant_fallback": None, "eps_error": 0.01,
+                       "trajectories": _trajectories(seed) if t.method == "ww_dpsgd" else {}}
+            history = [{"epoch": e, "val_accuracy": t.val * f, "val_loss": 0.5 / f,
+                        "test_accuracy": t.test * f, "test_loss": 0.5 / f,
+                        "train_loss_nonprivate": 0.6 / f, "epsilon_spent": t.eps * f,
+                        "epoch_seconds": 1.0} for e, f in ((1, 0.9), (2, 1.0))]
+            _write_json(trial / "spec.json", spec)
+            _write_json(trial / "privacy.json", privacy)
+            _write_json(trial / "history.json", history)
+            row = store.row_from_trial(
+                run_dir=run.path, trial_dir=trial, checkpoint_dir=checkpoint, spec=spec,
+                privacy=privacy, history=history, train_seconds=30.0, num_classes=10,
+                series=t.series, study=f"{t.series}@eps{t.eps:g}", repeat_of=t.repeat_of)
+            if audited and math.isfinite(t.mia):
+                cells = _cells(t, rng)
+                row.update({"peak_mia_accuracy": t.mia, "peak_mia_upper": t.mia + 0.03,
+                            "peak_layer": "fc1", "peak_layer_index": 2, "peak_attack": "lira",
+                            "leak_detected": t.leak, "leak_p_value": 0.004 if t.leak else 0.6,
+                            "loss_attack_accuracy": 0.5 + (t.mia - 0.5) * 0.5,
+                            "mia_layers": json.dumps(cells), "audit_seconds": 12.0,
+                            "audit_mode": "offline"})
+                _write_json(trial / report_html.AUDIT_FILE, {"trial_id": t.tid, "attacks": [
+                    {**c, "roc_fpr": _roc(c["accuracy"])[0], "roc_tpr": _roc(c["accuracy"])[1]}
+                    for c in cells]})
+            elif audited:
+                row["audit_error"] = "RuntimeError: shadow model diverged (train loss nan)"
+            if t.canary is not None:
+                row.update({"eps_lower_bound": t.canary[0], "eps_lower_bound_kind": "black-box",
+                            "canaries": 1000, "audit_contradicts": t.canary[1]})
+            rows.append(row)
+            rels += [run.relative(p) for p in sorted(trial.rglob("*")) if p.is_file()]
+        rows.append(store.failed_row(trial_id="t11", method="ww_dpsgd", series="ww_dpsgd",
+                                     study="ww_dpsgd@eps3",
+                                     error="TrialDiverged: train loss became nan in epoch 1",
+                                     spec={"seed": 11, "batch_size": 100,
+                                           "method_params": {"lr": 9.0, "clip_norm": 5.0}}))
+        rows.append(_baseline_row())
+        if rows_hook is not None:
+            rows_hook(rows)
+        store.write_results(run.path, rows)
+        rels.append(store.RESULTS_FILE)
+        if summary:
+            _write_json(run.path / report_html.SUMMARY_FILE, SUMMARY)
+            rels.append(report_html.SUMMARY_FILE)
+        run.record(rels)
+    finally:
+        run.release()
+    return run.path
 
 
 @pytest.fixture(scope="module")
@@ -184,44 +302,74 @@ def test_report_files_and_self_contained_html(run_dir: Path, built: Path) -> Non
     out = run_dir / report_html.REPORT_DIR
     assert built == out / report_html.HTML_FILE
     names = {p.name for p in out.iterdir()}
-    assert {"front.png", "mia_heatmap.png", "roc_peak_layer.png", "ww_trajectories.png",
-            "trials.csv", "fronts.csv", "hypervolume.csv", "budget.csv", "dp_validity.csv",
-            "failed_trials.csv", "mia_layers.csv", "report.html"} <= names
+    pngs = {n for n in names if n.endswith(".png")}
+    assert pngs == {"front_eps1.png", "front_eps3.png", "mia_heatmap_eps1.png",
+                    "mia_heatmap_eps3.png", "validation_curves_eps1.png",
+                    "validation_curves_eps3.png", "privacy_utility.png", "roc.png",
+                    "ww_trajectories.png"}
+    for png in pngs:  # every figure's data as CSV of the same name
+        assert png[:-4] + ".csv" in names, png
+    assert {"trials.csv", "fronts.csv", "hypervolume.csv", "excluded.csv", "budget.csv",
+            "dp_validity.csv", "failed_trials.csv", "mia_layers.csv", "canary_bounds.csv",
+            "leakage.csv", "covered_by_epsilon.csv"} <= names
     page = built.read_text()
     assert "<script" not in page and not re.search(r'(src|href)="(https?:)?//', page)
-    images = re.findall(r'<img src="data:image/png;base64,', page)
-    assert len(images) == 4  # front, heat map, ROC, WW
-    for text in ("Papernot", "random number of trials", "only the selected model",
-                 "adaptive hyperparameter search over private metrics is not covered",
-                 "<b>12</b> trials", "epsilon claim invalid", INVALID_REASON,
+    assert page.count('<img src="data:image/png;base64,') == len(pngs)
+    for text in ("fashion-mnist (10 classes)", "train 5,000, validation 2,000",
+                 "cnn28", "prv (PRV accountant", "1, 3; delta 1e-05", "torch 2.4.0",
+                 "1 h 02 min", "Adaptive hyperparameter search over private metrics is not "
+                 "covered", "<b>21</b> trials", "epsilon claim invalid", INVALID_REASON,
+                 "claim contradicted by audit", "replayable: not releasable",
                  "TrialDiverged: train loss became nan", "shadow model diverged",
-                 "σ0 1.9000; 1.900×10, 1.600×10", ALL_VALID):
+                 "σ0 1.9000; 1.900×50, 1.600×50", "reference point (0, 1)",
+                 "reported, not used to choose", "not covered by epsilon",
+                 "leakage detected</b> in 1 of 4 audited trials; strongest in t4 (ε = 3) at "
+                 "layer <b>fc1</b>, attack <b>lira</b>",
+                 "<b>dpsgd_lf</b>: no leakage detected in any of 2 audited trials",
+                 "re-run with fresh noise of t1", "non-private baseline (not a DP trial)",
+                 "degenerate: validation accuracy below chance + 0.1"):
         assert text in page, text
+    # every figure title names its epsilon; not-covered figures say so in the caption
+    assert page.count("not covered by epsilon</span></figcaption>") == len(pngs) - 1
 
 
-def test_csvs_hold_fronts_hypervolumes_budget_and_failures(run_dir: Path, built: Path) -> None:
+def test_fronts_hypervolume_and_exclusions_in_the_csvs(built: Path) -> None:
     out = built.parent
     fronts = pd.read_csv(out / "fronts.csv")
-    overall = fronts[fronts["front"] == ALL_METHODS]
-    assert list(overall["trial_id"]) == ["t6", "t7"]  # ordered along the front: MIA up
-    valid = fronts[fronts["front"] == ALL_VALID]
-    assert list(valid["trial_id"]) == ["t6", "t9", "t10", "t1", "t4"]
+    at3 = fronts[fronts["target_epsilon"] == 3.0]
+    overall = at3[at3["front"] == front_name(kind=KIND_ALL, target_epsilon=3.0)]
+    assert list(overall["trial_id"]) == ["t6", "t7", "t13"]  # along the front: MIA up
+    valid = at3[at3["front"] == front_name(kind=KIND_VALID, target_epsilon=3.0)]
+    assert list(valid["trial_id"]) == ["t6", "t2", "t9", "t10", "t5", "t1", "t4"]
+    assert (valid["val_accuracy_hi"] > valid["val_accuracy"]).all()
+    assert (valid["peak_mia_hi"] - valid["peak_mia_accuracy"]).round(6).eq(0.03).all()
     hv = pd.read_csv(out / "hypervolume.csv").set_index("front")
-    # all-methods front: t6 (.87/.52) and t7 (.93/.53) against (0.1, 1.0)
-    assert hv.loc[ALL_METHODS, "hypervolume"] == pytest.approx(
-        (0.93 - 0.87) * (1 - 0.53) + (0.87 - 0.1) * (1 - 0.52))
-    assert hv.loc["dpsgd_lf", "front_size"] == 2 and hv.loc["dpsgd_lf", "trials"] == 2
-    budget = pd.read_csv(out / "budget.csv")
-    assert len(budget) == 11 and set(budget["accountant"]) == {"prv"}
-    assert budget.set_index("trial_id").loc["t6", "phases"] == 2
+    # all series at eps 3 on normalised axes: x = (acc - .1) / .9, y = 2 * mia - 1
+    x = {t: (a - 0.1) / 0.9 for t, a in (("t7", 0.93), ("t13", 0.92), ("t6", 0.87))}
+    expected = x["t6"] * (1 - 0.04) + (x["t7"] - x["t6"]) * (1 - 0.06)  # t13 adds nothing
+    assert hv.loc[front_name(kind=KIND_ALL, target_epsilon=3.0), "hypervolume"] == \
+        pytest.approx(expected)
+    excluded = pd.read_csv(out / "excluded.csv").set_index("trial_id")
+    assert list(excluded.index) == ["base", "t11", "t12", "t14", "t15", "t24"]
+    assert excluded.loc["t14", "reason"].startswith("degenerate")
+    assert excluded.loc["t15", "reason"].startswith("re-run with fresh noise of t1")
+    utility = pd.read_csv(out / "privacy_utility.csv")
+    dpsgd3 = utility[(utility["series"] == "dpsgd") & (utility["target_epsilon"] == 3.0)].iloc[0]
+    # best configuration t13 (.92) has no re-run; at eps 1 t21 and its re-run t24
+    assert dpsgd3["best_trial"] == "t13" and dpsgd3["runs"] == 1
+    dpsgd1 = utility[(utility["series"] == "dpsgd") & (utility["target_epsilon"] == 1.0)].iloc[0]
+    assert dpsgd1["trials"] == "t21 t24" and dpsgd1["val_mean"] == pytest.approx(0.795)
+    assert dpsgd1["val_sd"] == pytest.approx(np.std([0.80, 0.79], ddof=1))
+    canary = pd.read_csv(out / "canary_bounds.csv").set_index("trial_id")
+    assert bool(canary.loc["t7", "audit_contradicts"]) and canary.loc["t1", "canaries"] == 1000
     failed = pd.read_csv(out / "failed_trials.csv")
     assert list(failed["trial_id"]) == ["t11", "t12"]
     assert list(failed["stage"]) == ["training", "audit"]
     trials = pd.read_csv(out / "trials.csv")
-    assert list(trials["trial_id"])[:3] == ["t1", "t2", "t3"] and len(trials) == 12
-    assert set(trials[trials["on_front"]]["trial_id"]) == {"t6", "t7"}
-    layers = pd.read_csv(out / "mia_layers.csv")
-    assert len(layers) == 10 * len(LAYERS)
+    assert len(trials) == len(TRIALS) + 2
+    heat = pd.read_csv(out / "mia_heatmap_eps3.csv")
+    assert set(heat["attack"]) == {"lira", "rmia", "shadow_classifier", "loss"}
+    assert heat[heat["significant"]]["trial_id"].tolist() == ["t4"]
 
 
 def test_rebuild_is_identical_but_for_the_stamp(run_dir: Path, built: Path) -> None:
@@ -232,58 +380,80 @@ def test_rebuild_is_identical_but_for_the_stamp(run_dir: Path, built: Path) -> N
     after = {p.name: p.read_bytes() for p in out.iterdir() if p.name != report_html.HTML_FILE}
     assert before == after  # CSVs and PNGs byte for byte
     assert _without_stamp(html_before) == _without_stamp(again.read_text())
+    stamps = [line for line in again.read_text().splitlines()
+              if f'class="{report_html.STAMP_CLASS}"' in line]
+    assert len(stamps) == 1 and stamps[0].startswith('<p class="stamp">Generated ')
     assert not (run_dir / ".report.tmp").exists() and not (run_dir / ".report.old").exists()
 
 
-def test_report_without_audit_still_builds_and_says_so(tmp_path: Path) -> None:
-    run = make_run(tmp_path, audited=False)
+def test_old_run_without_summary_or_audit_still_builds(tmp_path: Path) -> None:
+    def few(rows: list[dict[str, Any]]) -> None:
+        keep = {"t1", "t2", "t4", "t11", "base"}
+        rows[:] = [r for r in rows if r["trial_id"] in keep]
+
+    run = make_run(tmp_path, audited=False, summary=False, rows_hook=few)
     page = build_report(run).read_text()
-    assert "the audit has not run" in page
-    assert "No front" in page and page.count("<img ") == 1  # only the WW trajectories
+    assert "No front: no finished, audited, non-degenerate DP trial" in page
+    assert "summary.json absent" in page
+    assert "Adaptive hyperparameter search over private metrics is not covered" in page
+    assert "no audited" not in page and "no trial was audited" in page
+    assert page.count("<img ") == 1  # only the WW trajectories (covered by epsilon)
     assert pd.read_csv(run / "report" / "fronts.csv").empty
 
 
-def test_missing_audit_json_skips_that_roc_with_a_note(tmp_path: Path) -> None:
-    run = make_run(tmp_path)
-    (run / "trials" / "t7" / report_html.AUDIT_FILE).unlink()
-    page = build_report(run).read_text()
-    assert "No ROC drawn for: t7 (no audit.json)" in page
-    assert (run / "report" / "roc_peak_layer.png").is_file()
+def test_private_tuning_states_the_end_to_end_bound() -> None:
+    text = report_html.tuning_statement(summary={"tuning": {
+        "mode": "private", "statement": "End-to-end guarantee: (2.5, 1e-05)-DP ...",
+        "n_trials": 17, "end_to_end_epsilon": 2.5}}, trials=17)
+    assert "Papernot &amp; Steinke" in text and "<b>epsilon = 2.5</b>" in text
+    assert "End-to-end guarantee" in text and "not covered" not in text.split("It covers")[0]
 
 
-def test_bad_run_dirs_and_corrupt_results_are_one_user_error(tmp_path: Path) -> None:
+def test_dataset_classes_match_trainables() -> None:
+    from trainables.data import NUM_CLASSES
+
+    assert report_html.DATASET_CLASSES == dict(NUM_CLASSES)
+
+
+def test_corrupt_inputs_are_one_user_error_and_write_nothing(tmp_path: Path) -> None:
     with pytest.raises(UserInputError, match="RUN_DIR"):
         build_report(tmp_path / "missing")
     with pytest.raises(UserInputError, match=r"results\.parquet"):
-        build_report(tmp_path)
-    (tmp_path / results.RESULTS_FILE).write_bytes(b"PAR1 garbage")
+        build_report(tmp_path)  # no results file
+    (tmp_path / store.RESULTS_FILE).write_bytes(b"PAR1 garbage")
     with pytest.raises(UserInputError, match="readable Parquet"):
         build_report(tmp_path)
-    results.write_results(tmp_path, [])
-    with pytest.raises(UserInputError):
-        build_report(tmp_path)
-    run = make_run(tmp_path / "corrupt")
-    frame = results.read_results(run)
-    frame.loc[0, "mia_layers"] = "[{not json"
-    results.write_results(run, frame.to_dict("records"))
+
+    def strings(rows: list[dict[str, Any]]) -> None:
+        for row in rows:
+            row["val_accuracy"] = f"{row['val_accuracy']}"
+
+    run = make_run(tmp_path / "strings", audited=False, summary=False, rows_hook=strings)
+    with pytest.raises(UserInputError, match=r"results\.val_accuracy"):
+        build_report(run)
+
+    def bad_json(rows: list[dict[str, Any]]) -> None:
+        rows[0]["mia_layers"] = "[{not json"
+
+    run = make_run(tmp_path / "json", summary=False, rows_hook=bad_json)
     with pytest.raises(UserInputError, match=r"results\.mia_layers.*t1"):
         build_report(run)
-    assert not (run / "report").exists()
 
+    def few(rows: list[dict[str, Any]]) -> None:
+        rows[:] = [r for r in rows if r["trial_id"] in {"t1", "t6", "t11"}]
 
-def test_roc_reader_matches_reports_audit_format() -> None:
-    """audit.json as reports.audit writes it: {"layers": [{name, roc_fpr, roc_tpr, ...}]}."""
-    from reports import audit
-
-    assert audit.AUDIT_FILE == report_html.AUDIT_FILE
-    assert audit.AUDIT_ERROR_COLUMN == report_html.AUDIT_ERROR
-    rng = np.random.default_rng(0)
-    labels = np.repeat([1, 0], 50)
-    scores = rng.random(100) + 0.3 * labels
-    metrics = [audit.attack_metrics(name=name, index=i, labels=labels, scores=scores,
-                                    predicted=(scores > 0.6).astype(int))
-               for i, name in enumerate(LAYERS)]
-    document = json.loads(json.dumps({"layers": [m.to_dict() for m in metrics]}))
-    curves = roc_by_layer(document)
-    assert list(curves) == list(LAYERS)
-    assert curves["fc1"][0] == list(metrics[2].roc_fpr)
+    run = make_run(tmp_path / "files", rows_hook=few)
+    summary = (run / "summary.json").read_text()
+    (run / "summary.json").write_text("{truncated")
+    with pytest.raises(UserInputError, match="summary"):
+        build_report(run)
+    (run / "summary.json").write_text(summary)
+    config = (run / "config.toml").read_text()
+    (run / "config.toml").write_text("[data\n")
+    with pytest.raises(UserInputError, match="config"):
+        build_report(run)
+    (run / "config.toml").write_text(config)
+    (run / "trials" / "t6" / "history.json").write_text("[{")
+    with pytest.raises(UserInputError, match="history"):
+        build_report(run)
+    assert not (run / "report").exists() and not (run / ".report.tmp").exists()

@@ -1,0 +1,324 @@
+"""``dpsweep pick RUN_DIR``: choose the deployable trial and write ``pick.toml`` and
+``pick_config.toml``.
+
+Selection itself is pure and lives in ``reports.pick`` (validation accuracy only; the rule, the
+constraints and the tie rule are documented there). This module does what the report floor
+cannot: it opens the run directory through its manifest and verifies every file it reads
+(results, config, the chosen trial's spec, privacy record and checkpoint) before reading it,
+rebuilds a config that retrains the trial (``config_from_spec``), optionally exports the
+trial's release (``orchestrator.release``), and writes both TOML files atomically, after
+everything else has succeeded, so bad input writes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from core.errors import UserInputError
+from core.modes import INVALID_TAG
+from core.storage import atomic_write_text
+from orchestrator.config import Config, from_dict
+from orchestrator.rundir import CONFIG, RESULTS, RunDir
+from reports import store
+from reports.pareto import ACC, ACC_HI, ACC_LO, MIA, MIA_UPPER
+from reports.pick import REPLAYABLE_TAG, TIE_RULE, Choice, choose, describe
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+PICK_FILE = "pick.toml"
+#: The config alone, ready for ``dpsweep train PICK_CONFIG --out DIR``.
+PICK_CONFIG_FILE = "pick_config.toml"
+TEST_NOTE = "reported, not used to choose"
+NOT_COVERED_NOTE = ("not covered by epsilon: computed on private data without noise; stays "
+                    "with whoever ran the sweep")
+#: Method parameters a method's once-per-sweep preparation fills (LM-DP-SGD's risk vector and
+#: its provenance): not hyperparameters; a rerun recomputes them (cached) from public data.
+PREPARED_PARAMS = ("risk", "risk_meta")
+#: Scalar fields of the privacy record copied into pick.toml's [privacy] table.
+PRIVACY_FIELDS = ("mechanism", "method", "mode", "dp_valid", "validity_reason", "randomness",
+                  "release_safe", "sample_rate", "steps", "noise_multiplier", "clip_norm",
+                  "delta", "target_epsilon", "epsilon_lower", "epsilon_estimate",
+                  "epsilon_upper", "accountant", "accountant_fallback", "eps_error")
+
+
+@dataclass(frozen=True)
+class Pick:
+    """What ``pick_and_write`` chose and wrote."""
+
+    choice: Choice
+    config: Config
+    privacy: dict[str, Any]
+    checkpoint: Path
+    path: Path
+    export_summary: str
+
+
+# ---- the config ------------------------------------------------------------------------------
+def config_from_spec(spec: Mapping[str, Any]) -> Config:
+    """A full, validated config that retrains the trial described by ``spec``.
+
+    Method hyperparameters (lr, clip_norm, momentum, mode, ...) go to ``[method_params]``, only
+    those the method declares: entries its once-per-sweep preparation computes (LM-DP-SGD's
+    risk vector) are recomputed on a rerun. The preset is resolved already (its values are in
+    the spec), so it is left empty; the randomness kind maps back onto ``reproducible`` and
+    ``secure_mode``.
+    """
+    from trainables.methods import METHODS, series_name
+
+    method = str(spec.get("method"))
+    cls = METHODS.get(method)
+    if cls is None:
+        raise UserInputError(field="spec.method", value=method,
+                             allowed=f"a registered method: {sorted(METHODS)}")
+    declared = cls.declaration()
+    params = {k: v for k, v in (spec.get("method_params") or {}).items()
+              if k not in PREPARED_PARAMS and k in declared}
+    sizes = spec.get("sizes") or {}
+    cal = spec["calibration"]
+    device = str(spec.get("device", "auto"))
+    randomness = str(spec.get("randomness", "secret"))
+    mode = str(params.get("mode", cls.modes[0].name))
+    raw = {
+        "data": {"dataset": spec["dataset"], "data_dir": spec.get("data_dir") or "",
+                 "split_seed": int(spec.get("split_seed", 0)),
+                 **{f"{name}_size": int(sizes.get(name, 0))
+                    for name in ("train", "validation", "holdout", "test", "shadow")}},
+        "model": {"name": spec.get("model", "auto"), "activation": spec.get("activation", "tanh")},
+        "privacy": {"epsilon": float(cal["target_epsilon"]), "delta": float(cal["delta"])},
+        "training": {"method": method, "preset": "", "batch_size": int(spec["batch_size"]),
+                     "epochs": int(spec["epochs"]),
+                     "max_physical_batch": int(spec.get("max_physical_batch", 512)),
+                     "seed": int(spec.get("seed", 0)),
+                     "reproducible": randomness == "reproducible",
+                     "secure_mode": randomness == "secure"},
+        "resources": {"cpus_per_trial": int(spec.get("threads", 1)),
+                      "gpus_per_trial": 1.0 if device == "cuda" else 0.0, "device": device},
+        # a sweep of this series alone; `dpsweep train` on this config retrains the trial
+        "sweep": {"methods": [series_name(method, mode)], "trials_per_method": 1},
+        "method_params": params,
+    }
+    return from_dict(raw)
+
+
+# ---- reading, verified -----------------------------------------------------------------------
+def _verified_json(run: RunDir, rel: str, *, what: str) -> dict[str, Any]:
+    path = run.verify(rel)
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise UserInputError(field=what, value=str(path),
+                             allowed=f"valid JSON ({exc.__class__.__name__})") from None
+    if not isinstance(value, dict):
+        raise UserInputError(field=what, value=str(path), allowed="a JSON object")
+    return value
+
+
+def _validation_size(run: RunDir) -> int | None:
+    """The run's validation size: config.toml's, else the dataset default it stands for."""
+    path = run.verify(CONFIG)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise UserInputError(field="config", value=str(path),
+                             allowed=f"valid TOML ({exc.__class__.__name__})") from None
+    data = raw.get("data") if isinstance(raw.get("data"), dict) else {}
+    size = data.get("validation_size", 0)
+    if isinstance(size, int) and size > 0:
+        return size
+    from trainables.data import DEFAULT_SIZES
+
+    defaults = DEFAULT_SIZES.get(str(data.get("dataset", "digits")))
+    return defaults.validation if defaults is not None else None
+
+
+def _checkpoint(run: RunDir, row: Mapping[str, Any]) -> Path:
+    """The chosen trial's checkpoint directory, every file of it verified by the manifest."""
+    rel = str(row.get("checkpoint") or "")
+    tid = row["trial_id"]
+    directory = (run.path / rel).resolve() if rel else None
+    if directory is None or not directory.is_dir():
+        raise UserInputError(field="checkpoint", value=str(directory) if rel else "(none)",
+                             allowed=f"the checkpoint directory of the picked trial {tid!r} "
+                                     "(missing)")
+    prefix = run.relative(directory).rstrip("/") + "/"
+    listed = sorted(r for r in run.manifest.get("files", {}) if r.startswith(prefix))
+    if not listed:
+        raise UserInputError(field="checkpoint", value=str(directory),
+                             allowed=f"a checkpoint recorded in the manifest (trial {tid!r})")
+    for rel_file in listed:
+        run.verify(rel_file)
+    return directory
+
+
+def _privacy(run: RunDir, row: Mapping[str, Any]) -> dict[str, Any]:
+    rel = str(row.get("privacy_record") or f"{store.TRIALS_DIR}/{row['trial_id']}/privacy.json")
+    record = _verified_json(run, rel, what="privacy_record")
+    out = {k: record[k] for k in PRIVACY_FIELDS if k in record}
+    out["noise_schedule"] = list(record.get("noise_schedule") or [])
+    out["record"] = rel
+    return out
+
+
+# ---- writing ---------------------------------------------------------------------------------
+def _toml_safe(value: Any) -> Any:
+    """TOML has no null and pick.toml should hold no NaN: drop both, recursively; numpy
+    scalars become Python ones."""
+    if isinstance(value, dict):
+        return {str(k): _toml_safe(v) for k, v in value.items()
+                if v is not None and not (isinstance(v, float) and math.isnan(v))}
+    if isinstance(value, (list, tuple)):
+        return [_toml_safe(v) for v in value if v is not None]
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        return _toml_safe(value.item())
+    return value
+
+
+def _summary_of(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {"trial_id": row["trial_id"], "series": row["series"],
+            "target_epsilon": row["target_epsilon"], "val_accuracy": row[ACC],
+            "val_accuracy_ci": [row[ACC_LO], row[ACC_HI]],
+            "peak_mia_accuracy": row[MIA], "peak_mia_upper": row.get(MIA_UPPER)}
+
+
+def _document(pick: Pick) -> dict[str, Any]:
+    row = pick.choice.trial
+    selection = {
+        "constraints": {k: v for k, v in pick.choice.constraints.items() if v is not None},
+        "rule": "highest validation accuracy among admissible front trials meeting the "
+                "constraints (--max-peak-mia bounds peak_mia_upper)",
+        "tie_rule": TIE_RULE,
+        "trial_id": row["trial_id"], "series": row["series"], "method": row["method"],
+        "mode": row.get("mode", ""), "study": row.get("study", ""),
+        "target_epsilon": row["target_epsilon"],
+        "val_accuracy": row[ACC], "val_accuracy_ci": [row[ACC_LO], row[ACC_HI]],
+        "test_accuracy": row.get("test_accuracy"), "test_accuracy_note": TEST_NOTE,
+        "peak_mia_accuracy": row[MIA], "peak_mia_upper": row.get(MIA_UPPER),
+        "peak_layer": row.get("peak_layer", ""), "peak_attack": row.get("peak_attack", ""),
+        "leak_detected": bool(row.get("leak_detected", False)),
+        "not_covered_by_epsilon": NOT_COVERED_NOTE + " (val_accuracy, test_accuracy, "
+                                  "peak_mia_*, leak_detected)",
+        "dp_valid": bool(row["dp_valid"]), "validity_reason": row.get("validity_reason", ""),
+        "release_safe": bool(row["release_safe"]), "randomness": row.get("randomness", ""),
+        "audit_contradicts": bool(row.get("audit_contradicts", False)),
+        "ties": [_summary_of(t) for t in pick.choice.ties],
+        "qualifying_front_trials": list(pick.choice.qualifying),
+        "front_trials": list(pick.choice.front),
+    }
+    return {"selection": selection, "config": pick.config.to_dict(),
+            "checkpoint": {"path": str(pick.checkpoint)}, "privacy": pick.privacy}
+
+
+def _write(pick: Pick) -> None:
+    text = ("# dpsweep pick: the chosen trial. [config] is a full dpsweep config that retrains "
+            f"it;\n# {PICK_CONFIG_FILE} holds it alone: dpsweep train {PICK_CONFIG_FILE} "
+            "--out DIR.\n# Test accuracy is reported, not used to choose.\n"
+            + tomli_w.dumps(_toml_safe(_document(pick))))
+    config_text = (f"# dpsweep config of trial {pick.choice.trial_id} (written by dpsweep pick)\n"
+                   + tomli_w.dumps(_toml_safe(pick.config.to_dict())))
+    atomic_write_text(pick.path.with_name(PICK_CONFIG_FILE), config_text)
+    atomic_write_text(pick.path, text)
+
+
+def _float_or_nan(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _opt(value: Any) -> str:
+    if value is None:
+        return "none"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def format_pick(pick: Pick) -> str:
+    """What the terminal shows after a pick."""
+    row, p, c = pick.choice.trial, pick.privacy, pick.choice.constraints
+    upper = _float_or_nan(row.get(MIA_UPPER))
+    upper_text = f"{upper:.4f}" if math.isfinite(upper) else "none"
+    flags = ["valid DP" if row["dp_valid"] else f"WARNING: {INVALID_TAG}"]
+    if row.get("audit_contradicts"):
+        flags.append("WARNING: claim contradicted by audit")
+    flags.append("release-safe" if row["release_safe"] else f"WARNING: {REPLAYABLE_TAG}")
+    eps = p.get("epsilon_upper", row.get("epsilon_upper"))
+    lines = [
+        f"picked trial {row['trial_id']} (series {row['series']}, target epsilon "
+        f"{float(row['target_epsilon']):g})",
+        f"  validation accuracy  {row[ACC]:.4f} [{row[ACC_LO]:.4f}, {row[ACC_HI]:.4f}]"
+        "  (what pick chose on)",
+        f"  test accuracy        {float(row.get('test_accuracy', math.nan)):.4f}  ({TEST_NOTE})",
+        f"  peak MIA accuracy    {row[MIA]:.4f}, upper bound {upper_text} (layer "
+        f"{row.get('peak_layer') or '?'}, attack {row.get('peak_attack') or '?'})",
+        f"  {'':<20} accuracies and MIA: {NOT_COVERED_NOTE}",
+        f"  privacy              epsilon <= {_opt(eps)} (target "
+        f"{_opt(p.get('target_epsilon'))}, delta {_opt(p.get('delta'))}, accountant "
+        f"{p.get('accountant', '?')}), sigma {_opt(p.get('noise_multiplier'))}; "
+        + "; ".join(flags),
+        f"  constraints          max peak MIA upper bound {_opt(c['max_peak_mia'])}, min "
+        f"validation accuracy {_opt(c['min_val_acc'])}, series {c['series'] or 'any'}; "
+        f"{len(pick.choice.qualifying)} of {len(pick.choice.front)} front trials qualified",
+    ]
+    if pick.choice.ties:
+        lines.append(f"  ties                 {len(pick.choice.ties)} trial(s) tied within their "
+                     "validation intervals (returned: the highest point estimate):")
+        lines += [f"  {'':<20} {describe(t)}" for t in pick.choice.ties]
+    lines += [f"  checkpoint           {pick.checkpoint}",
+              f"  written              {pick.path} and {PICK_CONFIG_FILE}",
+              f"  retrain with         dpsweep train {pick.path.with_name(PICK_CONFIG_FILE)} "
+              "--out DIR"]
+    if not row["dp_valid"]:
+        reason = str(row.get("validity_reason", "")).removeprefix(f"{INVALID_TAG}: ")
+        lines.insert(1, f"  WARNING: {INVALID_TAG} (admitted by --allow-invalid-dp): {reason}")
+    if not row["release_safe"]:
+        lines.insert(1, f"  WARNING: {REPLAYABLE_TAG} (admitted by --allow-replayable)")
+    if pick.export_summary:
+        lines.append(f"  exported             {pick.export_summary}")
+    return "\n".join(lines)
+
+
+def pick_and_write(run_dir: Path, *, max_peak_mia: float | None, min_val_acc: float | None,
+                   series: str | None, allow_invalid_dp: bool, allow_replayable: bool,
+                   export_to: Path | None) -> str:
+    """Choose the trial, verify and read its records, export it if asked, write pick.toml and
+    pick_config.toml; return the terminal text."""
+    run = RunDir.open(Path(run_dir), write=False)
+    run.verify(RESULTS)
+    frame = store.read_results(run.path)
+    choice = choose(frame, validation_size=_validation_size(run), max_peak_mia=max_peak_mia,
+                    min_val_acc=min_val_acc, series=series, allow_invalid_dp=allow_invalid_dp,
+                    allow_replayable=allow_replayable)
+    row = choice.trial
+    tid = choice.trial_id
+    spec = _verified_json(run, f"{store.TRIALS_DIR}/{tid}/spec.json", what="spec")
+    privacy = _privacy(run, row)
+    checkpoint = _checkpoint(run, row)
+    try:
+        config = config_from_spec(spec)
+    except (KeyError, TypeError, ValueError, UserInputError) as exc:
+        raise UserInputError(field="spec", value=f"trial {tid}",
+                             allowed=f"a spec that maps onto a valid config ({exc})") from None
+    export_summary = ""
+    if export_to is not None:
+        from orchestrator.release import export_from_run
+
+        result = export_from_run(run.path, trial_id=tid, out=Path(export_to),
+                                 allow_replayable=allow_replayable,
+                                 allow_invalid_dp=allow_invalid_dp)
+        summary = getattr(result, "summary", None)
+        export_summary = summary() if callable(summary) else str(export_to)
+    pick = Pick(choice=choice, config=config, privacy=privacy, checkpoint=checkpoint,
+                path=run.path / PICK_FILE, export_summary=export_summary)
+    _write(pick)
+    return format_pick(pick)
