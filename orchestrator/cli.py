@@ -40,60 +40,80 @@ def _positive(name: str, value: float, *, upper: float | None = None,
 
 
 def cmd_budget(args: argparse.Namespace) -> int:
-    from orchestrator.budget import calibrate
-    from trainables.training import poisson_plan
+    """The calibrated noise for a budget, light enough to answer in about a second.
 
-    _positive("--epsilon", args.epsilon)
-    _positive("--delta", args.delta, upper=1.0, upper_open=True)
+    Neither torch nor opacus is imported: q = 1 / ceil(N / B) is restated from
+    ``trainables.training.poisson_plan`` (the loader's exact rate), and the fresh PRV
+    calibration (no cache: computing is cheaper than verifying a cached answer) runs in a
+    forked child. sigma and the upper bound are printed rounded up, the lower bound down.
+    """
+    from decimal import ROUND_CEILING, ROUND_FLOOR, ROUND_HALF_EVEN, Decimal
+
+    from orchestrator.budget import DEFAULT_ACCOUNTANT_TIMEOUT_S, calibrate
+    from orchestrator.config import MAX_ACCOUNTANT_TIMEOUT_S, MAX_EPSILON
+
+    def need(ok: bool, flag: str, value: Any, allowed: str) -> None:
+        if not ok:
+            raise UserInputError(field=flag, value=value, allowed=allowed)
+
+    eps, delta, timeout = args.epsilon, args.delta, args.accountant_timeout_s
+    if timeout is None:
+        timeout = DEFAULT_ACCOUNTANT_TIMEOUT_S
+    need(math.isfinite(eps) and 0 < eps <= MAX_EPSILON, "--epsilon (privacy.epsilon)", eps,
+         f"a number in (0, {MAX_EPSILON:g}]")
+    need(math.isfinite(delta) and 0 < delta < 1, "--delta (privacy.delta)", delta,
+         "a number in (0, 1)")
+    need(math.isfinite(timeout) and 1 <= timeout <= MAX_ACCOUNTANT_TIMEOUT_S,
+         "--accountant-timeout-s (privacy.accountant_timeout_s)", timeout,
+         f"a number in [1, {MAX_ACCOUNTANT_TIMEOUT_S:g}]")
     if args.sample_rate is not None:
-        if args.batch_size is not None or args.dataset_size is not None:
-            raise UserInputError(field="--sample-rate", value=args.sample_rate,
-                                 allowed="either --sample-rate or --batch-size with "
-                                         "--dataset-size, not both")
-        _positive("--sample-rate", args.sample_rate, upper=1.0)
+        need(args.batch_size is None and args.train_size is None, "--sample-rate",
+             args.sample_rate, "either --sample-rate or --batch-size with --train-size, not both")
         q = args.sample_rate
+        need(math.isfinite(q) and 0 < q <= 1, "--sample-rate", q, "a number in (0, 1]")
         steps_per_epoch = max(1, round(1.0 / q))
     else:
-        if args.batch_size is None or args.dataset_size is None:
-            raise UserInputError(field="--batch-size/--dataset-size",
-                                 value=(args.batch_size, args.dataset_size),
-                                 allowed="both given (or --sample-rate instead)")
-        if args.dataset_size < 1:
-            raise UserInputError(field="--dataset-size", value=args.dataset_size,
-                                 allowed="an integer >= 1")
-        if not 1 <= args.batch_size <= args.dataset_size:
-            raise UserInputError(field="--batch-size", value=args.batch_size,
-                                 allowed=f"an integer in [1, --dataset-size={args.dataset_size}]")
-        q, steps_per_epoch = poisson_plan(dataset_size=args.dataset_size,
-                                          batch_size=args.batch_size)
-    if (args.steps is None) == (args.epochs is None):
-        raise UserInputError(field="--steps/--epochs", value=(args.steps, args.epochs),
-                             allowed="exactly one of them")
-    if args.steps is not None and args.steps < 1:
-        raise UserInputError(field="--steps", value=args.steps, allowed="an integer >= 1")
-    if args.epochs is not None and args.epochs < 1:
-        raise UserInputError(field="--epochs", value=args.epochs, allowed="an integer >= 1")
-    if args.dataset_size is not None and args.delta >= 1.0 / args.dataset_size:
-        raise UserInputError(field="--delta", value=args.delta,
-                             allowed=f"< 1/--dataset-size = {1.0 / args.dataset_size:.3g}")
+        need(args.batch_size is not None and args.train_size is not None,
+             "--batch-size/--train-size", (args.batch_size, args.train_size),
+             "both given (or --sample-rate instead)")
+        need(args.train_size >= 1, "--train-size (data.train_size)", args.train_size,
+             "an integer >= 1")
+        need(1 <= args.batch_size <= args.train_size, "--batch-size (training.batch_size)",
+             args.batch_size, f"an integer in [1, --train-size={args.train_size}]")
+        steps_per_epoch = math.ceil(args.train_size / args.batch_size)
+        q = 1.0 / steps_per_epoch
+    need((args.steps is None) != (args.epochs is None), "--steps/--epochs",
+         (args.steps, args.epochs), "exactly one of them")
+    if args.steps is not None:
+        need(args.steps >= 1, "--steps", args.steps, "an integer >= 1")
+    else:
+        need(args.epochs >= 1, "--epochs (training.epochs)", args.epochs, "an integer >= 1")
+    if args.train_size is not None:
+        need(delta < 1.0 / args.train_size, "--delta (privacy.delta)", delta,
+             f"< 1/--train-size = {1.0 / args.train_size:.3g}")
     steps = args.steps if args.steps is not None else args.epochs * steps_per_epoch
-    cal = calibrate(target_epsilon=args.epsilon, delta=args.delta, sample_rate=q, steps=steps,
-                    timeout_s=args.timeout)
+    cal = calibrate(target_epsilon=eps, delta=delta, sample_rate=q, steps=steps,
+                    timeout_s=timeout, use_cache=False)
     if args.json:
         print(json.dumps(cal.to_dict(), indent=2))
         return 0
+
+    def fixed(value: float | None, rounding: str) -> str:
+        """4 decimals of the exact binary value, rounded in the safe direction."""
+        if value is None:
+            return "n/a"
+        return str(Decimal(value).quantize(Decimal("0.0001"), rounding=rounding))
+
     b = cal.bounds
-    fmt = (lambda v: "n/a" if v is None else f"{v:.4f}")  # noqa: E731
-    print(f"sigma (noise multiplier): {cal.noise_multiplier:.4f}")
+    print(f"sigma (noise multiplier): {fixed(cal.noise_multiplier, ROUND_CEILING)}")
     print(f"sample rate q:            {q:.6g}")
     print(f"steps:                    {steps}")
-    print(f"delta:                    {args.delta:g}")
-    print(f"epsilon lower:            {fmt(b.lower)}")
-    print(f"epsilon estimate:         {fmt(b.estimate)}")
-    print(f"epsilon upper:            {fmt(b.upper)}   (target {args.epsilon:g})")
+    print(f"delta:                    {delta:g}")
+    print(f"epsilon lower:            {fixed(b.lower, ROUND_FLOOR)}")
+    print(f"epsilon estimate:         {fixed(b.estimate, ROUND_HALF_EVEN)}")
+    print(f"epsilon upper:            {fixed(b.upper, ROUND_CEILING)}   (target {eps:g})")
     print(f"accountant:               {cal.accountant}"
-          + (f"  (fallback: {cal.fallback_reason})" if cal.fallback_reason else "")
-          + ("  [cached]" if cal.cached else ""))
+          + (f"  (fallback: {cal.fallback_reason})" if cal.fallback_reason else ""))
     return 0
 
 
@@ -193,8 +213,10 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from orchestrator.rundir import RunDir
     from reports.html import build_report
 
+    RunDir.open(Path(args.run_dir), write=False).verify_all()
     print(f"report: {build_report(Path(args.run_dir))}")
     return 0
 
@@ -259,15 +281,20 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     b = sub.add_parser("budget", help="noise multiplier for a privacy budget (PRV accountant)")
-    b.add_argument("--epsilon", type=float, required=True, help="target epsilon")
-    b.add_argument("--delta", type=float, required=True, help="target delta")
+    b.add_argument("--epsilon", type=float, required=True,
+                   help="target epsilon (privacy.epsilon), in (0, 100]")
+    b.add_argument("--delta", type=float, required=True, help="target delta (privacy.delta)")
     b.add_argument("--sample-rate", type=float, help="Poisson sampling rate q")
-    b.add_argument("--batch-size", type=int, help="expected batch size (with --dataset-size)")
-    b.add_argument("--dataset-size", type=int, help="training set size N")
+    b.add_argument("--batch-size", type=int,
+                   help="expected batch size (training.batch_size; with --train-size)")
+    b.add_argument("--train-size", "--dataset-size", dest="train_size", type=int,
+                   help="private training examples N (data.train_size; --dataset-size is a "
+                        "deprecated alias)")
     b.add_argument("--steps", type=int, help="number of steps")
-    b.add_argument("--epochs", type=int, help="number of epochs (1/q steps each)")
-    b.add_argument("--timeout", type=float, default=120.0,
-                   help="seconds before falling back to RDP (default 120)")
+    b.add_argument("--epochs", type=int, help="number of epochs (training.epochs; 1/q steps each)")
+    b.add_argument("--accountant-timeout-s", "--timeout", dest="accountant_timeout_s", type=float,
+                   help="seconds before falling back to RDP (privacy.accountant_timeout_s, "
+                        "default 120; --timeout is a deprecated alias)")
     b.add_argument("--json", action="store_true", help="print the full calibration as JSON")
     b.set_defaults(func=cmd_budget)
 

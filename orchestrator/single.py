@@ -23,10 +23,15 @@ TRIAL_ID = "trial-000"
 def train_single(cfg: Config, *, out: Path,
                  progress: Callable[[dict[str, Any]], None] | None = None) -> TrialResult:
     """Plan the budget, train, and record one trial into a new run directory ``out``."""
+    from orchestrator.rundir import check_creatable
+
+    check_creatable(Path(out))
     data = load_data(cfg)  # validates data_dir and files before anything is written
+    # planned before the run directory exists (budgets in the user's cache): a setting that
+    # cannot work leaves nothing behind
+    spec = plan_trial(cfg, trial_id=TRIAL_ID, data=data)
     run = RunDir.create(Path(out), config_text=cfg.to_toml(), kind="trial")
     try:
-        spec = plan_trial(cfg, trial_id=TRIAL_ID, cache_dir=run.cache_dir, data=data)
         trial_dir = run.trial_dir(TRIAL_ID)
         result = train_trial(spec, data=data, checkpoint_root=trial_dir,
                              rolling_checkpoint=CHECKPOINT_DIR,

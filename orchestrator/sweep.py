@@ -452,7 +452,11 @@ def resume_sweep(run_dir: Path, *, address: str | None = None,
     address = address or os.environ.get("RAY_ADDRESS") or None
     run = RunDir.open(Path(run_dir), write=True)
     try:
-        cfg = config_mod.load(run.path / "config.toml")
+        if run.manifest.get("kind") != "sweep":
+            raise UserInputError(field="RUN_DIR", value=str(run_dir),
+                                 allowed=f"the run directory of a sweep (this one is a "
+                                         f"{run.manifest.get('kind')!r} run: nothing to resume)")
+        cfg = config_mod.load(run.verify("config.toml"))
         _validate_before_ray(cfg, out=None)
         if not quiet:
             print(f"resuming {run.path}", flush=True)

@@ -36,11 +36,9 @@ def match_budget(*, method: str, params: dict, dataset_size: int, batch_size: in
     q, steps_per_epoch = poisson_plan(dataset_size=dataset_size, batch_size=batch_size)
     shape = get_method(method).noise_shape(epochs=epochs, steps_per_epoch=steps_per_epoch,
                                            params=params)
-    cal = calibrate(target_epsilon=epsilon, delta=delta, sample_rate=q,
-                    shape=list(shape.phases),
+    cal = calibrate(target_epsilon=epsilon, delta=delta, sample_rate=q, shape=shape,
                     cache_dir=cache_dir, timeout_s=timeout_s)
-    curve = epsilon_curve(cal, at_steps=[steps_per_epoch * (e + 1) for e in range(epochs)],
-                          cache_dir=cache_dir)
+    curve = epsilon_curve(cal, at_steps=[steps_per_epoch * (e + 1) for e in range(epochs)])
     return cal, [b.upper for b in curve]
 
 

@@ -1,7 +1,10 @@
-"""The command line: the budget command's numbers, bad input -> one line and exit 2."""
+"""The command line: the budget command's numbers, the other commands end to end (train into a
+run directory, config, version), bad input -> one line and exit 2. The table of bad inputs over
+every command is tests/test_bad_input.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -13,12 +16,16 @@ import pytest
 from orchestrator.cli import main
 
 BIN = Path(sys.executable).parent / "dpsweep"
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     exe = [str(BIN)] if BIN.exists() else [sys.executable, "-m", "orchestrator.cli"]
-    return subprocess.run([*exe, *args], capture_output=True, text=True, cwd=cwd,
-                          env={**os.environ}, timeout=300)
+    # PYTHONPATH: the code of this tree, whatever an (editable) install last mapped
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    return subprocess.run([*exe, *args], capture_output=True, text=True, cwd=cwd, env=env,
+                          timeout=300)
 
 
 def test_budget_acceptance_numbers() -> None:
@@ -48,15 +55,15 @@ def test_budget_from_batch_size_and_epochs(capsys: pytest.CaptureFixture[str]) -
     ("args", "fragment"),
     [
         (["--epsilon", "-1", "--delta", "1e-5", "--sample-rate", "0.01", "--steps", "10"],
-         "--epsilon = -1.0"),
+         "--epsilon (privacy.epsilon) = -1.0"),
         (["--epsilon", "3", "--delta", "1.5", "--sample-rate", "0.01", "--steps", "10"],
-         "--delta = 1.5"),
+         "--delta (privacy.delta) = 1.5"),
         (["--epsilon", "3", "--delta", "1e-5", "--sample-rate", "0", "--steps", "10"],
          "--sample-rate = 0.0"),
         (["--epsilon", "3", "--delta", "1e-5", "--sample-rate", "0.01"], "--steps/--epochs"),
-        (["--epsilon", "3", "--delta", "1e-5", "--steps", "10"], "--batch-size/--dataset-size"),
+        (["--epsilon", "3", "--delta", "1e-5", "--steps", "10"], "--batch-size/--train-size"),
         (["--epsilon", "3", "--delta", "0.1", "--batch-size", "10", "--dataset-size", "100",
-          "--steps", "10"], "--delta = 0.1"),
+          "--steps", "10"], "--delta (privacy.delta) = 0.1"),
         (["--epsilon", "three", "--delta", "1e-5"], "invalid float value"),
     ],
 )
@@ -78,7 +85,7 @@ class _no_raise:
         return False
 
 
-def test_bad_input_exit_code_and_nothing_written(tmp_path: Path) -> None:
+def test_unknown_key_is_one_line_naming_field_value_and_allowed(tmp_path: Path) -> None:
     cfg = tmp_path / "bad.toml"
     cfg.write_text("[training]\nlearning_rate = 0.1\n")
     out = tmp_path / "out"
@@ -86,26 +93,23 @@ def test_bad_input_exit_code_and_nothing_written(tmp_path: Path) -> None:
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
         "dpsweep: error: training.learning_rate = 0.1 is not allowed: expected one of the keys "
-        "['batch_size', 'clip_norm', 'epochs', 'lr', 'max_physical_batch', 'method', "
-        "'momentum', 'preset', 'seed'] (unknown key)"]
-    assert not out.exists()
-    cfg.write_text("[data]\ndataset = 'imagenet'\n")
-    r = _run("train", str(cfg), "--out", str(out))
-    assert r.returncode == 2 and "data.dataset = 'imagenet'" in r.stderr
-    assert not out.exists()
+        "['batch_size', 'epochs', 'max_physical_batch', 'method', 'preset', 'reproducible', "
+        "'secure_mode', 'seed'] (unknown key)"]
+    assert r.stdout == "" and not out.exists()
 
 
-def test_data_dir_without_files_is_refused(tmp_path: Path) -> None:
+def test_data_dir_without_files_is_refused(tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
     cfg = tmp_path / "c.toml"
     cfg.write_text(f"[data]\ndataset = 'fashion-mnist'\ndata_dir = '{empty}'\n"
                    "[training]\nepochs = 1\n")
     out = tmp_path / "out"
-    r = _run("train", str(cfg), "--out", str(out))
-    assert r.returncode == 2, r.stderr
-    assert "data.data_dir" in r.stderr and str(empty) in r.stderr
-    assert not out.exists()
+    assert main(["train", str(cfg), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"dpsweep: error: data.data_dir = '{empty}'")
+    assert not out.exists() and list(empty.iterdir()) == []
 
 
 def test_train_refuses_to_overwrite(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -115,26 +119,84 @@ def test_train_refuses_to_overwrite(tmp_path: Path, capsys: pytest.CaptureFixtur
     cfg = tmp_path / "c.toml"
     cfg.write_text("")
     assert main(["train", str(cfg), "--out", str(out)]) == 2
-    assert "--out" in capsys.readouterr().err
+    assert capsys.readouterr().err.startswith(f"dpsweep: error: --out = '{out}'")
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
     assert (out / "keep.txt").read_text() == "precious"
 
 
-def test_train_writes_results(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_train_writes_a_run_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`dpsweep train` leaves a run directory like a sweep's: manifest, records, one row."""
+    from orchestrator.rundir import RunDir
+    from reports.store import read_results
+
     cfg = tmp_path / "c.toml"
-    cfg.write_text("[training]\nepochs = 2\nbatch_size = 60\n")
+    cfg.write_text("[training]\nepochs = 2\nbatch_size = 50\n[method_params]\nlr = 1.0\n")
     out = tmp_path / "run"
     assert main(["train", str(cfg), "--out", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "test accuracy" in text and "dp_valid True" in text
-    for name in ["config.toml", "budget.json", "checkpoints/privacy.json",
-                 "checkpoints/history.json", "checkpoints/epoch_002/state.pt"]:
+    assert "test accuracy" in text and "epsilon claim: valid" in text
+    assert "REPLAYABLE" not in text  # secret randomness by default
+    for name in ["config.toml", "manifest.json", "results.parquet",
+                 "trials/trial-000/privacy.json", "trials/trial-000/history.json",
+                 "trials/trial-000/spec.json", "trials/trial-000/checkpoint/state.pt"]:
         assert (out / name).is_file(), name
+    run = RunDir.open(out, write=False)
+    run.verify_all()  # every listed file is what dpsweep wrote
+    assert {"config.toml", "results.parquet", "trials/trial-000/privacy.json",
+            "trials/trial-000/checkpoint/state.pt"} <= set(run.manifest["files"])
+    frame = read_results(out)
+    assert list(frame["trial_id"]) == ["trial-000"] and frame.loc[0, "status"] == "ok"
+    privacy = json.loads((out / "trials/trial-000/privacy.json").read_text())
+    assert privacy["epsilon_upper"] <= privacy["target_epsilon"] == 3.0
+    assert frame.loc[0, "epsilon_upper"] == privacy["epsilon_upper"]
+    release = tmp_path / "release"
+    assert main(["export", str(out), "--trial", "trial-000", "--out", str(release)]) == 0
+    assert sorted(p.name for p in release.iterdir()) == sorted(
+        ["weights.pt", "model.safetensors", "model.json", "privacy_statement.json",
+         "privacy_statement.md"])
 
 
 def test_config_command_prints_defaults(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["config"]) == 0
-    assert "[privacy]" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "[privacy]" in out and "[method_params]" in out
+    assert "epsilon = 3.0" in out
+
+
+def test_config_method_prints_the_declaration(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["config", "--method", "ww_dpsgd"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("ww_dpsgd: ") and "kappa" in out and "modes: standard (valid)" in out
+
+
+def test_config_check_validates_and_finds_the_data(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[sweep]\nmethods = ['dpsgd', 'lm_dpsgd:lagged']\n")
+    assert main(["config", "--check", str(cfg)]) == 0
+    assert capsys.readouterr().out.strip() == (
+        f"{cfg}: valid; digits data: bundled with scikit-learn")
+    assert [p.name for p in tmp_path.iterdir()] == ["c.toml"]  # a check writes nothing
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator import __version__
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"dpsweep {__version__}"
+
+
+def test_usage_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["frobnicate"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("dpsweep: error: argument command")
 
 
 def test_console_script_installed() -> None:
     assert BIN.exists() or shutil.which("dpsweep"), "pip install -e . provides `dpsweep`"
+    r = _run("--version")
+    assert r.returncode == 0 and r.stdout.startswith("dpsweep ")

@@ -1,13 +1,22 @@
-"""Config: documented defaults, strict validation with one clear error naming the field."""
+"""Config: documented defaults, strict validation with one error naming the field, method
+hyperparameters in ``[method_params]`` (flat keys and per-method tables), sweep series and
+search-range overrides."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from core.errors import UserInputError
 from orchestrator import config
+from trainables.methods import METHODS
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _load(tmp_path: Path, text: str) -> config.Config:
@@ -16,45 +25,161 @@ def _load(tmp_path: Path, text: str) -> config.Config:
     return config.load(p)
 
 
+def _parse(text: str) -> config.Config:
+    return config.from_dict(config.tomllib.loads(text))
+
+
+# ---- defaults, round trip, documentation -----------------------------------------------------
 def test_defaults_are_valid_and_round_trip(tmp_path: Path) -> None:
     cfg = config.Config()
-    assert cfg.data.dataset == "digits"
-    assert cfg.split_sizes() == {"train": 600, "holdout": 300, "test": 297, "shadow": 600}
+    assert cfg.data.dataset == "digits" and cfg.training.method == "dpsgd"
+    assert cfg.split_sizes() == {"train": 500, "validation": 200, "holdout": 300, "test": 297,
+                                 "shadow": 500}
+    assert sum(cfg.split_sizes().values()) == config.DATASET_POOLS["digits"][0]  # all of it
     assert _load(tmp_path, cfg.to_toml()) == cfg
     assert _load(tmp_path, "") == cfg
+    assert cfg.method_params == {} and cfg.search == {}
+    assert not cfg.training.reproducible and not cfg.training.secure_mode
+
+
+def test_a_full_config_round_trips_through_toml(tmp_path: Path) -> None:
+    text = """
+[privacy]
+epsilon = 2.0
+[budget]
+epsilons = [8, 1, 2]
+[training]
+method = "lm_dpsgd"
+preset = "paper"
+reproducible = true
+[sweep]
+methods = ["lm_dpsgd:lagged", "dpsgd"]
+sampler = "random"
+[method_params]
+lr = 0.3
+[method_params.lm_dpsgd]
+mode = "lagged"
+lagged_beta = 0.8
+[search.dpsgd]
+clip_norm = {low = 0.5, high = 2.0, log = true}
+"""
+    cfg = _load(tmp_path, text)
+    assert cfg.budget.epsilons == [1.0, 2.0, 8.0]  # sorted, as floats
+    assert cfg.method_params == {"lr": 0.3, "lm_dpsgd": {"mode": "lagged", "lagged_beta": 0.8}}
+    single = cfg.trial_params()  # the preset, then the config's values
+    assert (single["mode"], single["lagged_beta"], single["r"], single["lr"]) == (
+        "lagged", 0.8, 5.0, 0.3)
+    assert cfg.search == {"dpsgd": {"clip_norm": {"low": 0.5, "high": 2.0, "log": True}}}
+    assert _load(tmp_path, cfg.to_toml()) == cfg
 
 
 def test_describe_documents_every_field() -> None:
     text = config.describe()
-    for section, cls in config._SECTION_TYPES.items():
-        assert f"[{section}]" in text
-        for f in config.fields(cls):
-            assert f"\n{f.name} = " in text, f.name
+    blocks = {block.splitlines()[0]: block for block in text.split("\n\n") if block}
+    for section, cls in config.SECTIONS.items():
+        lines = blocks[f"[{section}]"].splitlines()
+        for f in dataclasses.fields(cls):
+            line = next(line for line in lines if line.startswith(f"{f.name} = "))
+            assert f.metadata["doc"] in line, f"{section}.{f.name}"
+    assert "[method_params]" in text
     # the documented defaults parse back to the default config
     assert config.from_dict(config.tomllib.loads(text)) == config.Config()
 
 
+def test_describe_method_is_the_declaration_table() -> None:
+    text = config.describe("lm_dpsgd")
+    assert text.startswith("lm_dpsgd: ")
+    assert "modes: public (valid); lagged (valid); faithful (epsilon claim invalid)" in text
+    for p in METHODS["lm_dpsgd"].declaration():
+        if p.role != "prepared":
+            assert f"  {p.name} " in text, p.name
+    assert "risk_meta" not in text  # filled by stage 1, not a hyperparameter
+    assert "modes: lagged" in text  # lagged_beta says which mode reads it
+    with pytest.raises(UserInputError) as err:
+        config.describe("nope")
+    assert err.value.field == "method"
+
+
+def test_model_and_dataset_tables_match_the_trainables() -> None:
+    """The config keeps its own copies so that validating never imports torch."""
+    from trainables.data import DATASET_NAMES, DEFAULT_SIZES, available_size
+    from trainables.models import MODEL_NAMES
+
+    assert config.MODEL_CHOICES == ("auto", *MODEL_NAMES)
+    assert tuple(config.DATASET_POOLS) == DATASET_NAMES
+    assert config.DATASET_POOLS["digits"] == (available_size("digits").pool, 0)
+    for name, (pool, test) in config.DATASET_POOLS.items():
+        sizes = DEFAULT_SIZES[name]
+        private = sizes.train + sizes.validation + sizes.holdout + sizes.shadow
+        assert private + (0 if test else sizes.test) <= pool, name
+        assert sizes.test <= (test or pool), name
+
+
+def test_validating_a_config_imports_no_deep_learning_stack() -> None:
+    code = ("import sys; from orchestrator import config; "
+            "config.from_dict({'sweep': {'methods': []}, 'method_params': {'lr': 0.3}}); "
+            "print(sorted(m for m in ('torch._C', 'optuna', 'ray', 'sklearn') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+# ---- bad values: one error naming field, value and what is allowed -----------------------------
 @pytest.mark.parametrize(
     ("text", "field", "fragment"),
     [
         ("[training]\nlrr = 0.1\n", "training.lrr", "unknown key"),
-        ("[trainig]\nlr = 0.1\n", "trainig", "unknown section"),
-        ("[privacy]\nepsilon = -1\n", "privacy.epsilon", "> 0"),
-        ("[privacy]\ndelta = 1.5\n", "privacy.delta", "< 1"),
-        ("[privacy]\ndelta = 0.01\n", "privacy.delta", "1/train_size"),
-        ("[privacy]\nepsilon = 'three'\n", "privacy.epsilon", "a float"),
+        ("[training]\nlr = 0.1\n", "training.lr", "unknown key"),  # moved to [method_params]
+        ("[trainig]\nepochs = 1\n", "trainig", "unknown section"),
+        ("[privacy]\nepsilon = -1\n", "privacy.epsilon", "(0, 100]"),
+        ("[privacy]\nepsilon = 1e6\n", "privacy.epsilon", "(0, 100]"),
         ("[privacy]\nepsilon = nan\n", "privacy.epsilon", "finite"),
-        ("[training]\nepochs = 0\n", "training.epochs", ">= 1"),
+        ("[privacy]\nepsilon = inf\n", "privacy.epsilon", "finite"),
+        ("[privacy]\nepsilon = 'three'\n", "privacy.epsilon", "a finite number"),
+        ("[privacy]\ndelta = 1.5\n", "privacy.delta", "(0, 1)"),
+        ("[privacy]\ndelta = 0.002\n", "privacy.delta", "1/train_size = 0.002"),
+        ("[data]\ntrain_size = 100\n[privacy]\ndelta = 0.01\n", "privacy.delta", "0.01"),
+        ("[privacy]\naccountant_timeout_s = 0.5\n", "privacy.accountant_timeout_s", "[1, 3600]"),
+        ("[budget]\nepsilons = [1, 1]\n", "budget.epsilons", "distinct"),
+        ("[budget]\nepsilons = [0, 1]\n", "budget.epsilons", "(0, 100]"),
+        ("[budget]\nepsilons = 3\n", "budget.epsilons", "a list"),
+        ("[training]\nepochs = 0\n", "training.epochs", "[1, 10000]"),
         ("[training]\nepochs = 2.5\n", "training.epochs", "an integer"),
+        ("[training]\nepochs = true\n", "training.epochs", "an integer"),
+        ("[training]\nreproducible = 1\n", "training.reproducible", "true or false"),
         ("[training]\nmethod = 'sgd'\n", "training.method", "dpsgd"),
-        ("[training]\nbatch_size = 5000\n", "training.batch_size", "train_size"),
-        ("[data]\ndataset = 'imagenet'\n", "data.dataset", "fashion-mnist"),
+        ("[training]\npreset = 'paper'\n", "training.preset", "a preset of dpsgd: none"),
+        ("[training]\nbatch_size = 501\n", "training.batch_size", "train_size = 500"),
+        ("[data]\ndataset = 'imagenet'\n", "data.dataset", "'fashion-mnist'"),
         ("[data]\ntrain_size = 1500\n", "data.sizes", "1797"),
+        ("[data]\nvalidation_size = -1\n", "data.validation_size", ">= 0"),
         ("[data]\ndataset = 'fashion-mnist'\ntest_size = 20000\n", "data.test_size", "10000"),
-        ("[model]\nname = 'resnet'\n", "model.name", "cnn28"),
+        ("[data]\ndataset = 'fashion-mnist'\nshadow_size = 30000\n", "data.sizes", "60000"),
+        ("[model]\nname = 'resnet'\n", "model.name", "'resnet20_gn'"),
         ("[resources]\ndevice = 'cuda'\n", "resources.gpus_per_trial", "> 0"),
         ("[resources]\ncpus_per_trial = true\n", "resources.cpus_per_trial", "an integer"),
-        ("data = 3\n", "data", "table"),
+        ("[sweep]\nsampler = 'cmaes'\n", "sweep.sampler", "'nsga2'"),
+        ("[sweep]\nmethods = 'dpsgd'\n", "sweep.methods", "a list"),
+        ("[sweep]\nmethods = ['x']\n", "sweep.methods", "a registered method"),
+        ("[sweep]\nmethods = ['lm_dpsgd:nope']\n", "sweep.methods",
+         "a mode of lm_dpsgd: public, lagged, faithful"),
+        ("[sweep]\nmethods = ['dpsgd', 'dpsgd:standard']\n", "sweep.methods", "distinct"),
+        ("[sweep]\nmethods = ['a:b:c']\n", "sweep.methods", "'method' or 'method:mode'"),
+        ("data = 3\n", "data", "a table"),
+        ("method_params = 3\n", "method_params", "a table"),
+        ("[method_params]\nfoo = 1\n", "method_params.foo", "declared by"),
+        ("[method_params]\nlr = 'x'\n", "method_params.lr", "(0, 100]"),
+        ("[method_params]\nlr = true\n", "method_params.lr", "a finite number"),
+        ("[method_params.nope]\nlr = 0.5\n", "method_params.nope", "named after a method"),
+        ("[method_params.dpsgd]\nr = 2.0\n", "method_params.r", "a declared key"),
+        ("[method_params.lm_dpsgd]\nlagged_beta = 0.5\n[sweep]\nmethods = ['lm_dpsgd']\n",
+         "method_params.lagged_beta", "used only in mode lagged"),
+        ("[method_params.dp_adamilg]\nalpha = 2.0\n", "method_params.alpha",
+         "used only in mode faithful"),
+        ("[sweep]\nmethods = ['dpsgd']\n[method_params]\nkappa = 0.2\n", "method_params.kappa",
+         "declared by dpsgd"),
     ],
 )
 def test_bad_values_name_field_value_and_allowed(tmp_path: Path, text: str, field: str,
@@ -62,17 +187,113 @@ def test_bad_values_name_field_value_and_allowed(tmp_path: Path, text: str, fiel
     with pytest.raises(UserInputError) as exc:
         _load(tmp_path, text)
     assert exc.value.field == field
-    assert fragment in str(exc.value)
+    assert str(exc.value).startswith(f"{field} = ")
+    assert "is not allowed: expected " in str(exc.value)
+    assert fragment in exc.value.allowed
+
+
+@pytest.mark.parametrize(("text", "field"), [
+    ("[search.dpsgd]\nclip_norm = {low = 2.0, high = 1.0}\n", "search.dpsgd.clip_norm.high"),
+    ("[search.dpsgd]\nclip_norm = {low = 1.0, high = 1.0}\n", "search.dpsgd.clip_norm.high"),
+    ("[search.dpsgd]\nclip_norm = {low = 1.0}\n", "search.dpsgd.clip_norm"),
+    ("[search.dpsgd]\nclip_norm = {low = 0.5, high = 1.0, log = 'yes'}\n",
+     "search.dpsgd.clip_norm.log"),
+    ("[search.dpsgd]\nclip_norm = {choices = []}\n", "search.dpsgd.clip_norm.choices"),
+    ("[search.dpsgd]\nclip_norm = [0.5, 1.0]\n", "search.dpsgd.clip_norm"),
+    ("[search.dpsgd]\nkappa = {low = 0.1, high = 1.0}\n", "search.dpsgd.kappa"),
+    ("[search.ww_dpsgd]\nkappa = {low = 0.1, high = 1.0}\n", "search.ww_dpsgd"),  # not swept
+    ("[search]\ndpsgd = 3\n", "search.dpsgd"),
+])
+def test_bad_search_overrides(text: str, field: str) -> None:
+    with pytest.raises(UserInputError) as exc:
+        _parse("[sweep]\nmethods = ['dpsgd']\n" + text)
+    assert exc.value.field == field
+
+
+@pytest.mark.parametrize("bounds", ["{low = 0.0, high = 1.0}", "{low = 1.0, high = 1e9}"])
+def test_search_ranges_outside_the_declaration_are_refused(bounds: str) -> None:
+    """clip_norm is declared in (0, 1e4]: a range reaching outside it cannot be searched."""
+    with pytest.raises(UserInputError) as exc:
+        _parse(f"[sweep]\nmethods = ['dpsgd']\n[search.dpsgd]\nclip_norm = {bounds}\n")
+    assert exc.value.field.startswith("search.dpsgd.clip_norm")
+    assert exc.value.allowed == "a finite number in (0, 10000]"
+
+
+def test_valid_search_overrides_are_kept() -> None:
+    cfg = _parse("[sweep]\nmethods = ['ww_dpsgd']\n[search.ww_dpsgd]\n"
+                 "kappa = {low = 0.05, high = 0.5, log = true}\nK = {choices = [10, 50]}\n"
+                 "lr_x_clip = {low = 0.2, high = 2.0}\n")
+    assert cfg.search["ww_dpsgd"]["K"] == {"choices": [10, 50]}
 
 
 def test_unreadable_file(tmp_path: Path) -> None:
-    with pytest.raises(UserInputError, match="CONFIG"):
+    with pytest.raises(UserInputError) as exc:
         config.load(tmp_path / "missing.toml")
+    assert exc.value.field == "CONFIG" and "an existing TOML file" in exc.value.allowed
     with pytest.raises(UserInputError, match="valid TOML"):
         _load(tmp_path, "[data\n")
+    (tmp_path / "bin.toml").write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(UserInputError, match="valid TOML"):
+        config.load(tmp_path / "bin.toml")
 
 
 def test_fashion_mnist_sizes_default_to_official_test_set(tmp_path: Path) -> None:
     cfg = _load(tmp_path, "[data]\ndataset = 'fashion-mnist'\n")
-    assert cfg.split_sizes() == {"train": 30000, "holdout": 10000, "test": 10000,
-                                 "shadow": 20000}
+    assert cfg.split_sizes() == {"train": 30000, "validation": 5000, "holdout": 10000,
+                                 "test": 10000, "shadow": 15000}
+    assert cfg.split_sizes()["train"] + 5000 + 10000 + 15000 == 60000
+
+
+# ---- method hyperparameters ------------------------------------------------------------------
+def test_flat_keys_apply_to_every_method_declaring_them() -> None:
+    cfg = _parse("[method_params]\nlr = 0.3\nclip_norm = 2.0\nr = 4.0\n")
+    assert cfg.given_params("dpsgd") == {"lr": 0.3, "clip_norm": 2.0}  # dpsgd has no r
+    assert cfg.given_params("lm_dpsgd") == {"lr": 0.3, "clip_norm": 2.0, "r": 4.0}
+    assert cfg.given_params("dp_psac") == {"lr": 0.3, "clip_norm": 2.0, "r": 4.0}
+    for method in METHODS:
+        assert cfg.trial_params(method)["lr"] == 0.3, method
+
+
+def test_a_method_table_overrides_the_flat_keys_for_that_method_only() -> None:
+    cfg = _parse("[method_params]\nlr = 0.3\n[method_params.ww_dpsgd]\nlr = 0.05\nK = 7\n")
+    assert cfg.trial_params("ww_dpsgd")["lr"] == 0.05 and cfg.trial_params("ww_dpsgd")["K"] == 7
+    assert cfg.trial_params("dpsgd")["lr"] == 0.3
+
+
+def test_trial_params_start_from_the_preset_then_the_config_then_the_mode() -> None:
+    cfg = _parse("[training]\nmethod = 'lm_dpsgd'\npreset = 'paper'\n"
+                 "[method_params.lm_dpsgd]\nr = 2.0\n")
+    p = cfg.trial_params()
+    assert (p["clip_norm"], p["er_eval"], p["r"], p["mode"]) == (1.0, "train", 2.0, "public")
+    lagged = cfg.trial_params("lm_dpsgd", mode="lagged", preset="")
+    assert (lagged["mode"], lagged["er_eval"], lagged["r"]) == ("lagged", "heldout", 2.0)
+    assert cfg.trial_params("dpsgd") == METHODS["dpsgd"].validate_params({})
+
+
+def test_mode_specific_keys_are_allowed_when_the_mode_reads_them() -> None:
+    cfg = _parse("[sweep]\nmethods = ['lm_dpsgd:lagged']\n"
+                 "[method_params.lm_dpsgd]\nlagged_beta = 0.8\n")
+    assert cfg.trial_params("lm_dpsgd", mode="lagged")["lagged_beta"] == 0.8
+    cfg = _parse("[sweep]\nmethods = ['dp_adamilg:faithful']\n[method_params]\nalpha = 2.0\n")
+    assert cfg.trial_params("dp_adamilg", mode="faithful")["alpha"] == 2.0
+
+
+def test_series_are_method_and_mode_pairs() -> None:
+    cfg = _parse("[sweep]\nmethods = ['lm_dpsgd:lagged', 'dpsgd', 'lm_dpsgd']\n")
+    assert cfg.series() == [("lm_dpsgd", "lagged"), ("dpsgd", "standard"),
+                            ("lm_dpsgd", "public")]
+    everything = config.Config().series()
+    assert everything == [(name, cls.modes[0].name) for name, cls in METHODS.items()]
+    assert {"auto_s", "dp_psac", "dpsgd", "dpsgd_lf", "lm_dpsgd", "ww_dpsgd",
+            "dp_adamilg"} <= {m for m, _ in everything}
+
+
+def test_user_input_errors_survive_pickling() -> None:
+    """Config errors raised inside Ray workers reach the driver with their message intact."""
+    import pickle
+
+    with pytest.raises(UserInputError) as exc:
+        _parse("[training]\nepochs = 0\n")
+    again = pickle.loads(pickle.dumps(exc.value))
+    assert type(again) is UserInputError
+    assert (again.field, again.value, str(again)) == ("training.epochs", 0, str(exc.value))

@@ -1,4 +1,5 @@
-"""Tests for trainables.data: disjoint seeded splits, fixed normalisation, input errors."""
+"""Tests for trainables.data: five disjoint seeded splits (train, validation, holdout, test,
+shadow), fixed normalisation, input errors, and the no-download availability check."""
 
 from __future__ import annotations
 
@@ -24,12 +25,13 @@ from trainables.data import (
     DataSplits,
     SplitSizes,
     available_size,
+    check_available,
     load_pool,
     load_splits,
     normalise,
 )
 
-SPLIT_NAMES = ("train", "holdout", "test", "shadow")
+SPLIT_NAMES = ("train", "validation", "holdout", "test", "shadow")
 
 
 def _indices(splits: DataSplits) -> dict[str, np.ndarray]:
@@ -106,8 +108,13 @@ def test_digits_splits_disjoint_and_sized(seed: int) -> None:
     assert np.array_equal(np.sort(everything), np.arange(1797))
 
 
+def test_digits_default_sizes() -> None:
+    assert DEFAULT_SIZES["digits"] == SplitSizes(train=500, validation=200, holdout=300,
+                                                 test=297, shadow=500)
+
+
 def test_digits_custom_sizes_leave_rest_unused() -> None:
-    sizes = SplitSizes(train=100, holdout=50, test=40, shadow=60)
+    sizes = SplitSizes(train=100, validation=30, holdout=50, test=40, shadow=60)
     splits = load_splits(dataset="digits", seed=5, sizes=sizes)
     _assert_sizes(splits, sizes)
     _assert_disjoint(splits)
@@ -211,6 +218,8 @@ def test_fmnist_debian_shapes_classes_and_labels(
     assert pool.n_train == 60_000 and pool.n_test == 10_000
     assert np.bincount(pool.y[:60_000], minlength=10).tolist() == [6000] * 10
     assert np.bincount(pool.y[60_000:], minlength=10).tolist() == [1000] * 10
+    assert DEFAULT_SIZES["fashion-mnist"] == SplitSizes(
+        train=30_000, validation=5_000, holdout=10_000, test=10_000, shadow=15_000)
     # A random half of the train set: about 3,000 per class.
     counts = np.bincount(splits.train.y.numpy(), minlength=10)
     assert counts.min() > 2700 and counts.max() < 3300
@@ -221,7 +230,7 @@ def test_fmnist_debian_shapes_classes_and_labels(
 def test_fmnist_test_from_official_test_rest_from_official_train(
     fmnist_splits: DataSplits,
 ) -> None:
-    for name in ("train", "holdout", "shadow"):
+    for name in ("train", "validation", "holdout", "shadow"):
         assert getattr(fmnist_splits, name).indices.max() < 60_000
     assert fmnist_splits.test.indices.min() >= 60_000
     assert fmnist_splits.test.indices.max() < 70_000
@@ -264,7 +273,7 @@ def test_fmnist_parser_agrees_with_torchvision_reader(
 
 
 def test_fmnist_deterministic_per_seed(fmnist_splits: DataSplits) -> None:
-    sizes = SplitSizes(train=1000, holdout=500, test=500, shadow=1000)
+    sizes = SplitSizes(train=1000, validation=200, holdout=500, test=500, shadow=1000)
     a = load_splits(dataset="fashion-mnist", seed=3, sizes=sizes)
     b = load_splits(dataset="fashion-mnist", seed=3, sizes=sizes)
     c = load_splits(dataset="fashion-mnist", seed=4, sizes=sizes)
@@ -277,7 +286,7 @@ def test_fmnist_deterministic_per_seed(fmnist_splits: DataSplits) -> None:
 
 def test_synthetic_fmnist_dir_and_size_limits(tmp_path: Path) -> None:
     directory = _synthetic_fmnist(tmp_path / "fm")
-    sizes = SplitSizes(train=20, holdout=10, test=20, shadow=20)
+    sizes = SplitSizes(train=20, validation=5, holdout=10, test=20, shadow=15)
     splits = load_splits(dataset="fashion-mnist", seed=0, sizes=sizes, data_dir=directory)
     _assert_sizes(splits, sizes)
     _assert_disjoint(splits)
@@ -296,14 +305,15 @@ def test_synthetic_fmnist_dir_and_size_limits(tmp_path: Path) -> None:
     with pytest.raises(UserInputError) as info:
         load_splits(
             dataset="fashion-mnist",
-            sizes=SplitSizes(train=30, holdout=10, test=5, shadow=11),
+            sizes=SplitSizes(train=30, validation=5, holdout=10, test=5, shadow=6),
             data_dir=directory,
         )
-    assert info.value.field == "data.sizes" and "50" in str(info.value)
+    assert info.value.field == "data.sizes"
+    assert "<= 50" in info.value.allowed and "asked for 51" in info.value.allowed
     with pytest.raises(UserInputError) as info:
         load_splits(
             dataset="fashion-mnist",
-            sizes=SplitSizes(train=10, holdout=10, test=21, shadow=10),
+            sizes=SplitSizes(train=10, validation=5, holdout=10, test=21, shadow=10),
             data_dir=directory,
         )
     assert info.value.field == "data.test_size" and "20" in str(info.value)
@@ -397,17 +407,19 @@ def test_unknown_dataset_lists_known_names() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [
-        ({"train": 0, "holdout": 1, "test": 1, "shadow": 1}, "data.train_size"),
-        ({"train": 1, "holdout": 1, "test": 0, "shadow": 1}, "data.test_size"),
-        ({"train": 1, "holdout": -3, "test": 1, "shadow": 1}, "data.holdout_size"),
-        ({"train": 1, "holdout": 1, "test": 1, "shadow": 0}, "data.shadow_size"),
-        ({"train": 1.5, "holdout": 1, "test": 1, "shadow": 1}, "data.train_size"),
-        ({"train": True, "holdout": 1, "test": 1, "shadow": 1}, "data.train_size"),
+        ({"train": 0}, "data.train_size"),
+        ({"validation": 0}, "data.validation_size"),
+        ({"test": 0}, "data.test_size"),
+        ({"holdout": -3}, "data.holdout_size"),
+        ({"shadow": 0}, "data.shadow_size"),
+        ({"train": 1.5}, "data.train_size"),
+        ({"train": True}, "data.train_size"),
+        ({"validation": "5"}, "data.validation_size"),
     ],
 )
 def test_invalid_sizes(kwargs: dict[str, object], field: str) -> None:
     with pytest.raises(UserInputError) as info:
-        SplitSizes(**kwargs)  # type: ignore[arg-type]
+        SplitSizes(**{**dict.fromkeys(SPLIT_NAMES, 1), **kwargs})  # type: ignore[arg-type]
     assert info.value.field == field
     assert field in str(info.value)
 
@@ -415,10 +427,11 @@ def test_invalid_sizes(kwargs: dict[str, object], field: str) -> None:
 def test_digits_sizes_beyond_dataset() -> None:
     with pytest.raises(UserInputError) as info:
         load_splits(
-            dataset="digits", sizes=SplitSizes(train=1000, holdout=300, test=300, shadow=200)
+            dataset="digits",
+            sizes=SplitSizes(train=1000, validation=1, holdout=300, test=300, shadow=200),
         )
     assert info.value.field == "data.sizes"
-    assert "1797" in str(info.value) and "1800" in str(info.value)
+    assert "<= 1797" in info.value.allowed and "asked for 1801" in info.value.allowed
 
 
 @pytest.mark.parametrize("seed", [-1, 1.5, "0"])
@@ -445,7 +458,7 @@ def test_cifar_through_torchvision_layout_and_constants(
     import torchvision
 
     monkeypatch.setattr(torchvision.datasets, "CIFAR10", _FakeCifar)
-    sizes = SplitSizes(train=20, holdout=10, test=12, shadow=10)
+    sizes = SplitSizes(train=20, validation=5, holdout=10, test=12, shadow=5)
     splits = load_splits(dataset="cifar10", seed=2, sizes=sizes, data_dir=str(tmp_path))
     assert splits.source == f"torchvision:{tmp_path.resolve()}"
     assert splits.input_shape == (3, 32, 32)
@@ -476,3 +489,41 @@ def test_download_failure_is_a_user_input_error(
     assert info.value.field == "data.data_dir"
     assert str(tmp_path / "cache") in str(info.value)
     assert "Error downloading" in str(info.value)
+
+
+# --- availability without downloading ------------------------------------------------------
+
+
+def test_check_available_finds_local_copies(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    assert check_available(dataset="digits") == "bundled with scikit-learn"
+    directory = _synthetic_fmnist(tmp_path / "fm")
+    assert check_available(dataset="fashion-mnist", data_dir=directory) == str(
+        directory.resolve())
+    (tmp_path / "tv" / "cifar-10-batches-py").mkdir(parents=True)
+    assert check_available(dataset="cifar10", data_dir=tmp_path / "tv") == str(
+        tmp_path / "tv" / "cifar-10-batches-py")
+    monkeypatch.setenv("DPSWEEP_DATA_DIR", str(tmp_path / "dl"))
+    (tmp_path / "dl" / "MNIST").mkdir(parents=True)
+    assert check_available(dataset="mnist") == str(tmp_path / "dl" / "MNIST")
+
+
+@pytest.mark.parametrize("dataset", ["mnist", "cifar10", "fashion-mnist"])
+def test_check_available_refuses_what_would_be_downloaded(
+        dataset: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torchvision
+
+    def no_download(**_: object) -> None:
+        raise AssertionError("check_available must not download")
+
+    for name in ("MNIST", "FashionMNIST", "CIFAR10"):
+        monkeypatch.setattr(torchvision.datasets, name, no_download)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(UserInputError) as info:
+        check_available(dataset=dataset, data_dir=empty)
+    assert info.value.field == "data.data_dir"
+    assert str(empty) in str(info.value)
+    with pytest.raises(UserInputError) as info:
+        check_available(dataset="imagenet")
+    assert info.value.field == "data.dataset"

@@ -1,4 +1,5 @@
-"""DP-SGD-LF through the conformance suite, plus freezing itself."""
+"""DP-SGD-LF: from step t_f the first m_f layers get no gradient, no noise and no update, so
+their weights stay bit-identical, while the accounting is DP-SGD's at every step."""
 
 from __future__ import annotations
 
@@ -8,50 +9,103 @@ import pytest
 import torch
 
 from core.errors import UserInputError
-from tests.conformance import SoundMethodConformance
+from orchestrator.trial import plan_trial
+from tests.conformance import build_step, digits
+from tests.conftest import tiny_config
+from trainables.methods.dpsgd_lf import DPSGDLayerFreeze
+from trainables.randomness import Randomness, poisson_batches
 from trainables.training import load_checkpoint_state, train_trial
 
+FROZEN = ("blocks.conv1.", "blocks.conv2.")  # digits_cnn's lower half
 
-class TestDPSGDLF(SoundMethodConformance):
-    method = "dpsgd_lf"
-    method_params = {"t_f_fraction": 0.5, "m_f": 0}
 
-    def test_frozen_layers_bit_identical_after_t_f(self, tmp_path: Path) -> None:
-        spec = self.spec(epochs=2)  # 20 steps, t_f = 10 = end of epoch 1
-        result = train_trial(spec, checkpoint_root=tmp_path)
-        record = result.privacy["method_record"]
-        assert record == {"t_f": 10, "t_f_fraction": 0.5, "m_f": 2,
-                          "frozen_layers": ["conv1", "conv2"]}
-        at_tf = load_checkpoint_state(tmp_path / "epoch_001")["model"]
-        end = load_checkpoint_state(tmp_path / "epoch_002")["model"]
-        for name in at_tf:
-            same = torch.equal(at_tf[name], end[name])
-            if name.startswith(("blocks.conv1.", "blocks.conv2.")):
-                assert same, f"{name} moved after t_f"
-            else:
-                assert not same, f"{name} should still train"
-        assert [m["frozen_layers"] for m in result.history] == [2.0, 2.0]
-        # the ledger still shows sigma at every step: freezing changes no accounting
-        assert result.privacy["ledger"]["events"][0]["count"] == 20
+def _train_steps(step: DPSGDLayerFreeze, steps: int) -> list[dict[str, torch.Tensor]]:
+    """Run ``steps`` Poisson steps on digits; the weights before every step and at the end."""
+    data = digits()
+    x, y = data.train.x, data.train.y
+    snapshots = []
+    batches = poisson_batches(n=len(y), rate=0.1, steps=steps, randomness=Randomness(
+        kind="reproducible", device=torch.device("cpu"), seed=3))
+    for idx in batches:
+        snapshots.append({n: p.detach().clone() for n, p in step.model.named_parameters()})
+        step.step(x[idx], y[idx])
+    snapshots.append({n: p.detach().clone() for n, p in step.model.named_parameters()})
+    return snapshots
 
-    def test_frozen_layers_get_no_noise_and_no_gradient(self) -> None:
-        step = self.make_step(clip_norm=1.0, sigma=2.0)
-        step.step_count = step.t_f  # frozen from here
-        assert step.trainable_layers() == [False, False, True, True]
-        assert step.noise_std() == [0.0, 0.0, 2.0, 2.0]
-        x = torch.randn(5, 1, 8, 8)
-        grads = step.per_example_grads(x, torch.arange(5))
-        assert not any(n.startswith(("blocks.conv1.", "blocks.conv2.")) for n in grads.grads)
-        assert torch.all(grads.norms[:, :2] == 0)
-        assert step.whitened_noise_multiplier() == pytest.approx(2.0)
 
-    @pytest.mark.parametrize(("params", "field"), [
-        ({"m_f": 4}, "method_params.m_f"),
-        ({"m_f": -1}, "method_params.m_f"),
-        ({"t_f_fraction": 1.5}, "method_params.t_f_fraction"),
-        ({"freeze": 2}, "method_params.freeze"),
-    ])
-    def test_bad_params(self, params: dict, field: str) -> None:
-        with pytest.raises(UserInputError) as exc:
-            self.make_step(params=params)
-        assert exc.value.field == field
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_frozen_layers_stay_bit_identical_from_t_f(momentum: float) -> None:
+    """With momentum too: a zero gradient would let the momentum buffer keep moving the
+    weights, a missing one (grad None) leaves them and their optimizer state untouched."""
+    step = build_step("dpsgd_lf", sigma=2.0, steps=20,
+                      params={"t_f_fraction": 0.5, "momentum": momentum})
+    assert (step.t_f, step.m_f) == (10, 2)  # round(0.5 * 20) steps, floor(4 / 2) layers
+    w = _train_steps(step, 20)
+    for name in w[0]:
+        moved_before = not torch.equal(w[0][name], w[10][name])
+        moved_after = not torch.equal(w[10][name], w[20][name])
+        assert moved_before, f"{name} should train before t_f"
+        assert moved_after is not name.startswith(FROZEN), name
+    # freezing changes no accounting: every step is a sigma-step of the Gaussian mechanism
+    assert step.ledger.events == [{"event": "poisson_subsampled_gaussian",
+                                   "sampling_probability": 0.1, "noise_multiplier": 2.0,
+                                   "count": 20}]
+
+
+def test_frozen_layers_get_no_noise_and_no_gradient() -> None:
+    step = build_step("dpsgd_lf", clip_norm=1.0, sigma=2.0, steps=40)
+    assert step.trainable_layers() == [True] * 4 and step.noise_std() == [2.0] * 4
+    step.step_count = step.t_f  # frozen from here
+    assert step.trainable_layers() == [False, False, True, True]
+    assert step.noise_std() == [0.0, 0.0, 2.0, 2.0]
+    view = step.gradients(torch.randn(5, 1, 8, 8), torch.arange(5))
+    assert sorted(view.grads) == sorted(n for n, _ in step.model.named_parameters()
+                                        if not n.startswith(FROZEN))
+    assert torch.all(view.norms[:, :2] == 0) and torch.all(view.norms[:, 2:] > 0)
+    assert step.whitened_noise_multiplier() == pytest.approx(2.0)
+    assert step.epoch_metrics()["frozen_layers"] == 2.0
+
+
+@pytest.mark.parametrize(("m_f", "frozen"), [(1, [False, True, True, True]),
+                                             (3, [False, False, False, True])])
+def test_m_f_sets_the_frozen_depth(m_f: int, frozen: list[bool]) -> None:
+    step = build_step("dpsgd_lf", steps=10, params={"m_f": m_f, "t_f_fraction": 0.0})
+    assert step.t_f == 0 and step.trainable_layers() == frozen
+    assert step.extra_record()["frozen_layers"] == step.model.layer_names[:m_f]
+
+
+def test_paper_preset_freezes_late_with_the_papers_clip_norm() -> None:
+    preset = DPSGDLayerFreeze.presets()["paper"]
+    assert preset == {"clip_norm": 1.0, "t_f_fraction": 0.75, "m_f": 0}
+    assert DPSGDLayerFreeze.validate_params(preset)["t_f_fraction"] == 0.75
+
+
+@pytest.mark.parametrize(("params", "field"), [
+    ({"m_f": 4}, "method_params.m_f"),  # all four layers: nothing left to train
+    ({"m_f": -1}, "method_params.m_f"),
+    ({"m_f": 1.5}, "method_params.m_f"),
+    ({"t_f_fraction": 1.5}, "method_params.t_f_fraction"),
+    ({"t_f_fraction": -0.1}, "method_params.t_f_fraction"),
+    ({"freeze": 2}, "method_params.freeze"),
+])
+def test_bad_params(params: dict, field: str) -> None:
+    with pytest.raises(UserInputError) as exc:
+        build_step("dpsgd_lf", params=params)
+    assert exc.value.field == field
+    assert str(exc.value).startswith(f"{field} = ")
+
+
+def test_trial_freezes_at_t_f_and_records_it(tmp_path: Path) -> None:
+    """Through plan_trial and the training loop: 2 epochs of 10 steps, t_f = end of epoch 1."""
+    spec = plan_trial(tiny_config(reproducible=True), method="dpsgd_lf",
+                      params={"lr": 1.0, "clip_norm": 1.0, "t_f_fraction": 0.5, "m_f": 0})
+    result = train_trial(spec, checkpoint_root=tmp_path)
+    record = result.privacy["method_record"]
+    assert record == {"t_f": 10, "t_f_fraction": 0.5, "m_f": 2,
+                      "frozen_layers": ["conv1", "conv2"]}
+    at_tf = load_checkpoint_state(tmp_path / "epoch_001")["model"]
+    end = load_checkpoint_state(tmp_path / "epoch_002")["model"]
+    for name in at_tf:
+        assert torch.equal(at_tf[name], end[name]) is name.startswith(FROZEN), name
+    assert [m["frozen_layers"] for m in result.history] == [2.0, 2.0]
+    assert result.privacy["ledger"]["events"][0]["count"] == 20

@@ -1,4 +1,7 @@
-"""LM-DP-SGD through the conformance suite (one class per mode), plus what is specific to it."""
+"""LM-DP-SGD: the weight formulas (risk, bias-optimal), where u comes from in each mode (public
+batch, released gradient, the private batch itself), the per-example norm identity, and stage 1
+(the risk vector and its cache). The generic checks (release bound over a lifecycle per mode,
+accounting, round trip) are in tests/test_conformance.py."""
 
 from __future__ import annotations
 
@@ -12,24 +15,27 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
 
 from core.errors import UserInputError
-from tests.conformance import (
-    NORMS,
-    NUM_LAYERS,
-    SoundMethodConformance,
-    UnsoundMethodConformance,
-)
+from core.modes import Source
+from core.storage import JsonCache
+from orchestrator.trial import plan_trial
+from tests.conformance import NUM_LAYERS, adversarial_view, build_step
+from tests.conftest import tiny_config
 from trainables.data import load_splits
 from trainables.dp_step import PerExampleGrads
 from trainables.methods import get_method
 from trainables.methods.lm_dpsgd import (
+    _U_FROM,
+    CACHE_NAMESPACE,
     LMDPSGD,
+    U_STAT,
     Stage1,
+    _PrivateU,
+    _PublicU,
+    _ReleasedU,
     bias_optimal_weights,
     bias_terms,
-    cache_path,
     calibrate,
     estimate_layer_risk,
     risk_identity,
@@ -41,136 +47,112 @@ from trainables.training import train_trial
 RISK = [0.45, 0.4, 0.35, 0.3]  # digits_cnn: deeper layers leakier, as the paper finds
 
 
-def _own_property_test(test: Any) -> Any:
-    """A fresh Hypothesis wrapper of the inherited property test for each class: one wrapper
-    run on instances of several classes fails Hypothesis's differing_executors check."""
-    return settings(max_examples=200, deadline=None,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture])(
-        given(norms=NORMS)(test.hypothesis.inner_test))
+def _step(*, clip_norm: float = 1.0, sigma: float = 1.3, **params: Any) -> LMDPSGD:
+    """An LM step with a fixed risk vector instead of rerunning stage 1."""
+    step = build_step("lm_dpsgd", clip_norm=clip_norm, sigma=sigma, prepared=False,
+                      params={"risk": list(RISK), **params})
+    assert isinstance(step, LMDPSGD)
+    return step
 
 
-class _Fixed:
-    """The unit tests take a fixed risk vector instead of rerunning stage 1."""
+# ---- modes: where u comes from -------------------------------------------------------------
+def test_each_mode_reads_u_from_its_declared_source() -> None:
+    assert {m.name: m.sources[U_STAT] for m in LMDPSGD.modes} == {
+        "public": Source.PUBLIC, "lagged": Source.RELEASED, "faithful": Source.PRIVATE}
+    assert _U_FROM == {Source.PUBLIC: _PublicU, Source.RELEASED: _ReleasedU,
+                       Source.PRIVATE: _PrivateU}
+    for mode, kind in (("public", _PublicU), ("lagged", _ReleasedU), ("faithful", _PrivateU)):
+        step = _step(mode=mode)
+        assert type(step.u_estimator) is kind
+        assert step.dp_valid is (mode != "faithful")
 
-    def prepared_params(self) -> dict[str, Any]:
-        return {"risk": list(RISK)}
 
-
-class _Sound(_Fixed, SoundMethodConformance):
-    pass
-
-
-class TestLMPublic(_Sound):
-    method = "lm_dpsgd"
-    method_params = {"mode": "public", "u_every": 3, "public_batch_size": 32}
-
-    def test_weights_come_from_the_public_batch(self) -> None:
-        step = self.make_step()
-        before = step.weight_vector
-        step.begin_step(0)
-        after = step.weight_vector
-        assert before != after  # uniform u replaced by the public estimate
-        assert math.isclose(sum(v * v for v in after), 1.0, rel_tol=1e-9)
-        step.begin_step(1)  # no refresh before u_every steps
+def test_public_weights_come_from_the_public_batch_every_u_every_steps() -> None:
+    step = _step(mode="public", u_every=3, public_batch_size=32)
+    uniform = step.weight_vector
+    step.begin_step(0)
+    after = step.weight_vector
+    assert after != uniform  # uniform u replaced by the public estimate
+    assert math.isclose(sum(v * v for v in after), 1.0, rel_tol=1e-9)
+    # recomputed by hand from the same public draw: u(l) = mean_i ||g_i(l)|| / C_i
+    twin = _step(mode="public", u_every=3, public_batch_size=32)
+    x, y = twin.public_batch(32)
+    expected = calibrate(risk_terms(twin.gradients(x, y).norms, clip_norm=1.0),
+                         risk=torch.tensor(RISK), r=twin.r)
+    assert after == pytest.approx(expected.tolist(), rel=1e-5)  # float32 norms
+    for t in (1, 2):  # no refresh before u_every steps, whatever the private batch is
+        step.step_count = t
+        step.step(torch.randn(6, 1, 8, 8) * 50, torch.arange(6))
         assert step.weight_vector == after
-
-    def test_trial_record_carries_the_risk_vector(self) -> None:
-        """Through plan_trial: the real stage 1 on digits (session cache) feeds the record."""
-        result = train_trial(self.spec(epochs=1))
-        rec = result.privacy["method_record"]
-        assert (rec["mode"], rec["weights"], rec["r"]) == ("public", "risk", 3.0)
-        assert len(rec["risk"]) == NUM_LAYERS == len(rec["risk_meta"]["attack_accuracy"])
-        assert rec["risk"] == result.spec.method_params["risk"]
-        assert rec["risk_meta"]["identity"]["dataset"] == "digits"
-        assert result.privacy["validity_reason"].startswith("each example")
-        history = result.history[-1]
-        w = [history[f"lm_w_{name}"] for name in ("conv1", "conv2", "fc1", "fc2")]
-        assert w == rec["final_weights"]
-        assert sum(v * v for v in w) == pytest.approx(1.0)
+    step.begin_step(3)
+    assert step.weight_vector != after
 
 
-class TestLMLagged(_Sound):
-    method = "lm_dpsgd"
-    method_params = {"mode": "lagged"}
-    test_contribution_norm_bounded = _own_property_test(
-        SoundMethodConformance.test_contribution_norm_bounded)
-
-    def test_debiased_release_recovers_the_layer_mass(self) -> None:
-        """With a pure-noise release the debiased estimate is ~0 (floored), with a noiseless
-        one it is ||released block|| / w(l): the previous weights do not feed back."""
-        step = self.make_step(sigma=1e-9)
-        w0 = torch.tensor(step.weight_vector, dtype=torch.float64)
-        target = torch.tensor([0.5, 0.1, 0.3, 0.2], dtype=torch.float64)  # ||u_l||, <= C
-        noisy = {}
-        first_param_of_layer: dict[int, str] = {}
-        for n, p in step.model.named_parameters():
-            first_param_of_layer.setdefault(step.layer_of[n], n)
-            noisy[n] = torch.zeros_like(p, dtype=torch.float64)
-        for layer, n in first_param_of_layer.items():
-            block = noisy[n].view(-1)
-            block[0] = float(w0[layer] * target[layer]) * step.expected_batch_size
-        step.end_step(noisy)
-        expected = calibrate(target, risk=torch.tensor(RISK), r=step.r)
-        assert torch.allclose(torch.tensor(step.weight_vector, dtype=torch.float64), expected,
-                              atol=1e-6)
+def test_lagged_debiased_release_recovers_the_layer_mass() -> None:
+    """With a noiseless release the estimate is ||released block|| / w(l): the weights that
+    produced the release do not feed back into the next ones."""
+    step = _step(mode="lagged", sigma=1e-9)
+    w0 = torch.tensor(step.weight_vector, dtype=torch.float64)
+    target = torch.tensor([0.5, 0.1, 0.3, 0.2], dtype=torch.float64)  # ||u_l||, <= C
+    noisy = {}
+    first_param_of_layer: dict[int, str] = {}
+    for n, p in step.model.named_parameters():
+        first_param_of_layer.setdefault(step.layer_of[n], n)
+        noisy[n] = torch.zeros_like(p, dtype=torch.float64)
+    for layer, n in first_param_of_layer.items():
+        noisy[n].view(-1)[0] = float(w0[layer] * target[layer]) * step.expected_batch_size
+    step.end_step(noisy)
+    expected = calibrate(target, risk=torch.tensor(RISK), r=step.r)
+    assert torch.allclose(torch.tensor(step.weight_vector, dtype=torch.float64), expected,
+                          atol=1e-6)
 
 
-    def test_pure_noise_releases_debias_to_nothing(self) -> None:
-        """Releases of noise alone: the debiased layer mass is ~0, far below the raw noise
-        energy n_l (sigma C / B)^2 / w_l^2 that an undebiased estimate would report."""
-        step = self.make_step(sigma=1.0)
-        zeros = {n: torch.zeros_like(p) for n, p in step.model.named_parameters()}
-        w = torch.tensor(step.weight_vector, dtype=torch.float64)
-        for _ in range(200):
-            step._w = w.clone()  # hold w fixed to isolate the estimator
-            step.end_step(step.noise(zeros))
-        sizes = torch.tensor(step.model.layer_sizes(), dtype=torch.float64)
-        raw = sizes * (1.0 * step.clip_norm / step.expected_batch_size) ** 2 / w**2
-        estimate = step._lag_num / step._lag_den
-        assert (estimate.abs() < 0.05 * raw).all(), (estimate, raw)
+def test_lagged_pure_noise_releases_debias_to_nothing() -> None:
+    """Releases of noise alone: the debiased layer mass is ~0, far below the raw noise
+    energy n_l (sigma C / B)^2 / w_l^2 that an undebiased estimate would report."""
+    step = _step(mode="lagged", sigma=1.0)
+    zeros = {n: torch.zeros_like(p) for n, p in step.model.named_parameters()}
+    w = torch.tensor(step.weight_vector, dtype=torch.float64)
+    for _ in range(200):
+        step._w = w.clone()  # hold w fixed to isolate the estimator
+        step.end_step(step.noise(zeros))
+    sizes = torch.tensor(step.model.layer_sizes(), dtype=torch.float64)
+    raw = sizes * (1.0 * step.clip_norm / step.expected_batch_size) ** 2 / w**2
+    estimate = step._lag_num / step._lag_den
+    assert (estimate.abs() < 0.05 * raw).all(), (estimate, raw)
 
 
-class TestLMBiasOptimal(_Sound):
-    method = "lm_dpsgd"
-    method_params = {"mode": "public", "weights": "bias_optimal", "u_every": 5}
-    test_contribution_norm_bounded = _own_property_test(
-        SoundMethodConformance.test_contribution_norm_bounded)
+def test_faithful_weights_are_the_papers_formula() -> None:
+    step = _step(mode="faithful", clip_norm=1.0)
+    norms = torch.tensor([[3.0, 4.0, 0.0, 0.0], [0.1, 0.1, 0.1, 0.1]], dtype=torch.float64)
+    view = adversarial_view(step, norms)
+    step.clip(view)
+    c = torch.tensor([1.0, 0.2], dtype=torch.float64)  # min(C, ||G_i||)
+    u = (view.norms / c[:, None]).mean(dim=0)
+    w = u * torch.tensor(RISK, dtype=torch.float64) ** step.r
+    assert torch.allclose(torch.tensor(step.weight_vector, dtype=torch.float64),
+                          w / w.norm(), atol=1e-9)
 
 
-class TestLMFaithful(_Fixed, UnsoundMethodConformance):
-    method = "lm_dpsgd"
-    method_params = {"mode": "faithful"}
-
-    def test_bias_optimal_faithful_also_moves_the_others(self) -> None:
-        step = self.make_step(prepared={"risk": list(RISK), "weights": "bias_optimal"})
-        assert step.dp_valid is False
-        scales = torch.tensor([[1.0, 2.0, 3.0, 4.0], [2.0, 1.0, 0.5, 0.2],
-                               [0.3, 0.3, 3.0, 0.3]], dtype=torch.float64)
-        grads = self.adversarial_grads(step, scales)
-        step.clip(grads)
-        w_before = step.weight_vector
-        swapped = {n: g.clone() for n, g in grads.grads.items()}
-        for g in swapped.values():
-            g[0] = -1e3 * g[0]
-        step.clip(PerExampleGrads.from_grads(swapped, layer_of=step.layer_of, num_layers=4))
-        assert step.weight_vector != w_before  # example 0 re-weights examples 1 and 2
-
-    def test_weights_are_the_papers_formula(self) -> None:
-        step = self.make_step(clip_norm=1.0)
-        norms = torch.tensor([[3.0, 4.0, 0.0, 0.0], [0.1, 0.1, 0.1, 0.1]], dtype=torch.float64)
-        step.clip_coefficients(norms)
-        c = torch.tensor([1.0, 0.2])  # min(C, ||G_i||)
-        u = (norms / c[:, None]).mean(dim=0)
-        w = u * torch.tensor(RISK, dtype=torch.float64) ** step.r
-        assert torch.allclose(torch.tensor(step.weight_vector, dtype=torch.float64),
-                              w / w.norm(), atol=1e-12)
+@pytest.mark.parametrize("weights", ["risk", "bias_optimal"])
+def test_faithful_one_example_reweights_the_others(weights: str) -> None:
+    """Why the faithful mode's epsilon claim is invalid: replacing example 0 changes w, hence
+    the contributions of examples 1 and 2, so no per-example sensitivity bound holds."""
+    step = _step(mode="faithful", weights=weights)
+    assert step.dp_valid is False and "epsilon claim invalid" in step.validity_reason
+    scales = torch.tensor([[1.0, 2.0, 3.0, 4.0], [2.0, 1.0, 0.5, 0.2],
+                           [0.3, 0.3, 3.0, 0.3]], dtype=torch.float64)
+    view = adversarial_view(step, scales)
+    step.clip(view)
+    w_before = step.weight_vector
+    swapped = {n: g.clone() for n, g in view.grads.items()}
+    for g in swapped.values():
+        g[0] = -1e3 * g[0]
+    step.clip(PerExampleGrads.from_grads(swapped, layer_of=step.layer_of, num_layers=4))
+    assert step.weight_vector != pytest.approx(w_before)
 
 
 # ---- weights and clipping ------------------------------------------------------------------
-def _step(**params: Any) -> LMDPSGD:
-    return TestLMPublic().make_step(prepared={"risk": list(RISK), **params})
-
-
 @pytest.mark.parametrize("r", [0.0, 1.0, 5.0])
 def test_weight_vector_has_unit_norm(r: float) -> None:
     u = torch.tensor([0.3, 2.0, 1e-9, 7.0], dtype=torch.float64)
@@ -209,8 +191,7 @@ def test_every_example_norm_is_exactly_its_clipped_norm(seed: int) -> None:
     clipped = norms.pow(2).sum(dim=1).sqrt().clamp(max=step.clip_norm)
     out = (coef * norms).pow(2).sum(dim=1).sqrt()
     assert torch.allclose(out, clipped, rtol=1e-9)
-    assert torch.allclose(coef * norms / clipped[:, None],
-                          step._w.expand(16, -1), rtol=1e-9)
+    assert torch.allclose(coef * norms / clipped[:, None], step._w.expand(16, -1), rtol=1e-9)
 
 
 def test_zero_block_gets_nothing_and_keeps_the_bound() -> None:
@@ -280,7 +261,7 @@ def test_bias_optimal_from_gradients_minimises_the_bias() -> None:
 
 
 # ---- validation ----------------------------------------------------------------------------
-@pytest.mark.parametrize("params, field", [
+@pytest.mark.parametrize(("params", "field"), [
     ({"mode": "private"}, "method_params.mode"),
     ({"weights": "optimal"}, "method_params.weights"),
     ({"r": -1.0}, "method_params.r"),
@@ -291,40 +272,43 @@ def test_bias_optimal_from_gradients_minimises_the_bias() -> None:
     ({"u_every": "often"}, "method_params.u_every"),
     ({"stage1_examples": 10}, "method_params.stage1_examples"),
     ({"er_eval": "test"}, "method_params.er_eval"),
-    ({"lagged_beta": 1.0}, "method_params.lagged_beta"),
+    ({"mode": "lagged", "lagged_beta": 1.0}, "method_params.lagged_beta"),
     ({"mode": "lagged", "weights": "bias_optimal"}, "method_params.weights"),
+    ({"lagged_beta": 0.5}, "method_params.lagged_beta"),  # read in lagged mode only
+    ({"mode": "lagged", "u_every": 2}, "method_params.u_every"),  # read in public mode only
     ({"risk": [0.2, 1.5]}, "method_params.risk"),
+    ({"risk": []}, "method_params.risk"),
     ({"rr": 1.0}, "method_params.rr"),
 ])
 def test_bad_params_name_their_field(params: dict[str, Any], field: str) -> None:
     with pytest.raises(UserInputError) as err:
         LMDPSGD.validate_params(params)
     assert err.value.field == field
+    assert str(err.value).startswith(f"{field} = ")
 
 
-def test_risk_must_match_the_layers() -> None:
+def test_risk_must_match_the_layers_and_be_prepared() -> None:
     with pytest.raises(UserInputError) as err:
         _step(risk=[0.4, 0.3])
-    assert err.value.field == "method_params.risk"
+    assert err.value.field == "method_params.risk" and "4" in err.value.allowed
+    with pytest.raises(UserInputError) as err:
+        build_step("lm_dpsgd", prepared=False)
+    assert err.value.field == "method_params.risk" and "prepare" in err.value.allowed
 
 
-def test_paper_preset_is_valid() -> None:
-    preset = dict(LMDPSGD.presets["paper"])
-    assert (preset.pop("lr"), preset.pop("clip_norm")) == (0.08, 1.0)
-    assert LMDPSGD.validate_params(preset)["r"] == 5.0
+def test_paper_preset() -> None:
+    preset = LMDPSGD.presets()["paper"]
+    assert preset == {"clip_norm": 1.0, "r": 5.0, "er_eval": "train"}
+    p = LMDPSGD.validate_params(preset)
+    assert (p["mode"], p["lr"], p["r"]) == ("public", 0.5, 5.0)
 
 
-def test_checkpoint_state_round_trips(tmp_path: Path) -> None:
-    step = TestLMLagged().make_step()
-    x, y = TestLMLagged().make_step().public_batch(20)
-    for _ in range(3):
-        step.step(x, y)
-    path = tmp_path / "s.pt"
-    torch.save(step.state_dict(), path)
-    other = TestLMLagged().make_step()
-    other.load_state_dict(torch.load(path, weights_only=True))
-    assert other.weight_vector == step.weight_vector
-    assert other.extra_record()["final_weights"] == step.extra_record()["final_weights"]
+def test_extra_record_lists_only_what_the_mode_reads() -> None:
+    public = _step(mode="public").extra_record()
+    lagged = _step(mode="lagged").extra_record()
+    assert public["u_every"] == 4 and "lagged_beta" not in public
+    assert lagged["lagged_beta"] == 0.9 and "u_every" not in lagged
+    assert public["risk"] == RISK and public["risk_effective"] == RISK
 
 
 # ---- stage 1 -------------------------------------------------------------------------------
@@ -351,18 +335,18 @@ def test_stage1_on_digits_is_cached_and_keyed(tmp_path: Path) -> None:
     assert all(0.0 <= e <= 0.5 + 0.12 for e in risk), risk  # chance +- attack noise
     assert meta["shadow_train_accuracy"] >= 0.99  # the shadow overfits, as it must
     assert meta["er_eval"] == "heldout"
-    assert meta["members"] == meta["nonmembers"] == 300
+    assert meta["members"] == meta["nonmembers"] == 250  # the whole 500-example shadow pool
     again, seconds = _prepare(tmp_path)
     assert again == first and seconds < 0.5
-    files = list((tmp_path / "lm_dpsgd_risk").glob("*"))
+    files = list((tmp_path / CACHE_NAMESPACE).glob("*"))
     assert [f.name for f in files] == [meta["cache_file"]]  # no temporary file left behind
     stage1 = Stage1.from_params(LMDPSGD.validate_params({}))
-    paths = {cache_path(tmp_path, risk_identity(data=_digits(), model=_factory(), seed=s,
-                                                stage1=st))
+    cache = JsonCache(tmp_path, CACHE_NAMESPACE)
+    paths = {cache.path(risk_identity(data=_digits(), model=_factory(), seed=s, stage1=st))
              for s, st in [(0, stage1), (1, stage1),
                            (0, dataclasses.replace(stage1, er_eval="train")),
                            (0, dataclasses.replace(stage1, steps=401))]}
-    assert len(paths) == 4 and tmp_path / "lm_dpsgd_risk" / meta["cache_file"] in paths
+    assert len(paths) == 4 and tmp_path / CACHE_NAMESPACE / meta["cache_file"] in paths
     assert _prepare(tmp_path, risk=list(RISK))[0] == {}  # a given risk vector is kept
 
 
@@ -371,9 +355,42 @@ def test_stage1_is_deterministic_and_recomputes_a_damaged_cache(tmp_path: Path) 
                     er_eval="train")
     a = estimate_layer_risk(data=_digits(), model_factory=_factory, seed=5, stage1=stage1,
                             cache_dir=tmp_path)
-    path = next((tmp_path / "lm_dpsgd_risk").glob("*.json"))
+    path = next((tmp_path / CACHE_NAMESPACE).glob("*.json"))
     path.write_text("{not json")
     b = estimate_layer_risk(data=_digits(), model_factory=_factory, seed=5, stage1=stage1,
                             cache_dir=tmp_path)
     assert a == b
     assert a["risk_meta"]["er_eval"] == "train" and a["risk_meta"]["members"] == 100
+
+
+def test_stage1_refuses_a_shadow_pool_too_small_to_split(tmp_path: Path) -> None:
+    small = load_splits(dataset="digits", seed=0, sizes=dataclasses.replace(
+        _digits_sizes(), shadow=10))
+    with pytest.raises(UserInputError) as err:
+        get_method("lm_dpsgd").prepare(data=small, model_factory=_factory, params={}, seed=0,
+                                       cache_dir=tmp_path)
+    assert err.value.field == "method_params.stage1_examples"
+    assert "it has 10" in err.value.allowed
+
+
+def _digits_sizes() -> Any:
+    from trainables.data import DEFAULT_SIZES
+
+    return DEFAULT_SIZES["digits"]
+
+
+def test_trial_record_carries_the_risk_vector() -> None:
+    """Through plan_trial: the real stage 1 on digits (session cache) feeds spec and record."""
+    spec = plan_trial(tiny_config(epochs=1), method="lm_dpsgd",
+                      params={"lr": 1.0, "clip_norm": 1.0, "mode": "public", "u_every": 3})
+    result = train_trial(spec)
+    rec = result.privacy["method_record"]
+    assert (rec["weights"], rec["r"], rec["u_every"]) == ("risk", 3.0, 3)
+    assert len(rec["risk"]) == NUM_LAYERS == len(rec["risk_meta"]["attack_accuracy"])
+    assert rec["risk"] == spec.method_params["risk"]
+    assert rec["risk_meta"]["identity"]["dataset"] == "digits"
+    assert result.privacy["mode"] == "public" and result.privacy["dp_valid"] is True
+    history = result.history[-1]
+    w = [history[f"lm_w_{name}"] for name in ("conv1", "conv2", "fc1", "fc2")]
+    assert w == rec["final_weights"]
+    assert sum(v * v for v in w) == pytest.approx(1.0)

@@ -11,6 +11,7 @@ import io
 import math
 import platform
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -238,7 +239,9 @@ def load_checkpoint_state(directory: Path) -> dict[str, Any]:
         raise UserInputError(field="checkpoint", value=str(directory),
                              allowed=f"a directory containing {CHECKPOINT_FILE}")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # a refused pickle is reported in one line, below
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for corrupt files
         raise UserInputError(field="checkpoint", value=str(path),
                              allowed=f"a readable dpsweep checkpoint ({exc.__class__.__name__})"
@@ -275,7 +278,7 @@ def load_model(directory: Path, *, data: DataSplits | None = None,
 def _versions() -> dict[str, str]:
     import prv_accountant
 
-    from orchestrator import __version__
+    from core import __version__
 
     return {"dpsweep": __version__, "torch": torch.__version__,
             "prv_accountant": getattr(prv_accountant, "__version__", "0.2.0"),
@@ -335,6 +338,7 @@ def train_trial(
     resume_from: Path | None = None,
     report: Reporter | None = None,
     rolling_checkpoint: str | None = None,
+    instrument: Callable[[DPStep], None] | None = None,
 ) -> TrialResult:
     """Train one model; checkpoint and report after every epoch.
 
@@ -342,12 +346,16 @@ def train_trial(
     ``rolling_checkpoint`` the one directory ``checkpoint_root/<name>`` is replaced each epoch
     instead, so a sweep stores every model once (the last epoch's checkpoint is the final one).
     Each epoch is evaluated on the validation split (what selection reads) and the test split
-    (reported).
+    (reported). ``instrument(method)`` is called once with the built (and, on a resume,
+    restored) method before the first step, so an audit can wrap its phases without a subclass
+    (``trainables.audit.canaries``).
     """
     start = time.perf_counter()
     run = _build(spec, data)
     if resume_from is not None:
         _restore(run, load_checkpoint_state(resume_from))
+    if instrument is not None:
+        instrument(run.method)
     x_train = run.data.train.x.to(run.device)
     y_train = run.data.train.y.to(run.device)
     splits = {name: (getattr(run.data, name).x.to(run.device),

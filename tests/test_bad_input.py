@@ -1,0 +1,674 @@
+"""Bad input, command by command: exit code 2, exactly one line on stderr naming the field, the
+value and what is allowed, no traceback, and nothing written.
+
+The table runs each case in-process (``orchestrator.cli.main``); a few run end to end through
+the installed ``dpsweep`` script in a subprocess. Every case snapshots the directories it could
+write to (its whole temporary directory: config, ``--out`` targets, run-directory copies) and
+compares them afterwards, byte for byte. Commands that hold a run directory's lock while they
+validate (``resume``, ``audit``) may refresh the lock's bookkeeping files, nothing else.
+
+Run directories are real ones, written by ``dpsweep train``'s own code
+(``orchestrator.single.train_single``), then damaged per case: a missing manifest, an edited
+results store or privacy record, a crafted pickle where a run directory keeps state, a corrupt
+checkpoint. A crafted pickle creates a marker file if it is ever unpickled; the marker must
+never appear.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import pickle
+import resource
+import shutil
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from orchestrator.cli import main
+from orchestrator.rundir import LOCK, LOCK_INFO, MANIFEST, RunDir
+from orchestrator.single import train_single
+from reports import store
+from tests.conftest import tiny_config
+
+REPO = Path(__file__).resolve().parents[1]
+DPSWEEP = Path(sys.executable).parent / "dpsweep"
+TRIAL = "trial-000"  # orchestrator.single.TRIAL_ID
+STATE = f"trials/{TRIAL}/checkpoint/state.pt"
+PRIVACY = f"trials/{TRIAL}/privacy.json"
+PREFIX = "dpsweep: error: "
+SEPARATOR = " is not allowed: expected "
+
+
+# ---- run directories ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Runs:
+    secret: Path  # a release-safe single-trial run directory
+    replayable: Path  # the same with reproducible (seeded) randomness
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    base = tmp_path_factory.mktemp("pristine")
+    train_single(tiny_config(), out=base / "secret")
+    train_single(tiny_config(reproducible=True), out=base / "replayable")
+    return Runs(secret=base / "secret", replayable=base / "replayable")
+
+
+class _Unpickled:
+    """Creates ``marker`` when unpickled: ``open(marker, "w")``, no shell needed."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (open, (str(self.marker), "w"))
+
+
+@dataclass
+class Ctx:
+    """One case's world: a temporary directory and helpers that build its inputs there."""
+
+    tmp: Path
+    runs: Runs
+    monkeypatch: pytest.MonkeyPatch
+    marker: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.marker = self.tmp / "PICKLE-WAS-EXECUTED"
+
+    def config(self, text: str, name: str = "c.toml") -> str:
+        path = self.tmp / name
+        path.write_text(text)
+        return str(path)
+
+    def path(self, name: str) -> str:
+        return str(self.tmp / name)
+
+    def run(self, which: str = "secret", name: str = "run") -> Path:
+        """A private copy of a pristine run directory."""
+        target = self.tmp / name
+        shutil.copytree(getattr(self.runs, which), target, symlinks=True)
+        return target
+
+    def rerecord(self, run: Path, rels: list[str]) -> None:
+        """Update the manifest as an attacker with write access would (hashes match again)."""
+        with RunDir.open(run, write=True) as opened:
+            opened.record(rels)
+
+    def audited(self, name: str = "run") -> Path:
+        """A run copy whose trial carries audit results, so that `pick` can choose it."""
+        run = self.run(name=name)
+        frame = store.read_results(run)
+        frame.loc[0, ["peak_mia_accuracy", "peak_mia_upper"]] = [0.55, 0.6]
+        frame.loc[0, "val_accuracy"] = max(float(frame.loc[0, "val_accuracy"]), 0.9)
+        frame.loc[0, "degenerate"] = False
+        store.write_results(run, frame.to_dict("records"))
+        self.rerecord(run, [store.RESULTS_FILE])
+        return run
+
+    def evil_pickle(self, run: Path, rel: str) -> None:
+        target = run / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(pickle.dumps(_Unpickled(self.marker)))
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    argv: Callable[[Ctx], list[str]]  # builds the case's inputs, returns the arguments
+    field: str | tuple[str, ...]  # the field the line names (alternatives: any of them)
+    value: str  # text of the offending value the line shows
+    allowed: str  # fragment of what the line says is allowed
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        return self.field if isinstance(self.field, tuple) else (self.field,)
+
+
+def _cfg(text: str, command: str = "check") -> Callable[[Ctx], list[str]]:
+    """A config error through `config --check`, `train --out` or `run --out`."""
+    def argv(ctx: Ctx) -> list[str]:
+        path = ctx.config(text)
+        if command == "check":
+            return ["config", "--check", path]
+        return [command, path, "--out", ctx.path("out")]
+    return argv
+
+
+GOOD = "[training]\nepochs = 1\n"
+FMNIST_MISSING = "[data]\ndataset = 'fashion-mnist'\ndata_dir = '{tmp}/empty'\n"
+
+
+def _missing_data(command: str) -> Callable[[Ctx], list[str]]:
+    def argv(ctx: Ctx) -> list[str]:
+        (ctx.tmp / "empty").mkdir()
+        path = ctx.config(FMNIST_MISSING.format(tmp=ctx.tmp))
+        return ["config", "--check", path] if command == "check" else [
+            command, path, "--out", ctx.path("out")]
+    return argv
+
+
+def _mnist_not_downloaded(ctx: Ctx) -> list[str]:
+    (ctx.tmp / "cache").mkdir()
+    ctx.monkeypatch.setenv("DPSWEEP_DATA_DIR", str(ctx.tmp / "cache"))
+    return ["config", "--check", ctx.config("[data]\ndataset = 'mnist'\n")]
+
+
+def _out(command: str, where: Callable[[Ctx], str]) -> Callable[[Ctx], list[str]]:
+    """A valid config (or run directory) written to a bad --out."""
+    def argv(ctx: Ctx) -> list[str]:
+        out = where(ctx)
+        if command == "export":
+            return ["export", str(ctx.run()), "--trial", TRIAL, "--out", out]
+        return [command, ctx.config(GOOD), "--out", out]
+    return argv
+
+
+def _under_file(ctx: Ctx) -> str:
+    (ctx.tmp / "file").write_text("a regular file")
+    return ctx.path("file/out")
+
+
+def _dangling(ctx: Ctx) -> str:
+    os.symlink(ctx.tmp / "nowhere", ctx.tmp / "link")
+    return ctx.path("link")
+
+
+def _non_empty(ctx: Ctx) -> str:
+    (ctx.tmp / "full").mkdir()
+    (ctx.tmp / "full" / "keep.txt").write_text("precious")
+    return ctx.path("full")
+
+
+def _proc(ctx: Ctx) -> str:
+    return "/proc/dpsweep-bad-input/out"
+
+
+def _unknown_run(command: str) -> Callable[[Ctx], list[str]]:
+    def argv(ctx: Ctx) -> list[str]:
+        return _on_run(command, ctx, ctx.tmp / "no-such-run")
+    return argv
+
+
+def _on_run(command: str, ctx: Ctx, run: Path) -> list[str]:
+    extra = {"export": ["--trial", TRIAL, "--out", ctx.path("release")],
+             "audit": ["--trial", TRIAL], "resume": ["--quiet"]}.get(command, [])
+    return [command, str(run), *extra]
+
+
+def _no_manifest(command: str) -> Callable[[Ctx], list[str]]:
+    def argv(ctx: Ctx) -> list[str]:
+        run = ctx.run()
+        (run / MANIFEST).unlink()
+        return _on_run(command, ctx, run)
+    return argv
+
+
+def _edited_results(command: str) -> Callable[[Ctx], list[str]]:
+    """results.parquet rewritten (a claimed epsilon lowered) after the run was written."""
+    def argv(ctx: Ctx) -> list[str]:
+        run = ctx.audited() if command == "pick" else ctx.run()
+        frame = pd.read_parquet(run / store.RESULTS_FILE)
+        frame.loc[0, "epsilon_upper"] = 0.01
+        frame.to_parquet(run / store.RESULTS_FILE)
+        return _on_run(command, ctx, run)
+    return argv
+
+
+def _edited_privacy(command: str) -> Callable[[Ctx], list[str]]:
+    def argv(ctx: Ctx) -> list[str]:
+        run = ctx.audited() if command == "pick" else ctx.run()
+        record = json.loads((run / PRIVACY).read_text())
+        record["epsilon_upper"] = 0.01
+        (run / PRIVACY).write_text(json.dumps(record))
+        return _on_run(command, ctx, run)
+    return argv
+
+
+def _crafted_checkpoint(command: str, *, rerecorded: bool) -> Callable[[Ctx], list[str]]:
+    """trials/<id>/checkpoint/state.pt replaced by a pickle that runs code when loaded."""
+    def argv(ctx: Ctx) -> list[str]:
+        run = ctx.audited() if command == "pick" else ctx.run()
+        ctx.evil_pickle(run, STATE)
+        if rerecorded:
+            ctx.rerecord(run, [STATE])
+        if command == "pick":
+            return ["pick", str(run), "--export", ctx.path("release")]
+        return _on_run(command, ctx, run)
+    return argv
+
+
+def _corrupt_checkpoint(*, rerecorded: bool) -> Callable[[Ctx], list[str]]:
+    def argv(ctx: Ctx) -> list[str]:
+        run = ctx.run()
+        state = run / STATE
+        state.write_bytes(state.read_bytes()[:1000])
+        if rerecorded:
+            ctx.rerecord(run, [STATE])
+        return _on_run("export", ctx, run)
+    return argv
+
+
+def _tune_pickle_resume(ctx: Ctx) -> list[str]:
+    """Resuming a single-trial run directory must be refused, whatever lies in tune/."""
+    run = ctx.run()
+    ctx.evil_pickle(run, "tune/attempt-1/experiment_state-2026-01-01_00-00-00.pkl")
+    return ["resume", str(run), "--quiet"]
+
+
+def _pick(*flags: str) -> Callable[[Ctx], list[str]]:
+    def argv(ctx: Ctx) -> list[str]:
+        return ["pick", str(ctx.audited()), *flags]
+    return argv
+
+
+def _export(which: str, *flags: str) -> Callable[[Ctx], list[str]]:
+    def argv(ctx: Ctx) -> list[str]:
+        return ["export", str(ctx.run(which)), "--out", ctx.path("release"), *flags]
+    return argv
+
+
+def _audit(*flags: str) -> Callable[[Ctx], list[str]]:
+    def argv(ctx: Ctx) -> list[str]:
+        return ["audit", str(ctx.run()), *flags]
+    return argv
+
+
+def _simple(*args: str) -> Callable[[Ctx], list[str]]:
+    return lambda ctx: list(args)
+
+
+HASH = "SHA-256 differs"
+NO_MANIFEST = "a dpsweep run directory (with manifest.json)"
+SPLIT = "train_size + validation_size + holdout_size + shadow_size"
+
+CASES = [
+    # ---- config: sections, keys, types --------------------------------------------------------
+    Case("unknown-section", _cfg("[trainig]\nepochs = 1\n"), "trainig", "'[table]'",
+         "unknown section"),
+    Case("unknown-key", _cfg("[training]\nlrr = 0.1\n"), "training.lrr", "0.1", "unknown key"),
+    Case("key-moved-to-method-params", _cfg("[training]\nlr = 0.1\n", "train"), "training.lr",
+         "0.1", "unknown key"),
+    Case("section-not-a-table", _cfg("privacy = 3\n"), "privacy", "3", "a table"),
+    Case("wrong-type-string-for-float", _cfg("[privacy]\nepsilon = 'three'\n"),
+         "privacy.epsilon", "'three'", "a finite number in (0, 100]"),
+    Case("bool-for-int", _cfg("[training]\nepochs = true\n", "train"), "training.epochs",
+         "True", "an integer in [1, 10000]"),
+    Case("int-for-bool", _cfg("[training]\nreproducible = 1\n"), "training.reproducible", "1",
+         "true or false"),
+    Case("float-for-int", _cfg("[training]\nbatch_size = 64.5\n"), "training.batch_size",
+         "64.5", "an integer >= 1"),
+    Case("out-of-range-epochs", _cfg("[training]\nepochs = 0\n", "run"), "training.epochs",
+         "0", "[1, 10000]"),
+    Case("negative-size", _cfg("[data]\ntrain_size = -5\n"), "data.train_size", "-5", ">= 0"),
+    Case("nan-epsilon", _cfg("[privacy]\nepsilon = nan\n"), "privacy.epsilon", "nan",
+         "a finite number"),
+    Case("inf-epsilon", _cfg("[privacy]\nepsilon = inf\n", "train"), "privacy.epsilon", "inf",
+         "a finite number"),
+    Case("huge-epsilon", _cfg("[privacy]\nepsilon = 1e6\n"), "privacy.epsilon", "1000000.0",
+         "(0, 100]"),
+    Case("delta-above-one-over-n", _cfg("[privacy]\ndelta = 0.002\n"), "privacy.delta",
+         "0.002", "< 1/train_size = 0.002"),
+    Case("delta-above-one-over-custom-n",
+         _cfg("[data]\ntrain_size = 100\n[privacy]\ndelta = 0.01\n", "train"), "privacy.delta",
+         "0.01", "< 1/train_size = 0.01"),
+    Case("delta-not-below-one", _cfg("[privacy]\ndelta = 1.0\n"), "privacy.delta", "1.0",
+         "(0, 1)"),
+    Case("split-larger-than-digits", _cfg("[data]\ntrain_size = 1500\n", "train"), "data.sizes",
+         f"{SPLIT} + test_size = 2797", "<= 1797"),
+    Case("split-larger-than-fmnist-train",
+         _cfg("[data]\ndataset = 'fashion-mnist'\nshadow_size = 40000\n"), "data.sizes",
+         f"{SPLIT} = 85000", "<= 60000"),
+    Case("test-larger-than-official", _cfg("[data]\ndataset = 'mnist'\ntest_size = 10001\n"),
+         "data.test_size", "10001", "<= 10000"),
+    Case("batch-larger-than-train", _cfg("[training]\nbatch_size = 501\n"),
+         "training.batch_size", "501", "<= train_size = 500"),
+    Case("shadow-pool-too-small-for-lm-stage1",
+         _cfg("[data]\nshadow_size = 5\n[training]\nmethod = 'lm_dpsgd'\n"),
+         "data.shadow_size", "5", "20"),
+    Case("train-shadow-pool-too-small-for-lm-stage1",
+         _cfg("[data]\nshadow_size = 5\n[training]\nmethod = 'lm_dpsgd'\n", "train"),
+         "data.shadow_size", "5", "20"),
+    Case("unknown-training-method", _cfg("[training]\nmethod = 'sgd'\n"), "training.method",
+         "'sgd'", "'dpsgd'"),
+    Case("unknown-preset", _cfg("[training]\npreset = 'paper'\n"), "training.preset",
+         "'paper'", "a preset of dpsgd: none"),
+    Case("unknown-model", _cfg("[model]\nname = 'resnet50'\n"), "model.name", "'resnet50'",
+         "'resnet20_gn'"),
+    Case("cuda-without-gpus", _cfg("[resources]\ndevice = 'cuda'\n"),
+         "resources.gpus_per_trial", "0.0", "> 0 when resources.device = 'cuda'"),
+    Case("more-cpus-than-the-machine", _cfg("[resources]\ncpus_per_trial = 1024\n", "run"),
+         "resources.cpus_per_trial", "1024", "the CPUs of this machine"),
+    Case("invalid-toml", _cfg("[data\n"), "CONFIG", "c.toml", "valid TOML"),
+    Case("missing-config", _simple("config", "--check", "/nonexistent/dpsweep.toml"), "CONFIG",
+         "'/nonexistent/dpsweep.toml'", "an existing TOML file"),
+    # ---- config: methods, modes, method parameters, search ranges, budgets ---------------------
+    Case("sweep-unknown-method", _cfg("[sweep]\nmethods = ['x']\n"), "sweep.methods", "'x'",
+         "a registered method"),
+    Case("sweep-unknown-mode", _cfg("[sweep]\nmethods = ['lm_dpsgd:nope']\n", "run"),
+         "sweep.methods", "'lm_dpsgd:nope'", "a mode of lm_dpsgd: public, lagged, faithful"),
+    Case("sweep-duplicates", _cfg("[sweep]\nmethods = ['dpsgd', 'dpsgd:standard']\n"),
+         "sweep.methods", "['dpsgd', 'dpsgd:standard']", "distinct"),
+    Case("sweep-methods-not-a-list", _cfg("[sweep]\nmethods = 'dpsgd'\n"), "sweep.methods",
+         "'dpsgd'", "a list"),
+    Case("method-param-nobody-declares", _cfg("[method_params]\nlearning_rate = 0.1\n",
+                                              "train"),
+         "method_params.learning_rate", "0.1", "a hyperparameter declared by"),
+    Case("method-param-bad-value", _cfg("[method_params]\nclip_norm = 0\n"),
+         "method_params.clip_norm", "0", "a finite number in (0, 10000]"),
+    Case("method-table-of-unknown-method", _cfg("[method_params.sgd]\nlr = 0.1\n"),
+         "method_params.sgd", "'[table]'", "a table named after a method"),
+    Case("mode-specific-key-for-another-mode",
+         _cfg("[sweep]\nmethods = ['lm_dpsgd:public']\n[method_params]\nlagged_beta = 0.5\n"),
+         "method_params.lagged_beta", "0.5", "used only in mode lagged"),
+    Case("faithful-only-key-in-public-mode",
+         _cfg("[sweep]\nmethods = ['dp_adamilg']\n[method_params.dp_adamilg]\nalpha = 2.0\n"),
+         "method_params.alpha", "2.0", "used only in mode faithful"),
+    Case("freezing-every-layer-of-the-model",
+         _cfg("[sweep]\nmethods = ['dpsgd_lf']\n[method_params.dpsgd_lf]\nm_f = 4\n"),
+         "method_params.m_f", "4", "[1, 3]"),
+    Case("train-freezing-every-layer-of-the-model",
+         _cfg("[training]\nmethod = 'dpsgd_lf'\n[method_params.dpsgd_lf]\nm_f = 4\n", "train"),
+         "method_params.m_f", "4", "[1, 3]"),
+    Case("search-range-outside-declaration",
+         _cfg("[sweep]\nmethods = ['dpsgd']\n[search.dpsgd]\nclip_norm = {low = 0.0, high = "
+              "1.0}\n"), ("search.dpsgd.clip_norm.low", "search.dpsgd.clip_norm.clip_norm"),
+         "0.0", "(0, 10000]"),
+    Case("search-low-not-below-high",
+         _cfg("[sweep]\nmethods = ['dpsgd']\n[search.dpsgd]\nclip_norm = {low = 2.0, high = "
+              "1.0}\n"), "search.dpsgd.clip_norm.high", "1.0", "> low = 2.0"),
+    Case("search-undeclared-parameter",
+         _cfg("[sweep]\nmethods = ['dpsgd']\n[search.dpsgd]\nkappa = {low = 0.1, high = 1.0}\n"),
+         "search.dpsgd.kappa", "{'low': 0.1, 'high': 1.0}", "declared by dpsgd"),
+    Case("search-for-a-method-not-swept",
+         _cfg("[sweep]\nmethods = ['dpsgd']\n[search.ww_dpsgd]\nK = {choices = [10]}\n"),
+         "search.ww_dpsgd", "'[table]'", "a swept method: ['dpsgd']"),
+    Case("budget-epsilons-duplicate", _cfg("[budget]\nepsilons = [1, 2, 1]\n"),
+         "budget.epsilons", "[1, 2, 1]", "distinct numbers in (0, 100]"),
+    Case("budget-epsilons-out-of-range", _cfg("[budget]\nepsilons = [0.5, 1000]\n", "run"),
+         "budget.epsilons", "[0.5, 1000]", "(0, 100]"),
+    Case("budget-epsilons-not-a-list", _cfg("[budget]\nepsilons = 3.0\n"), "budget.epsilons",
+         "3.0", "a list"),
+    # ---- config: data that is not on this machine --------------------------------------------
+    Case("check-fmnist-data-dir-empty", _missing_data("check"), "data.data_dir", "empty",
+         "Fashion-MNIST IDX files"),
+    Case("train-fmnist-data-dir-empty", _missing_data("train"), "data.data_dir", "empty",
+         "Fashion-MNIST IDX files"),
+    Case("check-mnist-not-downloaded", _mnist_not_downloaded, "data.data_dir", "cache",
+         "would have to be downloaded"),
+    Case("config-method-unknown", _simple("config", "--method", "sgd"), "method", "'sgd'",
+         "'dpsgd'"),
+    # ---- --out ---------------------------------------------------------------------------------
+    Case("train-out-under-a-file", _out("train", _under_file), "--out", "file/out",
+         "a path under a directory"),
+    Case("train-out-in-proc", _out("train", _proc), "--out", "/proc/dpsweep-bad-input/out",
+         "not /proc"),
+    Case("train-out-dangling-symlink", _out("train", _dangling), "--out", "link",
+         "not a dangling symbolic link"),
+    Case("train-out-not-empty", _out("train", _non_empty), "--out", "full",
+         "a new or empty directory"),
+    Case("run-out-not-empty", _out("run", _non_empty), "--out", "full",
+         "a new or empty directory"),
+    Case("run-out-under-a-file", _out("run", _under_file), "--out", "file/out",
+         "a path under a directory"),
+    Case("export-out-not-empty", _out("export", _non_empty), "--out", "full",
+         "a new or empty directory"),
+    Case("export-out-in-proc", _out("export", _proc), "--out", "/proc/dpsweep-bad-input",
+         "not /proc"),
+    # ---- RUN_DIR -------------------------------------------------------------------------------
+    *(Case(f"{c}-unknown-run-dir", _unknown_run(c), "RUN_DIR", "no-such-run",
+           "run directory") for c in ("report", "pick", "export", "resume", "audit")),
+    *(Case(f"{c}-without-manifest", _no_manifest(c), "RUN_DIR", "/run'", NO_MANIFEST)
+      for c in ("report", "pick", "export", "resume", "audit")),
+    *(Case(f"{c}-edited-results", _edited_results(c), "RUN_DIR", "'results.parquet'", HASH)
+      for c in ("report", "pick", "export", "audit")),
+    *(Case(f"{c}-edited-privacy-record", _edited_privacy(c), "RUN_DIR", PRIVACY, HASH)
+      for c in ("pick", "export")),
+    Case("export-crafted-checkpoint-pickle", _crafted_checkpoint("export", rerecorded=False),
+         "RUN_DIR", STATE, HASH),
+    Case("export-crafted-checkpoint-pickle-rerecorded",
+         _crafted_checkpoint("export", rerecorded=True), "checkpoint", "state.pt",
+         "a readable dpsweep checkpoint"),
+    Case("pick-export-crafted-checkpoint-pickle-rerecorded",
+         _crafted_checkpoint("pick", rerecorded=True), "checkpoint", "state.pt",
+         "a readable dpsweep checkpoint"),
+    Case("export-corrupt-checkpoint", _corrupt_checkpoint(rerecorded=False), "RUN_DIR", STATE,
+         HASH),
+    Case("export-corrupt-checkpoint-rerecorded", _corrupt_checkpoint(rerecorded=True),
+         "checkpoint", "state.pt", "a readable dpsweep checkpoint"),
+    Case("resume-single-trial-run-with-tune-pickle", _tune_pickle_resume, "RUN_DIR", "run",
+         "sweep"),
+    # ---- pick, export, audit arguments ---------------------------------------------------------
+    Case("pick-max-peak-mia-above-one", _pick("--max-peak-mia", "1.5"), "--max-peak-mia", "1.5",
+         "a number in [0, 1]"),
+    Case("pick-max-peak-mia-nan", _pick("--max-peak-mia", "nan"), "--max-peak-mia", "nan",
+         "a number in [0, 1]"),
+    Case("pick-min-val-acc-negative", _pick("--min-val-acc", "-0.1"), "--min-val-acc", "-0.1",
+         "a number in [0, 1]"),
+    Case("export-replayable-trial", _export("replayable", "--trial", TRIAL), "randomness",
+         "'reproducible'", "--allow-replayable"),
+    Case("export-unknown-trial", _export("secret", "--trial", "trial-999"), "--trial",
+         "'trial-999'", "a trial of this run: ['trial-000']"),
+    Case("export-trial-id-with-path", _export("secret", "--trial", "../trial-000"), "trial id",
+         "'../trial-000'", "one path component"),
+    Case("audit-zero-canaries", _audit("--trial", TRIAL, "--canaries", "0"), "--canaries", "0",
+         "an integer >= 1"),
+    Case("audit-unknown-trial", _audit("--trial", "trial-999"), "--trial", "'trial-999'",
+         "a trial of this run"),
+]
+
+
+#: `dpsweep budget --epsilon 1e6` (the flag may also name its config key)
+BUDGET_CASE = Case("budget-huge-epsilon", _simple(), ("--epsilon", "--epsilon (privacy.epsilon)"),
+                   "1000000.0", "(0, 100]")
+
+
+# ---- the checks --------------------------------------------------------------------------------
+def snapshot(root: Path, *, ignore: tuple[str, ...] = ()) -> dict[str, object]:
+    """Every entry under ``root``: files by size and SHA-256, links by target, directories."""
+    entries: dict[str, object] = {}
+    for top, dirs, files in os.walk(root, followlinks=False):
+        for name in dirs + files:
+            path = Path(top) / name
+            rel = str(path.relative_to(root))
+            if name in ignore:
+                continue
+            if path.is_symlink():
+                entries[rel] = ("link", os.readlink(path))
+            elif path.is_dir():
+                entries[rel] = "dir"
+            else:
+                entries[rel] = (path.stat().st_size,
+                                hashlib.sha256(path.read_bytes()).hexdigest())
+    return entries
+
+
+def check_line(rc: object, out: str, err: str, case: Case) -> None:
+    """Exit 2, one stderr line `dpsweep: error: FIELD = VALUE is not allowed: expected ...`."""
+    assert "Traceback" not in out + err, err
+    assert rc == 2, f"exit {rc!r}; stderr: {err!r}"
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, f"expected one line, got {lines!r}"
+    line = lines[0]
+    assert line.startswith(PREFIX), line
+    assert SEPARATOR in line, line
+    named, allowed = line[len(PREFIX):].split(SEPARATOR, 1)
+    assert any(named.startswith(f"{f} = ") for f in case.fields), (case.fields, line)
+    assert case.value in named, (case.value, line)
+    assert case.allowed in allowed, (case.allowed, line)
+
+
+@contextlib.contextmanager
+def interpreter_warnings() -> Iterator[None]:
+    """Warnings as a user of the command sees them (pytest would only record them): Python's
+    default filters, printed to stderr."""
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+             file: object = None, line: str | None = None) -> None:
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+    with warnings.catch_warnings():
+        warnings.resetwarnings()
+        for action, category in (("ignore", DeprecationWarning),
+                                 ("ignore", PendingDeprecationWarning),
+                                 ("ignore", ImportWarning), ("ignore", ResourceWarning)):
+            warnings.simplefilter(action, category)
+        warnings.showwarning = show
+        yield
+
+
+class _Reached(Exception):
+    """Raised by the stubs of the expensive stages: validation let the input through."""
+
+
+@pytest.fixture
+def guarded(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """Input that wrongly passes validation must fail fast, not start Ray or train canaries."""
+    import importlib
+
+    def reached(*_: object, **__: object) -> None:
+        raise _Reached("validation passed: the command went on to its expensive stage")
+
+    for module, names in (("orchestrator.sweep", ["_drive"]),
+                          ("trainables.audit.canaries", ["black_box_run", "white_box_run"])):
+        loaded = importlib.import_module(module)
+        for name in names:
+            monkeypatch.setattr(loaded, name, reached)
+    return monkeypatch
+
+
+def test_the_table_is_large_and_its_ids_unique() -> None:
+    assert len(CASES) >= 40
+    assert len({c.id for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input(case: Case, runs: Runs, tmp_path: Path, guarded: pytest.MonkeyPatch,
+                   capsys: pytest.CaptureFixture[str]) -> None:
+    ctx = Ctx(tmp=tmp_path, runs=runs, monkeypatch=guarded)
+    argv = case.argv(ctx)
+    locking = argv[0] in ("resume", "audit")  # may refresh the lock's bookkeeping only
+    ignore = (LOCK, LOCK_INFO) if locking else ()
+    before = snapshot(tmp_path, ignore=ignore)
+    capsys.readouterr()
+    with interpreter_warnings():
+        try:
+            rc: object = main(argv)
+        except SystemExit as exc:  # argparse
+            rc = exc.code
+    out, err = capsys.readouterr()
+    check_line(rc, out, err, case)
+    assert not ctx.marker.exists(), "a crafted pickle was executed"
+    assert snapshot(tmp_path, ignore=ignore) == before, "bad input must write nothing"
+
+
+def test_budget_with_a_huge_epsilon_is_refused_before_any_accounting(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """epsilon = 1e6 would make the accountant discretise a huge range (minutes, >10 GB)."""
+    import orchestrator.budget
+
+    def calibrate(**_: object) -> None:
+        raise _Reached("calibrate was called for epsilon 1e6")
+
+    monkeypatch.setattr(orchestrator.budget, "calibrate", calibrate)
+    start = time.perf_counter()
+    rc = main(["budget", "--epsilon", "1e6", "--delta", "1e-5", "--sample-rate", "0.01",
+               "--steps", "100"])
+    assert time.perf_counter() - start < 5.0
+    check_line(rc, *capsys.readouterr(), BUDGET_CASE)
+
+
+def test_the_same_inputs_intact_are_accepted(runs: Runs, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """The control: the run directories and config the table damages work when intact, so
+    every refusal above is caused by the damage."""
+    ctx = Ctx(tmp=tmp_path, runs=runs, monkeypatch=pytest.MonkeyPatch())
+    assert main(["config", "--check", ctx.config(GOOD)]) == 0
+    audited = ctx.audited()
+    assert main(["pick", str(audited)]) == 0
+    assert (audited / "pick.toml").is_file()
+    assert main(["export", str(ctx.run(name="plain")), "--trial", TRIAL,
+                 "--out", ctx.path("release")]) == 0
+    assert main(["export", str(ctx.run("replayable", name="seeded")), "--trial", TRIAL,
+                 "--out", ctx.path("seeded-release"), "--allow-replayable"]) == 0
+    assert main(["report", str(ctx.run(name="reported"))]) == 0
+    assert "error" not in capsys.readouterr().err
+
+
+def test_state_pickles_in_a_run_directory_are_never_loaded(runs: Runs, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]
+                                                           ) -> None:
+    """Tune's experiment state is never read: report and export work around it, unharmed."""
+    ctx = Ctx(tmp=tmp_path, runs=runs, monkeypatch=pytest.MonkeyPatch())
+    run = ctx.run()
+    ctx.evil_pickle(run, "tune/attempt-1/experiment_state-2026-01-01_00-00-00.pkl")
+    ctx.evil_pickle(run, "tune/attempt-1/trainable_0001/checkpoint_000000/state.pkl")
+    assert main(["export", str(run), "--trial", TRIAL, "--out", ctx.path("release")]) == 0
+    assert main(["report", str(run)]) == 0
+    capsys.readouterr()
+    assert not ctx.marker.exists()
+
+
+# ---- end to end: the installed script in a subprocess ------------------------------------------
+def _subprocess(args: list[str], *, cwd: Path, memory_gib: int = 4,
+                env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The console script, with this tree's code, an address-space cap and a time limit."""
+    def limits() -> None:
+        cap = memory_gib << 30
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+    exe = [str(DPSWEEP)] if DPSWEEP.exists() else [sys.executable, "-m", "orchestrator.cli"]
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    return subprocess.run([*exe, *args], capture_output=True, text=True, cwd=cwd, env=full_env,
+                          timeout=240, preexec_fn=limits)
+
+
+END_TO_END = ["unknown-key", "train-out-in-proc", "export-crafted-checkpoint-pickle-rerecorded",
+              "resume-unknown-run-dir", "check-fmnist-data-dir-empty"]
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.id in END_TO_END],
+                         ids=[c.id for c in CASES if c.id in END_TO_END])
+def test_bad_input_end_to_end(case: Case, runs: Runs, tmp_path: Path) -> None:
+    ctx = Ctx(tmp=tmp_path / "case", runs=runs, monkeypatch=pytest.MonkeyPatch())
+    ctx.tmp.mkdir()
+    argv = case.argv(ctx)
+    before = snapshot(ctx.tmp)
+    r = _subprocess(argv, cwd=tmp_path)
+    check_line(r.returncode, r.stdout, r.stderr, case)
+    assert not ctx.marker.exists()
+    assert snapshot(ctx.tmp) == before
+    assert [p.name for p in tmp_path.iterdir()] == ["case"]  # nothing in the working directory
+
+
+def test_budget_huge_epsilon_end_to_end(tmp_path: Path) -> None:
+    """Within a 4 GiB address space the command must still answer with exit 2 (an
+    accountant run for epsilon 1e6 would exhaust it, and take minutes)."""
+    r = _subprocess(["budget", "--epsilon", "1e6", "--delta", "1e-5", "--sample-rate", "0.01",
+                     "--steps", "100"], cwd=tmp_path,
+                    env={"DPSWEEP_CACHE_DIR": str(tmp_path / "cache")})
+    check_line(r.returncode, r.stdout, r.stderr, BUDGET_CASE)
+    assert r.stdout == "" and list(tmp_path.iterdir()) == []
+
+
+def test_snapshot_sees_every_kind_of_write(tmp_path: Path) -> None:
+    """The 'nothing written' check itself: new files, edits, new directories and links."""
+    (tmp_path / "a").write_text("x")
+    before = snapshot(tmp_path)
+    for change in (lambda: (tmp_path / "a").write_text("y"),
+                   lambda: (tmp_path / "b").mkdir(),
+                   lambda: os.symlink(tmp_path / "zz", tmp_path / "c"),
+                   lambda: (tmp_path / "b" / "d").write_text("")):
+        change()
+        after = snapshot(tmp_path)
+        assert after != before
+        before = after
