@@ -342,7 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
     au.add_argument("run_dir", help="RUN_DIR")
     au.add_argument("--trial", required=True, help="trial id")
     au.add_argument("--canaries", type=int, default=None,
-                    help="canaries m (default: audit.canaries of the run's config)")
+                    help="canaries m (default 1000 white-box; black-box at most the holdout size)")
     au.add_argument("--white-box", action="store_true",
                     help="gradient canaries scored by the released updates (else input canaries "
                          "scored by loss)")
