@@ -154,15 +154,35 @@ class SweepConfig:
                                     low=1, high=1024)
     seed: int = _f(0, "seed of the Optuna samplers", low=0)
     sampler: str = _f("tpe", "Optuna sampler: tpe, random, nsga2 or gp", choices=SAMPLERS)
+    seeds: int = _f(0, "re-runs of every front trial with fresh noise and new initialisation "
+                       "(spread of the privacy-utility curves); 0 = none", low=0, high=100)
+    baseline: bool = _f(True, "also train and audit a non-private model with the same model and "
+                              "data (a reference line on the report's curves)")
 
 
 @dataclass(frozen=True)
 class AuditConfig:
-    enabled: bool = _f(True, "attack every trained model with per-layer shadow-model MIAs")
-    in_trial: bool = _f(True, "audit inside each trial (two-objective search: accuracy up, peak "
-                              "MIA down); false = accuracy-only search, audit afterwards")
-    shadow_models: int = _f(1, "shadow models per audited trial", low=1, high=64)
-    seed: int = _f(0, "seed of the shadow split, shadow training and attack classifiers", low=0)
+    enabled: bool = _f(True, "attack every trained model with calibrated per-layer membership "
+                             "attacks (LiRA, RMIA, loss threshold, shadow classifier)")
+    in_trial: bool = _f(True, "audit inside each trial (two-objective search: validation "
+                              "accuracy up, peak MIA down); false = accuracy-only search, the "
+                              "fronts audited after the sweep")
+    references: str = _f("offline", "reference models: 'offline' (trained on the public shadow "
+                                    "pool; cheap) or 'online' (trained on random halves of the "
+                                    "private members and non-members; stronger)",
+                         choices=("offline", "online"))
+    reference_models: int = _f(4, "reference models per audited trial (each trains like the "
+                                  "trial; the audit's main cost)", low=4, high=256)
+    max_candidates: int = _f(0, "audited members (and as many non-members) per trial; 0 = "
+                                "min(train_size, holdout_size)", low=0)
+    alpha: float = _f(0.05, "significance level of leak_detected (Holm-corrected over layers "
+                            "and attacks) and of the simultaneous upper bound pick constrains",
+                      low=0.0, low_open=True, high=0.5)
+    scope: str = _f("front", "with in_trial = false: audit the 'front' trials of each study "
+                             "after the sweep, or 'all' finished trials",
+                    choices=("front", "all"))
+    seed: int = _f(0, "seed of the audited candidates, reference training sets and seeds",
+                   low=0)
 
 
 SECTIONS: dict[str, type] = {"data": DataConfig, "model": ModelConfig, "privacy": PrivacyConfig,

@@ -37,12 +37,13 @@ def _row(run: RunDir, trial_id: str) -> dict[str, Any]:
     return row
 
 
-def _tuning(run: RunDir) -> dict[str, Any] | None:
+def _tuning(run: RunDir, *, target: float) -> dict[str, Any] | None:
+    """The run's tuning statement for the trial's target (a sweep states one per target)."""
     path = run.path / SUMMARY_FILE
     if not path.is_file():
         return None
-    summary = json.loads(run.verify(SUMMARY_FILE).read_text())
-    return summary.get("tuning")
+    tuning = json.loads(run.verify(SUMMARY_FILE).read_text()).get("tuning") or {}
+    return (tuning.get("by_target") or {}).get(f"{target:g}", tuning) or None
 
 
 def audit_bound(row: dict[str, Any]) -> dict[str, Any] | None:
@@ -64,5 +65,6 @@ def export_from_run(run_dir: Path, *, trial_id: str, out: Path, allow_replayable
     checkpoint = run.path / str(row["checkpoint"])
     run.verify(str(Path(str(row["checkpoint"])) / "state.pt"))
     return export_trial(checkpoint_dir=checkpoint, privacy=privacy, out=Path(out),
-                        tuning=_tuning(run), audit_bound=audit_bound(row),
+                        tuning=_tuning(run, target=float(row["target_epsilon"])),
+                        audit_bound=audit_bound(row),
                         allow_replayable=allow_replayable, allow_invalid_dp=allow_invalid_dp)

@@ -224,6 +224,20 @@ class SweepSearcher:
                 self._started: dict[str, int] = {p.name: 0 for p in plans}
                 self._lock = threading.Lock()
 
+            def __getstate__(self) -> dict[str, Any]:
+                """Tune pickles its searcher into its own experiment state, which dpsweep never
+                loads (state is rebuilt from the Optuna storage): an inert placeholder."""
+                return {"dpsweep": "not restorable: the Optuna storage holds the state"}
+
+            def __setstate__(self, state: dict[str, Any]) -> None:
+                self.__dict__.update(state)
+
+            def save(self, checkpoint_path: str) -> None:
+                del checkpoint_path
+
+            def restore(self, checkpoint_path: str) -> None:
+                del checkpoint_path
+
             def _to_start(self, plan: StudyPlan) -> int:
                 tally = self._tallies[plan.name]
                 running = sum(1 for p, _, _ in self._live.values() if p.name == plan.name)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import UserInputError
+from core.storage import atomic_write_json
 from orchestrator import config as config_mod
 from orchestrator.config import Config
 from orchestrator.rundir import RESULTS, RunDir, check_creatable
@@ -119,7 +120,26 @@ def _stopper(flag: _StopFlag) -> Any:
         def stop_all(self) -> bool:
             return flag.event.is_set()
 
+        def __reduce__(self) -> tuple[Any, ...]:  # Tune pickles it; never restored
+            return (tuple, ())
+
     return InterruptStopper()
+
+
+class _SilentReporter:
+    """A Tune progress reporter that reports nothing (the driver prints its own lines)."""
+
+    def __new__(cls) -> Any:
+        from ray.tune import ProgressReporter
+
+        class Silent(ProgressReporter):
+            def should_report(self, trials: list, done: bool = False) -> bool:
+                return False
+
+            def report(self, trials: list, done: bool, *sys_info: dict) -> None:
+                del trials, done, sys_info
+
+        return Silent()
 
 
 # ---- planning -----------------------------------------------------------------------------------
@@ -174,11 +194,17 @@ def precompute(cfg: Config, *, run: RunDir, plans: list[StudyPlan], data: Any,
                quiet: bool) -> None:
     """Budgets and once-per-sweep preparations for every schedule a study can produce, so
     trials only ever hit the cache (and the shadow pool's risk estimate runs once)."""
+    from orchestrator.audit import reference_budgets
+
     jobs = [(plan, point) for plan in plans for point in schedule_points(plan)]
     with _progress(total=len(jobs), desc="budgets", quiet=quiet) as bar:
         for plan, point in jobs:
-            plan_trial(at_epsilon(cfg, plan.epsilon), method=plan.method,
-                       params=plan.space.decode(point), cache_dir=run.cache_dir, data=data)
+            spec = plan_trial(at_epsilon(cfg, plan.epsilon), method=plan.method,
+                              params=plan.space.decode(point), cache_dir=run.cache_dir,
+                              data=data)
+            if cfg.audit.enabled:
+                reference_budgets(cfg, method=plan.method, params=spec.method_params,
+                                  epsilon=plan.epsilon, data=data, cache_dir=run.cache_dir)
             bar.update(1)
 
 
@@ -296,9 +322,16 @@ class _Driver:
         spec = plan_trial(at_epsilon(self.cfg, plan.epsilon), method=plan.method,
                           params=params, trial_id=tid, cache_dir=self.run.cache_dir,
                           data=self.data)
+        audit = audit_settings(self.cfg)
+        if audit["in_trial"]:
+            from orchestrator.audit import reference_budgets
+
+            audit["budgets"] = reference_budgets(self.cfg, method=plan.method,
+                                                 params=spec.method_params,
+                                                 epsilon=plan.epsilon, data=self.data,
+                                                 cache_dir=self.run.cache_dir)
         return {"run_dir": str(self.run.path), "trial_id": tid, "study": plan.name,
-                "series": plan.series, "spec": spec.to_dict(),
-                "audit": audit_settings(self.cfg)}
+                "series": plan.series, "spec": spec.to_dict(), "audit": audit}
 
     def tune(self, studies: dict[str, Any], tallies: dict[str, Any], flag: _StopFlag) -> None:
         from ray import tune
@@ -324,6 +357,7 @@ class _Driver:
                 max_concurrent_trials=self.cfg.sweep.max_concurrent_trials, reuse_actors=True),
             run_config=tune.RunConfig(
                 name=f"attempt-{attempt}", storage_path=str(self.run.tune_dir), verbose=0,
+                progress_reporter=_SilentReporter(),
                 stop=_stopper(flag), failure_config=tune.FailureConfig(max_failures=0)))
         with _progress(total=to_run, desc="trials", quiet=self.quiet) as bar:
             self.bar = bar
@@ -360,13 +394,160 @@ class _Driver:
             studies[plan.name] = study
         return studies, tallies
 
-    def finish(self) -> SweepSummary:
-        frame = store.read_results(self.run.path, allow_empty=True)
-        if self.cfg.audit.enabled and not self.cfg.audit.in_trial:
-            from orchestrator.audit import audit_run
+    # ---- after the search ---------------------------------------------------------------
+    def front_ids(self) -> dict[str, list[str]]:
+        """Per study, the trials a release would be chosen among: the validation-accuracy
+        leader and every trial tied with it within its 95% interval (what the after-sweep
+        audit and the re-runs spend on)."""
+        from reports.pareto import wilson_interval
 
-            audit_run(self.run, cfg=self.cfg, quiet=self.quiet)
-            frame = store.read_results(self.run.path)
+        n_val = self.cfg.split_sizes()["validation"]
+        by_study: dict[str, list[dict[str, Any]]] = {}
+        for row in self.rows.values():
+            if row["status"] == "ok" and not row.get("repeat_of") and not row.get("degenerate") \
+                    and row["study"] in {p.name for p in self.plans}:
+                by_study.setdefault(row["study"], []).append(row)
+        out = {}
+        for study, rows in by_study.items():
+            best = max(rows, key=lambda r: r["val_accuracy"])
+            low = wilson_interval(best["val_accuracy"], n=n_val)[0]
+            out[study] = sorted(r["trial_id"] for r in rows
+                                if wilson_interval(r["val_accuracy"], n=n_val)[1] >= low)
+        return out
+
+    def _spec_of(self, tid: str) -> dict[str, Any]:
+        return _read_json(self.run.verify(f"trials/{tid}/spec.json"))
+
+    def post_sweep(self) -> None:
+        """After-sweep audits, re-runs with fresh noise and the non-private baseline."""
+        from orchestrator import postsweep
+        from orchestrator.audit import reference_budgets
+
+        cfg, jobs = self.cfg, []
+        plans = {p.name: p for p in self.plans}
+        fronts = self.front_ids()
+        settings = audit_settings(cfg)
+        if cfg.audit.enabled and not cfg.audit.in_trial:
+            todo = (sorted(t for ids in fronts.values() for t in ids) if cfg.audit.scope == "front"
+                    else sorted(t for t, r in self.rows.items() if r["status"] == "ok"))
+            for tid in todo:
+                if isinstance(self.rows[tid].get("mia_layers"), str) and \
+                        self.rows[tid]["mia_layers"] not in ("", "[]"):
+                    continue
+                spec = self._spec_of(tid)
+                plan = plans[self.rows[tid]["study"]]
+                jobs.append(postsweep.Job(f"audit {tid}", postsweep.audit_job, {
+                    "trial_dir": str(self.run.trial_dir(tid)), "spec": spec,
+                    "settings": settings,
+                    "budgets": reference_budgets(cfg, method=plan.method,
+                                                 params=spec["method_params"],
+                                                 epsilon=plan.epsilon, data=self.data,
+                                                 cache_dir=self.run.cache_dir)}))
+        for study, ids in fronts.items():
+            for tid in ids:
+                for k in range(1, cfg.sweep.seeds + 1):
+                    rid = f"{tid}-r{k}"
+                    if rid in self.rows:
+                        continue
+                    spec = self._spec_of(tid)
+                    config = self.trial_config(plans[study], spec["method_params"], rid)
+                    config["spec"]["seed"] = int(spec["seed"]) + k
+                    config["audit"]["in_trial"] = settings["in_trial"]
+                    jobs.append(postsweep.Job(f"re-run {rid}", postsweep.rerun_job,
+                                              {"config": config}))
+        if cfg.sweep.baseline and postsweep.BASELINE_ID not in self.rows:
+            any_spec = next(iter(self.rows.values()), None)
+            if any_spec is not None and any_spec["status"] == "ok":
+                jobs.append(postsweep.Job("non-private baseline", postsweep.baseline_job, {
+                    "run_dir": str(self.run.path), "spec": self._spec_of(any_spec["trial_id"]),
+                    "settings": settings, "audit": cfg.audit.enabled}))
+        if not jobs:
+            return
+        with _progress(total=len(jobs), desc="after the search", quiet=self.quiet) as bar:
+            self.bar = bar
+
+            def done(job: Any, result: dict[str, Any] | None, error: str) -> None:
+                self._after(job, result, error)
+                bar.update(1)
+
+            postsweep.run_jobs(jobs, cpus=cfg.resources.cpus_per_trial,
+                               gpus=cfg.resources.gpus_per_trial,
+                               concurrency=cfg.sweep.max_concurrent_trials, on_done=done)
+            self.bar = None
+
+    def _after(self, job: Any, result: dict[str, Any] | None, error: str) -> None:
+        from orchestrator import postsweep
+        from orchestrator.audit import row_audit_columns
+        from trainables.data import NUM_CLASSES
+
+        kind, _, tid = job.name.partition(" ")
+        line = f"[{job.name}] " + ("FAILED: " + error if error else "done")
+        if kind == "audit":
+            row = self.rows[tid]
+            if result is not None:
+                row.update(row_audit_columns(result))
+                row["audit_error"] = ""
+            else:
+                row.update(store.empty_audit())
+                row["audit_error"] = error
+            self._write(tid)
+        elif kind == "re-run":
+            base = tid.rsplit("-r", 1)[0]
+            plan = next(p for p in self.plans if p.name == self.rows[base]["study"])
+            outcome = Outcome("ok", result, "") if result is not None else Outcome(
+                "failed", {}, error)
+            self.record(plan, tid, outcome)
+            self.rows[tid]["repeat_of"] = base
+            self._write(tid)
+        elif result is not None:
+            row = postsweep.baseline_row(result, num_classes=NUM_CLASSES[self.cfg.data.dataset])
+            audit_file = self.run.trial_dir(postsweep.BASELINE_ID) / "audit.json"
+            if audit_file.is_file():
+                row.update(row_audit_columns(_read_json(audit_file)))
+            self.rows[postsweep.BASELINE_ID] = row
+            self._write(postsweep.BASELINE_ID)
+        if not self.quiet and self.bar is not None:
+            self.bar.write(line)
+
+    def _write(self, tid: str) -> None:
+        store.write_results(self.run.path, list(self.rows.values()))
+        self.run.record_trial(tid)
+        self.run.record([RESULTS])
+
+    def write_summary(self) -> None:
+        """summary.json: what the report's header and the export's tuning statement read."""
+        import platform
+
+        from core import __version__
+        from orchestrator.tuning import adaptive_statement
+
+        by_target = {}
+        for eps in epsilons(self.cfg):
+            rows = [r for r in self.rows.values() if r["status"] == "ok"
+                    and r.get("target_epsilon") == eps and not r.get("repeat_of")]
+            if rows:
+                stmt = adaptive_statement(n_trials=len(rows), per_trial_epsilon=eps,
+                                          delta=self.cfg.privacy.delta)
+                by_target[f"{eps:g}"] = {"mode": "adaptive", **stmt.to_dict()}
+        summary = {
+            "started": self.start, "finished": time.time(),
+            "wall_seconds": time.time() - self.start,
+            "versions": {"dpsweep": __version__, "python": platform.python_version(),
+                         **_library_versions()},
+            "accountant": "prv (upper bound; RDP fallback recorded per trial)",
+            "split_sizes": self.cfg.split_sizes(), "model": self.cfg.model.name,
+            "tuning": {"mode": "adaptive",
+                       "statement": " ".join(v["statement"] for v in by_target.values()),
+                       "n_trials": sum(int(v["n_trials"]) for v in by_target.values()),
+                       "end_to_end_epsilon": None, "by_target": by_target},
+        }
+        atomic_write_json(self.run.path / "summary.json", summary)
+        self.run.record(["summary.json"])
+
+    def finish(self) -> SweepSummary:
+        self.post_sweep()
+        self.write_summary()
+        frame = store.read_results(self.run.path, allow_empty=True)
         report = None
         if len(frame):
             from reports.html import build_report
@@ -381,6 +562,18 @@ class _Driver:
         if report is not None:
             print(f"report: {report}", flush=True)
         return summary
+
+
+def _library_versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ("torch", "ray", "optuna", "dp-accounting", "numpy"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = "not installed"
+    return out
 
 
 def audit_settings(cfg: Config) -> dict[str, Any]:
@@ -406,9 +599,28 @@ def _validate_before_ray(cfg: Config, *, out: Path | None) -> None:
     study_plans(cfg)
 
 
+#: Ray Tune's own tables, banners and per-checkpoint chatter would drown the progress lines;
+#: the results live in the run directory, not in Tune's output.
+TUNE_QUIET_ENV = {"RAY_AIR_NEW_OUTPUT": "0", "TUNE_DISABLE_STRICT_METRIC_CHECKING": "1",
+                  "TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S": "0",
+                  "RAY_TRAIN_V2_ENABLED": "0", "TUNE_DISABLE_SIGINT_HANDLER": "1"}
+
+
+def _quiet_libraries() -> None:
+    import warnings
+
+    import optuna
+
+    for key, value in TUNE_QUIET_ENV.items():
+        os.environ.setdefault(key, value)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
 def _drive(cfg: Config, run: RunDir, *, address: str | None, quiet: bool) -> SweepSummary:
     from orchestrator import cluster
 
+    _quiet_libraries()
     flag = _StopFlag()
     with _signals(flag):
         try:

@@ -1,0 +1,249 @@
+"""The audit of a trained model: calibrated membership attacks per layer, with statistics.
+
+Four parts, each in its floor: which examples are audited and what each reference model trains
+on (``trainables.audit.references``: the *online* plan trains references on random halves of the
+private population of members and non-members; the *offline* plan only on the public pool), the
+per-example signals of target and references (``trainables.audit.signals``: every layer's log
+gradient norm, the logit-scaled confidence, the loss), the attacks that turn them into
+membership scores (``trainables.audit.scores``: LiRA online / offline, RMIA, the loss threshold;
+``trainables.audit.classifier``: the pooled shadow classifier kept for comparison), and the
+statistics (``reports.audit_stats``: intervals, p-values, the Holm-corrected peak, its
+simultaneous upper bound). This module wires them for one model and writes ``audit.json``.
+
+Every attack's decision threshold is chosen without the target's membership labels, so the
+reported accuracies are not optimistic; a reference model is trained with the target's method,
+hyperparameters and epsilon (its budget matched for its own training-set size before the sweep
+starts), never with the target's noise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from core.errors import UserInputError
+from core.storage import atomic_write_json
+
+if TYPE_CHECKING:
+    from trainables.audit.references import Budget, ReferencePlan
+    from trainables.data import DataSplits
+    from trainables.models import LayeredModel
+    from trainables.training import TrialResult, TrialSpec
+
+AUDIT_FILE = "audit.json"
+#: Row of the output-layer signals (logit confidence, loss) in the per-layer tables.
+OUTPUT = "output"
+SHADOW_CLASSIFIER = "shadow_classifier"
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditSettings:
+    """The ``[audit]`` section, as the trial and the driver read it."""
+
+    references: str
+    reference_models: int
+    max_candidates: int
+    alpha: float
+    seed: int
+
+    @classmethod
+    def from_config(cls, section: Any) -> AuditSettings:
+        get = (section.get if isinstance(section, Mapping)
+               else lambda k, d=None: getattr(section, k, d))
+        return cls(references=str(get("references")),
+                   reference_models=int(get("reference_models")),
+                   max_candidates=int(get("max_candidates")), alpha=float(get("alpha")),
+                   seed=int(get("seed")))
+
+
+def reference_plan(data: DataSplits, settings: AuditSettings) -> ReferencePlan:
+    from trainables.audit.references import plan_references
+
+    return plan_references(data=data, kind=settings.references,
+                           n_references=settings.reference_models, seed=settings.seed,
+                           max_candidates=settings.max_candidates or None)
+
+
+def _layer_of(signal: str, layers: list[str]) -> tuple[str, int, str]:
+    """(layer, index, signal kind) of a signal name: gradient norms belong to their layer, the
+    logit confidence and the loss to the output row."""
+    from trainables.audit.signals import signal_kind
+
+    kind = signal_kind(signal)
+    if ":" in signal:
+        layer = signal.split(":", 1)[1]
+        return layer, layers.index(layer), kind
+    return OUTPUT, len(layers), kind
+
+
+def audit_model(*, target: LayeredModel, data: DataSplits, settings: AuditSettings,
+                trainer: Any) -> dict[str, Any]:
+    """Every attack on every layer of ``target`` with its statistics: the audit record."""
+    from reports.audit_stats import attack_statistics, combine_attacks
+    from trainables.audit.classifier import THRESHOLD, ShadowClassifier
+    from trainables.audit.references import collect_signals, score_signals
+
+    started = time.perf_counter()
+    plan = reference_plan(data, settings)
+    classifier = ShadowClassifier(plan, classes=data.num_classes, seed=settings.seed)
+    signals = collect_signals(target=target, data=data, plan=plan,
+                              trainer=classifier.wrap(trainer))
+    trained = time.perf_counter()
+    layers = list(target.layer_names)
+    labels = plan.is_member
+    per_attack: dict[tuple[str, str], Any] = {}
+    meta: dict[tuple[str, str], dict[str, Any]] = {}
+    for signal, attacks in score_signals(signals).items():
+        layer, index, kind = _layer_of(signal, layers)
+        for name, scored in attacks.items():
+            key = (layer, f"{name}:{kind}")
+            per_attack[key] = attack_statistics(labels=labels, scores=scored.scores,
+                                                decision_threshold=scored.threshold)
+            meta[key] = {"index": index, "signal": signal, "rule": scored.rule}
+    for layer, probs in classifier.scores(target).items():
+        key = (layer, f"{SHADOW_CLASSIFIER}:ir")
+        per_attack[key] = attack_statistics(labels=labels, scores=probs,
+                                            decision_threshold=THRESHOLD)
+        meta[key] = {"index": layers.index(layer), "signal": "sorted IR",
+                     "rule": f"P(member) >= {THRESHOLD:g}"}
+    combined = combine_attacks(per_attack_stats=per_attack, alpha=settings.alpha)
+    corrected = {(c["layer"], c["attack"]): c["p"]
+                 for c in combined.to_dict()["corrected_p_values"]}
+    entries = []
+    for key, stats in per_attack.items():
+        entry = _entry(key, stats, meta[key])
+        entry["p_corrected"] = corrected[key]
+        entry["significant"] = bool(corrected[key] < settings.alpha)
+        entries.append(entry)
+    record = {
+        "mode": plan.kind, "n_references": plan.n_references,
+        "reference_size": plan.reference_size, "note": plan.note,
+        "n_candidates": len(labels), "alpha": settings.alpha,
+        "attacks": entries, "combined": combined.to_dict(),
+        "references": [dataclasses.asdict(r) for r in signals.records],
+        "reference_train_seconds": trained - started,
+        "scoring_seconds": time.perf_counter() - trained,
+    }
+    record.update(_peak(record, combined))
+    return record
+
+
+def _entry(key: tuple[str, str], stats: Any, meta: dict[str, Any]) -> dict[str, Any]:
+    d = stats.to_dict()
+    tprs = {round(t["target_fpr"], 6): t for t in d["tpr_at_fpr"]}
+    out = {"layer": key[0], "attack": key[1], "index": meta["index"], "signal": meta["signal"],
+           "rule": meta["rule"], "accuracy": d["accuracy"],
+           "accuracy_ci": [d["accuracy_low"], d["accuracy_high"]], "auc": d["auc"],
+           "auc_ci": [d["auc_low"], d["auc_high"]]}
+    for alpha, label in ((0.01, "1pct"), (0.001, "0.1pct")):
+        t = tprs[round(alpha, 6)]
+        out[f"tpr_at_{label}_fpr"] = t["tpr"]
+        out[f"tpr_at_{label}_fpr_ci"] = [t["tpr_low"], t["tpr_high"]]
+        out[f"tpr_at_{label}_fpr_meaningful"] = t["meaningful"]
+    return {**out,
+        "p_value": d["p_value"], "n_members": d["n_members"],
+        "n_nonmembers": d["n_nonmembers"], "roc_fpr": d["roc_fpr"], "roc_tpr": d["roc_tpr"],
+    }
+
+
+def _peak(record: dict[str, Any], combined: Any) -> dict[str, Any]:
+    c = combined.to_dict()
+    layer, attack = c["peak_layer"], c["peak_attack"]
+    peak = next(e for e in record["attacks"] if e["layer"] == layer and e["attack"] == attack)
+    loss = next((e for e in record["attacks"] if e["attack"].startswith("loss_threshold")),
+                None)
+    return {"peak_mia_accuracy": peak["accuracy"], "peak_mia_upper": c["peak_upper"],
+            "peak_layer": layer, "peak_layer_index": peak["index"], "peak_attack": attack,
+            "leak_detected": bool(c["leak_detected"]),
+            "leak_p_value": c["min_p_corrected"],
+            "peak_half_width": c["peak_half_width"],
+            "loss_attack_accuracy": None if loss is None else loss["accuracy"],
+            "loss_attack_auc": None if loss is None else loss["auc"]}
+
+
+def row_audit_columns(record: Mapping[str, Any]) -> dict[str, Any]:
+    """The results row's MIA columns from an audit record (ROC points stay in audit.json)."""
+    import json
+
+    summary_keys = [k for k in record["attacks"][0] if k not in ("roc_fpr", "roc_tpr")]
+    layers = [{k: e[k] for k in summary_keys} for e in record["attacks"]]
+    nan = math.nan
+    return {"peak_mia_accuracy": record["peak_mia_accuracy"],
+            "peak_mia_upper": record["peak_mia_upper"], "peak_layer": record["peak_layer"],
+            "peak_layer_index": int(record["peak_layer_index"]),
+            "peak_attack": record["peak_attack"],
+            "leak_detected": bool(record["leak_detected"]),
+            "leak_p_value": record["leak_p_value"],
+            "loss_attack_accuracy": record["loss_attack_accuracy"] or nan,
+            "loss_attack_auc": record["loss_attack_auc"] or nan,
+            "mia_layers": json.dumps(layers, sort_keys=True), "audit_mode": record["mode"],
+            "audit_seconds": record["reference_train_seconds"] + record["scoring_seconds"]}
+
+
+def budgets_from_config(raw: Mapping[str, Any]) -> dict[int, Budget]:
+    from trainables.audit.references import Budget
+
+    return {int(size): Budget(calibration=dict(b["calibration"]),
+                              epsilon_curve=list(b["epsilon_curve"]))
+            for size, b in raw.items()}
+
+
+def audit_trial_model(*, spec: TrialSpec, checkpoint: Path, data: DataSplits,
+                      settings: AuditSettings, budgets: Mapping[int, Budget]) -> dict[str, Any]:
+    """Audit a trained DP trial: references trained like it (``dp_trainer``)."""
+    from trainables.audit.references import dp_trainer
+    from trainables.training import load_model
+
+    target, _ = load_model(checkpoint, data=data, device="cpu")
+    return audit_model(target=target, data=data, settings=settings,
+                       trainer=dp_trainer(spec, budgets=dict(budgets)))
+
+
+def audit_in_trial(*, spec: TrialSpec, result: TrialResult, trial_dir: Path,
+                   config: Mapping[str, Any], data: DataSplits) -> dict[str, Any]:
+    """The trial runner's audit hook: audit.json written, the objectives returned."""
+    from orchestrator.rundir import CHECKPOINT_DIR
+
+    del result
+    settings = AuditSettings.from_config(config["audit"])
+    budgets = budgets_from_config(config["audit"].get("budgets", {}))
+    record = audit_trial_model(spec=spec, checkpoint=Path(trial_dir) / CHECKPOINT_DIR,
+                               data=data, settings=settings, budgets=budgets)
+    atomic_write_json(Path(trial_dir) / AUDIT_FILE, record)
+    return {k: record[k] for k in ("peak_mia_accuracy", "peak_mia_upper", "leak_detected")}
+
+
+def reference_size(data: DataSplits, settings: AuditSettings) -> int:
+    """The training-set size of the references (the budget the driver precomputes)."""
+    return reference_plan(data, settings).reference_size
+
+
+def check_settings(data: DataSplits, settings: AuditSettings) -> None:
+    """Split sizes the audit needs, refused before any trial runs."""
+    try:
+        plan = reference_plan(data, settings)
+    except ValueError as exc:
+        raise UserInputError(field="audit", value=settings.references,
+                             allowed=f"split sizes the audit can plan ({exc})") from None
+    if len(plan.candidates) < 2 * 2:
+        raise UserInputError(field="data.holdout_size", value=len(data.holdout),
+                             allowed="enough members and non-members to audit (>= 2 of each)")
+
+
+def reference_budgets(cfg: Any, *, method: str, params: Mapping[str, Any], epsilon: float,
+                      data: DataSplits, cache_dir: Path | None) -> dict[str, dict[str, Any]]:
+    """The references' budget: the trial's method and (epsilon, delta), matched for the
+    references' own training-set size (their sampling rate differs from the target's)."""
+    from orchestrator.trial import match_budget
+
+    size = reference_size(data, AuditSettings.from_config(cfg.audit))
+    cal, curve = match_budget(method=method, params=dict(params), dataset_size=size,
+                              batch_size=min(cfg.training.batch_size, size),
+                              epochs=cfg.training.epochs, epsilon=epsilon,
+                              delta=cfg.privacy.delta, cache_dir=cache_dir,
+                              timeout_s=cfg.privacy.accountant_timeout_s)
+    return {str(size): {"calibration": cal.to_dict(), "epsilon_curve": curve}}

@@ -1,0 +1,147 @@
+"""What runs after the search: audits of the fronts, re-runs with fresh noise, the baseline.
+
+* **Audits** (``audit.in_trial = false``): the trials on each study's front (or all, with
+  ``audit.scope = "all"``) are audited after the sweep, so a long search spends its time on
+  training and only the candidates for release pay for reference models.
+* **Re-runs** (``sweep.seeds = n``): every front trial is trained n more times with fresh
+  noise and new initialisation seeds, so accuracy-vs-epsilon curves carry a spread.
+* **The non-private baseline**: the same model and data trained without clipping or noise
+  (Adam, the config's epochs and batch size), audited like the trials; a reference line on the
+  report's curves, never on a front or a pick.
+
+Each job is a Ray task with the trials' resources; at most ``sweep.max_concurrent_trials`` run
+at once. A failing job is recorded with its reason and the others go on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from core.errors import describe
+from core.storage import atomic_write_json
+
+BASELINE_ID = "nonprivate"
+#: Adam's learning rate for the non-private baseline (Kingma & Ba's default).
+BASELINE_LR = 1e-3
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One post-sweep task: a name for progress lines, a function and its keyword arguments."""
+
+    name: str
+    fn: Callable[..., dict[str, Any]]
+    kwargs: dict[str, Any]
+
+
+def run_jobs(jobs: list[Job], *, cpus: int, gpus: float, concurrency: int,
+             on_done: Callable[[Job, dict[str, Any] | None, str], None]) -> None:
+    """Run ``jobs`` as Ray tasks, ``concurrency`` at a time; ``on_done(job, result, error)``."""
+    import ray
+
+    remote = ray.remote(num_cpus=cpus, num_gpus=gpus)(_call)
+    pending: dict[Any, Job] = {}
+    queue = list(jobs)
+    while queue or pending:
+        while queue and len(pending) < concurrency:
+            job = queue.pop(0)
+            pending[remote.remote(job.fn, job.kwargs)] = job
+        done, _ = ray.wait(list(pending), num_returns=1)
+        for ref in done:
+            job = pending.pop(ref)
+            try:
+                on_done(job, ray.get(ref), "")
+            except Exception as exc:  # a failed job keeps its reason; the others go on
+                on_done(job, None, describe(getattr(exc, "cause", None) or exc))
+
+
+def _call(fn: Callable[..., dict[str, Any]], kwargs: dict[str, Any]) -> dict[str, Any]:
+    return fn(**kwargs)
+
+
+# ---- the jobs (run in Ray workers) ------------------------------------------------------
+def audit_job(*, trial_dir: str, spec: dict[str, Any], settings: dict[str, Any],
+              budgets: dict[str, Any]) -> dict[str, Any]:
+    """Audit one finished trial from its checkpoint; writes its audit.json."""
+    from orchestrator.audit import (
+        AUDIT_FILE,
+        AuditSettings,
+        audit_trial_model,
+        budgets_from_config,
+    )
+    from orchestrator.rundir import CHECKPOINT_DIR
+    from trainables.training import TrialSpec, load_trial_data
+
+    trial_spec = TrialSpec.from_dict(spec)
+    data = load_trial_data(trial_spec)
+    record = audit_trial_model(spec=trial_spec, checkpoint=Path(trial_dir) / CHECKPOINT_DIR,
+                               data=data, settings=AuditSettings.from_config(settings),
+                               budgets=budgets_from_config(budgets))
+    atomic_write_json(Path(trial_dir) / AUDIT_FILE, record)
+    return record
+
+
+def rerun_job(*, config: dict[str, Any]) -> dict[str, Any]:
+    """Train a trial configuration again (fresh noise, its own seed), audited if in_trial."""
+    from orchestrator.audit import audit_in_trial
+    from orchestrator.trial_runner import execute
+
+    return execute(config, audit=audit_in_trial)
+
+
+def baseline_job(*, run_dir: str, spec: dict[str, Any], settings: dict[str, Any],
+                 audit: bool) -> dict[str, Any]:
+    """Train and audit the non-private baseline; writes trials/nonprivate/{result,audit}.json."""
+    from orchestrator.audit import AUDIT_FILE, AuditSettings, audit_model
+    from orchestrator.studies import RESULT_FILE
+    from trainables.audit.references import (
+        NonPrivateRecipe,
+        nonprivate_trainer,
+        train_nonprivate,
+    )
+    from trainables.training import TrialSpec, evaluate, load_trial_data
+
+    trial_spec = TrialSpec.from_dict(spec)
+    data = load_trial_data(trial_spec)
+    recipe = NonPrivateRecipe(epochs=trial_spec.epochs, lr=BASELINE_LR,
+                              batch_size=trial_spec.batch_size, model=trial_spec.model,
+                              activation=trial_spec.activation)
+    model, seconds = train_nonprivate(data=data, recipe=recipe, seed=trial_spec.seed,
+                                      threads=trial_spec.threads)
+    out = Path(run_dir) / "trials" / BASELINE_ID
+    record: dict[str, Any] = {"status": "ok", "trial_id": BASELINE_ID, "train_seconds": seconds,
+                              "recipe": dataclasses.asdict(recipe)}
+    for split in ("validation", "test"):
+        acc, loss = evaluate(model, getattr(data, split).x, getattr(data, split).y)
+        key = "val" if split == "validation" else "test"
+        record[f"{key}_accuracy"], record[f"{key}_loss"] = acc, loss
+    if audit:
+        started = time.perf_counter()
+        audited = audit_model(target=model, data=data, settings=AuditSettings.from_config(
+            settings), trainer=nonprivate_trainer(recipe, threads=trial_spec.threads))
+        atomic_write_json(out / AUDIT_FILE, audited)
+        record["audit_seconds"] = time.perf_counter() - started
+    atomic_write_json(out / RESULT_FILE, record)
+    return record
+
+
+def baseline_row(record: dict[str, Any], *, num_classes: int) -> dict[str, Any]:
+    """The baseline's results row: not a DP trial (no epsilon; never releasable)."""
+    from reports import store
+
+    row = store.failed_row(trial_id=BASELINE_ID, method=BASELINE_ID, series=BASELINE_ID,
+                           study="baseline", error="")
+    row.update({"status": "ok", "validity_reason": "non-private: no clipping, no noise",
+                "randomness": "none", "release_safe": False,
+                "val_accuracy": record["val_accuracy"], "val_loss": record["val_loss"],
+                "test_accuracy": record["test_accuracy"], "test_loss": record["test_loss"],
+                "degenerate": store.is_degenerate(record["val_accuracy"],
+                                                  num_classes=num_classes),
+                "train_seconds": record["train_seconds"], "epsilon_upper": math.inf,
+                "audit_seconds": record.get("audit_seconds", math.nan)})
+    return row
