@@ -1471,3 +1471,18 @@ def _rdp_curve(cal: Calibration, ks: Sequence[int]) -> dict[int, EpsilonBounds]:
                                       sample_rate=cal.sample_rate, delta=cal.delta)
             out[k] = _capped(None, None, up, cap=cal.bounds.upper, accountant="rdp")
     return out
+
+
+def certify(*, schedule: Schedule | Sequence[Phase], sample_rate: float, delta: float,
+            target_epsilon: float | None = None) -> Calibration:
+    """The accountant's certificate for a schedule fixed elsewhere (private tuning derives the
+    per-trial noise from its end-to-end target): fine PRV bounds, no search."""
+    started = time.perf_counter()
+    sched = _as_schedule(schedule)
+    eps_error = DEFAULT_PRV_EPS_ERROR
+    bounds = prv_epsilon(schedule=sched, sample_rate=sample_rate, delta=delta,
+                         eps_error=eps_error)
+    return Calibration(target_epsilon=bounds.upper if target_epsilon is None else target_epsilon,
+                       delta=delta, sample_rate=sample_rate, schedule=sched, scale=sched.first,
+                       bounds=bounds, accountant="prv", fallback_reason=None,
+                       eps_error=eps_error, seconds=time.perf_counter() - started, cached=False)

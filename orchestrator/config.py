@@ -158,6 +158,21 @@ class SweepConfig:
                        "(spread of the privacy-utility curves); 0 = none", low=0, high=100)
     baseline: bool = _f(True, "also train and audit a non-private model with the same model and "
                               "data (a reference line on the report's curves)")
+    tuning: str = _f("adaptive", "'adaptive': the sampler explores, selection over private "
+                                 "validation metrics is not covered by epsilon; 'private': random "
+                                 "search with a random number of trials and a noisy validation "
+                                 "score, privacy.epsilon is then the end-to-end target of the "
+                                 "released model (Papernot & Steinke 2022)",
+                     choices=("adaptive", "private"))
+    expected_trials: float = _f(10.0, "private tuning: mean number of trials", low=1.0,
+                                high=10000.0)
+    trial_count_distribution: str = _f("poisson", "private tuning: law of the number of trials",
+                                       choices=("poisson", "truncated_negative_binomial"))
+    trial_count_shape: float = _f(1.0, "private tuning: shape eta of the truncated negative "
+                                       "binomial (1 = geometric)", low=0.0, high=100.0)
+    score_noise: float = _f(20.0, "private tuning: noise multiplier of the validation score "
+                                  "(std of the Gaussian added to the count of correct "
+                                  "predictions)", low=0.0, low_open=True, high=1e6)
 
 
 @dataclass(frozen=True)
@@ -343,6 +358,10 @@ def _cross_checks(cfg: Config) -> None:
 
     check_overrides(cfg.search, methods=[m for m, _ in series])
     _check_sizes(cfg)
+    if cfg.sweep.tuning == "private" and len(cfg.budget.epsilons) > 1:
+        raise UserInputError(field="budget.epsilons", value=cfg.budget.epsilons,
+                             allowed="at most one target with sweep.tuning = 'private' (privacy."
+                                     "epsilon is the end-to-end target of the one release)")
     if cfg.resources.device == "cuda" and cfg.resources.gpus_per_trial == 0:
         raise UserInputError(field="resources.gpus_per_trial", value=0.0,
                              allowed="> 0 when resources.device = 'cuda'")

@@ -296,9 +296,13 @@ def pick_and_write(run_dir: Path, *, max_peak_mia: float | None, min_val_acc: fl
     run = RunDir.open(Path(run_dir), write=False)
     run.verify(RESULTS)
     frame = store.read_results(run.path)
-    choice = choose(frame, validation_size=_validation_size(run), max_peak_mia=max_peak_mia,
-                    min_val_acc=min_val_acc, series=series, allow_invalid_dp=allow_invalid_dp,
-                    allow_replayable=allow_replayable)
+    if _tuning_mode(run) == "private":
+        choice = _private_choice(frame, max_peak_mia=max_peak_mia, min_val_acc=min_val_acc,
+                                 series=series)
+    else:
+        choice = choose(frame, validation_size=_validation_size(run),
+                        max_peak_mia=max_peak_mia, min_val_acc=min_val_acc, series=series,
+                        allow_invalid_dp=allow_invalid_dp, allow_replayable=allow_replayable)
     row = choice.trial
     tid = choice.trial_id
     spec = _verified_json(run, f"{store.TRIALS_DIR}/{tid}/spec.json", what="spec")
@@ -322,3 +326,34 @@ def pick_and_write(run_dir: Path, *, max_peak_mia: float | None, min_val_acc: fl
                 path=run.path / PICK_FILE, export_summary=export_summary)
     _write(pick)
     return format_pick(pick)
+
+
+def _tuning_mode(run: RunDir) -> str:
+    path = run.path / "summary.json"
+    if not path.is_file():
+        return "adaptive"
+    return str((json.loads(run.verify("summary.json").read_text()).get("tuning") or {})
+               .get("mode", "adaptive"))
+
+
+def _private_choice(frame: Any, *, max_peak_mia: float | None, min_val_acc: float | None,
+                    series: str | None) -> Choice:
+    """Private tuning releases exactly the trial with the best noisy validation score: the
+    end-to-end epsilon covers that selection and no other (constraints on non-private metrics
+    would choose with unaccounted information)."""
+    for flag, value in (("--max-peak-mia", max_peak_mia), ("--min-val-acc", min_val_acc),
+                        ("--series", series)):
+        if value is not None:
+            raise UserInputError(field=flag, value=value,
+                                 allowed="nothing in a private-tuning run: its end-to-end "
+                                         "epsilon covers releasing the best noisy validation "
+                                         "score only")
+    ok = frame[(frame["status"] == "ok") & frame["noisy_val_score"].notna()]
+    if ok.empty:
+        raise UserInputError(field="RUN_DIR", value="private tuning",
+                             allowed="a run with at least one finished trial (K = 0 trials "
+                                     "were drawn: nothing is released)")
+    best = ok.loc[ok["noisy_val_score"].astype(float).idxmax()].to_dict()
+    return Choice(trial=best, ties=(), qualifying=(str(best["trial_id"]),),
+                  front=tuple(ok["trial_id"].astype(str)),
+                  constraints={"rule": "best noisy validation score (private tuning)"})

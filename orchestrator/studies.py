@@ -33,7 +33,8 @@ from core.errors import describe
 from search_spaces import BuiltSpace
 
 #: Objectives and their directions; names carried by every study (optuna-dashboard shows them).
-OBJECTIVES = {"val_accuracy": "maximize", "peak_mia_accuracy": "minimize"}
+OBJECTIVES = {"val_accuracy": "maximize", "peak_mia_accuracy": "minimize",
+              "noisy_val_score": "maximize"}
 ID_ATTR = "dpsweep_trial_id"
 INTERRUPTED_ATTR = "interrupted"
 RESULT_FILE = "result.json"

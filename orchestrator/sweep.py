@@ -36,7 +36,6 @@ from orchestrator import config as config_mod
 from orchestrator.config import Config
 from orchestrator.rundir import RESULTS, RunDir, check_creatable
 from orchestrator.studies import (
-    OBJECTIVES,
     Outcome,
     StudyPlan,
     SweepSearcher,
@@ -153,14 +152,18 @@ def _num_layers(cfg: Config) -> int:
     return len(_model_factory(cfg).layer_names)
 
 
-def study_plans(cfg: Config) -> list[StudyPlan]:
+def study_plans(cfg: Config, *, counts: dict[str, int] | None = None) -> list[StudyPlan]:
     """Every (series, target) study with its space: fixed values from [method_params] are not
-    searched, user ranges from [search.<method>] replace the defaults."""
+    searched, user ranges from [search.<method>] replace the defaults. ``counts`` (private
+    tuning) gives each series its share of the secretly drawn number of trials."""
     from trainables.methods import series_name
 
     layers = _num_layers(cfg)
     two = cfg.audit.enabled and cfg.audit.in_trial
-    objectives = tuple(OBJECTIVES) if two else ("val_accuracy",)
+    if cfg.sweep.tuning == "private":
+        objectives: tuple[str, ...] = ("noisy_val_score",)
+    else:
+        objectives = ("val_accuracy", "peak_mia_accuracy") if two else ("val_accuracy",)
     plans = []
     for eps in epsilons(cfg):
         for method, mode in cfg.series():
@@ -168,11 +171,61 @@ def study_plans(cfg: Config) -> list[StudyPlan]:
             space = build_space(method, mode=mode, num_layers=layers,
                                 fixed=cfg.given_params(method),
                                 overrides=cfg.search.get(method))
+            n_trials = (cfg.sweep.trials_per_method if counts is None
+                        else counts.get(series, 0))
             plans.append(StudyPlan(name=study_name(series, eps), series=series, method=method,
-                                   mode=mode, epsilon=eps, space=space,
-                                   n_trials=cfg.sweep.trials_per_method,
+                                   mode=mode, epsilon=eps, space=space, n_trials=n_trials,
                                    objectives=objectives))
     return plans
+
+
+# ---- private tuning ---------------------------------------------------------------------------
+PRIVATE_FILE = "private_tuning.json"
+
+
+def private_tuning_plan(cfg: Config) -> Any:
+    """Papernot & Steinke's random search: one noise schedule for every trial (the end-to-end
+    bound needs one base mechanism), the per-trial noise derived from the end-to-end target."""
+    from orchestrator.tuning import plan_private_tuning
+    from trainables.methods import get_method
+    from trainables.training import poisson_plan
+
+    sizes = cfg.split_sizes()
+    q, steps_per_epoch = poisson_plan(dataset_size=sizes["train"],
+                                      batch_size=cfg.training.batch_size)
+    shapes = {}
+    for plan in study_plans(cfg):
+        for point in schedule_points(plan):
+            params = get_method(plan.method).validate_params(plan.space.decode(point))
+            shapes[(plan.series, str(point))] = get_method(plan.method).noise_shape(
+                epochs=cfg.training.epochs, steps_per_epoch=steps_per_epoch, params=params)
+    distinct = {tuple(s.merged().phases) for s in shapes.values()}
+    if len(distinct) != 1:
+        raise UserInputError(field="sweep.tuning", value="private",
+                             allowed="series whose trials all share one noise schedule (fix "
+                                     "dp_adamilg's decay k in [method_params.dp_adamilg], or "
+                                     "sweep it adaptively)")
+    shape = next(iter(shapes.values()))
+    dist = cfg.sweep.trial_count_distribution
+    return plan_private_tuning(
+        target_epsilon=cfg.privacy.epsilon, delta=cfg.privacy.delta, sample_rate=q,
+        shape=shape, mean_trials=cfg.sweep.expected_trials, distribution=dist,
+        shape_eta=cfg.sweep.trial_count_shape if dist != "poisson" else None,
+        score_noise_multiplier=cfg.sweep.score_noise)
+
+
+def draw_counts(cfg: Config, plan: Any) -> dict[str, int]:
+    """K ~ the plan's law (secret entropy), each trial's series uniformly at random."""
+    import secrets
+
+    from orchestrator.tuning import draw_trial_count
+    from trainables.methods import series_name
+
+    series = [series_name(m, mode) for m, mode in cfg.series()]
+    counts = dict.fromkeys(series, 0)
+    for _ in range(draw_trial_count(plan=plan)):
+        counts[secrets.choice(series)] += 1
+    return counts
 
 
 def at_epsilon(cfg: Config, eps: float) -> Config:
@@ -191,7 +244,7 @@ def schedule_points(plan: StudyPlan) -> list[dict[str, Any]]:
 
 
 def precompute(cfg: Config, *, run: RunDir, plans: list[StudyPlan], data: Any,
-               quiet: bool) -> None:
+               quiet: bool, calibration: Any = None) -> None:
     """Budgets and once-per-sweep preparations for every schedule a study can produce, so
     trials only ever hit the cache (and the shadow pool's risk estimate runs once)."""
     from orchestrator.audit import reference_budgets
@@ -201,10 +254,11 @@ def precompute(cfg: Config, *, run: RunDir, plans: list[StudyPlan], data: Any,
         for plan, point in jobs:
             spec = plan_trial(at_epsilon(cfg, plan.epsilon), method=plan.method,
                               params=plan.space.decode(point), cache_dir=run.cache_dir,
-                              data=data)
+                              data=data, calibration=calibration)
             if cfg.audit.enabled:
+                eps = plan.epsilon if calibration is None else calibration.bounds.upper
                 reference_budgets(cfg, method=plan.method, params=spec.method_params,
-                                  epsilon=plan.epsilon, data=data, cache_dir=run.cache_dir)
+                                  epsilon=eps, data=data, cache_dir=run.cache_dir)
             bar.update(1)
 
 
@@ -242,7 +296,12 @@ class _Driver:
         self.cfg = cfg
         self.run = run
         self.quiet = quiet
-        self.plans = study_plans(cfg)
+        self.private = None
+        self.certified = None
+        counts = None
+        if cfg.sweep.tuning == "private":
+            self.private, counts = self._private_setup()
+        self.plans = study_plans(cfg, counts=counts)
         self.data = load_data(cfg)
         self.rows: dict[str, dict[str, Any]] = {
             r["trial_id"]: r for r in store.read_results(run.path, allow_empty=True)
@@ -250,6 +309,31 @@ class _Driver:
         self.start = time.time()
         self.best: dict[str, float] = {}
         self.bar: Any = None
+
+    def _private_setup(self) -> tuple[Any, dict[str, int]]:
+        """The private-tuning plan, printed before any training, and the secret trial counts
+        (drawn once; kept in the run directory for a resume, never in a release)."""
+        from orchestrator.budget import certify
+
+        plan = private_tuning_plan(self.cfg)
+        path = self.run.path / PRIVATE_FILE
+        if path.is_file():
+            counts = _read_json(self.run.verify(PRIVATE_FILE))["counts"]
+        else:
+            counts = draw_counts(self.cfg, plan)
+            atomic_write_json(path, {"counts": counts, "note": "the secret number of trials "
+                                     "per series: never exported"})
+            self.run.record([PRIVATE_FILE])
+        self.certified = certify(schedule=plan.schedule, sample_rate=plan.sample_rate,
+                                 delta=plan.delta)
+        if not self.quiet:
+            print(f"private tuning: end-to-end epsilon {plan.end_to_end_epsilon:.4f} "
+                  f"(target {plan.target_epsilon:g}, delta {plan.delta:g}, "
+                  f"{plan.end_to_end_accountant}); per trial: sigma "
+                  f"{plan.schedule.first:.4f}, epsilon {self.certified.bounds.upper:.4f} "
+                  f"(training) / {plan.per_trial_epsilon:.4f} (with the noisy score); "
+                  f"expected trials {plan.expected_trials:g} ({plan.distribution})", flush=True)
+        return plan, counts
 
     # ---- results --------------------------------------------------------------------------
     def _row(self, plan: StudyPlan, tid: str, outcome: Outcome) -> dict[str, Any]:
@@ -275,6 +359,8 @@ class _Driver:
 
             row.update(row_audit_columns(_read_json(audit_file)))
         row["audit_error"] = str(outcome.metrics.get("audit_error", "") or "")
+        if outcome.metrics.get("noisy_val_score") is not None:
+            row["noisy_val_score"] = float(outcome.metrics["noisy_val_score"])
         if "audit_seconds" in outcome.metrics:
             row["audit_seconds"] = float(outcome.metrics["audit_seconds"])
         return row
@@ -321,17 +407,21 @@ class _Driver:
     def trial_config(self, plan: StudyPlan, params: dict[str, Any], tid: str) -> dict[str, Any]:
         spec = plan_trial(at_epsilon(self.cfg, plan.epsilon), method=plan.method,
                           params=params, trial_id=tid, cache_dir=self.run.cache_dir,
-                          data=self.data)
+                          data=self.data, calibration=self.certified)
         audit = audit_settings(self.cfg)
         if audit["in_trial"]:
             from orchestrator.audit import reference_budgets
 
-            audit["budgets"] = reference_budgets(self.cfg, method=plan.method,
-                                                 params=spec.method_params,
-                                                 epsilon=plan.epsilon, data=self.data,
-                                                 cache_dir=self.run.cache_dir)
-        return {"run_dir": str(self.run.path), "trial_id": tid, "study": plan.name,
-                "series": plan.series, "spec": spec.to_dict(), "audit": audit}
+            audit["budgets"] = reference_budgets(
+                self.cfg, method=plan.method, params=spec.method_params,
+                epsilon=(plan.epsilon if self.certified is None
+                         else self.certified.bounds.upper),
+                data=self.data, cache_dir=self.run.cache_dir)
+        config = {"run_dir": str(self.run.path), "trial_id": tid, "study": plan.name,
+                  "series": plan.series, "spec": spec.to_dict(), "audit": audit}
+        if self.private is not None:
+            config["tuning"] = {"score_noise": self.private.score_noise_multiplier}
+        return config
 
     def tune(self, studies: dict[str, Any], tallies: dict[str, Any], flag: _StopFlag) -> None:
         from ray import tune
@@ -354,7 +444,8 @@ class _Driver:
             tune.with_resources(tune_trainable, resources),
             tune_config=tune.TuneConfig(
                 search_alg=searcher, num_samples=4 * to_run + 16,
-                max_concurrent_trials=self.cfg.sweep.max_concurrent_trials, reuse_actors=True),
+                max_concurrent_trials=self.cfg.sweep.max_concurrent_trials, reuse_actors=True,
+                trial_name_creator=_tune_trial_name, trial_dirname_creator=_tune_trial_name),
             run_config=tune.RunConfig(
                 name=f"attempt-{attempt}", storage_path=str(self.run.tune_dir), verbose=0,
                 progress_reporter=_SilentReporter(),
@@ -384,8 +475,8 @@ class _Driver:
         studies, tallies = {}, {}
         parallel = self.cfg.sweep.max_concurrent_trials > 1
         for index, plan in enumerate(self.plans):
-            sampler = make_sampler(self.cfg.sweep.sampler, seed=self.cfg.sweep.seed + index,
-                                   parallel=parallel)
+            kind = "random" if self.private is not None else self.cfg.sweep.sampler
+            sampler = make_sampler(kind, seed=self.cfg.sweep.seed + index, parallel=parallel)
             study = open_study(plan, storage=storage, sampler=sampler)
             tallies[plan.name] = reconcile(
                 study, plan, storage=storage, trials_root=self.run.path / "trials",
@@ -526,9 +617,22 @@ class _Driver:
             rows = [r for r in self.rows.values() if r["status"] == "ok"
                     and r.get("target_epsilon") == eps and not r.get("repeat_of")]
             if rows:
-                stmt = adaptive_statement(n_trials=len(rows), per_trial_epsilon=eps,
-                                          delta=self.cfg.privacy.delta)
+                from core.schedule import Schedule
+
+                schedules = {r["noise_schedule"] for r in rows}
+                rates = {r["sample_rate"] for r in rows}
+                exact = len(schedules) == 1 and len(rates) == 1  # one mechanism: exact bound
+                stmt = adaptive_statement(
+                    n_trials=len(rows), per_trial_epsilon=eps, delta=self.cfg.privacy.delta,
+                    sample_rate=rates.pop() if exact else None,
+                    schedule=Schedule.from_list(json.loads(schedules.pop())) if exact else None)
                 by_target[f"{eps:g}"] = {"mode": "adaptive", **stmt.to_dict()}
+        tuning = {"mode": "adaptive",
+                  "statement": " ".join(v["statement"] for v in by_target.values()),
+                  "n_trials": sum(int(v["n_trials"]) for v in by_target.values()),
+                  "end_to_end_epsilon": None, "by_target": by_target}
+        if self.private is not None:
+            tuning = {"mode": "private", **self.private.to_dict()}
         summary = {
             "started": self.start, "finished": time.time(),
             "wall_seconds": time.time() - self.start,
@@ -536,10 +640,7 @@ class _Driver:
                          **_library_versions()},
             "accountant": "prv (upper bound; RDP fallback recorded per trial)",
             "split_sizes": self.cfg.split_sizes(), "model": self.cfg.model.name,
-            "tuning": {"mode": "adaptive",
-                       "statement": " ".join(v["statement"] for v in by_target.values()),
-                       "n_trials": sum(int(v["n_trials"]) for v in by_target.values()),
-                       "end_to_end_epsilon": None, "by_target": by_target},
+            "tuning": tuning,
         }
         atomic_write_json(self.run.path / "summary.json", summary)
         self.run.record(["summary.json"])
@@ -577,8 +678,14 @@ def _library_versions() -> dict[str, str]:
 
 
 def audit_settings(cfg: Config) -> dict[str, Any]:
-    return {"enabled": cfg.audit.enabled, "in_trial": cfg.audit.enabled and cfg.audit.in_trial,
-            **{f.name: getattr(cfg.audit, f.name) for f in dataclasses.fields(cfg.audit)}}
+    settings = {f.name: getattr(cfg.audit, f.name) for f in dataclasses.fields(cfg.audit)}
+    settings["in_trial"] = cfg.audit.enabled and cfg.audit.in_trial
+    return settings
+
+
+def _tune_trial_name(trial: Any) -> str:
+    """Tune's own name and directory for a trial: its id (the default spells out the config)."""
+    return str(trial.trial_id)
 
 
 def _read_json(path: Path) -> Any:
@@ -613,6 +720,10 @@ def _quiet_libraries() -> None:
 
     for key, value in TUNE_QUIET_ENV.items():
         os.environ.setdefault(key, value)
+    import logging
+
+    # dp_accounting's RDP series report orders they drop at tiny noise; the bound stays valid
+    logging.getLogger("absl").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -636,7 +747,8 @@ def _drive(cfg: Config, run: RunDir, *, address: str | None, quiet: bool) -> Swe
             cluster.check_storage(run.path)
             driver = _Driver(cfg, run, quiet=quiet)
             studies, tallies = driver.open_studies()
-            precompute(cfg, run=run, plans=driver.plans, data=driver.data, quiet=quiet)
+            precompute(cfg, run=run, plans=[p for p in driver.plans if p.n_trials],
+                       data=driver.data, quiet=quiet, calibration=driver.certified)
             driver.tune(studies, tallies, flag)
             return driver.finish()
         finally:

@@ -44,11 +44,13 @@ def match_budget(*, method: str, params: dict, dataset_size: int, batch_size: in
 
 def plan_trial(cfg: Config, *, method: str | None = None, params: dict[str, Any] | None = None,
                trial_id: str = "trial", cache_dir: Path | None = None,
-               data: DataSplits | None = None) -> TrialSpec:
+               data: DataSplits | None = None,
+               calibration: Calibration | None = None) -> TrialSpec:
     """Match the budget for the config's sampling plan and method schedule; return the spec.
 
     ``params`` are the trial's method parameters (validated here); by default the config's
-    (``Config.trial_params``). Runs the method's once-per-sweep preparation (on public data
+    (``Config.trial_params``). ``calibration`` replaces budget matching with a certified
+    schedule (private tuning). Runs the method's once-per-sweep preparation (on public data
     only, cached) first, since its output (e.g. LM-DP-SGD's risk vector) travels in the spec.
     """
     name = method or cfg.training.method
@@ -56,10 +58,18 @@ def plan_trial(cfg: Config, *, method: str | None = None, params: dict[str, Any]
     params = method_cls.validate_params(cfg.trial_params(name) if params is None else params)
     sizes = cfg.split_sizes()
     epochs = cfg.training.epochs
-    cal, curve = match_budget(method=name, params=params, dataset_size=sizes["train"],
-                              batch_size=cfg.training.batch_size, epochs=epochs,
-                              epsilon=cfg.privacy.epsilon, delta=cfg.privacy.delta,
-                              cache_dir=cache_dir, timeout_s=cfg.privacy.accountant_timeout_s)
+    if calibration is None:
+        cal, curve = match_budget(method=name, params=params, dataset_size=sizes["train"],
+                                  batch_size=cfg.training.batch_size, epochs=epochs,
+                                  epsilon=cfg.privacy.epsilon, delta=cfg.privacy.delta,
+                                  cache_dir=cache_dir,
+                                  timeout_s=cfg.privacy.accountant_timeout_s)
+    else:  # a schedule fixed elsewhere (private tuning): certified, not searched
+        _, steps_per_epoch = poisson_plan(dataset_size=sizes["train"],
+                                          batch_size=cfg.training.batch_size)
+        cal = calibration
+        curve = [b.upper for b in epsilon_curve(
+            cal, at_steps=[steps_per_epoch * (e + 1) for e in range(epochs)])]
     prepared = method_cls.prepare(
         data=data if data is not None else _lazy_data(cfg),
         model_factory=functools.partial(_model_factory, cfg),

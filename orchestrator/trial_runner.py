@@ -81,6 +81,14 @@ def execute(config: dict[str, Any], *,
             "train_seconds": sum(m["epoch_seconds"] for m in result.history),
             "audit_error": "",
         }
+        tuning = config.get("tuning") or {}
+        if tuning.get("score_noise") is not None:
+            from orchestrator.tuning import noisy_score
+
+            total = len(data.validation)
+            record["noisy_val_score"] = noisy_score(
+                correct=round(result.val_accuracy * total), total=total,
+                noise_multiplier=float(tuning["score_noise"]))
         if audit is not None and config.get("audit", {}).get("in_trial"):
             audit_started = time.perf_counter()
             try:

@@ -91,6 +91,9 @@ COLUMNS: dict[str, Column] = {
     "val_loss": _c("float64", "final validation cross-entropy", False),
     "test_accuracy": _c("float64", "final test accuracy: reported, never used to choose",
                         False),
+    "noisy_val_score": _c("float64", "private tuning: validation accuracy with Gaussian noise on "
+                                     "the correct count (what selection reads; accounted in the "
+                                     "end-to-end epsilon)", True),
     "test_loss": _c("float64", "final test cross-entropy", False),
     "train_loss": _c("float64", "final epoch's mean training loss on private data, no noise "
                                 "(monitoring only)", False),
@@ -188,6 +191,7 @@ def row_from_trial(*, run_dir: Path, trial_dir: Path, checkpoint_dir: Path,
         "test_accuracy": float(last["test_accuracy"]), "test_loss": float(last["test_loss"]),
         "train_loss": float(last["train_loss_nonprivate"]),
         "degenerate": is_degenerate(float(last["val_accuracy"]), num_classes=num_classes),
+        "noisy_val_score": math.nan,
         "train_seconds": float(train_seconds), "audit_seconds": math.nan,
         **empty_audit(),
         "eps_lower_bound": math.nan, "eps_lower_bound_kind": "", "canaries": -1,
