@@ -1,0 +1,35 @@
+"""Calibrated per-example membership attacks per layer (LiRA / RMIA family).
+
+* :mod:`trainables.audit.signals` — per-example, per-layer scalar signals of one model that mean
+  the same thing in independently trained networks (log gradient norms per layer, the output's
+  logit-scaled confidence, the loss).
+* :mod:`trainables.audit.scores` — numpy-only membership scores of a target from its signal and
+  reference models' signals of the same candidates: online / offline LiRA and RMIA, each with a
+  decision threshold that does not use the target's membership.
+* :mod:`trainables.audit.references` — which data reference models train on (online / offline
+  plans), how (dpsweep's DP loop or the non-private recipe), and their signals.
+"""
+
+from __future__ import annotations
+
+from trainables.audit.references import (
+    DEFAULT_REFERENCES,
+    PLANS,
+    AuditSignals,
+    Budget,
+    NonPrivateRecipe,
+    ReferencePlan,
+    collect_signals,
+    dp_trainer,
+    nonprivate_trainer,
+    plan_references,
+    score_signals,
+    train_nonprivate,
+)
+from trainables.audit.scores import ATTACKS, AttackScores, attack_signal
+from trainables.audit.signals import per_example_signals
+
+__all__ = ["ATTACKS", "DEFAULT_REFERENCES", "PLANS", "AttackScores", "AuditSignals", "Budget",
+           "NonPrivateRecipe", "ReferencePlan", "attack_signal", "collect_signals", "dp_trainer",
+           "nonprivate_trainer", "per_example_signals", "plan_references", "score_signals",
+           "train_nonprivate"]

@@ -1,0 +1,857 @@
+"""Per-example gradient engine: per-layer norms and weighted sums from one forward + backward.
+
+A DP step needs, per example i and layer l, the norm of the example's gradient block and then
+sum_i coef[i, l] * g_i for every parameter. ``torch.func.vmap(grad)`` materialises every g_i
+(B copies of the model); this engine does not. It is the *book-keeping* scheme of Bu et al.
+(2023), "Differentially Private Optimization on Large Model at Small Cost" (arXiv 2210.00038):
+
+* one forward with hooks that keep each module's input ``a``, and one backward of the summed
+  per-example cross-entropy that stops at module outputs (parameters are detached for the pass,
+  so autograd never computes a parameter gradient; a ``_Tap`` identity per module output
+  receives the output gradient ``b``). Examples do not interact (no BatchNorm), so ``b_i`` is
+  the gradient of example i's own loss and g_i(W) = a_i^T b_i for a Linear / Conv weight.
+* per module, the per-example squared norm of a_i^T b_i, by one of two algorithms:
+
+  - *ghost norm* (Goodfellow 2015, "Efficient Per-Example Gradient Computations", arXiv
+    1510.01799; Li et al. 2021, "Large Language Models Can Be Strong Differentially Private
+    Learners", arXiv 2110.05679): ||a_i^T b_i||^2 = <a_i a_i^T, b_i b_i^T> over the T positions
+    (exact, and free when T = 1). For a convolution the input Gram a_i a_i^T over patches is
+    formed without unfolding when that is cheaper (stride 1): the Gram of the padded input's
+    positions, summed over the K kernel taps as K strided views (C (HW)^2 + K T^2 work instead
+    of C K T^2 plus a K-times larger unfolded copy). The weighted sum is then one native
+    weight-gradient kernel on the scaled output gradients, sum_i a_i^T (c_i b_i), the cost of
+    the non-private weight gradient.
+  - *materialise* a_i^T b_i (T p d work): for Conv2d as one grouped convolution-weight kernel
+    with the batch folded into the groups (Rochette et al. 2019, "Efficient Per-Example
+    Gradient Computations in Convolutional Neural Networks", arXiv 1912.06015); the per-example
+    gradients are *kept* for the weighted sum (one [B] x [B, p d] product) when they are no
+    larger than ``KEEP_RATIO`` times the output gradient the ghost path would keep, otherwise
+    dropped after their norm and the sum is formed natively as above.
+
+  ``strategy="auto"`` picks per module the cheaper in multiply-adds per example. Mixed ghost
+  clipping (Bu et al. 2022, "Scalable and Efficient Training of Large Convolutional Neural
+  Networks with Differential Privacy", arXiv 2205.10683) picks by *space* (ghost iff
+  2 T^2 < p d); we pick by time and keep the space concern in ``KEEP_RATIO``. With
+  wgrad = T p d (the non-private weight gradient; g groups multiply everything)::
+
+      ghost       = gram_a + T^2 p + wgrad   (gram_a: C_g (HW)^2 + K T^2, or d T^2 unfolded)
+      materialise = MATERIALIZE_COST * wgrad + (p d if kept else wgrad)
+
+  (measured on 2 AVX2 cores, the grouped kernel costs 0.4-2.7 native weight gradients,
+  ``MATERIALIZE_COST`` = 2). Choices at the benchmark shapes (``GradEngine.plan`` prints them
+  for any model; the benchmark prints them too)::
+
+      cnn28 (1x28x28):  conv1 materialise (kept); conv2, fc1, fc2 ghost
+      cnn5 (3x32x32):   conv1, conv2 materialise (kept); conv3, fc1, fc2 ghost
+      resnet20_gn:      stem and the 32x32 / 16x16 stages materialise (kept); 8x8 stage and
+                        fc ghost
+      wrn16_4:          stem, 32x32 stage, stage-2 1x1 shortcut materialise (kept); the
+                        stride-2 3x3 conv into 16x16 materialise (dropped); other 16x16 and
+                        all 8x8 convs, stage-3 shortcut and fc ghost
+
+* ``nn.GroupNorm`` / ``nn.LayerNorm``: per-example grads of weight and bias are [B, C]-sized
+  (sum over positions of b * x_hat, x_hat recomputed from the kept input): always kept.
+* Any other module that owns parameters makes its whole block fall back to ``torch.func``: the
+  block's input and output gradient are kept, and per-example gradients of the block's
+  parameters come from ``vmap`` of the vjp of the block alone (exact for the same reason).
+  A module called more than once per forward (shared weights) is materialised and summed over
+  calls (ghost norms do not add up over calls).
+
+The norm of a layer (block) is the root of the sum of its parameters' squared norms. The
+returned view's ``weighted_sum`` forms every live parameter's sum without a second backward.
+With more than ``max_physical_batch`` examples the batch is processed in chunks; only the last
+chunk's state is kept, so memory stays bounded by one chunk, and ``weighted_sum`` recomputes
+the earlier chunks' forward + backward (the price of the bound; one chunk costs nothing extra).
+
+Restrictions (checked where cheap): blocks must not mix examples (no BatchNorm); the parameters
+must not change between ``compute`` and ``weighted_sum`` when chunks are recomputed.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from core.errors import UserInputError
+from core.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from trainables.models import LayeredModel
+else:
+    torch = lazy_module("torch")
+
+STRATEGIES = ("auto", "ghost", "materialize", "vmap")
+#: Per-example gradients are kept for the weighted sum while fan-in d <= KEEP_RATIO * T, i.e.
+#: while they take at most twice the memory of the output gradient the other paths keep.
+KEEP_RATIO = 2
+#: Cost of materialising a_i^T b_i for every example, in native weight-gradient kernels.
+MATERIALIZE_COST = 2.0
+#: Elements of transient per-example tensors (unfolded inputs, dropped gradients) per slice:
+#: bounds the working memory of one module's norm (16 MiB in float32).
+TRANSIENT_ELEMENTS = 1 << 22
+
+
+# ---- the gradient view ------------------------------------------------------------------------
+class PerExampleView(Protocol):
+    """Per-layer per-example norms and coefficient-weighted sums of per-example gradients."""
+
+    norms: torch.Tensor  # [B, L] per-example L2 norm of each layer's block (0 if frozen)
+    losses: torch.Tensor  # [B] per-example loss, for monitoring only
+
+    def weighted_sum(self, coef: torch.Tensor) -> dict[str, torch.Tensor]:
+        """{p: sum_i coef[i, layer(p)] * g_i(p)} for every live parameter p."""
+        ...
+
+
+def _check_coef(coef: torch.Tensor, norms: torch.Tensor) -> None:
+    if tuple(coef.shape) != tuple(norms.shape):
+        raise ValueError(f"coef has shape {tuple(coef.shape)}; the view needs "
+                         f"{tuple(norms.shape)} (examples x layers)")
+
+
+def _combine(coef: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
+    """sum_i coef[i] * grads[i], as one matrix-vector product."""
+    flat = grads.reshape(grads.shape[0], -1)
+    return (coef.to(device=flat.device, dtype=flat.dtype) @ flat).view(grads.shape[1:])
+
+
+@dataclass
+class MaterializedGrads:
+    """Explicit per-example gradients as a view: the reference, and how tests feed adversarial
+    gradients to a method."""
+
+    grads: dict[str, torch.Tensor]  # parameter name -> [B, *param.shape]
+    norms: torch.Tensor
+    losses: torch.Tensor
+    layer_of: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_grads(cls, grads: dict[str, torch.Tensor], *, layer_of: dict[str, int],
+                   num_layers: int, losses: torch.Tensor | None = None) -> MaterializedGrads:
+        """Attach per-layer norms (one pass over the blocks; they come free with the grads)."""
+        first = next(iter(grads.values()))
+        sq = torch.zeros(first.shape[0], num_layers, device=first.device, dtype=first.dtype)
+        for n, g in grads.items():
+            sq[:, layer_of[n]] += g.flatten(1).pow(2).sum(dim=1)
+        if losses is None:
+            losses = torch.zeros(first.shape[0], device=first.device, dtype=first.dtype)
+        return cls(grads=grads, norms=sq.sqrt(), losses=losses, layer_of=dict(layer_of))
+
+    def weighted_sum(self, coef: torch.Tensor) -> dict[str, torch.Tensor]:
+        _check_coef(coef, self.norms)
+        return {n: _combine(coef[:, self.layer_of[n]], g) for n, g in self.grads.items()}
+
+
+# ---- per-module algebra -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Geometry:
+    """Per-example sizes of one weight gradient a^T b: T positions, fan-in d, fan-out p."""
+
+    positions: int
+    fan_in: int  # per group
+    fan_out: int  # per group
+    groups: int = 1
+    #: Conv2d: kernel taps K (fan_in = channels per group * K) and padded input positions.
+    taps: int = 1
+    padded_positions: int = 0
+
+    @property
+    def shifted_gram(self) -> bool:
+        """Whether the input Gram is cheaper from shifted channel Grams than from patches."""
+        return 0 < self.padded_positions ** 2 < self.taps * self.positions ** 2
+
+    def input_gram_cost(self) -> int:
+        """Multiply-adds per example and group of the input Gram a_i a_i^T (T x T)."""
+        t = self.positions
+        if self.shifted_gram:
+            return self.fan_in // self.taps * self.padded_positions ** 2 + self.taps * t * t
+        return self.fan_in * t * t
+
+
+def choose(geometry: Geometry, *, strategy: str) -> tuple[str, bool]:
+    """(norm algorithm, keep per-example gradients) for one module; see the module docstring."""
+    t, d, p, g = geometry.positions, geometry.fan_in, geometry.fan_out, geometry.groups
+    keep = d <= KEEP_RATIO * t
+    if strategy == "ghost":
+        return "ghost", False
+    if strategy == "materialize":
+        return "materialize", keep
+    wgrad = g * t * p * d
+    ghost = g * (geometry.input_gram_cost() + t * t * p) + wgrad
+    materialize = MATERIALIZE_COST * wgrad + (g * p * d if keep else wgrad)
+    return ("ghost", False) if ghost < materialize else ("materialize", keep)
+
+
+def _slices(n: int, per_example: int) -> Iterator[slice]:
+    """Batch slices whose transient tensors stay within ``TRANSIENT_ELEMENTS``."""
+    step = max(1, TRANSIENT_ELEMENTS // max(1, per_example))
+    for start in range(0, n, step):
+        yield slice(start, min(n, start + step))
+
+
+def _scale(b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    return b * c.to(dtype=b.dtype, device=b.device).view(-1, *([1] * (b.dim() - 1)))
+
+
+class _Handler:
+    """Per-example gradient algebra of one module with parameters (one call = inputs a, b)."""
+
+    per_channel: ClassVar[bool] = False
+    kind: ClassVar[str] = ""
+
+    def __init__(self, module: nn.Module, *, qualname: str, layer: int) -> None:
+        self.module = module
+        self.qualname = qualname
+        self.layer = layer
+        self.weight_name = f"{qualname}.weight" if module.weight is not None else None
+        bias = getattr(module, "bias", None)
+        self.bias_name = f"{qualname}.bias" if bias is not None else None
+
+    @property
+    def names(self) -> list[str]:
+        return [n for n in (self.weight_name, self.bias_name) if n is not None]
+
+    def prepare(self, a: torch.Tensor) -> torch.Tensor:
+        """The input as the weight-gradient kernels need it (kept until the sums are formed)."""
+        return a.detach()
+
+    def geometry(self, a: torch.Tensor, b: torch.Tensor) -> Geometry:
+        raise NotImplementedError
+
+    def per_example(self, a: torch.Tensor, b: torch.Tensor) -> dict[str, torch.Tensor]:
+        out = {}
+        if self.weight_name is not None:
+            out[self.weight_name] = self.weight_per_example(a, b)
+        if self.bias_name is not None:
+            out[self.bias_name] = self.bias_per_example(b)
+        return out
+
+    def weight_per_example(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def bias_per_example(self, b: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def weight_ghost_sq(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def weight_sum(self, a: torch.Tensor, bc: torch.Tensor) -> torch.Tensor:
+        """sum_i a_i^T bc_i with the native kernel (bc: output gradients already scaled)."""
+        raise NotImplementedError
+
+    def transient(self, geometry: Geometry, *, ghost: bool) -> int:
+        """Elements per example of the temporaries of one norm computation."""
+        t, d, p, g = geometry.positions, geometry.fan_in, geometry.fan_out, geometry.groups
+        return g * (d * t + 2 * t * t) if ghost else g * p * d
+
+    def weight_sq(self, a: torch.Tensor, b: torch.Tensor, *, geometry: Geometry,
+                  ghost: bool) -> torch.Tensor:
+        """[B] squared norms of the weight's per-example gradients, slice by slice."""
+        parts = []
+        for s in _slices(a.shape[0], self.transient(geometry, ghost=ghost)):
+            if ghost:
+                parts.append(self.weight_ghost_sq(a[s], b[s]))
+            else:
+                parts.append(self.weight_per_example(a[s], b[s]).flatten(1).pow(2).sum(1))
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+    def weighted(self, a: torch.Tensor, b: torch.Tensor,
+                 c: torch.Tensor) -> dict[str, torch.Tensor]:
+        """sum_i c_i g_i(p) for this call's parameters, without per-example gradients."""
+        out = {}
+        if self.weight_name is not None:
+            out[self.weight_name] = self.weight_sum(a, _scale(b, c))
+        if self.bias_name is not None:
+            out[self.bias_name] = _combine(c, self.bias_per_example(b))
+        return out
+
+
+class _LinearHandler(_Handler):
+    """``nn.Linear`` on [B, d] or [B, *, d]: positions are the middle dimensions."""
+
+    kind = "Linear"
+
+    @staticmethod
+    def _flat(t: torch.Tensor) -> torch.Tensor:
+        return t.reshape(t.shape[0], -1, t.shape[-1])
+
+    def geometry(self, a: torch.Tensor, b: torch.Tensor) -> Geometry:
+        return Geometry(positions=self._flat(b).shape[1], fan_in=a.shape[-1],
+                        fan_out=b.shape[-1])
+
+    def weight_per_example(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        a3, b3 = self._flat(a), self._flat(b)
+        if a3.shape[1] == 1:
+            return b3[:, 0, :, None] * a3[:, 0, None, :]
+        return torch.bmm(b3.transpose(1, 2), a3)
+
+    def bias_per_example(self, b: torch.Tensor) -> torch.Tensor:
+        return self._flat(b).sum(1)
+
+    def weight_ghost_sq(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        a3, b3 = self._flat(a), self._flat(b)
+        if a3.shape[1] == 1:
+            return a3[:, 0].pow(2).sum(1) * b3[:, 0].pow(2).sum(1)
+        return (torch.bmm(a3, a3.transpose(1, 2)) * torch.bmm(b3, b3.transpose(1, 2))).sum((1, 2))
+
+    def weight_sum(self, a: torch.Tensor, bc: torch.Tensor) -> torch.Tensor:
+        return bc.reshape(-1, bc.shape[-1]).t() @ a.reshape(-1, a.shape[-1])
+
+
+class _Conv2dHandler(_Handler):
+    """``nn.Conv2d`` (any stride, padding, padding mode, dilation, groups; bias optional)."""
+
+    kind = "Conv2d"
+
+    def __init__(self, module: nn.Module, *, qualname: str, layer: int) -> None:
+        super().__init__(module, qualname=qualname, layer=layer)
+        m = module
+        # non-zero padding modes and string paddings: pad the kept input once, then pad 0
+        self._explicit_pad = m.padding_mode != "zeros" or isinstance(m.padding, str)
+        self.padding = (0, 0) if self._explicit_pad else tuple(m.padding)
+
+    def prepare(self, a: torch.Tensor) -> torch.Tensor:
+        a = a.detach()
+        if not self._explicit_pad:
+            return a
+        m = self.module
+        mode = "constant" if m.padding_mode == "zeros" else m.padding_mode
+        return torch.nn.functional.pad(a, m._reversed_padding_repeated_twice, mode=mode)
+
+    def geometry(self, a: torch.Tensor, b: torch.Tensor) -> Geometry:
+        m = self.module
+        kh, kw = m.kernel_size
+        del b  # the output shape follows from the input's
+        ph, pw = self.padding
+        out = self._output_shape(a)
+        return Geometry(positions=out[2] * out[3],
+                        fan_in=m.in_channels // m.groups * kh * kw,
+                        fan_out=m.out_channels // m.groups, groups=m.groups, taps=kh * kw,
+                        padded_positions=(a.shape[2] + 2 * ph) * (a.shape[3] + 2 * pw))
+
+    def transient(self, geometry: Geometry, *, ghost: bool) -> int:
+        if not ghost:
+            return super().transient(geometry, ghost=ghost)
+        t, g = geometry.positions, geometry.groups
+        if geometry.shifted_gram:
+            return g * (geometry.padded_positions ** 2 + (geometry.taps + 2) * t * t)
+        return g * (geometry.fan_in * t + 2 * t * t)
+
+    def _input_gram(self, a: torch.Tensor, *, shifted: bool | None = None) -> torch.Tensor:
+        """[n, g, T, T] Gram of each example's input patches.
+
+        Patch t is the input around output position t, so <patch_t, patch_s> is the sum over
+        kernel taps k of <a[:, pos_t + k], a[:, pos_s + k]>: the Gram P of the padded input's
+        positions (C (H W)^2 work) gathered at K shifted index sets, instead of unfolding the
+        K-times larger patches (C K T^2 work); used when cheaper (stride-1 convolutions).
+        """
+        m = self.module
+        n, g = a.shape[0], m.groups
+        if shifted is None:
+            shifted = self.geometry(a, a).shifted_gram
+        if not shifted:
+            u = torch.nn.functional.unfold(a, m.kernel_size, dilation=m.dilation,
+                                           padding=self.padding, stride=m.stride)
+            u = u.view(n, g, -1, u.shape[-1])  # [n, g, d, T]
+            return torch.matmul(u.transpose(2, 3), u)
+        ph, pw = self.padding
+        padded = torch.nn.functional.pad(a, (pw, pw, ph, ph)) if ph or pw else a
+        hp, wp = padded.shape[2], padded.shape[3]
+        flat = padded.reshape(n, g, -1, hp * wp)
+        positions = torch.matmul(flat.transpose(2, 3), flat).view(n, g, hp, wp, hp, wp)
+        out = self._output_shape(a)
+        gram = positions.new_zeros(n, g, out[2], out[3], out[2], out[3])
+        for i in range(m.kernel_size[0]):
+            rows = slice(i * m.dilation[0], i * m.dilation[0] + m.stride[0] * (out[2] - 1) + 1,
+                         m.stride[0])
+            for j in range(m.kernel_size[1]):
+                cols = slice(j * m.dilation[1],
+                             j * m.dilation[1] + m.stride[1] * (out[3] - 1) + 1, m.stride[1])
+                gram += positions[:, :, rows, cols, rows, cols]  # tap (i, j): a strided view
+        return gram.view(n, g, out[2] * out[3], out[2] * out[3])
+
+    def _output_shape(self, a: torch.Tensor) -> torch.Size:
+        m = self.module
+        size = [(a.shape[2 + i] + 2 * self.padding[i] - m.dilation[i] * (m.kernel_size[i] - 1)
+                 - 1) // m.stride[i] + 1 for i in range(2)]
+        return torch.Size([a.shape[0], m.out_channels, *size])
+
+    def _weight_grad(self, a: torch.Tensor, b: torch.Tensor, groups: int,
+                     shape: tuple[int, ...]) -> torch.Tensor:
+        m = self.module
+        weight = b.new_empty(1).expand(shape)  # the kernel reads only the weight's shape
+        return torch.ops.aten.convolution_backward(
+            b, a, weight, None, list(m.stride), list(self.padding), list(m.dilation), False,
+            [0, 0], groups, [False, True, False])[1]
+
+    def weight_per_example(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        m = self.module
+        n = a.shape[0]
+        a1 = a.reshape(1, n * a.shape[1], *a.shape[2:])
+        b1 = b.reshape(1, n * b.shape[1], *b.shape[2:])
+        shape = (n * m.out_channels, *m.weight.shape[1:])
+        return self._weight_grad(a1, b1, n * m.groups, shape).view(n, *m.weight.shape)
+
+    def bias_per_example(self, b: torch.Tensor) -> torch.Tensor:
+        return b.sum((2, 3))
+
+    def weight_ghost_sq(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        n, g = a.shape[0], self.module.groups
+        gram_a = self._input_gram(a)
+        bf = b.reshape(n, g, -1, gram_a.shape[-1])  # [n, g, p, T]
+        gram_b = torch.matmul(bf.transpose(2, 3), bf)
+        return (gram_a * gram_b).sum((1, 2, 3))
+
+    def weight_sum(self, a: torch.Tensor, bc: torch.Tensor) -> torch.Tensor:
+        return self._weight_grad(a, bc, self.module.groups, tuple(self.module.weight.shape))
+
+
+class _NormHandler(_Handler):
+    """Affine normalisation: g_i(weight) = sum over positions of b_i * x_hat_i ([B, C]-sized)."""
+
+    per_channel = True
+
+    def normalized(self, a: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def reduce_dims(self, a: torch.Tensor) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def geometry(self, a: torch.Tensor, b: torch.Tensor) -> Geometry:
+        per_example = a[0].numel()
+        width = self.module.weight.numel() if self.weight_name else per_example
+        return Geometry(positions=per_example // max(1, width), fan_in=1, fan_out=width)
+
+    def per_example(self, a: torch.Tensor, b: torch.Tensor) -> dict[str, torch.Tensor]:
+        dims = self.reduce_dims(a)
+        out = {}
+        if self.weight_name is not None:
+            prod = b * self.normalized(a)
+            out[self.weight_name] = prod.sum(dims) if dims else prod
+        if self.bias_name is not None:
+            out[self.bias_name] = b.sum(dims) if dims else b
+        return out
+
+    def weighted(self, a: torch.Tensor, b: torch.Tensor,
+                 c: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {n: _combine(c, g) for n, g in self.per_example(a, b).items()}
+
+
+class _GroupNormHandler(_NormHandler):
+    kind = "GroupNorm"
+
+    def normalized(self, a: torch.Tensor) -> torch.Tensor:
+        m = self.module
+        return torch.nn.functional.group_norm(a, m.num_groups, None, None, m.eps)
+
+    def reduce_dims(self, a: torch.Tensor) -> tuple[int, ...]:
+        return tuple(range(2, a.dim()))
+
+
+class _LayerNormHandler(_NormHandler):
+    kind = "LayerNorm"
+
+    def normalized(self, a: torch.Tensor) -> torch.Tensor:
+        m = self.module
+        return torch.nn.functional.layer_norm(a, m.normalized_shape, None, None, m.eps)
+
+    def reduce_dims(self, a: torch.Tensor) -> tuple[int, ...]:
+        return tuple(range(1, a.dim() - len(self.module.normalized_shape)))
+
+
+def _handler_types() -> dict[type, type[_Handler]]:
+    nn_ = torch.nn
+    return {nn_.Linear: _LinearHandler, nn_.Conv2d: _Conv2dHandler,
+            nn_.GroupNorm: _GroupNormHandler, nn_.LayerNorm: _LayerNormHandler}
+
+
+class _BlockFallback:
+    """A block with a module the engine has no algebra for: per-example grads by torch.func."""
+
+    def __init__(self, block: nn.Module, *, qualname: str, layer: int) -> None:
+        self.module = block
+        self.layer = layer
+        self.local = [n for n, _ in block.named_parameters()]
+        self.names = [f"{qualname}.{n}" for n in self.local]
+
+    def _params(self) -> dict[str, torch.Tensor]:
+        return {n: p.detach() for n, p in self.module.named_parameters()}
+
+    def per_example(self, a: torch.Tensor, b: torch.Tensor, *,
+                    chunk: int) -> dict[str, torch.Tensor]:
+        from torch.func import functional_call, grad, vmap
+
+        def inner(params: dict[str, torch.Tensor], ai: torch.Tensor,
+                  bi: torch.Tensor) -> torch.Tensor:
+            out = functional_call(self.module, params, (ai.unsqueeze(0),))
+            return (out * bi.unsqueeze(0)).sum()
+
+        grads = vmap(grad(inner), in_dims=(None, 0, 0), chunk_size=chunk)(self._params(), a, b)
+        return {f: grads[n] for n, f in zip(self.local, self.names, strict=True)}
+
+    def weighted(self, a: torch.Tensor, b: torch.Tensor,
+                 c: torch.Tensor) -> dict[str, torch.Tensor]:
+        from torch.func import functional_call, vjp
+
+        _, pull = vjp(lambda params: functional_call(self.module, params, (a,)), self._params())
+        (grads,) = pull(_scale(b, c))
+        return {f: grads[n] for n, f in zip(self.local, self.names, strict=True)}
+
+
+@functools.cache
+def _tap() -> Any:
+    """Identity on a module output whose backward hands the output gradient to a sink.
+
+    Its second input, a scalar leaf, makes the output require grad even though every parameter
+    is detached; the backward is run for that leaf only, so autograd computes input gradients
+    along the network and nothing else.
+    """
+
+    class _Tap(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, out: torch.Tensor, anchor: torch.Tensor,
+                    sink: Callable[[torch.Tensor], None]) -> torch.Tensor:
+            del anchor
+            ctx.sink = sink
+            return out.view_as(out)
+
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+            ctx.sink(grad)
+            ctx.sink = None
+            return grad, None, None
+
+    return _Tap
+
+
+# ---- one pass over one chunk ------------------------------------------------------------------
+@dataclass
+class _ChunkState:
+    """What a chunk leaves for the weighted sum: kept per-example grads, inputs and gradients."""
+
+    kept: dict[str, torch.Tensor]
+    pending: list[tuple[_Handler, torch.Tensor, torch.Tensor]]
+
+    def weighted_sum(self, coef: torch.Tensor,
+                     layer_of: dict[str, int]) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        for n, g in self.kept.items():
+            _accumulate(out, n, _combine(coef[:, layer_of[n]], g))
+        for handler, a, b in self.pending:
+            weight = handler.weight_sum(a, _scale(b, coef[:, handler.layer]))
+            _accumulate(out, str(handler.weight_name), weight)
+        return out
+
+
+def _accumulate(into: dict[str, torch.Tensor], name: str, value: torch.Tensor) -> None:
+    into[name] = into[name] + value if name in into else value
+
+
+class _Pass:
+    """Hooks, taps and sinks of one forward + backward over one chunk.
+
+    ``coef`` None: norms mode (per-layer squared norms plus the chunk state); otherwise sums
+    mode (each module adds sum_i coef_i g_i directly: no state, used for recomputed chunks).
+    """
+
+    def __init__(self, engine: GradEngine, n: int, *, live: Sequence[bool], dtype: torch.dtype,
+                 device: torch.device, coef: torch.Tensor | None) -> None:
+        self.engine = engine
+        self.live = live
+        self.coef = coef
+        self.sq = torch.zeros(n, engine.num_layers, dtype=dtype, device=device)
+        self.kept: dict[str, torch.Tensor] = {}
+        self.pending: list[tuple[_Handler, torch.Tensor, torch.Tensor]] = []
+        self.sums: dict[str, torch.Tensor] = {}
+        self.calls: dict[int, int] = {}
+        self.fallback_io: list[tuple[_BlockFallback, torch.Tensor, torch.Tensor]] = []
+        self.anchor = torch.zeros((), dtype=dtype, device=device, requires_grad=True)
+
+    # -- forward hooks
+    def hook(self, handler: _Handler | _BlockFallback) -> Callable[..., torch.Tensor]:
+        tap = _tap()
+
+        def forward_hook(module: nn.Module, inputs: tuple[Any, ...],
+                         output: torch.Tensor) -> torch.Tensor:
+            del module
+            self.calls[id(handler)] = self.calls.get(id(handler), 0) + 1
+            if isinstance(handler, _BlockFallback):
+                a = inputs[0].detach()
+                return tap.apply(output, self.anchor,
+                                 lambda b: self.fallback_io.append((handler, a, b)))
+            a = handler.prepare(inputs[0])
+            return tap.apply(output, self.anchor, lambda b: self.on_grad(handler, a, b))
+
+        return forward_hook
+
+    # -- backward sinks
+    def on_grad(self, handler: _Handler, a: torch.Tensor, b: torch.Tensor) -> None:
+        if self.coef is not None:
+            for n, s in handler.weighted(a, b, self.coef[:, handler.layer]).items():
+                _accumulate(self.sums, n, s)
+            return
+        if handler.per_channel or self.calls[id(handler)] > 1:
+            for n, g in handler.per_example(a, b).items():
+                _accumulate(self.kept, n, g)
+            return
+        geometry = handler.geometry(a, b)
+        norm, keep = choose(geometry, strategy=self.engine.strategy)
+        if handler.bias_name is not None:
+            self.kept[handler.bias_name] = handler.bias_per_example(b)
+        if handler.weight_name is None:
+            return
+        if keep:
+            self.kept[handler.weight_name] = handler.weight_per_example(a, b)
+        else:
+            self.sq[:, handler.layer] += handler.weight_sq(a, b, geometry=geometry,
+                                                           ghost=norm == "ghost")
+            self.pending.append((handler, a, b))
+
+    def finish(self) -> None:
+        """After the backward: block fallbacks, then the squared norms of what was kept."""
+        for fb, a, b in self.fallback_io:
+            if self.coef is not None:
+                for n, s in fb.weighted(a, b, self.coef[:, fb.layer]).items():
+                    _accumulate(self.sums, n, s)
+            else:
+                for n, g in fb.per_example(a, b, chunk=self.engine.max_physical_batch).items():
+                    _accumulate(self.kept, n, g)
+        self.fallback_io = []
+        for n, g in self.kept.items():
+            norm = torch.linalg.vector_norm(g.flatten(1), dim=1)
+            self.sq[:, self.engine.layer_of[n]] += norm.square()
+
+
+class BookkeepingView:
+    """The engine's view: norms now, weighted sums from the kept state (or recomputed chunks)."""
+
+    def __init__(self, *, engine: GradEngine, x: torch.Tensor, y: torch.Tensor,
+                 live: list[bool], bounds: list[tuple[int, int]],
+                 states: list[_ChunkState | None], norms: torch.Tensor,
+                 losses: torch.Tensor) -> None:
+        self.norms = norms
+        self.losses = losses
+        self._engine = engine
+        self._x, self._y = x, y
+        self._live = live
+        self._bounds = bounds
+        self._states = states
+        self._versions = engine._versions()
+
+    def weighted_sum(self, coef: torch.Tensor) -> dict[str, torch.Tensor]:
+        _check_coef(coef, self.norms)
+        engine = self._engine
+        total: dict[str, torch.Tensor] = {}
+        for (start, stop), state in zip(self._bounds, self._states, strict=True):
+            c = coef[start:stop]
+            if state is not None:
+                part = state.weighted_sum(c, engine.layer_of)
+            else:
+                if engine._versions() != self._versions:
+                    raise RuntimeError("the model's parameters changed after compute(); "
+                                       "a chunked view cannot recompute its sums")
+                part = engine._sums(self._x[start:stop], self._y[start:stop], c,
+                                    live=self._live)
+            for n, s in part.items():
+                _accumulate(total, n, s)
+        params = dict(engine.model.named_parameters())
+        return {n: total[n] if n in total else torch.zeros_like(params[n])
+                for n in engine.live_parameters(self._live)}
+
+
+# ---- the engine -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ModulePlan:
+    """How the engine treats one module at one input shape (``GradEngine.plan``)."""
+
+    layer: str
+    module: str
+    kind: str
+    geometry: Geometry
+    norm: str  # "ghost", "materialize", "per-channel" or "vmap"
+    keep: bool
+
+    def describe(self) -> str:
+        g = self.geometry
+        how = self.norm + (" (kept)" if self.keep and self.norm == "materialize" else "")
+        return (f"{self.layer:<8} {self.module:<28} {self.kind:<10} T={g.positions:<5} "
+                f"d={g.fan_in:<5} p={g.fan_out:<4} g={g.groups:<2} {how}")
+
+
+class GradEngine:
+    """Per-example norms and weighted sums for a ``LayeredModel``; see the module docstring.
+
+    ``strategy``: "auto" (cheapest algorithm per module), "ghost" or "materialize" (forced on
+    every Linear / Conv2d), "vmap" (``torch.func`` over the whole model, the reference).
+    """
+
+    def __init__(self, model: LayeredModel, *, strategy: str = "auto",
+                 max_physical_batch: int = 512) -> None:
+        if strategy not in STRATEGIES:
+            raise UserInputError(field="strategy", value=strategy, allowed=f"one of {STRATEGIES}")
+        if isinstance(max_physical_batch, bool) or not isinstance(max_physical_batch, int) \
+                or max_physical_batch < 1:
+            raise UserInputError(field="max_physical_batch", value=max_physical_batch,
+                                 allowed="a positive integer")
+        self.model = model
+        self.strategy = strategy
+        self.max_physical_batch = max_physical_batch
+        self.layer_names = model.layer_names
+        self.num_layers = len(self.layer_names)
+        self.layer_of = model.layer_of_parameter()
+        types = _handler_types()
+        qual = {m: n for n, m in model.named_modules()}
+        self._units: list[_Handler | _BlockFallback] = []
+        for index, block in enumerate(model.blocks.values()):
+            owners = [m for m in block.modules() if next(m.parameters(recurse=False), None)
+                      is not None]
+            if all(type(m) in types for m in owners):
+                self._units += [types[type(m)](m, qualname=qual[m], layer=index) for m in owners]
+            else:
+                self._units.append(_BlockFallback(block, qualname=qual[block], layer=index))
+
+    # -- introspection
+    def live_parameters(self, live: Sequence[bool]) -> list[str]:
+        return [n for n, _ in self.model.named_parameters() if live[self.layer_of[n]]]
+
+    def _versions(self) -> list[int]:
+        return [p._version for p in self.model.parameters()]
+
+    def plan(self, sample: torch.Tensor) -> list[ModulePlan]:
+        """Each module's algorithm for inputs shaped like ``sample`` (one forward, no grads)."""
+        seen: list[ModulePlan] = []
+
+        def record(unit: _Handler | _BlockFallback) -> Callable[..., None]:
+            def hook(module: nn.Module, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+                del module
+                layer = self.layer_names[unit.layer]
+                if isinstance(unit, _BlockFallback):
+                    seen.append(ModulePlan(layer=layer, module=layer, kind="block",
+                                           geometry=Geometry(1, 1, 1), norm="vmap", keep=True))
+                    return
+                geometry = unit.geometry(unit.prepare(inputs[0]), output)
+                if unit.per_channel:
+                    norm, keep = "per-channel", True
+                elif self.strategy == "vmap":
+                    norm, keep = "vmap", True
+                else:
+                    norm, keep = choose(geometry, strategy=self.strategy)
+                seen.append(ModulePlan(layer=layer, module=unit.qualname, kind=unit.kind,
+                                       geometry=geometry, norm=norm, keep=keep))
+            return hook
+
+        handles = [u.module.register_forward_hook(record(u)) for u in self._units]
+        try:
+            with torch.no_grad():
+                self.model(sample[:1])
+        finally:
+            for h in handles:
+                h.remove()
+        return seen
+
+    # -- computation
+    def compute(self, x: torch.Tensor, y: torch.Tensor, *,
+                live: Sequence[bool]) -> PerExampleView:
+        """Per-layer norms of the per-example gradients of the live layers, and their sums."""
+        live = [bool(v) for v in live]
+        if len(live) != self.num_layers:
+            raise UserInputError(field="live", value=len(live),
+                                 allowed=f"one flag per layer ({self.num_layers})")
+        if self.strategy == "vmap":
+            return self._vmap(x, y, live)
+        n = x.shape[0]
+        bounds = [(s, min(n, s + self.max_physical_batch))
+                  for s in range(0, n, self.max_physical_batch)]
+        norms, losses = [], []
+        states: list[_ChunkState | None] = []
+        for start, stop in bounds:
+            if states:
+                states[-1] = None  # memory bounded by one chunk: earlier ones are recomputed
+            state, chunk_norms, chunk_losses = self._norms(x[start:stop], y[start:stop],
+                                                           live=live)
+            norms.append(chunk_norms)
+            losses.append(chunk_losses)
+            states.append(state)
+            del state  # the list holds the only reference, so the next chunk can free it
+        dtype = self._dtype()
+        if not bounds:
+            norms = [torch.zeros(0, self.num_layers, dtype=dtype, device=x.device)]
+            losses = [torch.zeros(0, dtype=dtype, device=x.device)]
+        return BookkeepingView(engine=self, x=x, y=y, live=live, bounds=bounds, states=states,
+                               norms=torch.cat(norms), losses=torch.cat(losses))
+
+    def _dtype(self) -> torch.dtype:
+        first = next(self.model.parameters(), None)
+        return torch.get_default_dtype() if first is None else first.dtype
+
+    def _norms(self, x: torch.Tensor, y: torch.Tensor, *,
+               live: list[bool]) -> tuple[_ChunkState, torch.Tensor, torch.Tensor]:
+        p, losses = self._run(x, y, live=live, coef=None)
+        return _ChunkState(kept=p.kept, pending=p.pending), p.sq.clamp_min(0).sqrt(), losses
+
+    def _sums(self, x: torch.Tensor, y: torch.Tensor, coef: torch.Tensor, *,
+              live: list[bool]) -> dict[str, torch.Tensor]:
+        p, _ = self._run(x, y, live=live, coef=coef)
+        return p.sums
+
+    def _run(self, x: torch.Tensor, y: torch.Tensor, *, live: list[bool],
+             coef: torch.Tensor | None) -> tuple[_Pass, torch.Tensor]:
+        """One forward + backward of the summed per-example loss over one chunk."""
+        p = _Pass(self, x.shape[0], live=live, dtype=self._dtype(), device=x.device, coef=coef)
+        params = list(self.model.parameters())
+        saved = [q.requires_grad for q in params]
+        handles = [u.module.register_forward_hook(p.hook(u)) for u in self._units
+                   if live[u.layer]]
+        try:
+            for q in params:
+                q.requires_grad_(False)
+            with torch.enable_grad():
+                logits = self.model(x)
+                losses = torch.nn.functional.cross_entropy(logits, y, reduction="none")
+                for h in handles:
+                    h.remove()
+                if losses.requires_grad:
+                    torch.autograd.grad(losses.sum(), [p.anchor], allow_unused=True)
+            with torch.no_grad():
+                p.finish()
+        finally:
+            for h in handles:
+                h.remove()
+            for q, s in zip(params, saved, strict=True):
+                q.requires_grad_(s)
+        return p, losses.detach()
+
+    def _vmap(self, x: torch.Tensor, y: torch.Tensor, live: list[bool]) -> MaterializedGrads:
+        """Today's reference path: vmap of grad of the per-example loss over the whole model."""
+        from torch.func import functional_call, grad_and_value, vmap
+
+        model = self.model
+        trainable = {n: q.detach() for n, q in model.named_parameters() if live[self.layer_of[n]]}
+        fixed = {n: q.detach() for n, q in model.named_parameters()
+                 if not live[self.layer_of[n]]}
+
+        def loss_one(tp: dict[str, torch.Tensor], xi: torch.Tensor,
+                     yi: torch.Tensor) -> torch.Tensor:
+            out = functional_call(model, {**tp, **fixed}, (xi.unsqueeze(0),))
+            return torch.nn.functional.cross_entropy(out, yi.unsqueeze(0))
+
+        n = x.shape[0]
+        if not trainable or n == 0:
+            with torch.no_grad():
+                losses = torch.nn.functional.cross_entropy(model(x), y, reduction="none") \
+                    if n else torch.zeros(0, dtype=self._dtype(), device=x.device)
+            sq = torch.zeros(n, self.num_layers, dtype=self._dtype(), device=x.device)
+            grads = {k: torch.zeros(n, *v.shape, dtype=v.dtype, device=v.device)
+                     for k, v in trainable.items()}
+            return MaterializedGrads(grads=grads, norms=sq, losses=losses,
+                                     layer_of=dict(self.layer_of))
+        chunk = self.max_physical_batch if n > self.max_physical_batch else None
+        grads, losses = vmap(grad_and_value(loss_one), in_dims=(None, 0, 0),
+                             chunk_size=chunk)(trainable, x, y)
+        return MaterializedGrads.from_grads(grads, layer_of=self.layer_of,
+                                            num_layers=self.num_layers, losses=losses.detach())
