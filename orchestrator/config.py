@@ -351,9 +351,14 @@ def _cross_checks(cfg: Config) -> None:
                              allowed="distinct 'method' or 'method:mode' entries")
     in_play = sorted({cfg.training.method, *(m for m, _ in series)})
     _check_method_params(cfg, in_play)
-    cfg.trial_params()  # the single-trial method checks its own hyperparameters
-    for method, mode in series:
-        cfg.trial_params(method, mode=mode)
+    from trainables.catalog import layer_count
+
+    layers = layer_count(model=cfg.model.name, dataset=cfg.data.dataset)
+    sizes = cfg.split_sizes()
+    checks = [(cfg.training.method, cfg.trial_params())]  # the single-trial method, too
+    checks += [(method, cfg.trial_params(method, mode=mode)) for method, mode in series]
+    for method, params in checks:
+        METHODS[method].check_setting(params, num_layers=layers, sizes=sizes)
     from search_spaces import check_overrides
 
     check_overrides(cfg.search, methods=[m for m, _ in series])

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from core.errors import UserInputError
-from trainables.dp_step import per_example_grads
+from trainables.engine import GradEngine
 from trainables.models import DEFAULT_MODEL, MODEL_NAMES, build_model
 
 SHAPES = {"digits_cnn": (1, 8, 8), "cnn28": (1, 28, 28), "cnn5": (3, 32, 32),
@@ -85,8 +85,7 @@ def test_per_example_gradients_are_each_examples_own(name: str) -> None:
     y = torch.tensor([3, 7])
     layer_of = model.layer_of_parameter()
     live = [True] * len(model.layer_names)
-    view = per_example_grads(model, x, y, live=live, layer_of=layer_of,
-                             num_layers=len(live), max_physical_batch=512)
+    view = GradEngine(model, strategy="vmap").compute(x, y, live=live)
     model.zero_grad()
     nn.functional.cross_entropy(model(x[1:]), y[1:]).backward()
     for n, p in model.named_parameters():

@@ -40,6 +40,7 @@ from core.lazy import lazy_module
 from core.modes import Mode
 from core.params import Param, ParamSet
 from core.schedule import Schedule
+from trainables.engine import GradEngine, MaterializedGrads, PerExampleView
 
 if TYPE_CHECKING:
     import torch
@@ -65,36 +66,11 @@ STANDARD = Mode("standard", doc="the method as published; no data-dependent stat
 
 
 # ---- the gradient view ------------------------------------------------------------------------
-@dataclass
-class PerExampleGrads:
-    """Explicit per-example gradients as a gradient view: norms and weighted sums.
-
-    The book-keeping engine (``trainables/engine.py``) gives the same view without ever
-    materialising these tensors; this class is the reference and the conformance suite's way to
-    feed adversarial gradients.
-    """
-
-    grads: dict[str, torch.Tensor]  # parameter name -> [B, *param.shape]
-    norms: torch.Tensor  # [B, L] per-example L2 norm of each layer's block (0 if frozen)
-    losses: torch.Tensor  # [B] per-example loss, for monitoring only
-    layer_of: dict[str, int] = field(default_factory=dict)
-
-    @classmethod
-    def from_grads(cls, grads: dict[str, torch.Tensor], *, layer_of: dict[str, int],
-                   num_layers: int, losses: torch.Tensor | None = None) -> PerExampleGrads:
-        """Attach per-layer norms (one pass over the blocks; they come free with the grads)."""
-        first = next(iter(grads.values()))
-        sq = torch.zeros(first.shape[0], num_layers, device=first.device, dtype=first.dtype)
-        for n, g in grads.items():
-            sq[:, layer_of[n]] += g.flatten(1).pow(2).sum(dim=1)
-        if losses is None:
-            losses = torch.zeros(first.shape[0], device=first.device)
-        return cls(grads=grads, norms=sq.sqrt(), losses=losses, layer_of=dict(layer_of))
-
-    def weighted_sum(self, coef: torch.Tensor) -> dict[str, torch.Tensor]:
-        """sum_i coef[i, layer(p)] * g_i(p) for every parameter p of the view."""
-        return {n: torch.einsum("i,i...->...", coef[:, self.layer_of[n]].to(g.dtype), g)
-                for n, g in self.grads.items()}
+#: Explicit per-example gradients as a gradient view (``trainables/engine.py``): the reference
+#: implementation and the conformance suite's way to feed adversarial gradients. Training uses
+#: the book-keeping engine's view, which gives the same norms and weighted sums without
+#: materialising per-example gradients where that is cheaper.
+PerExampleGrads = MaterializedGrads
 
 
 @dataclass
@@ -195,6 +171,13 @@ class DPStep:
                              allowed=f"a mode of {cls.name}: {[m.name for m in cls.modes]}")
 
     @classmethod
+    def check_setting(cls, params: Mapping[str, Any], *, num_layers: int,
+                      sizes: Mapping[str, int]) -> None:
+        """Refuse hyperparameters that cannot work with this model and these splits, at config
+        validation (before anything is written); default: every declared value works."""
+        del params, num_layers, sizes
+
+    @classmethod
     def noise_shape(cls, *, epochs: int, steps_per_epoch: int,
                     params: Mapping[str, Any]) -> Schedule:
         """Relative noise schedule the accountant scales to the budget (default: constant)."""
@@ -246,6 +229,7 @@ class DPStep:
         self.step_count = 0
         self.ledger = Ledger(sample_rate=sample_rate)
         self.optimizer = self._make_optimizer(lr=self.lr, momentum=float(p.get("momentum", 0.0)))
+        self.engine = GradEngine(model, max_physical_batch=max_physical_batch)
 
     # ---- validity (derived from the mode's declaration) --------------------------------------
     @property
@@ -281,11 +265,10 @@ class DPStep:
         return [True] * self.num_layers
 
     # ---- phase 2 -----------------------------------------------------------------------------
-    def gradients(self, x: torch.Tensor, y: torch.Tensor) -> PerExampleGrads:
-        """The per-example gradient view of the live layers for a batch."""
-        return per_example_grads(self.model, x, y, live=self.trainable_layers(),
-                                 layer_of=self.layer_of, num_layers=self.num_layers,
-                                 max_physical_batch=self.max_physical_batch)
+    def gradients(self, x: torch.Tensor, y: torch.Tensor) -> PerExampleView:
+        """The per-example gradient view of the live layers for a batch (one forward and one
+        backward; per-layer ghost or materialised norms; weighted sums by book-keeping)."""
+        return self.engine.compute(x, y, live=self.trainable_layers())
 
     # ---- phase 3 -----------------------------------------------------------------------------
     def sensitivity(self) -> float:
@@ -302,7 +285,7 @@ class DPStep:
         factor = (self.clip_norm / (total + NORM_EPS)).clamp(max=1.0)
         return factor.unsqueeze(1).expand(-1, self.num_layers)
 
-    def clip(self, view: PerExampleGrads) -> dict[str, torch.Tensor]:
+    def clip(self, view: PerExampleView) -> dict[str, torch.Tensor]:
         """Sum of the clipped per-example gradients, per trainable parameter."""
         return view.weighted_sum(self.clip_coefficients(view.norms))
 
@@ -426,23 +409,3 @@ class DPStep:
         if self.public is not None and state.get("public_rng") is not None:
             self.public.generator.set_state(state["public_rng"])
         self.load_extra_state(state["extra"])
-
-
-def per_example_grads(model: LayeredModel, x: torch.Tensor, y: torch.Tensor, *,
-                      live: list[bool], layer_of: dict[str, int], num_layers: int,
-                      max_physical_batch: int) -> PerExampleGrads:
-    """Per-example gradients of the live layers' parameters (torch.func vmap of grad)."""
-    from torch.func import functional_call, grad_and_value, vmap
-
-    trainable = {n: p.detach() for n, p in model.named_parameters() if live[layer_of[n]]}
-    fixed = {n: p.detach() for n, p in model.named_parameters() if not live[layer_of[n]]}
-
-    def loss_one(tp: dict[str, torch.Tensor], xi: torch.Tensor, yi: torch.Tensor):
-        out = functional_call(model, {**tp, **fixed}, (xi.unsqueeze(0),))
-        return torch.nn.functional.cross_entropy(out, yi.unsqueeze(0))
-
-    chunk = max_physical_batch if x.shape[0] > max_physical_batch else None
-    grads, losses = vmap(grad_and_value(loss_one), in_dims=(None, 0, 0), chunk_size=chunk)(
-        trainable, x, y)
-    return PerExampleGrads.from_grads(grads, layer_of=layer_of, num_layers=num_layers,
-                                      losses=losses.detach())

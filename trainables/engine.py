@@ -212,10 +212,6 @@ class _Handler:
         bias = getattr(module, "bias", None)
         self.bias_name = f"{qualname}.bias" if bias is not None else None
 
-    @property
-    def names(self) -> list[str]:
-        return [n for n in (self.weight_name, self.bias_name) if n is not None]
-
     def prepare(self, a: torch.Tensor) -> torch.Tensor:
         """The input as the weight-gradient kernels need it (kept until the sums are formed)."""
         return a.detach()

@@ -1,7 +1,8 @@
 """Models with named layers, numbered from the input, and access to each layer's output.
 
 A *layer* is one block that owns parameters (a Conv or Linear, plus whatever activation and
-pooling follow it). Layer-wise DP methods clip, weight, noise or freeze per layer, and the audit
+pooling follow it; in the ResNets, the stem, each residual block with its skip path, and the
+pooling + linear head). Layer-wise DP methods clip, weight, noise or freeze per layer, and the audit
 attacks each layer's output (its intermediate representation, IR), so both need the same
 parameter -> layer map; keeping each block in one named submodule makes that map a prefix rule.
 No BatchNorm anywhere: it mixes examples in a batch and breaks per-example gradients (Opacus's
@@ -135,7 +136,131 @@ def cnn5(
     )
 
 
-MODEL_NAMES = ("digits_cnn", "cnn28", "cnn5")
+#: GroupNorm groups (16, as De et al. 2022, "Unlocking High-Accuracy Differentially Private
+#: Image Classification through Scale", arXiv 2204.13650, use for WRN-16-4 under DP); layers
+#: narrower than that normalise each channel on its own.
+GN_GROUPS = 16
+
+
+def _gn(channels: int) -> nn.GroupNorm:
+    return nn.GroupNorm(min(GN_GROUPS, channels), channels)
+
+
+def _conv3x3(cin: int, cout: int, *, stride: int = 1) -> nn.Conv2d:
+    """3x3 convolution without bias (a GroupNorm follows or precedes it)."""
+    return nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
+
+
+class _BasicBlockGN(nn.Module):
+    """ResNet basic block with GroupNorm: act(GN(conv(act(GN(conv(x))))) + shortcut(x)).
+
+    The shortcut is He et al.'s option A (CIFAR ResNets): identity, or on a change of shape a
+    stride-2 subsample padded with zero channels, so it owns no parameters.
+    """
+
+    def __init__(self, cin: int, cout: int, *, stride: int, act: str) -> None:
+        super().__init__()
+        self.conv1 = _conv3x3(cin, cout, stride=stride)
+        self.gn1 = _gn(cout)
+        self.act1 = ACTIVATIONS[act]()
+        self.conv2 = _conv3x3(cout, cout)
+        self.gn2 = _gn(cout)
+        self.act2 = ACTIVATIONS[act]()
+        self.stride = stride
+        self.extra = cout - cin
+
+    def shortcut(self, x: torch.Tensor) -> torch.Tensor:
+        if self.stride == 1 and self.extra == 0:
+            return x
+        x = x[:, :, :: self.stride, :: self.stride]
+        half = self.extra // 2
+        return nn.functional.pad(x, (0, 0, 0, 0, half, self.extra - half))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.act1(self.gn1(self.conv1(x)))
+        out = self.gn2(self.conv2(out))
+        return self.act2(out + self.shortcut(x))
+
+
+class _WideBlockGN(nn.Module):
+    """Pre-activation wide block with GroupNorm: conv(act(GN(conv(act(GN(x)))))) + shortcut.
+
+    On a change of shape the shortcut is a 1x1 convolution of the pre-activated input, as in
+    Zagoruyko & Komodakis's reference implementation.
+    """
+
+    def __init__(self, cin: int, cout: int, *, stride: int, act: str) -> None:
+        super().__init__()
+        self.gn1 = _gn(cin)
+        self.act1 = ACTIVATIONS[act]()
+        self.conv1 = _conv3x3(cin, cout, stride=stride)
+        self.gn2 = _gn(cout)
+        self.act2 = ACTIVATIONS[act]()
+        self.conv2 = _conv3x3(cout, cout)
+        self.shortcut = (nn.Conv2d(cin, cout, 1, stride=stride, bias=False)
+                         if stride != 1 or cin != cout else None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pre = self.act1(self.gn1(x))
+        out = self.conv2(self.act2(self.gn2(self.conv1(pre))))
+        return out + (x if self.shortcut is None else self.shortcut(pre))
+
+
+def _head(channels: int, num_classes: int, *, norm_act: str | None = None) -> nn.Sequential:
+    """Global average pooling + linear (after GN + activation for pre-activation nets)."""
+    parts: list[nn.Module] = [] if norm_act is None else [_gn(channels), ACTIVATIONS[norm_act]()]
+    parts += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, num_classes)]
+    return nn.Sequential(*parts)
+
+
+#: ResNet-20's stages: (width, stride of the first block); 3 blocks each.
+RESNET20_STAGES = ((16, 1), (32, 2), (64, 2))
+RESNET20_BLOCKS_PER_STAGE = 3
+#: WRN-16-4: 16 = 6 N + 4 with N = 2 blocks per stage, widths 16 k with k = 4.
+WRN16_4_STAGES = ((64, 1), (128, 2), (256, 2))
+WRN16_4_BLOCKS_PER_STAGE = 2
+STEM_WIDTH = 16
+
+
+def resnet20_gn(*, in_channels: int = 3, num_classes: int = 10, act: str = "relu") -> LayeredModel:
+    """CIFAR ResNet-20 (He et al. 2016, "Deep Residual Learning for Image Recognition",
+    arXiv 1512.03385) with GroupNorm for BatchNorm; ~0.27M parameters; 28x28 or 32x32 inputs.
+
+    Layers: ``stem`` (conv + GN + act), ``block1``..``block9`` (each with its skip path), ``head``
+    (global pooling + linear).
+    """
+    stem = nn.Sequential(_conv3x3(in_channels, STEM_WIDTH), _gn(STEM_WIDTH), ACTIVATIONS[act]())
+    blocks: list[tuple[str, nn.Module]] = [("stem", stem)]
+    cin = STEM_WIDTH
+    for width, stride in RESNET20_STAGES:
+        for i in range(RESNET20_BLOCKS_PER_STAGE):
+            blocks.append((f"block{len(blocks)}",
+                           _BasicBlockGN(cin, width, stride=stride if i == 0 else 1, act=act)))
+            cin = width
+    blocks.append(("head", _head(cin, num_classes)))
+    return LayeredModel(blocks, num_classes=num_classes)
+
+
+def wrn16_4(*, in_channels: int = 3, num_classes: int = 10, act: str = "relu") -> LayeredModel:
+    """Wide-ResNet-16-4 (Zagoruyko & Komodakis 2016, "Wide Residual Networks", arXiv
+    1605.07146) with GroupNorm, as trained under DP by De et al. (arXiv 2204.13650); ~2.75M
+    parameters; 28x28 or 32x32 inputs.
+
+    Layers: ``stem`` (conv), ``block1``..``block6`` (pre-activation, each with its skip path),
+    ``head`` (GN + act + global pooling + linear).
+    """
+    blocks: list[tuple[str, nn.Module]] = [("stem", _conv3x3(in_channels, STEM_WIDTH))]
+    cin = STEM_WIDTH
+    for width, stride in WRN16_4_STAGES:
+        for i in range(WRN16_4_BLOCKS_PER_STAGE):
+            blocks.append((f"block{len(blocks)}",
+                           _WideBlockGN(cin, width, stride=stride if i == 0 else 1, act=act)))
+            cin = width
+    blocks.append(("head", _head(cin, num_classes, norm_act=act)))
+    return LayeredModel(blocks, num_classes=num_classes)
+
+
+MODEL_NAMES = ("digits_cnn", "cnn28", "cnn5", "resnet20_gn", "wrn16_4")
 #: The model used when the config says ``model.name = "auto"``.
 DEFAULT_MODEL = {"digits": "digits_cnn", "fashion-mnist": "cnn28", "mnist": "cnn28",
                  "cifar10": "cnn5"}
@@ -144,6 +269,8 @@ _ACCEPTS: dict[str, set[tuple[int, int, int]]] = {
     "digits_cnn": {(1, 8, 8)},
     "cnn28": {(1, 28, 28)},
     "cnn5": {(1, 28, 28), (3, 28, 28), (1, 32, 32), (3, 32, 32)},
+    "resnet20_gn": {(1, 28, 28), (3, 28, 28), (1, 32, 32), (3, 32, 32)},
+    "wrn16_4": {(1, 28, 28), (3, 28, 28), (1, 32, 32), (3, 32, 32)},
 }
 
 
@@ -169,4 +296,8 @@ def build_model(
         return digits_cnn(in_channels=channels, num_classes=num_classes, act=activation)
     if name == "cnn28":
         return cnn28(in_channels=channels, num_classes=num_classes, act=activation)
+    if name == "resnet20_gn":
+        return resnet20_gn(in_channels=channels, num_classes=num_classes, act=activation)
+    if name == "wrn16_4":
+        return wrn16_4(in_channels=channels, num_classes=num_classes, act=activation)
     return cnn5(in_channels=channels, num_classes=num_classes, act=activation, image_size=shape[1])

@@ -50,7 +50,7 @@ from core.lazy import lazy_module
 from core.modes import Mode, Source
 from core.params import Param, ParamSet
 from core.schedule import Phase, Schedule
-from trainables.dp_step import CLIP, LR, NORM_EPS, DPStep, PerExampleGrads
+from trainables.dp_step import CLIP, LR, NORM_EPS, DPStep, PerExampleView
 from trainables.methods import register
 
 if TYPE_CHECKING:
@@ -93,7 +93,7 @@ class _Thresholds:
     def after_release(self, m: DPAdamILG, noisy: dict[str, torch.Tensor]) -> None:
         """Released outputs: post-processing of the noisy gradient."""
 
-    def clip(self, m: DPAdamILG, view: PerExampleGrads) -> dict[str, torch.Tensor]:
+    def clip(self, m: DPAdamILG, view: PerExampleView) -> dict[str, torch.Tensor]:
         bounds = torch.tensor(m.bounds, dtype=view.norms.dtype, device=view.norms.device)
         return view.weighted_sum((bounds / (view.norms + NORM_EPS)).clamp(max=1.0))
 
@@ -128,7 +128,7 @@ class _BatchThresholds(_Thresholds):
     def before_step(self, m: DPAdamILG, step: int) -> None:
         m.faithful_s = [0.0] * m.num_layers  # an empty batch releases no signal
 
-    def clip(self, m: DPAdamILG, view: PerExampleGrads) -> dict[str, torch.Tensor]:
+    def clip(self, m: DPAdamILG, view: PerExampleView) -> dict[str, torch.Tensor]:
         # Thresholds are scale-equivariant, so clipping the sum equals the paper's clipping of
         # the mean times the batch size.
         summed = view.weighted_sum(torch.ones_like(view.norms))
@@ -275,7 +275,7 @@ class DPAdamILG(DPStep):
         bounds = torch.tensor(self.bounds, dtype=norms.dtype, device=norms.device)
         return (bounds / (norms + NORM_EPS)).clamp(max=1.0)
 
-    def clip(self, view: PerExampleGrads) -> dict[str, torch.Tensor]:
+    def clip(self, view: PerExampleView) -> dict[str, torch.Tensor]:
         return self.thresholds.clip(self, view)
 
     def noise_std(self) -> list[float]:

@@ -10,6 +10,7 @@ clipping budget C, which is the paper's point (less clipping bias and relative n
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from core.errors import UserInputError
@@ -46,6 +47,15 @@ class DPSGDLayerFreeze(DPStep):
               low=0, presets={"paper": 0}),
     )
     fast_lifecycle: ClassVar[dict[str, Any]] = {"t_f_fraction": 0.5}
+
+    @classmethod
+    def check_setting(cls, params: Mapping[str, Any], *, num_layers: int,
+                      sizes: Mapping[str, int]) -> None:
+        m_f = int(params["m_f"])
+        if m_f > num_layers - 1:
+            raise UserInputError(field="method_params.m_f", value=m_f,
+                                 allowed=f"an integer in [0, {num_layers - 1}] for a "
+                                         f"{num_layers}-layer model (0 = lower half)")
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)

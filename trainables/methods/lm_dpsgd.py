@@ -70,7 +70,7 @@ from core.lazy import lazy_module
 from core.modes import Mode, Source
 from core.params import Constraint, Param, ParamSet, is_real
 from core.storage import JsonCache
-from trainables.dp_step import CLIP, LR, MOMENTUM, DPStep, PerExampleGrads
+from trainables.dp_step import CLIP, LR, MOMENTUM, DPStep, PerExampleView
 from trainables.methods import register
 
 if TYPE_CHECKING:
@@ -162,7 +162,7 @@ def risk_terms(norms: torch.Tensor, *, clip_norm: float) -> torch.Tensor:
     return ratio.mean(dim=0).double().cpu()
 
 
-def bias_terms(view: PerExampleGrads, *, num_layers: int, layer_of: Mapping[str, int],
+def bias_terms(view: PerExampleView, *, num_layers: int, layer_of: Mapping[str, int],
                clip_norm: float) -> tuple[np.ndarray, np.ndarray]:
     """(a, b) of Appendix D.2 from a batch: a_l = ||u_l||^2, b_l = u_l . mean_i g_i(l),
     with u_l = mean_i C_i g_i(l) / ||g_i(l)||: two weighted sums of the gradient view."""
@@ -357,7 +357,7 @@ class _UEstimator:
     def before_step(self, method: LMDPSGD, step: int) -> None:
         """Public data: refresh before the private batch is touched."""
 
-    def during_clip(self, method: LMDPSGD, view: PerExampleGrads) -> None:
+    def during_clip(self, method: LMDPSGD, view: PerExampleView) -> None:
         """Private data: the paper's Algorithm 1 reads the batch being clipped."""
 
     def after_release(self, method: LMDPSGD, noisy: dict[str, torch.Tensor]) -> None:
@@ -374,7 +374,7 @@ class _PublicU(_UEstimator):
 
 
 class _PrivateU(_UEstimator):
-    def during_clip(self, method: LMDPSGD, view: PerExampleGrads) -> None:
+    def during_clip(self, method: LMDPSGD, view: PerExampleView) -> None:
         method._w = method.weights_from(view)
 
 
@@ -488,6 +488,18 @@ class LMDPSGD(DPStep):
 
     # ---- class-level hooks ----------------------------------------------------------------
     @classmethod
+    def check_setting(cls, params: Mapping[str, Any], *, num_layers: int,
+                      sizes: Mapping[str, int]) -> None:
+        if params["risk"] is not None:
+            if len(params["risk"]) != num_layers:
+                raise UserInputError(field="method_params.risk", value=params["risk"],
+                                     allowed=f"one error rate per layer ({num_layers})")
+        elif sizes["shadow"] < MIN_STAGE1_EXAMPLES:
+            raise UserInputError(field="data.shadow_size", value=sizes["shadow"],
+                                 allowed=f">= {MIN_STAGE1_EXAMPLES} public examples for "
+                                         "lm_dpsgd's risk estimate (stage 1)")
+
+    @classmethod
     def prepare(cls, *, data: Any, model_factory: Any, params: Mapping[str, Any], seed: int,
                 cache_dir: Any) -> dict[str, Any]:
         """Stage 1 (public shadow pool only, cached); a user-given ``risk`` is kept as is."""
@@ -525,7 +537,7 @@ class LMDPSGD(DPStep):
         return self._w.tolist()
 
     # ---- weights --------------------------------------------------------------------------
-    def weights_from(self, view: PerExampleGrads) -> torch.Tensor:
+    def weights_from(self, view: PerExampleView) -> torch.Tensor:
         """w from a batch's gradient view, by the configured rule."""
         if self.weights_rule == "bias_optimal":
             a, b = bias_terms(view, num_layers=self.num_layers, layer_of=self.layer_of,
@@ -550,7 +562,7 @@ class LMDPSGD(DPStep):
         """[B, L] coefficients with the current w."""
         return self.coefficients(norms, self._w)
 
-    def clip(self, view: PerExampleGrads) -> dict[str, torch.Tensor]:
+    def clip(self, view: PerExampleView) -> dict[str, torch.Tensor]:
         self.u_estimator.during_clip(self, view)
         return super().clip(view)
 
