@@ -1,0 +1,93 @@
+"""dpsweep's Python API: what the command line does, as functions.
+
+    from orchestrator import api
+
+    cfg = api.load_config("sweep.toml")            # or api.Config() with dataclasses.replace
+    summary = api.run(cfg, out="runs/sweep1")      # Ray Tune + Optuna, audit, report
+    frame = api.results("runs/sweep1")             # pandas DataFrame, one row per trial
+    text = api.pick("runs/sweep1", max_peak_mia=0.6)
+    release = api.export("runs/sweep1", trial_id="dpsgd_eps3-001", out="release")
+
+Every function validates its input first and raises :class:`UserInputError` (one message naming
+the field, the value and what is allowed) on bad input; files in a run directory are verified
+against its manifest before they are read.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from core.errors import UserInputError
+from orchestrator.config import Config, from_dict, load
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from orchestrator.export import ExportResult
+    from orchestrator.sweep import SweepSummary
+
+__all__ = ["Config", "UserInputError", "export", "from_dict", "load_config", "pick", "report",
+           "results", "resume", "run"]
+
+
+def load_config(path: str | Path) -> Config:
+    """A validated config from a TOML file (``dpsweep config`` lists every key)."""
+    return load(path)
+
+
+def run(cfg: Config, *, out: str | Path, address: str | None = None,
+        quiet: bool = True) -> SweepSummary:
+    """Run a sweep into the new directory ``out`` (local Ray on loopback, or ``address``)."""
+    from orchestrator.sweep import run_sweep
+
+    return run_sweep(cfg, run_dir=Path(out), address=address, quiet=quiet)
+
+
+def resume(run_dir: str | Path, *, address: str | None = None,
+           quiet: bool = True) -> SweepSummary:
+    """Continue an interrupted sweep; finished trials are kept."""
+    from orchestrator.sweep import resume_sweep
+
+    return resume_sweep(Path(run_dir), address=address, quiet=quiet)
+
+
+def results(run_dir: str | Path) -> pd.DataFrame:
+    """The verified results store (columns: ``reports.store.COLUMNS``; docs/results.md)."""
+    from orchestrator.rundir import RESULTS, RunDir
+    from reports.store import read_results
+
+    run = RunDir.open(Path(run_dir), write=False)
+    run.verify(RESULTS)
+    return read_results(run.path)
+
+
+def report(run_dir: str | Path) -> Path:
+    """(Re)build the HTML report from the stored results; returns its path."""
+    from orchestrator.rundir import RunDir
+    from reports.html import build_report
+
+    RunDir.open(Path(run_dir), write=False).verify_all()
+    return build_report(Path(run_dir))
+
+
+def pick(run_dir: str | Path, *, max_peak_mia: float | None = None,
+         min_val_acc: float | None = None, series: str | None = None,
+         allow_invalid_dp: bool = False, allow_replayable: bool = False,
+         export_to: str | Path | None = None) -> str:
+    """Choose the deployable trial (writes pick.toml); returns the text ``dpsweep pick`` prints."""
+    from orchestrator.pickfile import pick_and_write
+
+    return pick_and_write(Path(run_dir), max_peak_mia=max_peak_mia, min_val_acc=min_val_acc,
+                          series=series, allow_invalid_dp=allow_invalid_dp,
+                          allow_replayable=allow_replayable,
+                          export_to=None if export_to is None else Path(export_to))
+
+
+def export(run_dir: str | Path, *, trial_id: str, out: str | Path,
+           allow_replayable: bool = False, allow_invalid_dp: bool = False) -> ExportResult:
+    """Write the trial's release (weights, model description, privacy statement) into ``out``."""
+    from orchestrator.release import export_from_run
+
+    return export_from_run(Path(run_dir), trial_id=trial_id, out=Path(out),
+                           allow_replayable=allow_replayable, allow_invalid_dp=allow_invalid_dp)
