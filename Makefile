@@ -35,8 +35,11 @@ data:
 		echo "no apt-get: fashion-mnist will be downloaded by torchvision on first use"; \
 	fi
 
+# Every benchmark, one after another, each writing bench/results/<name>.json (about 2 hours on
+# 2 cores; see README "Benchmarks"). Fashion-MNIST benches need `make data`.
+BENCHES := step_time accountant_time sweep_overhead demo_phases audit_fmnist canary_fmnist faults two_node
 bench: $(STAMP)
-	$(BIN)/python bench/fmnist_dpsgd.py
+	@for b in $(BENCHES); do echo "== bench/$$b"; $(BIN)/python -m bench.$$b || exit 1; done
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache

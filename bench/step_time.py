@@ -10,7 +10,26 @@ Opacus's hooks (``GradSampleModule`` + ``DPOptimizer``) and Opacus's ghost clipp
 entry comes from a fresh subprocess (see ``bench/harness.py``). Inputs are random tensors: step
 time does not depend on pixel values. Results: ``bench/results/step_time.json``.
 
-Run from the repository root: ``.venv/bin/python -m bench.step_time [--quick] [--models ...]``
+Registered DP methods vs DP-SGD (the acceptance's "every seed method <= 1.1x DP-SGD on the same
+model"): every method of ``trainables.methods`` (``--methods``; default all) is built as
+training builds it, a ``DPStep`` on the same model with its "paper" preset (values for modes it
+does not run dropped, as the conformance suite does), in a DP-valid mode (its first one unless
+``--methods name:mode`` says otherwise), a long constant-shape schedule (so no schedule-driven
+change such as dpsgd_lf's late freeze happens while it is timed), reproducible noise and a
+random public pool; entries ``method <name>``, timed in the same interleaved rounds as the other
+entries. A timed call is ``--method-steps`` consecutive ``DPStep.step`` calls (default 4, the
+refresh period of dp_adamilg's and lm_dpsgd's public statistics, so every call holds exactly one
+refresh and the median is not a refresh-free step); times are reported per step. Each method's
+ratios to the ``dpsgd`` method's step come from the same rounds (``methods_vs_dpsgd`` in the
+results): the median of the per-round ratios (checked against the 1.1 target, as the engine's
+time target is; it cancels the load common to one round) and their IQR, the ratio of medians,
+the ratio of mean step times (amortises work rarer than one call, e.g. ww_dpsgd's probe every K
+steps) and, with memory, the ratio of peak memory increases. Once-per-sweep prepared
+parameters are given fixed stand-ins (``STANDINS``: lm_dpsgd's risk vector; its values do not
+change the step's cost). A method that fails to build or step is reported, not fatal.
+
+Run from the repository root: ``.venv/bin/python -m bench.step_time [--quick] [--models ...]
+[--methods ...]``
 """
 
 from __future__ import annotations
@@ -18,6 +37,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import statistics
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -34,8 +55,12 @@ from bench.harness import (
     wait_for_quiet,
     write_results,
 )
+from core.errors import UserInputError
+from trainables.dp_step import DPStep, PublicData
 from trainables.engine import GradEngine
+from trainables.methods import METHODS, get_method, parse_series, series_name
 from trainables.models import build_model
+from trainables.randomness import Randomness
 
 NUM_CLASSES = 10
 LR = 0.1
@@ -50,6 +75,27 @@ ENTRIES = (BASELINE, ENGINE, "vmap DP-SGD", "opacus hooks", "opacus ghost")
 OPACUS = ("opacus hooks", "opacus ghost")
 #: The engine with one algorithm forced on every Linear / Conv2d (``--strategies``).
 FORCED = ("engine ghost", "engine materialize")
+#: Registered DP methods as entries: "method <series>" (``series_name``: "name[:mode]").
+METHOD_PREFIX = "method "
+#: The method every other method's step is compared with, and the acceptance's bound.
+REFERENCE_METHOD = "dpsgd"
+METHOD_TIME_TARGET = 1.1
+#: The preset a method runs with (its declared defaults where it sets nothing).
+METHOD_PRESET = "paper"
+#: DPStep.step calls per timed call (4 = dp_adamilg's refresh_every, lm_dpsgd's u_every).
+DEFAULT_METHOD_STEPS = 4
+#: Steps of the calibrated schedule a benchmarked method gets (never reached).
+SCHEDULE_STEPS = 10_000_000
+#: Public (shadow) pool size for methods that draw public batches, and the expected batch's
+#: sampling rate (accounting only; the Poisson batch itself is the fixed benchmark batch).
+PUBLIC_POOL = 1024
+SAMPLE_RATE = 0.01
+#: Stand-ins for once-per-sweep prepared parameters (``DPStep.prepare``), by number of layers:
+#: lm_dpsgd's stage 1 trains a shadow model and per-layer attacks; the per-step cost does not
+#: depend on the risk values.
+STANDINS: dict[str, Callable[[int], dict[str, Any]]] = {
+    "lm_dpsgd": lambda layers: {"risk": [0.25] * layers},
+}
 
 
 @dataclass(frozen=True)
@@ -165,9 +211,70 @@ def _opacus_ghost(cfg: Config) -> Callable[[], None]:
     return step
 
 
-def make_step(*, model: str, entry: str) -> Callable[[], None]:
-    """The step callable of one entry (module-level, so a memory subprocess can build it)."""
+def method_entry(series: str) -> str:
+    return METHOD_PREFIX + series
+
+
+def default_series(name: str) -> str:
+    """The method in its first DP-valid mode (as ``series_name`` writes it)."""
+    cls = get_method(name)
+    for mode in cls.modes:
+        if mode.dp_valid:
+            return series_name(name, mode.name)
+    raise ValueError(f"{name} has no DP-valid mode")
+
+
+def method_params(name: str, mode: str, *, num_layers: int) -> dict[str, Any]:
+    """The preset's values that ``mode`` reads, the stand-ins, the mode; validated."""
+    cls = get_method(name)
+    decl = cls.declaration()
+    preset = cls.presets().get(METHOD_PRESET, {})
+    values = {k: v for k, v in preset.items() if not decl[k].modes or mode in decl[k].modes}
+    if name in STANDINS:
+        values.update(STANDINS[name](num_layers))
+    values["mode"] = mode
+    return cls.validate_params(values)
+
+
+def build_method(cfg: Config, series: str) -> DPStep:
+    """A registered method on the config's model, as a trial builds it (see module doc)."""
+    name, mode = parse_series(series, field="--methods")
+    cls = get_method(name)
+    model = _model(cfg)
+    params = method_params(name, mode, num_layers=len(model.layer_names))
+    schedule = cls.noise_shape(epochs=1, steps_per_epoch=SCHEDULE_STEPS,
+                               params=params).scaled(NOISE_MULTIPLIER)
+    g = torch.Generator().manual_seed(SEED + 2)
+    public = PublicData(x=torch.randn(PUBLIC_POOL, *cfg.shape, generator=g),
+                        y=torch.randint(0, NUM_CLASSES, (PUBLIC_POOL,), generator=g),
+                        generator=torch.Generator().manual_seed(SEED + 3))
+    method = cls(model=model, params=params, noise_schedule=schedule, sample_rate=SAMPLE_RATE,
+                 expected_batch_size=float(cfg.batch), steps_per_epoch=SCHEDULE_STEPS,
+                 randomness=Randomness(kind="reproducible", device=torch.device("cpu"),
+                                       seed=SEED + 1),
+                 public=public)
+    if not method.dp_valid:
+        raise ValueError(f"{series}: mode {mode!r} is not DP-valid ({method.validity_reason})")
+    return method
+
+
+def _method(cfg: Config, series: str, steps: int) -> Callable[[], None]:
+    x, y = _data(cfg)
+    method = build_method(cfg, series)
+
+    def step() -> None:
+        for _ in range(steps):
+            method.step(x, y)
+
+    return step
+
+
+def make_step(*, model: str, entry: str, method_steps: int = 1) -> Callable[[], None]:
+    """The step callable of one entry (module-level, so a memory subprocess can build it);
+    a method entry's callable takes ``method_steps`` steps."""
     cfg = CONFIGS[model]
+    if entry.startswith(METHOD_PREFIX):
+        return _method(cfg, entry[len(METHOD_PREFIX):], method_steps)
     if entry == BASELINE:
         return _plain(cfg)
     if entry == ENGINE:
@@ -183,48 +290,185 @@ def make_step(*, model: str, entry: str) -> Callable[[], None]:
     raise ValueError(f"unknown entry {entry!r}")
 
 
+def _error(exc: BaseException) -> str:
+    """One line for the table and the results, the traceback's last frame for context."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+def _build_methods(cfg: Config, methods: list[str], *, steps: int,
+                   failed: dict[str, str]) -> dict[str, Callable[[], None]]:
+    """Method entries that build and take one timed call (a failure is recorded, not fatal)."""
+    built: dict[str, Callable[[], None]] = {}
+    for series in methods:
+        try:
+            fn = make_step(model=cfg.model, entry=method_entry(series), method_steps=steps)
+            fn()  # a method that cannot step fails here, not in the middle of the rounds
+        except Exception as exc:  # reported per method; the bench goes on
+            failed[series] = _error(exc)
+            print(f"   {method_entry(series)}: FAILED to build or step: {failed[series]}")
+            continue
+        built[method_entry(series)] = fn
+    return built
+
+
+def compare_methods(times: dict[str, list[float]], methods: list[str],
+                    peaks: dict[str, dict[str, Any]], *, steps: int,
+                    num_layers: int, failed: dict[str, str]) -> dict[str, Any]:
+    """Each method's per-step time (and peak memory) as ratios to the reference method's."""
+    ref_series = default_series(REFERENCE_METHOD)
+    ref = method_entry(ref_series)
+    out: dict[str, Any] = {
+        "reference": ref, "target": METHOD_TIME_TARGET, "steps_per_timed_call": steps,
+        "preset": METHOD_PRESET,
+        "checked_ratio": "ratio_per_round_median: median over rounds of the method's step "
+                         "time / the reference's in the same round",
+        "methods": {}, "failed": dict(failed)}
+    timed = [s for s in methods if method_entry(s) in times]
+    if ref not in times:
+        out["error"] = f"the reference {ref} did not run: no ratios"
+        return out
+    vs = summarize({method_entry(s): times[method_entry(s)] for s in timed}, baseline=ref)
+    ref_mean = statistics.fmean(times[ref])
+    ref_peak = peaks.get(ref, {}).get("peak_delta_bytes")
+    for series in timed:
+        e = method_entry(series)
+        name, mode = parse_series(series, field="--methods")
+        v = vs[e]
+        peak = peaks.get(e, {}).get("peak_delta_bytes")
+        mem = None if peak is None or not ref_peak else peak / ref_peak
+        out["methods"][series] = {
+            "method": name, "mode": mode,
+            "params": method_params(name, mode, num_layers=num_layers),
+            "median_step_s": v["median_s"], "q1_step_s": v["q1_s"], "q3_step_s": v["q3_s"],
+            "ratio": v["ratio"], "ratio_per_round_median": v["ratio_per_round_median"],
+            "ratio_per_round_q1": v["ratio_per_round_q1"],
+            "ratio_per_round_q3": v["ratio_per_round_q3"], "ratio_of_min": v["ratio_of_min"],
+            "ratio_of_means": statistics.fmean(times[e]) / ref_mean,
+            "memory_ratio": mem,
+            "meets_target": v["ratio_per_round_median"] <= METHOD_TIME_TARGET}
+    return out
+
+
+def format_methods(cmp: dict[str, Any]) -> str:
+    """Table of the methods' ratios to the reference method, with the target."""
+    target = cmp["target"]
+    lines = [f"registered methods vs {cmp['reference']} ({cmp['steps_per_timed_call']} steps per "
+             f"timed call, times per step; x dpsgd = median of per-round ratios, target <= "
+             f"{target}; x medians = ratio of medians, x mean = ratio of means):",
+             f"{'method':<22} {'mode':<9} {'median ms':>10} {'x dpsgd':>8} {'(round IQR)':>13} "
+             f"{'x medians':>9} {'x mean':>7} {'x min':>6} {'x memory':>9}  target"]
+    for series, m in cmp["methods"].items():
+        mem = "" if m["memory_ratio"] is None else f"{m['memory_ratio']:.2f}"
+        lines.append(
+            f"{series:<22} {m['mode']:<9} {m['median_step_s'] * 1e3:>10.1f} "
+            f"{m['ratio_per_round_median']:>8.2f} "
+            f"{m['ratio_per_round_q1']:>6.2f}-{m['ratio_per_round_q3']:<6.2f} "
+            f"{m['ratio']:>9.2f} {m['ratio_of_means']:>7.2f} "
+            f"{m['ratio_of_min']:>6.2f} {mem:>9}  "
+            f"{'met' if m['meets_target'] else 'MISSED'} (<= {target})")
+    for series, err in cmp["failed"].items():
+        lines.append(f"{series:<22} FAILED: {err}")
+    if "error" in cmp:
+        lines.append(cmp["error"])
+    return "\n".join(lines)
+
+
 def bench_model(cfg: Config, *, quick: bool, entries: list[str], memory: bool,
-                rounds: int | None = None, max_load: float | None = None) -> dict[str, Any]:
+                rounds: int | None = None, max_load: float | None = None,
+                methods: list[str] | None = None,
+                method_steps: int = DEFAULT_METHOD_STEPS) -> dict[str, Any]:
     torch.set_num_threads(cfg.threads)
-    plan = GradEngine(_model(cfg)).plan(_data(cfg)[0])
+    model = _model(cfg)
+    plan = GradEngine(model).plan(_data(cfg)[0])
     print(f"\n== {cfg.model}: {cfg.shape}, batch {cfg.batch}, {cfg.threads} thread(s); "
           f"engine plan (auto):")
     for p in plan:
         print("   " + p.describe())
     steps = {e: make_step(model=cfg.model, entry=e) for e in entries}
+    methods = list(methods or [])
+    failed: dict[str, str] = {}
+    method_steps_fns = _build_methods(cfg, methods, steps=method_steps, failed=failed)
+    steps.update(method_steps_fns)
     rounds = rounds or (cfg.quick_rounds if quick else cfg.rounds)
     load = [wait_for_quiet(max_load=max_load, timeout_s=QUIET_TIMEOUT_S)
             if max_load else load_average()]
-    summary = summarize(interleaved(steps, rounds=rounds, warmup=1), baseline=BASELINE)
+    times = interleaved(steps, rounds=rounds, warmup=1)
+    # Per step: a method entry's timed call takes method_steps steps.
+    times = {e: [t / method_steps for t in ts] if e in method_steps_fns else ts
+             for e, ts in times.items()}
+    summary = summarize(times, baseline=BASELINE)
     load.append(load_average())
     peaks: dict[str, dict[str, Any]] = {}
     mem_ratio: dict[str, float] = {}
     if memory:
-        for e in entries:
-            peaks[e] = peak_memory(factory="bench.step_time:make_step",
-                                   kwargs={"model": cfg.model, "entry": e},
-                                   threads=cfg.threads, warmup=1, steps=1)
+        for e in list(steps):
+            kwargs: dict[str, Any] = {"model": cfg.model, "entry": e}
+            if e in method_steps_fns:
+                kwargs["method_steps"] = method_steps
+            try:
+                peaks[e] = peak_memory(factory="bench.step_time:make_step", kwargs=kwargs,
+                                       threads=cfg.threads, warmup=1, steps=1)
+            except RuntimeError as exc:
+                if e not in method_steps_fns:
+                    raise
+                series = e[len(METHOD_PREFIX):]
+                failed[f"{series} (memory)"] = _error(exc).splitlines()[-1]
         base = peaks[BASELINE]["peak_delta_bytes"]
         mem_ratio = {e: p["peak_delta_bytes"] / base if base else math.nan
                      for e, p in peaks.items()}
     print(f"{rounds} interleaved rounds; x time = median of per-round ratios to {BASELINE}, "
           f"x min = ratio of fastest runs; load average {load[0]:.1f} -> {load[1]:.1f}")
     print(format_table(summary, mem_ratio or None))
-    if ENGINE not in summary:
-        return {"time": summary}
-    ours = summary[ENGINE]["ratio_per_round_median"]
-    checks = {f"faster than {o}": summary[ENGINE]["median_s"] < summary[o]["median_s"]
-              for o in OPACUS if o in summary}
-    if cfg.time_target is not None:
-        checks[f"time <= {cfg.time_target}x"] = ours <= cfg.time_target
-    if cfg.memory_target is not None and mem_ratio:
-        checks[f"memory <= {cfg.memory_target}x"] = mem_ratio[ENGINE] <= cfg.memory_target
-    print("targets: " + ", ".join(f"{k}: {'met' if v else 'MISSED'}" for k, v in checks.items()))
-    return {"config": {"shape": list(cfg.shape), "batch": cfg.batch, "threads": cfg.threads,
-                       "rounds": rounds, "load_average_before_after": load},
-            "plan": [p.describe() for p in plan], "time": summary,
-            "memory": {e: {**p, "ratio": mem_ratio[e]} for e, p in peaks.items()},
-            "targets": checks}
+    result: dict[str, Any] = {
+        "config": {"shape": list(cfg.shape), "batch": cfg.batch, "threads": cfg.threads,
+                   "rounds": rounds, "load_average_before_after": load},
+        "plan": [p.describe() for p in plan], "time": summary,
+        "memory": {e: {**p, "ratio": mem_ratio[e]} for e, p in peaks.items()}}
+    checks: dict[str, bool] = {}
+    if ENGINE in summary:
+        ours = summary[ENGINE]["ratio_per_round_median"]
+        checks.update({f"faster than {o}": summary[ENGINE]["median_s"] < summary[o]["median_s"]
+                       for o in OPACUS if o in summary})
+        if cfg.time_target is not None:
+            checks[f"time <= {cfg.time_target}x"] = ours <= cfg.time_target
+        if cfg.memory_target is not None and mem_ratio:
+            checks[f"memory <= {cfg.memory_target}x"] = mem_ratio[ENGINE] <= cfg.memory_target
+    if methods:
+        cmp = compare_methods(times, methods, peaks, steps=method_steps,
+                              num_layers=len(model.layer_names), failed=failed)
+        result["methods_vs_dpsgd"] = cmp
+        print(format_methods(cmp))
+        for series, m in cmp["methods"].items():
+            if series != default_series(REFERENCE_METHOD):
+                checks[f"{series} <= {METHOD_TIME_TARGET}x dpsgd"] = m["meets_target"]
+        for series in cmp["failed"]:
+            checks[f"{series} steps"] = False
+    if checks:
+        print("targets: " + ", ".join(f"{k}: {'met' if v else 'MISSED'}"
+                                      for k, v in checks.items()))
+    result["targets"] = checks
+    return result
+
+
+def _method_series(ap: argparse.ArgumentParser, names: list[str] | None) -> list[str]:
+    """``--methods`` as series, the reference first; each in a DP-valid mode."""
+    out = [default_series(REFERENCE_METHOD)]
+    for text in names if names is not None else sorted(METHODS):
+        try:
+            name, mode = parse_series(text, field="--methods")
+        except UserInputError as exc:
+            ap.error(str(exc))
+        if ":" not in text:
+            series = default_series(name)
+        elif not get_method(name).mode_named(mode).dp_valid:
+            ap.error(f"--methods {text}: mode {mode!r} is not DP-valid")
+        else:
+            series = series_name(name, mode)
+        if series not in out:
+            out.append(series)
+    return out
 
 
 def main() -> None:
@@ -234,7 +478,19 @@ def main() -> None:
     ap.add_argument("--strategies", action="store_true",
                     help="also time the engine with ghost / materialize forced everywhere")
     ap.add_argument("--entries", nargs="+", choices=list(ENTRIES) + list(FORCED),
-                    help="time only these entries (the baseline is always included)")
+                    help="time only these entries (the baseline is always included; methods "
+                         "are chosen by --methods)")
+    ap.add_argument("--methods", nargs="+", metavar="METHOD[:MODE]",
+                    help=f"registered DP methods to time against {REFERENCE_METHOD} (default: "
+                         f"all of {sorted(METHODS)}, each in its first DP-valid mode; "
+                         f"{REFERENCE_METHOD} is always included)")
+    ap.add_argument("--no-methods", action="store_true",
+                    help=f"skip the registered methods (and the {METHOD_TIME_TARGET}x "
+                         f"{REFERENCE_METHOD} check)")
+    ap.add_argument("--method-steps", type=int, default=DEFAULT_METHOD_STEPS,
+                    help="consecutive steps per timed call of a method (periodic work, e.g. "
+                         f"a public refresh every 4 steps, lands in every call; default "
+                         f"{DEFAULT_METHOD_STEPS})")
     ap.add_argument("--rounds", type=int, help="override the rounds of every model")
     ap.add_argument("--threads", type=int,
                     help="override every model's thread count (1 thread is the least "
@@ -245,6 +501,11 @@ def main() -> None:
     ap.add_argument("--no-memory", action="store_true", help="skip the memory subprocesses")
     ap.add_argument("--name", default="step_time", help="results file bench/results/NAME.json")
     args = ap.parse_args()
+    if args.method_steps < 1:
+        ap.error("--method-steps must be >= 1")
+    if args.no_methods and args.methods:
+        ap.error("--methods and --no-methods exclude each other")
+    methods = [] if args.no_methods else _method_series(ap, args.methods)
     entries = list(ENTRIES) + (list(FORCED) if args.strategies else [])
     if args.entries:
         entries = [BASELINE] + [e for e in args.entries if e != BASELINE]
@@ -252,10 +513,13 @@ def main() -> None:
                dataclasses.replace(CONFIGS[m], threads=args.threads) for m in args.models}
     results = {m: bench_model(configs[m], quick=args.quick, entries=entries,
                               memory=not args.no_memory, rounds=args.rounds,
-                              max_load=args.max_load)
+                              max_load=args.max_load, methods=methods,
+                              method_steps=args.method_steps)
                for m in args.models}
-    path = write_results(args.name, {"quick": args.quick, "torch": torch.__version__,
-                                     "models": results})
+    path = write_results(args.name, {
+        "quick": args.quick, "torch": torch.__version__, "methods": methods,
+        "method_steps": args.method_steps, "method_time_target": METHOD_TIME_TARGET,
+        "models": results})
     print(f"\nwrote {path}")
 
 

@@ -39,25 +39,40 @@ class Job:
     kwargs: dict[str, Any]
 
 
+#: Seconds between checks for a stop signal while after-search jobs run.
+POLL_S = 0.5
+
+
 def run_jobs(jobs: list[Job], *, cpus: int, gpus: float, concurrency: int,
-             on_done: Callable[[Job, dict[str, Any] | None, str], None]) -> None:
-    """Run ``jobs`` as Ray tasks, ``concurrency`` at a time; ``on_done(job, result, error)``."""
+             on_done: Callable[[Job, dict[str, Any] | None, str], None],
+             stop: Callable[[], None] | None = None) -> None:
+    """Run ``jobs`` as Ray tasks, ``concurrency`` at a time; ``on_done(job, result, error)``.
+
+    ``stop`` is polled every ``POLL_S`` and raises to end the loop (a signal is never raised
+    inside ``ray.wait``, whose C code turns it into a ``SystemError``); pending jobs are then
+    cancelled and stay undone, so a resume runs them."""
     import ray
 
     remote = ray.remote(num_cpus=cpus, num_gpus=gpus)(_call)
     pending: dict[Any, Job] = {}
     queue = list(jobs)
-    while queue or pending:
-        while queue and len(pending) < concurrency:
-            job = queue.pop(0)
-            pending[remote.remote(job.fn, job.kwargs)] = job
-        done, _ = ray.wait(list(pending), num_returns=1)
-        for ref in done:
-            job = pending.pop(ref)
-            try:
-                on_done(job, ray.get(ref), "")
-            except Exception as exc:  # a failed job keeps its reason; the others go on
-                on_done(job, None, describe(getattr(exc, "cause", None) or exc))
+    try:
+        while queue or pending:
+            while queue and len(pending) < concurrency:
+                job = queue.pop(0)
+                pending[remote.remote(job.fn, job.kwargs)] = job
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=POLL_S)
+            if stop is not None:
+                stop()
+            for ref in done:
+                job = pending.pop(ref)
+                try:
+                    on_done(job, ray.get(ref), "")
+                except Exception as exc:  # a failed job keeps its reason; the others go on
+                    on_done(job, None, describe(getattr(exc, "cause", None) or exc))
+    finally:
+        for ref in pending:
+            ray.cancel(ref, force=True)
 
 
 def _call(fn: Callable[..., dict[str, Any]], kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -77,6 +77,11 @@ def check_creatable(path: Path, *, field_name: str = "--out") -> Path:
         if not path.is_dir():
             raise UserInputError(field=field_name, value=str(path),
                                  allowed="a new or empty directory (this is a file)")
+        holder = _live_holder(path)
+        if holder is not None:
+            raise UserInputError(field=field_name, value=str(path),
+                                 allowed=f"a run directory no other dpsweep process is writing "
+                                         f"({holder})")
         if any(path.iterdir()):
             raise UserInputError(field=field_name, value=str(path),
                                  allowed="a new or empty directory (use `dpsweep resume` to "
@@ -98,6 +103,19 @@ def check_creatable(path: Path, *, field_name: str = "--out") -> Path:
         raise UserInputError(field=field_name, value=str(path),
                              allowed=f"a location you can write ({probe_dir} is not writable)")
     return path
+
+
+def _live_holder(path: Path) -> str | None:
+    """Who holds the run directory's lock, or None when nobody does (nothing is written)."""
+    if not (path / LOCK).is_file():
+        return None
+    lock = FileLock(str(path / LOCK))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        return RunDir(path=path)._lock_holder()
+    lock.release()
+    return None
 
 
 @dataclass

@@ -24,6 +24,7 @@ import json
 import math
 import re
 import threading
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,7 +91,9 @@ def open_study(plan: StudyPlan, *, storage: str, sampler: Any) -> Any:
     study = optuna.create_study(
         study_name=plan.name, storage=storage, load_if_exists=True, sampler=sampler,
         directions=[OBJECTIVES[o] for o in plan.objectives])
-    study.set_metric_names(list(plan.objectives))
+    with warnings.catch_warnings():  # experimental since Optuna 3.2, stable in use here
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names(list(plan.objectives))
     for key, value in (("series", plan.series), ("method", plan.method), ("mode", plan.mode),
                        ("epsilon", plan.epsilon), ("trials_per_study", plan.n_trials)):
         study.set_user_attr(key, value)
@@ -148,6 +151,10 @@ def _set_attr(storage: Any, study: Any, number: int, key: str, value: Any) -> No
                                 key, value)
 
 
+#: The reason recorded on an Optuna trial asked but never named (the driver died inside ask).
+ORPHAN_REASON = "never started (the driver stopped between asking and naming the trial)"
+
+
 def reconcile(study: Any, plan: StudyPlan, *, storage: Any, trials_root: Path,
               on_finished: Callable[[str, Outcome, Any], None]) -> Tally:
     """Bring a study in line with the trial directories after a crash or an interrupt.
@@ -172,6 +179,11 @@ def reconcile(study: Any, plan: StudyPlan, *, storage: Any, trials_root: Path,
             waiting_ids.add(tid)
     for t in study.get_trials(deepcopy=False):
         tid = t.user_attrs.get(ID_ATTR)
+        if tid is None and t.state == TrialState.RUNNING:
+            # The driver died between ``ask`` and naming the trial: it never started.
+            _set_attr(storage, study, t.number, "error", ORPHAN_REASON)
+            study.tell(t.number, state=TrialState.FAIL)
+            continue
         if tid is None or t.state == TrialState.WAITING:
             continue
         outcome = read_outcome(trials_root / tid)

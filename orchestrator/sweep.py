@@ -41,6 +41,7 @@ from orchestrator.studies import (
     SweepSearcher,
     make_sampler,
     open_study,
+    read_outcome,
     reconcile,
     study_name,
 )
@@ -53,8 +54,11 @@ EXIT_SIGINT = 130
 EXIT_SIGTERM = 143
 
 
-class Interrupted(Exception):
-    """The sweep was stopped by a signal; the run directory is consistent and resumable."""
+class Interrupted(BaseException):
+    """The sweep was stopped by a signal; the run directory is consistent and resumable.
+
+    A ``BaseException``, like ``KeyboardInterrupt``: the ``except Exception`` that keeps a
+    failing trial's or job's reason must never turn a stop into a failure record."""
 
     def __init__(self, signum: int, run_dir: Path | None = None) -> None:
         self.signum = signum
@@ -85,6 +89,12 @@ class _StopFlag:
         self.signum: int | None = None
         self.in_tune = False
 
+    def install(self) -> None:
+        """(Re)install the handlers: ``ray.init`` replaces SIGTERM's with ``sys.exit(15)``."""
+        if threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(s, self.handler)
+
     def handler(self, signum: int, _frame: Any) -> None:
         if self.event.is_set():  # a second signal: stop now
             raise Interrupted(signum)
@@ -100,8 +110,7 @@ def _signals(flag: _StopFlag) -> Iterator[None]:
         yield
         return
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    for s in previous:
-        signal.signal(s, flag.handler)
+    flag.install()
     try:
         yield
     finally:
@@ -293,6 +302,7 @@ class _Driver:
     """Driver-side state of one sweep attempt (a run or a resume)."""
 
     def __init__(self, cfg: Config, run: RunDir, *, quiet: bool) -> None:
+        self.flag = _StopFlag()
         self.cfg = cfg
         self.run = run
         self.quiet = quiet
@@ -525,6 +535,8 @@ class _Driver:
                 if isinstance(self.rows[tid].get("mia_layers"), str) and \
                         self.rows[tid]["mia_layers"] not in ("", "[]"):
                     continue
+                if self._recover(postsweep.Job(f"audit {tid}", postsweep.audit_job, {})):
+                    continue
                 spec = self._spec_of(tid)
                 plan = plans[self.rows[tid]["study"]]
                 jobs.append(postsweep.Job(f"audit {tid}", postsweep.audit_job, {
@@ -538,7 +550,8 @@ class _Driver:
             for tid in ids:
                 for k in range(1, cfg.sweep.seeds + 1):
                     rid = f"{tid}-r{k}"
-                    if rid in self.rows:
+                    if rid in self.rows or self._recover(
+                            postsweep.Job(f"re-run {rid}", postsweep.rerun_job, {})):
                         continue
                     spec = self._spec_of(tid)
                     config = self.trial_config(plans[study], spec["method_params"], rid)
@@ -546,7 +559,8 @@ class _Driver:
                     config["audit"]["in_trial"] = settings["in_trial"]
                     jobs.append(postsweep.Job(f"re-run {rid}", postsweep.rerun_job,
                                               {"config": config}))
-        if cfg.sweep.baseline and postsweep.BASELINE_ID not in self.rows:
+        if cfg.sweep.baseline and postsweep.BASELINE_ID not in self.rows and not self._recover(
+                postsweep.Job(f"baseline {postsweep.BASELINE_ID}", postsweep.baseline_job, {})):
             any_spec = next(iter(self.rows.values()), None)
             if any_spec is not None and any_spec["status"] == "ok":
                 jobs.append(postsweep.Job("non-private baseline", postsweep.baseline_job, {
@@ -561,10 +575,44 @@ class _Driver:
                 self._after(job, result, error)
                 bar.update(1)
 
-            postsweep.run_jobs(jobs, cpus=cfg.resources.cpus_per_trial,
-                               gpus=cfg.resources.gpus_per_trial,
-                               concurrency=cfg.sweep.max_concurrent_trials, on_done=done)
-            self.bar = None
+            flag = self.flag
+            flag.in_tune = True  # a signal inside ray.wait is deferred and polled, not raised
+
+            def stop() -> None:
+                if flag.event.is_set():
+                    raise Interrupted(flag.signum or signal.SIGINT)
+
+            try:
+                postsweep.run_jobs(jobs, cpus=cfg.resources.cpus_per_trial,
+                                   gpus=cfg.resources.gpus_per_trial,
+                                   concurrency=cfg.sweep.max_concurrent_trials, on_done=done,
+                                   stop=stop)
+            finally:
+                flag.in_tune = False
+                self.bar = None
+
+    def _recover(self, job: Any) -> bool:
+        """Record an after-search job that finished on disk but not in the results (the driver
+        stopped in between), instead of running it again; True when there was one."""
+        from orchestrator.audit import AUDIT_FILE
+
+        kind, _, tid = job.name.partition(" ")
+        trial_dir = self.run.trial_dir(tid)
+        if kind == "audit":
+            path = trial_dir / AUDIT_FILE
+            if not path.is_file():
+                return False
+            try:
+                record = _read_json(path)
+            except (OSError, ValueError):
+                return False
+        else:
+            outcome = read_outcome(trial_dir)
+            if outcome.status != "ok":
+                return False
+            record = outcome.metrics
+        self._after(job, record, "")
+        return True
 
     def _after(self, job: Any, result: dict[str, Any] | None, error: str) -> None:
         from orchestrator import postsweep
@@ -737,6 +785,7 @@ def _drive(cfg: Config, run: RunDir, *, address: str | None, quiet: bool) -> Swe
         try:
             info = (cluster.connect(address, quiet=quiet) if address
                     else cluster.start_local(num_cpus=None, num_gpus=None, quiet=quiet))
+            flag.install()
             if address:
                 cluster.check_resources(cpus_per_trial=cfg.resources.cpus_per_trial,
                                         gpus_per_trial=cfg.resources.gpus_per_trial,
@@ -746,6 +795,7 @@ def _drive(cfg: Config, run: RunDir, *, address: str | None, quiet: bool) -> Swe
                                         info=info)
             cluster.check_storage(run.path)
             driver = _Driver(cfg, run, quiet=quiet)
+            driver.flag = flag
             studies, tallies = driver.open_studies()
             precompute(cfg, run=run, plans=[p for p in driver.plans if p.n_trials],
                        data=driver.data, quiet=quiet, calibration=driver.certified)

@@ -75,7 +75,7 @@ def execute(config: dict[str, Any], *,
             spec, data=data, checkpoint_root=trial_dir, rolling_checkpoint=CHECKPOINT_DIR,
             resume_from=resumable_checkpoint(trial_dir, spec), report=per_epoch)
         record: dict[str, Any] = {
-            "status": "ok", "trial_id": spec.trial_id,
+            "status": "ok", "trial_id": spec.trial_id, "node": _ray_node(),
             "val_accuracy": result.val_accuracy, "test_accuracy": result.test_accuracy,
             "epsilon_upper": result.privacy["epsilon_upper"],
             "train_seconds": sum(m["epoch_seconds"] for m in result.history),
@@ -106,6 +106,17 @@ def execute(config: dict[str, Any], *,
             "type": type(exc).__name__,
             "traceback": traceback.format_exc().splitlines()[-TRACEBACK_LINES:]})
         raise
+
+
+def _ray_node() -> str | None:
+    """The Ray node that ran the trial (None outside Ray): where each trial ran on a cluster."""
+    import sys
+
+    if "ray" not in sys.modules:
+        return None
+    import ray
+
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
 
 
 def tune_trainable(config: dict[str, Any]) -> None:

@@ -205,7 +205,10 @@ def build_space(method: str, *, mode: str, num_layers: int,
             dims[name] = dim
     dims = {k: v for k, v in dims.items()
             if k not in fixed and (not declared[k].modes or mode in declared[k].modes)}
-    use_step = step is not None and "lr" not in fixed and "clip_norm" in dims
+    # With C fixed the step is still searched (lr = step / C): a study searching nothing would
+    # train one configuration n times.
+    use_step = step is not None and "lr" not in fixed and ("clip_norm" in dims
+                                                           or "clip_norm" in fixed)
     distributions = {k: _distribution(declared[k], d) for k, d in dims.items()}
     if use_step:
         distributions[STEP] = _distribution(declared["lr"], step)
