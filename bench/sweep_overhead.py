@@ -15,9 +15,10 @@ functions with a clock, their behaviour unchanged: validation, Ray start, openin
 budget precompute, the Tune experiment, the after-search phase with the report, Ray shutdown.
 
 * Overhead per trial = (trials phase at concurrency 1 - summed in-trial time) / trials, the
-  trials phase running from the first trial's start to the last one's end; at concurrency 1 it
-  is the median gap between one trial's end and the next one's start (Tune's scheduling, the
-  searcher's ask and tell, the driver recording the result). Reported as a share of the median
+  trials phase running from the first trial's start to the last one's end; at concurrency 1
+  that is the idle time between one trial's end and the next one's start (Tune's scheduling,
+  the searcher's ask and tell, the driver recording the result; its median is in the table),
+  spread over the trials. Reported as a share of the median
   trial's in-trial time; target <= 10%. In-trial time includes what a trial does outside its
   epochs: reading the data and, in the first trial a worker process runs, that process's lazy
   imports (torch's optimizer pulls in ``torch._dynamo``, seconds on a busy machine); so the

@@ -25,7 +25,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -808,24 +808,17 @@ def _drive(cfg: Config, run: RunDir, *, address: str | None, quiet: bool) -> Swe
 def run_sweep(cfg: Config, *, run_dir: Path, address: str | None = None,
               quiet: bool = False) -> SweepSummary:
     """A new sweep into a new (or empty) RUN_DIR."""
-    address = address or os.environ.get("RAY_ADDRESS") or None
     _validate_before_ray(cfg, out=Path(run_dir))
     run = RunDir.create(Path(run_dir), config_text=cfg.to_toml())
-    try:
-        return _drive(cfg, run, address=address, quiet=quiet)
-    except Interrupted as exc:
-        exc.run_dir = run.path
-        raise
-    finally:
-        run.release()
+    return _drive_and_release(run, lambda: cfg, address=address, quiet=quiet)
 
 
 def resume_sweep(run_dir: Path, *, address: str | None = None,
                  quiet: bool = False) -> SweepSummary:
     """Continue an interrupted sweep from its verified state (config + Optuna + records)."""
-    address = address or os.environ.get("RAY_ADDRESS") or None
     run = RunDir.open(Path(run_dir), write=True)
-    try:
+
+    def verified_config() -> Config:
         if run.manifest.get("kind") != "sweep":
             raise UserInputError(field="RUN_DIR", value=str(run_dir),
                                  allowed=f"the run directory of a sweep (this one is a "
@@ -834,7 +827,18 @@ def resume_sweep(run_dir: Path, *, address: str | None = None,
         _validate_before_ray(cfg, out=None)
         if not quiet:
             print(f"resuming {run.path}", flush=True)
-        return _drive(cfg, run, address=address, quiet=quiet)
+        return cfg
+
+    return _drive_and_release(run, verified_config, address=address, quiet=quiet)
+
+
+def _drive_and_release(run: RunDir, config: Callable[[], Config], *, address: str | None,
+                       quiet: bool) -> SweepSummary:
+    """Drive the sweep in a locked run directory; the lock is released however it ends and an
+    interrupt names the directory to resume."""
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    try:
+        return _drive(config(), run, address=address, quiet=quiet)
     except Interrupted as exc:
         exc.run_dir = run.path
         raise

@@ -376,10 +376,10 @@ CASES = [
          "method_params.alpha", "2.0", "used only in mode faithful"),
     Case("freezing-every-layer-of-the-model",
          _cfg("[sweep]\nmethods = ['dpsgd_lf']\n[method_params.dpsgd_lf]\nm_f = 4\n"),
-         "method_params.m_f", "4", "[1, 3]"),
+         "method_params.m_f", "4", "[0, 3]"),
     Case("train-freezing-every-layer-of-the-model",
          _cfg("[training]\nmethod = 'dpsgd_lf'\n[method_params.dpsgd_lf]\nm_f = 4\n", "train"),
-         "method_params.m_f", "4", "[1, 3]"),
+         "method_params.m_f", "4", "[0, 3]"),
     Case("search-range-outside-declaration",
          _cfg("[sweep]\nmethods = ['dpsgd']\n[search.dpsgd]\nclip_norm = {low = 0.0, high = "
               "1.0}\n"), ("search.dpsgd.clip_norm.low", "search.dpsgd.clip_norm.clip_norm"),

@@ -144,6 +144,18 @@ def explicit_canary_grads(method: Any, canaries: Any, ids: list[int]) -> dict[st
     return out
 
 
+def per_example_grads_by_loop(method: Any, x: torch.Tensor, y: torch.Tensor
+                              ) -> dict[str, torch.Tensor]:
+    """Each example's gradient by its own backward pass (the engine never materialises them)."""
+    params = dict(method.model.named_parameters())
+    rows: dict[str, list[torch.Tensor]] = {n: [] for n in params}
+    for i in range(len(x)):
+        loss = torch.nn.functional.cross_entropy(method.model(x[i:i + 1]), y[i:i + 1])
+        for n, g in zip(params, torch.autograd.grad(loss, list(params.values())), strict=True):
+            rows[n].append(g)
+    return {n: torch.stack(g) for n, g in rows.items()}
+
+
 def test_canary_view_equals_explicit_concatenation() -> None:
     method = build_step("dpsgd")
     data = digits()
@@ -154,8 +166,11 @@ def test_canary_view_equals_explicit_concatenation() -> None:
     ids = [0, 5, 6, 17, 39, 22]
     view = CanaryView(base, canaries, torch.tensor(ids))
     extra = explicit_canary_grads(method, canaries, ids)
+    loops = per_example_grads_by_loop(method, x, y)
+    torch.testing.assert_close(PerExampleGrads.from_grads(
+        loops, layer_of=method.layer_of, num_layers=method.num_layers).norms, base.norms)
     explicit = PerExampleGrads.from_grads(
-        {n: torch.cat([g, extra[n]]) for n, g in base.grads.items()},
+        {n: torch.cat([g, extra[n]]) for n, g in loops.items()},
         layer_of=method.layer_of, num_layers=method.num_layers)
     assert view.norms.shape == (7 + len(ids), 4)
     torch.testing.assert_close(view.norms, explicit.norms)
