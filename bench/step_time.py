@@ -238,6 +238,7 @@ def method_params(name: str, mode: str, *, num_layers: int) -> dict[str, Any]:
 
 def build_method(cfg: Config, series: str) -> DPStep:
     """A registered method on the config's model, as a trial builds it (see module doc)."""
+    series, _, kind = series.partition("@")
     name, mode = parse_series(series, field="--methods")
     cls = get_method(name)
     model = _model(cfg)
@@ -250,8 +251,8 @@ def build_method(cfg: Config, series: str) -> DPStep:
                         generator=torch.Generator().manual_seed(SEED + 3))
     method = cls(model=model, params=params, noise_schedule=schedule, sample_rate=SAMPLE_RATE,
                  expected_batch_size=float(cfg.batch), steps_per_epoch=SCHEDULE_STEPS,
-                 randomness=Randomness(kind="reproducible", device=torch.device("cpu"),
-                                       seed=SEED + 1),
+                 randomness=Randomness(kind=kind or "reproducible", device=torch.device("cpu"),
+                                       seed=SEED + 1 if kind in ("", "reproducible") else None),
                  public=public)
     if not method.dp_valid:
         raise ValueError(f"{series}: mode {mode!r} is not DP-valid ({method.validity_reason})")
@@ -452,10 +453,20 @@ def bench_model(cfg: Config, *, quick: bool, entries: list[str], memory: bool,
     return result
 
 
+#: Randomness sources timed against the reproducible reference by default (METHOD@KIND):
+#: the secret default and secure_mode's os.urandom Gaussian (issue 10: its step-time cost).
+RANDOMNESS_KINDS = ("secret", "secure")
+
+
 def _method_series(ap: argparse.ArgumentParser, names: list[str] | None) -> list[str]:
     """``--methods`` as series, the reference first; each in a DP-valid mode."""
     out = [default_series(REFERENCE_METHOD)]
-    for text in names if names is not None else sorted(METHODS):
+    for text in (names if names is not None else
+                 sorted(METHODS) + [f"{REFERENCE_METHOD}@{k}" for k in RANDOMNESS_KINDS]):
+        text, _, kind = text.partition("@")
+        if kind and kind not in Randomness.KINDS:
+            ap.error(f"--methods {text}@{kind}: randomness {kind!r} not in {Randomness.KINDS}")
+        suffix = f"@{kind}" if kind else ""
         try:
             name, mode = parse_series(text, field="--methods")
         except UserInputError as exc:
@@ -466,8 +477,8 @@ def _method_series(ap: argparse.ArgumentParser, names: list[str] | None) -> list
             ap.error(f"--methods {text}: mode {mode!r} is not DP-valid")
         else:
             series = series_name(name, mode)
-        if series not in out:
-            out.append(series)
+        if series + suffix not in out:
+            out.append(series + suffix)
     return out
 
 
