@@ -9,6 +9,7 @@ written the way ``orchestrator.trial_runner`` writes them. The real CLI under fa
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -488,3 +489,54 @@ def test_audit_settings_and_summary_inputs_follow_the_config() -> None:
     off = audit_settings(_config(methods=["dpsgd"], audit=False))
     assert on["in_trial"] is True and off["in_trial"] is False
     assert json.loads(json.dumps(on)) == on  # travels to Ray workers as plain data
+
+
+def test_the_after_sweep_audit_uses_the_run_cache_and_the_accountant_timeout(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The references' budgets of an after-sweep audit come from the run's own budget cache,
+    under the config's accountant timeout (they were once computed with neither)."""
+    from orchestrator import audit as audit_mod
+    from orchestrator import postsweep, trial
+    from orchestrator.rundir import RunDir
+    from reports import store
+
+    cfg = _config(methods=["dpsgd"], audit=True,
+                  **{"privacy": {"accountant_timeout_s": 77.0}})
+    cfg = dataclasses.replace(cfg, audit=dataclasses.replace(cfg.audit, in_trial=False),
+                              sweep=dataclasses.replace(cfg.sweep, seeds=0, baseline=False))
+    run = RunDir.create(tmp_path / "run", config_text=cfg.to_toml())
+    try:
+        plan = study_plans(cfg)[0]
+        tid = f"{plan.name.split('@')[0]}_eps3-000"
+        (run.trial_dir(tid)).mkdir(parents=True)
+        (run.trial_dir(tid) / "spec.json").write_text(json.dumps(
+            {"method_params": {"lr": 0.5, "clip_norm": 1.0, "mode": "standard"}}))
+        run.record_trial(tid)
+        row = store.failed_row(trial_id=tid, method=plan.method, series=plan.series,
+                               study=plan.name, error="")
+        row.update(status="ok", val_accuracy=0.8, degenerate=False, repeat_of="",
+                   mia_layers="")
+        driver = object.__new__(_Driver)
+        driver.__dict__.update(cfg=cfg, run=run, quiet=True, rows={tid: row}, best={},
+                               bar=None, start=0.0, plans=[plan],
+                               data=trial.load_data(cfg), flag=None)
+        asked: list[dict[str, Any]] = []
+
+        def match_budget(**kw: Any) -> tuple[Any, list[float]]:
+            asked.append(kw)
+            return types.SimpleNamespace(to_dict=lambda: {}), []
+
+        monkeypatch.setattr(trial, "match_budget", match_budget)
+        jobs: list[Any] = []
+        monkeypatch.setattr(postsweep, "run_jobs", lambda j, **_kw: jobs.extend(j))
+        driver.flag = types.SimpleNamespace(in_tune=False, event=None)
+        driver.post_sweep()
+        assert [j.name for j in jobs] == [f"audit {tid}"]
+        assert len(asked) == 1
+        assert asked[0]["cache_dir"] == run.cache_dir
+        assert asked[0]["timeout_s"] == 77.0
+        size = audit_mod.reference_size(driver.data, audit_mod.AuditSettings.from_config(
+            cfg.audit))
+        assert asked[0]["dataset_size"] == size
+    finally:
+        run.release()
