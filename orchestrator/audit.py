@@ -49,6 +49,7 @@ class AuditSettings:
     max_candidates: int
     alpha: float
     seed: int
+    layer_probes: bool = True
 
     @classmethod
     def from_config(cls, section: Any) -> AuditSettings:
@@ -57,7 +58,9 @@ class AuditSettings:
         return cls(references=str(get("references")),
                    reference_models=int(get("reference_models")),
                    max_candidates=int(get("max_candidates")), alpha=float(get("alpha")),
-                   seed=int(get("seed")))
+                   seed=int(get("seed")),
+                   # a run directory written before the field existed audited without probes
+                   layer_probes=bool(get("layer_probes") or False))
 
 
 def reference_plan(data: DataSplits, settings: AuditSettings) -> ReferencePlan:
@@ -90,8 +93,14 @@ def audit_model(*, target: LayeredModel, data: DataSplits, settings: AuditSettin
     started = time.perf_counter()
     plan = reference_plan(data, settings)
     classifier = ShadowClassifier(plan, classes=data.num_classes, seed=settings.seed)
+    extra = None
+    if settings.layer_probes:
+        from trainables.audit.probes import probe_set_of, probe_signals
+
+        extra = probe_signals(probe_set=probe_set_of(data.validation, seed=settings.seed),
+                              num_classes=data.num_classes)
     signals = collect_signals(target=target, data=data, plan=plan,
-                              trainer=classifier.wrap(trainer))
+                              trainer=classifier.wrap(trainer), extra=extra)
     trained = time.perf_counter()
     layers = list(target.layer_names)
     labels = plan.is_member
@@ -165,8 +174,43 @@ def _peak(record: dict[str, Any], combined: Any) -> dict[str, Any]:
             "loss_attack_auc": None if loss is None else loss["auc"]}
 
 
-def row_audit_columns(record: Mapping[str, Any]) -> dict[str, Any]:
-    """The results row's MIA columns from an audit record (ROC points stay in audit.json)."""
+def claim_check(record: Mapping[str, Any], *, epsilon: float,
+                delta: float) -> dict[str, Any]:
+    """Every measured ROC point of every attack against the claimed (epsilon, delta).
+
+    A (epsilon, delta)-DP mechanism bounds every membership test by TPR <= e^eps FPR + delta
+    (and the mirror inequality). ``mia_epsilon_lower`` is the empirical epsilon lower bound at
+    95% with the bounds of all points and attacks holding simultaneously (Bonferroni), so it
+    may be compared with the claim although the worst point was picked;
+    ``mia_pointwise_violations`` counts points whose own 95% intervals lie wholly outside the
+    claimed region (a looser, per-point reading, reported so a reviewer sees both).
+    """
+    from reports.audit_stats import consistent_with_dp
+
+    fpr: list[float] = []
+    tpr: list[float] = []
+    n_members = n_nonmembers = 0
+    for entry in record["attacks"]:
+        fpr.extend(entry["roc_fpr"])
+        tpr.extend(entry["roc_tpr"])
+        n_members, n_nonmembers = int(entry["n_members"]), int(entry["n_nonmembers"])
+    joint = consistent_with_dp(fpr=fpr, tpr=tpr, n_members=n_members,
+                               n_nonmembers=n_nonmembers, epsilon=epsilon, delta=delta)
+    each = consistent_with_dp(fpr=fpr, tpr=tpr, n_members=n_members,
+                              n_nonmembers=n_nonmembers, epsilon=epsilon, delta=delta,
+                              simultaneous=False)
+    return {"mia_epsilon_lower": joint.epsilon_lower, "mia_roc_points": joint.n_points,
+            "mia_pointwise_violations": each.n_violations,
+            "mia_worst_point": [joint.worst_fpr, joint.worst_tpr]}
+
+
+def row_audit_columns(record: Mapping[str, Any], *,
+                      row: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The results row's MIA columns from an audit record (ROC points stay in audit.json).
+
+    With the trial's ``row``, its claimed epsilon is checked against every ROC point
+    (:func:`claim_check`); a valid claim below the measured bound is contradicted.
+    """
     import json
 
     summary_keys = [k for k in record["attacks"][0] if k not in ("roc_fpr", "roc_tpr")]
@@ -181,7 +225,20 @@ def row_audit_columns(record: Mapping[str, Any]) -> dict[str, Any]:
             "loss_attack_accuracy": record["loss_attack_accuracy"] or nan,
             "loss_attack_auc": record["loss_attack_auc"] or nan,
             "mia_layers": json.dumps(layers, sort_keys=True), "audit_mode": record["mode"],
-            "audit_seconds": record["reference_train_seconds"] + record["scoring_seconds"]}
+            "audit_seconds": record["reference_train_seconds"] + record["scoring_seconds"],
+            **_claim_columns(record, row)}
+
+
+def _claim_columns(record: Mapping[str, Any], row: Mapping[str, Any] | None) -> dict[str, Any]:
+    claim = math.nan if row is None else float(row.get("epsilon_upper") or math.nan)
+    if not math.isfinite(claim):
+        return {"mia_epsilon_lower": math.nan, "mia_pointwise_violations": -1}
+    check = claim_check(record, epsilon=claim, delta=float(row["delta"]))
+    out = {"mia_epsilon_lower": check["mia_epsilon_lower"],
+           "mia_pointwise_violations": check["mia_pointwise_violations"]}
+    if bool(row.get("dp_valid")) and check["mia_epsilon_lower"] > claim:
+        out["audit_contradicts"] = True
+    return out
 
 
 def budgets_from_config(raw: Mapping[str, Any]) -> dict[int, Budget]:

@@ -169,6 +169,8 @@ def _record(run: RunDir, *, rows: list[dict[str, Any]], index: int, result: Cana
     claim = float(row["epsilon_upper"])
     dp_valid = bool(row["dp_valid"])
     contradicts = dp_valid and math.isfinite(claim) and bound.epsilon_lower > claim
+    mia_lower = float(row.get("mia_epsilon_lower") or math.nan)
+    flagged = contradicts or (dp_valid and math.isfinite(mia_lower) and mia_lower > claim)
     rel = f"{TRIALS}/{trial_id}/{AUDIT_FILE.format(kind=result.kind)}"
     best = bound.best
     audit = CanaryAudit(
@@ -182,7 +184,7 @@ def _record(run: RunDir, *, rows: list[dict[str, Any]], index: int, result: Cana
         "paper": "Steinke, Nasr & Jagielski, Privacy Auditing with One (1) Training Run, "
                  "arXiv 2305.08846"})
     row.update({"eps_lower_bound": bound.epsilon_lower, "eps_lower_bound_kind": result.kind,
-                "canaries": result.m, "audit_contradicts": contradicts})
+                "canaries": result.m, "audit_contradicts": flagged})
     store.write_results(run.path, rows)
     run.record([RESULTS, rel])
     return audit

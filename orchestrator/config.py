@@ -198,6 +198,10 @@ class AuditConfig:
                     choices=("front", "all"))
     seed: int = _f(0, "seed of the audited candidates, reference training sets and seeds",
                    low=0)
+    layer_probes: bool = _f(True, "also attack each layer's representation: the loss of a "
+                                  "linear probe fitted per model on validation examples no "
+                                  "model trained on (leakage that grows with depth; costs a "
+                                  "probe fit per model and layer)")
 
 
 SECTIONS: dict[str, type] = {"data": DataConfig, "model": ModelConfig, "privacy": PrivacyConfig,

@@ -367,7 +367,7 @@ class _Driver:
         if audit_file.is_file():
             from orchestrator.audit import row_audit_columns
 
-            row.update(row_audit_columns(_read_json(audit_file)))
+            row.update(row_audit_columns(_read_json(audit_file), row=row))
         row["audit_error"] = str(outcome.metrics.get("audit_error", "") or "")
         if outcome.metrics.get("noisy_val_score") is not None:
             row["noisy_val_score"] = float(outcome.metrics["noisy_val_score"])
@@ -624,7 +624,7 @@ class _Driver:
         if kind == "audit":
             row = self.rows[tid]
             if result is not None:
-                row.update(row_audit_columns(result))
+                row.update(row_audit_columns(result, row=row))
                 row["audit_error"] = ""
             else:
                 row.update(store.empty_audit())
@@ -642,7 +642,7 @@ class _Driver:
             row = postsweep.baseline_row(result, num_classes=NUM_CLASSES[self.cfg.data.dataset])
             audit_file = self.run.trial_dir(postsweep.BASELINE_ID) / "audit.json"
             if audit_file.is_file():
-                row.update(row_audit_columns(_read_json(audit_file)))
+                row.update(row_audit_columns(_read_json(audit_file), row=row))
             self.rows[postsweep.BASELINE_ID] = row
             self._write(postsweep.BASELINE_ID)
         if not self.quiet and self.bar is not None:

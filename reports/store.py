@@ -118,6 +118,12 @@ COLUMNS: dict[str, Column] = {
     "mia_layers": _c("string", "JSON list per layer and attack: accuracy with its interval, AUC "
                                "with its interval, TPR at 1% and 0.1% FPR with Clopper-Pearson "
                                "intervals, p-value, counts", False),
+    "mia_epsilon_lower": _c("float64", "empirical epsilon lower bound (95%, all ROC points of "
+                                       "all attacks simultaneously) against the claimed delta",
+                            False),
+    "mia_pointwise_violations": _c("int64", "ROC points whose own 95% intervals lie outside the "
+                                            "claimed (epsilon, delta) region (-1 = not checked)",
+                                   False),
     "audit_mode": _c("string", "reference models: 'offline' (public pool only) or 'online' "
                                "(random halves of the candidates' population)", True),
     "audit_error": _c("string", "why the audit of an otherwise finished trial failed", True),
@@ -126,8 +132,9 @@ COLUMNS: dict[str, Column] = {
     "eps_lower_bound_kind": _c("string", "'black-box' (input canaries) or 'white-box' "
                                          "(gradient canaries)", True),
     "canaries": _c("int64", "canaries in that audit (m)", True),
-    "audit_contradicts": _c("bool", "the canary lower bound exceeds the claimed epsilon: the "
-                                    "claim is contradicted by the audit", False),
+    "audit_contradicts": _c("bool", "a valid claim is below an empirical lower bound (the canary "
+                                    "audit's or the MIA ROC points'): the claim is contradicted "
+                                    "by the audit", False),
     "repeat_of": _c("string", "for a re-run with fresh noise: the trial it repeats ('' if not)",
                     True),
     "checkpoint": _c("string", "final checkpoint directory, relative to the run dir", True),
@@ -212,6 +219,7 @@ def empty_audit() -> dict[str, Any]:
             "peak_layer_index": -1, "peak_attack": "", "leak_detected": False,
             "leak_p_value": math.nan, "loss_attack_accuracy": math.nan,
             "loss_attack_auc": math.nan, "mia_layers": "[]", "audit_mode": "",
+            "mia_epsilon_lower": math.nan, "mia_pointwise_violations": -1,
             "audit_error": ""}
 
 

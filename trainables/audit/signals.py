@@ -28,6 +28,8 @@ Each signal here is a scalar per (model, example) that is invariant to such perm
   z_y - logsumexp_{j != y} z_j, computed from the logits so it never saturates (probabilities
   round to 1 for confident examples). The output units are the classes in every model.
 * ``loss`` — the cross-entropy, for the loss-threshold baseline (Yeom et al. 2018).
+* ``probe_loss:<layer>`` — a linear probe's cross-entropy on the layer's representation
+  (``trainables.audit.probes``), the per-layer signal whose leakage grows with depth.
 
 Members have *higher* logits and *lower* gradient norms and losses; :func:`member_direction`
 says which, so attacks can orient every score as "larger = member". RMIA needs a
@@ -58,7 +60,10 @@ else:
 GRAD_NORM = "grad_norm"
 LOGIT = "logit"
 LOSS = "loss"
-SIGNAL_KINDS = (GRAD_NORM, LOGIT, LOSS)
+#: A layer's linear-probe loss (``trainables.audit.probes``): per layer like GRAD_NORM.
+PROBE_LOSS = "probe_loss"
+PER_LAYER_KINDS = (GRAD_NORM, PROBE_LOSS)
+SIGNAL_KINDS = (GRAD_NORM, PROBE_LOSS, LOGIT, LOSS)
 #: Examples per forward + backward when computing signals (bounds memory, not results).
 DEFAULT_BATCH = 512
 #: Smallest gradient norm whose log is taken: an exactly zero norm (a float64 softmax that
@@ -74,11 +79,12 @@ def grad_norm_name(layer: str) -> str:
 
 
 def signal_kind(name: str) -> str:
-    """``grad_norm``, ``logit`` or ``loss`` for a signal name."""
+    """``grad_norm``, ``probe_loss``, ``logit`` or ``loss`` for a signal name."""
     kind = name.split(":", 1)[0]
-    if kind not in SIGNAL_KINDS or (kind == GRAD_NORM) != (":" in name):
+    if kind not in SIGNAL_KINDS or (kind in PER_LAYER_KINDS) != (":" in name):
         raise UserInputError(field="signal", value=name,
-                             allowed=f"'{LOGIT}', '{LOSS}' or '{GRAD_NORM}:<layer>'")
+                             allowed=f"'{LOGIT}', '{LOSS}', '{GRAD_NORM}:<layer>' or "
+                                     f"'{PROBE_LOSS}:<layer>'")
     return kind
 
 
@@ -91,7 +97,7 @@ def membership_probability(*, name: str, values: np.ndarray) -> np.ndarray:
     """RMIA's Pr(x | theta) for a signal's values (module docstring): larger for members."""
     v = np.asarray(values, dtype=np.float64)
     kind = signal_kind(name)
-    if kind == LOSS:
+    if kind in (LOSS, PROBE_LOSS):  # the (probe's) true-class probability
         return np.exp(-v)
     return expit(member_direction(name) * v)
 
