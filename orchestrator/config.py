@@ -156,6 +156,11 @@ class SweepConfig:
     sampler: str = _f("tpe", "Optuna sampler: tpe, random, nsga2 or gp", choices=SAMPLERS)
     seeds: int = _f(0, "re-runs of every front trial with fresh noise and new initialisation "
                        "(spread of the privacy-utility curves); 0 = none", low=0, high=100)
+    front: str = _f("tied", "each study's front for the after-search phase (re-runs, and the "
+                            "audit with in_trial = false): 'tied' = the validation leader and "
+                            "every trial tied with it within its 95% interval, 'best' = the "
+                            "leader alone (one audit and one set of re-runs per study)",
+                    choices=("tied", "best"))
     baseline: bool = _f(True, "also train and audit a non-private model with the same model and "
                               "data (a reference line on the report's curves)")
     tuning: str = _f("adaptive", "'adaptive': the sampler explores, selection over private "

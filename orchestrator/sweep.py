@@ -498,8 +498,8 @@ class _Driver:
     # ---- after the search ---------------------------------------------------------------
     def front_ids(self) -> dict[str, list[str]]:
         """Per study, the trials a release would be chosen among: the validation-accuracy
-        leader and every trial tied with it within its 95% interval (what the after-sweep
-        audit and the re-runs spend on)."""
+        leader and every trial tied with it within its 95% interval, or the leader alone with
+        ``sweep.front = "best"`` (what the after-sweep audit and the re-runs spend on)."""
         from reports.pareto import wilson_interval
 
         n_val = self.cfg.split_sizes()["validation"]
@@ -511,6 +511,9 @@ class _Driver:
         out = {}
         for study, rows in by_study.items():
             best = max(rows, key=lambda r: r["val_accuracy"])
+            if getattr(self.cfg.sweep, "front", "tied") == "best":
+                out[study] = [best["trial_id"]]
+                continue
             low = wilson_interval(best["val_accuracy"], n=n_val)[0]
             out[study] = sorted(r["trial_id"] for r in rows
                                 if wilson_interval(r["val_accuracy"], n=n_val)[1] >= low)

@@ -480,6 +480,9 @@ def test_front_ids_are_the_leader_and_the_trials_tied_with_it() -> None:
     low = wilson_interval(0.80, n=n_val)[0]
     assert wilson_interval(0.78, n=n_val)[1] >= low > wilson_interval(0.65, n=n_val)[1]
     assert _Driver.front_ids(stub) == {"dpsgd@eps3": ["a", "b"]}
+    # sweep.front = "best": the leader alone, whatever is tied with it.
+    stub.cfg = dataclasses.replace(cfg, sweep=dataclasses.replace(cfg.sweep, front="best"))
+    assert _Driver.front_ids(stub) == {"dpsgd@eps3": ["a"]}
 
 
 def test_audit_settings_and_summary_inputs_follow_the_config() -> None:

@@ -16,6 +16,7 @@ conv1 to fc2), while the gradient norms' stays at 0.75-0.77 in every layer.
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -51,6 +52,7 @@ def probe_loss_name(layer: str) -> str:
 
 def probe_signals(*, probe_set: Split, num_classes: int) -> ExtraSignals:
     """An ``extra`` signal function for ``collect_signals``: {probe_loss:<layer>: [N]}."""
+    from sklearn.exceptions import ConvergenceWarning
     from sklearn.linear_model import LogisticRegression
     from sklearn.preprocessing import StandardScaler
 
@@ -79,7 +81,11 @@ def probe_signals(*, probe_set: Split, num_classes: int) -> ExtraSignals:
             fit = reduce_ir(fit_irs[name].float().cpu()).numpy()
             scaler = StandardScaler().fit(fit)
             probe = LogisticRegression(C=PROBE_C, max_iter=PROBE_MAX_ITER)
-            probe.fit(scaler.transform(fit), probe_set.y.numpy())
+            with warnings.catch_warnings():
+                # The same capped fit for every model keeps the signal comparable; where lbfgs
+                # stops at the cap the probe is a little under-fitted, not wrong.
+                warnings.simplefilter("ignore", ConvergenceWarning)
+                probe.fit(scaler.transform(fit), probe_set.y.numpy())
             proba = probe.predict_proba(scaler.transform(reduce_ir(irs[name].float().cpu())
                                                          .numpy()))
             full = np.full((len(labels), num_classes), MIN_PROBABILITY)
