@@ -35,11 +35,11 @@ from orchestrator.config import Config, from_dict
 
 #: The study's split sizes and schedule (configs/fmnist.toml), DP-SGD only, no audit.
 BASE: dict[str, Any] = {
-    "data": {"dataset": "fashion-mnist", "train_size": 10000, "validation_size": 2000,
-             "holdout_size": 2500, "test_size": 10000, "shadow_size": 10000},
+    "data": {"dataset": "fashion-mnist", "train_size": 8000, "validation_size": 2000,
+             "holdout_size": 2200, "test_size": 10000, "shadow_size": 10000},
     "model": {"name": "cnn28"},
     "privacy": {"delta": 1e-5},
-    "training": {"batch_size": 256, "epochs": 6},
+    "training": {"batch_size": 256, "epochs": 5},
     "sweep": {"methods": ["dpsgd"], "max_concurrent_trials": 2, "baseline": False},
     "audit": {"enabled": False},
 }

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -164,3 +165,16 @@ def test_representation_leakage_grows_with_depth(leaky: tuple[LayeredModel, dict
     first_entry = next(e for e in record["attacks"]
                        if e["layer"] == first and e["attack"] == "lira_online:probe_loss")
     assert first_entry["auc_ci"][0] < auc[last]
+
+
+def test_a_probe_set_too_small_to_fit_is_refused_with_the_field(data: DataSplits) -> None:
+    from trainables.audit.probes import MIN_PER_CLASS, probe_set_of, probe_signals
+    from trainables.audit.references import subset
+
+    tiny = subset(data.validation, np.arange(MIN_PER_CLASS * data.num_classes - 1))
+    with pytest.raises(UserInputError) as err:
+        probe_signals(probe_set=tiny, num_classes=data.num_classes)
+    assert "audit.layer_probes" in str(err.value)
+    chosen = probe_set_of(data.validation, seed=3)
+    assert len(chosen) == len(data.validation)  # every one of 100 (< the 1000 cap)
+    assert set(chosen.indices.tolist()).isdisjoint(data.train.indices.tolist())
