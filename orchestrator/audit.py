@@ -289,6 +289,18 @@ def check_settings(data: DataSplits, settings: AuditSettings) -> None:
     if len(plan.candidates) < 2 * 2:
         raise UserInputError(field="data.holdout_size", value=len(data.holdout),
                              allowed="enough members and non-members to audit (>= 2 of each)")
+    if settings.layer_probes:
+        import numpy as np
+
+        from trainables.audit.probes import MIN_PER_CLASS, probe_set_of
+
+        probe = probe_set_of(data.validation, seed=settings.seed)
+        fewest = int(np.bincount(probe.y.numpy(), minlength=data.num_classes).min())
+        if fewest < MIN_PER_CLASS:
+            raise UserInputError(field="data.validation_size", value=len(data.validation),
+                                 allowed=f"a validation split with >= {MIN_PER_CLASS} examples "
+                                         f"of every class (its probe set has {fewest} of one), "
+                                         f"or audit.layer_probes = false")
 
 
 def reference_budgets(cfg: Any, *, method: str, params: Mapping[str, Any], epsilon: float,

@@ -753,7 +753,11 @@ def _validate_before_ray(cfg: Config, *, out: Path | None) -> None:
                     gpus_per_trial=cfg.resources.gpus_per_trial,
                     memory_per_trial_mb=cfg.resources.memory_per_trial_mb or None,
                     max_concurrent=cfg.sweep.max_concurrent_trials, info=None)
-    load_data(cfg)
+    data = load_data(cfg)
+    if cfg.audit.enabled:
+        from orchestrator.audit import AuditSettings, check_settings
+
+        check_settings(data, AuditSettings.from_config(cfg.audit))
     study_plans(cfg)
 
 
