@@ -319,6 +319,9 @@ class _Driver:
         self.start = time.time()
         self.best: dict[str, float] = {}
         self.bar: Any = None
+        #: Whether a recorded trial advances the bar (not after the search, where the job that
+        #: produced it advances it once).
+        self.bar_counts_records = True
 
     def _private_setup(self) -> tuple[Any, dict[str, int]]:
         """The private-tuning plan, printed before any training, and the secret trial counts
@@ -409,7 +412,8 @@ class _Driver:
                 f"elapsed {time.time() - self.start:.0f} s")
         if self.bar is not None:
             self.bar.write(line)
-            self.bar.update(1)
+            if self.bar_counts_records:
+                self.bar.update(1)
         else:
             print(line, flush=True)
 
@@ -467,7 +471,7 @@ class _Driver:
                 tuner.fit()
             finally:
                 flag.in_tune = False
-                self.bar = None
+                self.bar, self.bar_counts_records = None, True
                 if flag.event.is_set():
                     stopped = searcher.interrupt(f"interrupted by "
                                                  f"{signal.Signals(flag.signum).name}")
@@ -572,7 +576,7 @@ class _Driver:
         if not jobs:
             return
         with _progress(total=len(jobs), desc="after the search", quiet=self.quiet) as bar:
-            self.bar = bar
+            self.bar, self.bar_counts_records = bar, False
 
             def done(job: Any, result: dict[str, Any] | None, error: str) -> None:
                 self._after(job, result, error)
