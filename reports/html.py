@@ -413,6 +413,20 @@ def _section_table(rows: Sequence[tuple[str, str]]) -> str:
             + "\n</tbody></table>")
 
 
+def _when(value: Any) -> str:
+    """A timestamp as UTC text (summary.json stores POSIX seconds; other text is shown as is)."""
+    import datetime
+
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    if not math.isfinite(seconds):
+        return str(value)
+    return datetime.datetime.fromtimestamp(seconds, tz=datetime.UTC).strftime(
+        "%Y-%m-%d %H:%M:%S UTC")
+
+
 def _duration(seconds: float) -> str:
     if not math.isfinite(seconds):
         return "—"
@@ -477,7 +491,7 @@ def _header_section(data: RunData) -> str:
     if math.isfinite(wall):
         wall_text = _duration(wall)
         if summary.get("started") and summary.get("finished"):
-            wall_text += f", {_e(summary['started'])} → {_e(summary['finished'])}"
+            wall_text += f", {_e(_when(summary['started']))} → {_e(_when(summary['finished']))}"
     else:
         spent = float(np.nansum(ok["train_seconds"]) + np.nansum(ok["audit_seconds"]))
         wall_text = f"{_duration(spent)}: sum of trial training and audit times " \

@@ -457,3 +457,10 @@ def test_corrupt_inputs_are_one_user_error_and_write_nothing(tmp_path: Path) -> 
     with pytest.raises(UserInputError, match="history"):
         build_report(run)
     assert not (run / "report").exists() and not (run / ".report.tmp").exists()
+
+
+def test_the_header_shows_run_times_as_utc_text_not_posix_seconds() -> None:
+    from reports.html import _when
+
+    assert _when(1795440017.17) == "2026-11-23 13:20:17 UTC"
+    assert _when("2025-01-01T10:00:00+00:00") == "2025-01-01T10:00:00+00:00"
