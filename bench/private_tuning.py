@@ -98,7 +98,7 @@ def _released(frame: Any, *, private: bool) -> dict[str, Any]:
     return {"trials": len(frame), "released": str(best["trial_id"]),
             "val_accuracy": float(best["val_accuracy"]),
             "test_accuracy": float(best["test_accuracy"]),
-            "sigma": float(best["sigma"]), "epsilon_upper": float(best["epsilon_upper"]),
+            "sigma": float(best["noise_multiplier"]), "epsilon_upper": float(best["epsilon_upper"]),
             "all_test_accuracy": [float(x) for x in frame["test_accuracy"]]}
 
 
