@@ -335,7 +335,7 @@ def compare_methods(times: dict[str, list[float]], methods: list[str],
     ref_peak = peaks.get(ref, {}).get("peak_delta_bytes")
     for series in timed:
         e = method_entry(series)
-        name, mode = parse_series(series, field="--methods")
+        name, mode = parse_series(series.partition("@")[0], field="--methods")
         v = vs[e]
         peak = peaks.get(e, {}).get("peak_delta_bytes")
         mem = None if peak is None or not ref_peak else peak / ref_peak
