@@ -144,6 +144,7 @@ def test_covered_columns_are_exactly_those_without_private_data() -> None:
                "degenerate", "peak_mia_accuracy", "peak_mia_upper", "peak_layer",
                "peak_layer_index", "peak_attack", "leak_detected", "leak_p_value",
                "loss_attack_accuracy", "loss_attack_auc", "mia_layers", "eps_lower_bound",
+               "mia_epsilon_lower", "mia_pointwise_violations",
                "audit_contradicts"}
     assert uncovered == private
     for name in ("lr", "clip_norm", "method_params", "noise_schedule", "epsilon_upper",
