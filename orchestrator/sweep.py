@@ -515,7 +515,7 @@ class _Driver:
         out = {}
         for study, rows in by_study.items():
             best = max(rows, key=lambda r: r["val_accuracy"])
-            if getattr(self.cfg.sweep, "front", "tied") == "best":
+            if self.cfg.sweep.front == "best":
                 out[study] = [best["trial_id"]]
                 continue
             low = wilson_interval(best["val_accuracy"], n=n_val)[0]
