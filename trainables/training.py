@@ -113,6 +113,8 @@ class TrialResult:
     privacy: dict[str, Any]
     checkpoint_dir: Path | None
     seconds: float
+    #: The trained model in memory (references are scored from it without a checkpoint).
+    model: LayeredModel | None = None
 
     @property
     def test_accuracy(self) -> float:
@@ -339,6 +341,7 @@ def train_trial(
     report: Reporter | None = None,
     rolling_checkpoint: str | None = None,
     instrument: Callable[[DPStep], None] | None = None,
+    evaluate_epochs: bool = True,
 ) -> TrialResult:
     """Train one model; checkpoint and report after every epoch.
 
@@ -346,9 +349,10 @@ def train_trial(
     ``rolling_checkpoint`` the one directory ``checkpoint_root/<name>`` is replaced each epoch
     instead, so a sweep stores every model once (the last epoch's checkpoint is the final one).
     Each epoch is evaluated on the validation split (what selection reads) and the test split
-    (reported). ``instrument(method)`` is called once with the built (and, on a resume,
-    restored) method before the first step, so an audit can wrap its phases without a subclass
-    (``trainables.audit.canaries``).
+    (reported); ``evaluate_epochs=False`` skips both (a reference model's curve is never read,
+    and evaluating it costs about a tenth of its training). ``instrument(method)`` is called
+    once with the built (and, on a resume, restored) method before the first step, so an audit
+    can wrap its phases without a subclass (``trainables.audit.canaries``).
     """
     start = time.perf_counter()
     run = _build(spec, data)
@@ -376,20 +380,21 @@ def train_trial(
         if not math.isfinite(train_loss):
             raise TrialDiverged(f"train loss became {train_loss} in epoch {run.epoch + 1}")
         run.model.eval()
-        val_acc, val_loss = evaluate(run.model, *splits["validation"])
-        test_acc, test_loss = evaluate(run.model, *splits["test"])
-        if not (math.isfinite(val_loss) and math.isfinite(test_loss)):
-            raise TrialDiverged(f"evaluation loss became {val_loss} (validation), {test_loss} "
-                                f"(test) in epoch {run.epoch + 1}")
+        scores: dict[str, float] = {}
+        if evaluate_epochs:
+            val_acc, val_loss = evaluate(run.model, *splits["validation"])
+            test_acc, test_loss = evaluate(run.model, *splits["test"])
+            if not (math.isfinite(val_loss) and math.isfinite(test_loss)):
+                raise TrialDiverged(f"evaluation loss became {val_loss} (validation), "
+                                    f"{test_loss} (test) in epoch {run.epoch + 1}")
+            scores = {"val_accuracy": val_acc, "val_loss": val_loss,
+                      "test_accuracy": test_acc, "test_loss": test_loss}
         run.epoch += 1
         metrics = {
             "epoch": run.epoch,
             "step": run.method.step_count,
             "train_loss_nonprivate": train_loss,
-            "val_accuracy": val_acc,
-            "val_loss": val_loss,
-            "test_accuracy": test_acc,
-            "test_loss": test_loss,
+            **scores,
             "epsilon_spent": float(spec.epsilon_curve[run.epoch - 1]),
             "noise_multiplier": run.method.sigma_at(run.method.step_count - 1),
             "epoch_seconds": time.perf_counter() - t0,
@@ -410,4 +415,4 @@ def train_trial(
         atomic_write_json(final / "history.json", run.history)
         atomic_write_json(final / "spec.json", spec.to_dict())
     return TrialResult(spec=spec, history=run.history, privacy=record, checkpoint_dir=last_dir,
-                       seconds=time.perf_counter() - start)
+                       seconds=time.perf_counter() - start, model=run.model)

@@ -31,11 +31,9 @@ a non-private target's by :func:`train_nonprivate`.
 from __future__ import annotations
 
 import dataclasses
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -300,19 +298,17 @@ def reference_spec(spec: TrialSpec, *, dataset_size: int, budgets: Budgets, seed
 
 
 def dp_trainer(spec: TrialSpec, *, budgets: Budgets) -> ReferenceTrainer:
-    """References trained like a DP target: ``train_trial`` on the reference's data."""
-    from trainables.training import load_model, train_trial
+    """References trained like a DP target: ``train_trial`` on the reference's data, kept in
+    memory (no checkpoint) and not evaluated per epoch (nothing reads a reference's curve)."""
+    from trainables.training import train_trial
 
     def train(data: DataSplits, seed: int, index: int) -> tuple[LayeredModel, float]:
         rspec = reference_spec(spec, dataset_size=len(data.train), budgets=budgets, seed=seed,
                                index=index)
-        with tempfile.TemporaryDirectory(prefix="dpsweep-reference-") as tmp:
-            result = train_trial(rspec, data=data, checkpoint_root=Path(tmp),
-                                 rolling_checkpoint="final")
-            if result.checkpoint_dir is None:
-                raise RuntimeError(f"reference {index} of {spec.trial_id} left no checkpoint")
-            model, _ = load_model(result.checkpoint_dir, data=data, device="cpu")
-        return model.eval(), result.seconds
+        result = train_trial(rspec, data=data, evaluate_epochs=False)
+        if result.model is None:
+            raise RuntimeError(f"reference {index} of {spec.trial_id} returned no model")
+        return result.model.to("cpu").eval(), result.seconds
 
     return train
 
