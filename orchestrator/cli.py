@@ -162,6 +162,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+#: The demo's digits splits (all 1,797 images): more members than the dataset defaults
+#: (800 vs 500) so that DP training at epsilon 3 clears 0.75 validation accuracy with a margin
+#: (0.77 -> 0.86 for DP-SGD's preset step, docs/search.md), at the cost of a smaller test split
+#: and shadow pool (offline references train on 150 of its 300 examples).
+DEMO_SIZES = {"train_size": 800, "validation_size": 200, "holdout_size": 300, "test_size": 197,
+              "shadow_size": 300}
+#: Batch 128 keeps the demo at 140 steps (20 epochs of 7 Poisson batches) on 800 members.
+DEMO_BATCH = 128
+
+
 def demo_config() -> Any:
     """The embedded default sweep: every registered method, 3 trials each, on digits."""
     import dataclasses
@@ -169,7 +179,10 @@ def demo_config() -> Any:
     from orchestrator.config import Config
 
     cfg = Config()
-    return dataclasses.replace(cfg, sweep=dataclasses.replace(cfg.sweep, trials_per_method=3))
+    return dataclasses.replace(
+        cfg, data=dataclasses.replace(cfg.data, **DEMO_SIZES),
+        training=dataclasses.replace(cfg.training, batch_size=DEMO_BATCH),
+        sweep=dataclasses.replace(cfg.sweep, trials_per_method=3))
 
 
 def _sweep(action: Any) -> int:
