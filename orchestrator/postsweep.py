@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +26,6 @@ from core.errors import describe
 from core.storage import atomic_write_json
 
 BASELINE_ID = "nonprivate"
-#: Adam's learning rate for the non-private baseline (Kingma & Ba's default).
-BASELINE_LR = 1e-3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,10 +41,24 @@ class Job:
 POLL_S = 0.5
 
 
+def submit(job: Job, *, cpus: int, gpus: float) -> Any:
+    """Start ``job`` as a Ray task now (its reference); ``run_jobs(started=...)`` collects it.
+
+    The baseline is submitted before the search: it needs nothing the search produces, and
+    it fills the slot an odd last round of trials leaves idle instead of running alone after.
+    """
+    import ray
+
+    return ray.remote(num_cpus=cpus, num_gpus=gpus)(_call).remote(job.fn, job.kwargs)
+
+
 def run_jobs(jobs: list[Job], *, cpus: int, gpus: float, concurrency: int,
              on_done: Callable[[Job, dict[str, Any] | None, str], None],
-             stop: Callable[[], None] | None = None) -> None:
+             stop: Callable[[], None] | None = None,
+             started: Mapping[Any, Job] | None = None) -> None:
     """Run ``jobs`` as Ray tasks, ``concurrency`` at a time; ``on_done(job, result, error)``.
+    ``started`` maps references of jobs already submitted (:func:`submit`) to their jobs;
+    they count against ``concurrency``.
 
     ``stop`` is polled every ``POLL_S`` and raises to end the loop (a signal is never raised
     inside ``ray.wait``, whose C code turns it into a ``SystemError``); pending jobs are then
@@ -54,7 +66,7 @@ def run_jobs(jobs: list[Job], *, cpus: int, gpus: float, concurrency: int,
     import ray
 
     remote = ray.remote(num_cpus=cpus, num_gpus=gpus)(_call)
-    pending: dict[Any, Job] = {}
+    pending: dict[Any, Job] = dict(started or {})
     queue = list(jobs)
     try:
         while queue or pending:
@@ -110,7 +122,7 @@ def rerun_job(*, config: dict[str, Any]) -> dict[str, Any]:
 
 
 def baseline_job(*, run_dir: str, spec: dict[str, Any], settings: dict[str, Any],
-                 audit: bool) -> dict[str, Any]:
+                 audit: bool, lr: float) -> dict[str, Any]:
     """Train and audit the non-private baseline; writes trials/nonprivate/{result,audit}.json."""
     from orchestrator.audit import AUDIT_FILE, AuditSettings, audit_model
     from orchestrator.studies import RESULT_FILE
@@ -123,7 +135,7 @@ def baseline_job(*, run_dir: str, spec: dict[str, Any], settings: dict[str, Any]
 
     trial_spec = TrialSpec.from_dict(spec)
     data = load_trial_data(trial_spec)
-    recipe = NonPrivateRecipe(epochs=trial_spec.epochs, lr=BASELINE_LR,
+    recipe = NonPrivateRecipe(epochs=trial_spec.epochs, lr=lr,
                               batch_size=trial_spec.batch_size, model=trial_spec.model,
                               activation=trial_spec.activation)
     model, seconds = train_nonprivate(data=data, recipe=recipe, seed=trial_spec.seed,
