@@ -73,6 +73,8 @@ CONFIG_FILE = "config.toml"
 SUMMARY_FILE = "summary.json"
 HISTORY_FILE = "history.json"
 AUDIT_FILE = "audit.json"
+#: Test-accuracy gap beyond which the report calls the audit's references weaker than the target.
+REFERENCE_GAP = 0.05
 AUDIT_ERROR = "audit_error"
 STAMP_CLASS = "stamp"
 CONTRADICTED_TAG = "claim contradicted by audit"
@@ -1122,7 +1124,34 @@ def _roc_section(data: RunData, *, front_list: Sequence[Front], records: Records
         text = _note("No ROC: no front trial has ROC points.")
     if missing:
         text += _note("No ROC drawn for: " + _e("; ".join(missing)) + ".")
-    return text
+    return text + _reference_note(front_list, records)
+
+
+def _reference_note(front_list: Sequence[Front], records: Records) -> str:
+    """What the front trials' audits say about their reference models when those deviate
+    from the target (e.g. offline references on a small shadow pool), with how much weaker
+    they are: a weak reference weakens every calibrated attack number above."""
+    notes: dict[str, list[tuple[float, float]]] = {}
+    for front in front_list:
+        if front.kind != KIND_ALL:
+            continue
+        for _, r in front.trials.iterrows():
+            document = records.audits.get(r["trial_id"]) or {}
+            note = document.get("note")
+            refs = [_float(x.get("test_accuracy")) for x in document.get("references", [])
+                    if isinstance(x, dict)]
+            if isinstance(note, str) and note and refs:
+                notes.setdefault(note, []).append((float(np.nanmean(refs)),
+                                                   _float(r.get("test_accuracy"))))
+    out = []
+    for note, pairs in notes.items():
+        ref, own = (float(np.nanmean([p[i] for p in pairs])) for i in (0, 1))
+        weaker = (" References weaker than the audited model make the calibrated attacks "
+                  "weaker: these attack numbers understate what an audit with references "
+                  "like the target would find." if ref < own - REFERENCE_GAP else "")
+        out.append(_note(_e(f"Reference models: {note}. Their mean test accuracy is {ref:.2f}, "
+                            f"the audited models' {own:.2f}.{weaker}")))
+    return "".join(out)
 
 
 def _series_values(traj: dict[str, Any], keys: Sequence[str]) -> tuple[float, ...]:
