@@ -17,9 +17,10 @@ does not run dropped, as the conformance suite does), in a DP-valid mode (its fi
 ``--methods name:mode`` says otherwise), a long constant-shape schedule (so no schedule-driven
 change such as dpsgd_lf's late freeze happens while it is timed), reproducible noise and a
 random public pool; entries ``method <name>``, timed in the same interleaved rounds as the other
-entries. A timed call is ``--method-steps`` consecutive ``DPStep.step`` calls (default 4, the
-refresh period of dp_adamilg's and lm_dpsgd's public statistics, so every call holds exactly one
-refresh and the median is not a refresh-free step); times are reported per step. Each method's
+entries. A timed call is one period of the method's public refresh (``public_refresh_every``,
+derived from the batch for dp_adamilg and lm_dpsgd; 1 step for a method without one), so every
+call holds exactly one refresh and the median is not a refresh-free step, or
+``--method-steps`` steps for every method; times are reported per step. Each method's
 ratios to the ``dpsgd`` method's step come from the same rounds (``methods_vs_dpsgd`` in the
 results): the median of the per-round ratios (checked against the 1.1 target, as the engine's
 time target is; it cancels the load common to one round) and their IQR, the ratio of medians,
@@ -82,8 +83,6 @@ REFERENCE_METHOD = "dpsgd"
 METHOD_TIME_TARGET = 1.1
 #: The preset a method runs with (its declared defaults where it sets nothing).
 METHOD_PRESET = "paper"
-#: DPStep.step calls per timed call (4 = dp_adamilg's refresh_every, lm_dpsgd's u_every).
-DEFAULT_METHOD_STEPS = 4
 #: Steps of the calibrated schedule a benchmarked method gets (never reached).
 SCHEDULE_STEPS = 10_000_000
 #: Public (shadow) pool size for methods that draw public batches, and the expected batch's
@@ -298,30 +297,40 @@ def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}{where}"
 
 
-def _build_methods(cfg: Config, methods: list[str], *, steps: int,
-                   failed: dict[str, str]) -> dict[str, Callable[[], None]]:
-    """Method entries that build and take one timed call (a failure is recorded, not fatal)."""
+def refresh_period(cfg: Config, series: str) -> int:
+    """Steps of one period of the method's public refresh on this config (1 without one)."""
+    return build_method(cfg, series).public_refresh_every or 1
+
+
+def _build_methods(cfg: Config, methods: list[str], *, steps: int | None,
+                   failed: dict[str, str],
+                   calls: dict[str, int]) -> dict[str, Callable[[], None]]:
+    """Method entries that build and take one timed call (a failure is recorded, not fatal);
+    ``calls`` receives each entry's steps per timed call (``steps``, or its refresh period)."""
     built: dict[str, Callable[[], None]] = {}
     for series in methods:
         try:
-            fn = make_step(model=cfg.model, entry=method_entry(series), method_steps=steps)
+            n = steps or refresh_period(cfg, series)
+            fn = make_step(model=cfg.model, entry=method_entry(series), method_steps=n)
             fn()  # a method that cannot step fails here, not in the middle of the rounds
         except Exception as exc:  # reported per method; the bench goes on
             failed[series] = _error(exc)
             print(f"   {method_entry(series)}: FAILED to build or step: {failed[series]}")
             continue
         built[method_entry(series)] = fn
+        calls[method_entry(series)] = n
     return built
 
 
 def compare_methods(times: dict[str, list[float]], methods: list[str],
-                    peaks: dict[str, dict[str, Any]], *, steps: int,
+                    peaks: dict[str, dict[str, Any]], *, steps: dict[str, int],
                     num_layers: int, failed: dict[str, str]) -> dict[str, Any]:
     """Each method's per-step time (and peak memory) as ratios to the reference method's."""
     ref_series = default_series(REFERENCE_METHOD)
     ref = method_entry(ref_series)
     out: dict[str, Any] = {
-        "reference": ref, "target": METHOD_TIME_TARGET, "steps_per_timed_call": steps,
+        "reference": ref, "target": METHOD_TIME_TARGET,
+        "steps_per_timed_call": {e[len(METHOD_PREFIX):]: n for e, n in steps.items()},
         "preset": METHOD_PRESET,
         "checked_ratio": "ratio_per_round_median: median over rounds of the method's step "
                          "time / the reference's in the same round",
@@ -355,15 +364,17 @@ def compare_methods(times: dict[str, list[float]], methods: list[str],
 def format_methods(cmp: dict[str, Any]) -> str:
     """Table of the methods' ratios to the reference method, with the target."""
     target = cmp["target"]
-    lines = [f"registered methods vs {cmp['reference']} ({cmp['steps_per_timed_call']} steps per "
-             f"timed call, times per step; x dpsgd = median of per-round ratios, target <= "
-             f"{target}; x medians = ratio of medians, x mean = ratio of means):",
-             f"{'method':<22} {'mode':<9} {'median ms':>10} {'x dpsgd':>8} {'(round IQR)':>13} "
-             f"{'x medians':>9} {'x mean':>7} {'x min':>6} {'x memory':>9}  target"]
+    lines = [f"registered methods vs {cmp['reference']} (steps per timed call: one public "
+             f"refresh period, or 1; times per step; x dpsgd = median of per-round ratios, "
+             f"target <= {target}; x medians = ratio of medians, x mean = ratio of means):",
+             f"{'method':<22} {'mode':<9} {'steps':>5} {'median ms':>10} {'x dpsgd':>8} "
+             f"{'(round IQR)':>13} {'x medians':>9} {'x mean':>7} {'x min':>6} "
+             f"{'x memory':>9}  target"]
     for series, m in cmp["methods"].items():
         mem = "" if m["memory_ratio"] is None else f"{m['memory_ratio']:.2f}"
         lines.append(
-            f"{series:<22} {m['mode']:<9} {m['median_step_s'] * 1e3:>10.1f} "
+            f"{series:<22} {m['mode']:<9} {cmp['steps_per_timed_call'].get(series, 1):>5} "
+            f"{m['median_step_s'] * 1e3:>10.1f} "
             f"{m['ratio_per_round_median']:>8.2f} "
             f"{m['ratio_per_round_q1']:>6.2f}-{m['ratio_per_round_q3']:<6.2f} "
             f"{m['ratio']:>9.2f} {m['ratio_of_means']:>7.2f} "
@@ -379,7 +390,7 @@ def format_methods(cmp: dict[str, Any]) -> str:
 def bench_model(cfg: Config, *, quick: bool, entries: list[str], memory: bool,
                 rounds: int | None = None, max_load: float | None = None,
                 methods: list[str] | None = None,
-                method_steps: int = DEFAULT_METHOD_STEPS) -> dict[str, Any]:
+                method_steps: int | None = None) -> dict[str, Any]:
     torch.set_num_threads(cfg.threads)
     model = _model(cfg)
     plan = GradEngine(model).plan(_data(cfg)[0])
@@ -390,14 +401,16 @@ def bench_model(cfg: Config, *, quick: bool, entries: list[str], memory: bool,
     steps = {e: make_step(model=cfg.model, entry=e) for e in entries}
     methods = list(methods or [])
     failed: dict[str, str] = {}
-    method_steps_fns = _build_methods(cfg, methods, steps=method_steps, failed=failed)
+    calls: dict[str, int] = {}
+    method_steps_fns = _build_methods(cfg, methods, steps=method_steps, failed=failed,
+                                      calls=calls)
     steps.update(method_steps_fns)
     rounds = rounds or (cfg.quick_rounds if quick else cfg.rounds)
     load = [wait_for_quiet(max_load=max_load, timeout_s=QUIET_TIMEOUT_S)
             if max_load else load_average()]
     times = interleaved(steps, rounds=rounds, warmup=1)
-    # Per step: a method entry's timed call takes method_steps steps.
-    times = {e: [t / method_steps for t in ts] if e in method_steps_fns else ts
+    # Per step: a method entry's timed call takes calls[e] steps.
+    times = {e: [t / calls[e] for t in ts] if e in method_steps_fns else ts
              for e, ts in times.items()}
     summary = summarize(times, baseline=BASELINE)
     load.append(load_average())
@@ -407,7 +420,7 @@ def bench_model(cfg: Config, *, quick: bool, entries: list[str], memory: bool,
         for e in list(steps):
             kwargs: dict[str, Any] = {"model": cfg.model, "entry": e}
             if e in method_steps_fns:
-                kwargs["method_steps"] = method_steps
+                kwargs["method_steps"] = calls[e]
             try:
                 peaks[e] = peak_memory(factory="bench.step_time:make_step", kwargs=kwargs,
                                        threads=cfg.threads, warmup=1, steps=1)
@@ -437,7 +450,7 @@ def bench_model(cfg: Config, *, quick: bool, entries: list[str], memory: bool,
         if cfg.memory_target is not None and mem_ratio:
             checks[f"memory <= {cfg.memory_target}x"] = mem_ratio[ENGINE] <= cfg.memory_target
     if methods:
-        cmp = compare_methods(times, methods, peaks, steps=method_steps,
+        cmp = compare_methods(times, methods, peaks, steps=calls,
                               num_layers=len(model.layer_names), failed=failed)
         result["methods_vs_dpsgd"] = cmp
         print(format_methods(cmp))
@@ -498,10 +511,9 @@ def main() -> None:
     ap.add_argument("--no-methods", action="store_true",
                     help=f"skip the registered methods (and the {METHOD_TIME_TARGET}x "
                          f"{REFERENCE_METHOD} check)")
-    ap.add_argument("--method-steps", type=int, default=DEFAULT_METHOD_STEPS,
-                    help="consecutive steps per timed call of a method (periodic work, e.g. "
-                         f"a public refresh every 4 steps, lands in every call; default "
-                         f"{DEFAULT_METHOD_STEPS})")
+    ap.add_argument("--method-steps", type=int,
+                    help="consecutive steps per timed call of every method (default: each "
+                         "method's public refresh period, so each call holds one refresh)")
     ap.add_argument("--rounds", type=int, help="override the rounds of every model")
     ap.add_argument("--threads", type=int,
                     help="override every model's thread count (1 thread is the least "
@@ -512,7 +524,7 @@ def main() -> None:
     ap.add_argument("--no-memory", action="store_true", help="skip the memory subprocesses")
     ap.add_argument("--name", default="step_time", help="results file bench/results/NAME.json")
     args = ap.parse_args()
-    if args.method_steps < 1:
+    if args.method_steps is not None and args.method_steps < 1:
         ap.error("--method-steps must be >= 1")
     if args.no_methods and args.methods:
         ap.error("--methods and --no-methods exclude each other")

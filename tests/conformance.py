@@ -82,14 +82,14 @@ def lifecycle_params(cls: type[DPStep], mode: str,
 
 
 def make_method(cls: type[DPStep], *, params: dict[str, Any], schedule: Schedule,
-                seed: int = 0) -> DPStep:
+                seed: int = 0, expected_batch_size: float = 50.0) -> DPStep:
     """The method on digits_cnn with reproducible randomness and the public pool."""
     data = digits()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = build_model(name="digits_cnn", input_shape=(1, 8, 8), num_classes=10)
     return cls(model=model, params=params, noise_schedule=schedule, sample_rate=0.1,
-               expected_batch_size=50.0, steps_per_epoch=STEPS_PER_EPOCH,
+               expected_batch_size=expected_batch_size, steps_per_epoch=STEPS_PER_EPOCH,
                randomness=Randomness(kind="reproducible", device=torch.device("cpu"), seed=seed),
                public=PublicData(x=data.shadow.x, y=data.shadow.y,
                                  generator=torch.Generator().manual_seed(seed + 7)))

@@ -6,6 +6,7 @@ trip. A new method is tested here without writing a test file."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,9 @@ from core.modes import INVALID_TAG
 from core.schedule import Schedule
 from orchestrator.trial import plan_trial
 from search_spaces import SPACES, build_space
-from tests.conformance import lifecycle, lifecycle_params, prepared_params
+from tests.conformance import lifecycle, lifecycle_params, make_method, prepared_params
 from tests.conftest import tiny_config
+from trainables.dp_step import PUBLIC_SHARE, PublicData
 from trainables.methods import METHODS
 from trainables.training import load_checkpoint_state, train_trial
 
@@ -24,6 +26,9 @@ CASES = [pytest.param(name, mode.name, id=f"{name}:{mode.name}")
          for name, cls in sorted(METHODS.items()) for mode in cls.modes]
 #: PLD's discretisation against PRV's certified upper bound (relative).
 INDEPENDENT_SLACK = 0.02
+#: Steps and expected batch sizes of the public-data budget check.
+PUBLIC_STEPS = 60
+PUBLIC_BATCHES = (32, 128, 2000)
 
 
 def _spec(method: str, mode: str, **training: object):
@@ -118,3 +123,36 @@ def test_checkpoint_round_trip_is_exact(tmp_path: Path, method: str, mode: str) 
 def test_every_method_has_prepared_params_that_validate() -> None:
     for name, cls in METHODS.items():
         assert cls.validate_params(dict(prepared_params(name)))
+
+
+@pytest.mark.parametrize(("method", "mode"), CASES)
+def test_public_refreshes_at_default_settings_stay_within_their_share(
+        monkeypatch: pytest.MonkeyPatch, method: str, mode: str) -> None:
+    """At its declared defaults a method processes at most PUBLIC_SHARE public examples per
+    private one (beyond its first refresh), at any batch size, and says how often it draws
+    them: the cost of public statistics must not grow as the batch shrinks."""
+    cls = METHODS[method]
+    drawn: list[int] = []
+    batch = PublicData.batch
+
+    def counting(self: PublicData, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        drawn.append(size)
+        return batch(self, size)
+
+    monkeypatch.setattr(PublicData, "batch", counting)
+    params = cls.validate_params({**dict(prepared_params(method)), "mode": mode})
+    for b in PUBLIC_BATCHES:
+        drawn.clear()
+        step = make_method(cls, params=params, expected_batch_size=float(b),
+                           schedule=Schedule.constant(noise_multiplier=1.0, steps=10_000))
+        for t in range(PUBLIC_STEPS):
+            step.begin_step(t)
+            step.step_count = t + 1
+        if step.public_refresh_every is None:
+            assert drawn == [], f"{method}:{mode} draws public data but declares no period"
+            continue
+        every = step.public_refresh_every
+        assert len(drawn) == math.ceil(PUBLIC_STEPS / every), (b, every, drawn)
+        assert sum(drawn) - drawn[0] <= PUBLIC_SHARE * PUBLIC_STEPS * b, (b, every, drawn)
+        if every > 1:  # the fewest such steps: one step less would exceed the share
+            assert drawn[0] > PUBLIC_SHARE * (every - 1) * b, (b, every)

@@ -306,7 +306,8 @@ def test_paper_preset() -> None:
 def test_extra_record_lists_only_what_the_mode_reads() -> None:
     public = _step(mode="public").extra_record()
     lagged = _step(mode="lagged").extra_record()
-    assert public["u_every"] == 4 and "lagged_beta" not in public
+    # the derived period is recorded: 64 public examples per 5% of 50 expected -> 26 steps
+    assert public["u_every"] == 26 and "lagged_beta" not in public
     assert lagged["lagged_beta"] == 0.9 and "u_every" not in lagged
     assert public["risk"] == RISK and public["risk_effective"] == RISK
 

@@ -64,6 +64,21 @@ MOMENTUM = Param("momentum", 0.0, "SGD momentum", low=0.0, high=1.0, high_open=T
 #: The standard mode of a method whose statistics all come from fixed or released values.
 STANDARD = Mode("standard", doc="the method as published; no data-dependent statistic")
 
+#: A public refresh left to its default period processes at most this many public examples per
+#: private example of the steps it serves, so it costs a bounded share of the step at any batch
+#: size. A fixed period does not: 64 public examples every 4 steps added 12-16% to a batch-128
+#: ResNet20-GN step (bench/step_time.py) and would add twice that at batch 64.
+PUBLIC_SHARE = 0.05
+
+
+def public_every(name: str, *, what: str) -> Param:
+    """The period of a method's refresh from public data (steps; none = derived from the
+    batch by ``DPStep.refresh_period``). Declared here so every method derives it one way."""
+    return Param(name, None, f"steps between refreshes of {what} from a public batch; none: "
+                 f"the fewest that keep public examples <= {PUBLIC_SHARE:g} x the private ones "
+                 "(ceil(public_batch_size / ({PUBLIC_SHARE:g} x expected batch)); 10 at batch 128)",
+                 kind="int", nullable=True, low=1, modes=("public",), role="setting")
+
 
 # ---- the gradient view ------------------------------------------------------------------------
 #: Explicit per-example gradients as a gradient view (``trainables/engine.py``): the reference
@@ -123,6 +138,10 @@ class DPStep:
     of the current step comes from it. ``expected_batch_size`` is q * N, the Poisson batch's
     mean.
     """
+
+    #: Steps between this instance's refreshes from public data (None: it has none); a
+    #: benchmark times whole periods so every timed call holds one refresh.
+    public_refresh_every: int | None = None
 
     # ---- the declaration (class level; see the module docstring) ---------------------------
     name: ClassVar[str] = "base"
@@ -249,6 +268,14 @@ class DPStep:
         except IndexError:
             raise RuntimeError("step beyond the calibrated schedule: the accountant did not "
                                "cover it") from None
+
+    def refresh_period(self, every: int | None, *, public_batch: int) -> int:
+        """Steps between public refreshes: ``every`` when the user set it, else the fewest
+        steps whose private examples are >= public_batch / PUBLIC_SHARE (``public_every``)."""
+        if every is not None:
+            return int(every)
+        return max(1, math.ceil(round(public_batch / (PUBLIC_SHARE * self.expected_batch_size),
+                                      9)))
 
     def public_batch(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A uniform batch of the public shadow pool (no privacy cost: not private data)."""

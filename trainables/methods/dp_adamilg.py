@@ -50,7 +50,7 @@ from core.lazy import lazy_module
 from core.modes import Mode, Source
 from core.params import Param, ParamSet
 from core.schedule import Phase, Schedule
-from trainables.dp_step import CLIP, LR, NORM_EPS, DPStep, PerExampleView
+from trainables.dp_step import CLIP, LR, NORM_EPS, DPStep, PerExampleView, public_every
 from trainables.methods import register
 
 if TYPE_CHECKING:
@@ -110,7 +110,8 @@ class _Thresholds:
 
 class _PublicThresholds(_Thresholds):
     def before_step(self, m: DPAdamILG, step: int) -> None:
-        every = int(m.params["refresh_every"])
+        every = m.public_refresh_every
+        assert every is not None
         if m.refreshed_at is None or step - m.refreshed_at >= every:
             m.set_bounds(m.public_importance())
             m.refreshed_at = step
@@ -193,11 +194,9 @@ class DPAdamILG(DPStep):
               "with Table 1's sigma_0)", low=0.0, high=1.0,
               presets={"paper": paper_floor(sigma_0=10.0),
                        "paper_cifar10": paper_floor(sigma_0=6.0)}),
-        Param("public_batch_size", 64, "public examples per importance refresh (64 keeps the "
-              "step within 1.1x DP-SGD's at batch 256)", low=1, modes=("public",),
-              role="setting"),
-        Param("refresh_every", 4, "steps between importance refreshes", low=1,
+        Param("public_batch_size", 64, "public examples per importance refresh", low=1,
               modes=("public",), role="setting"),
+        public_every("refresh_every", what="the layer importances"),
     )
     fast_lifecycle: ClassVar[dict[str, Any]] = {"refresh_every": 2, "k": 1.0}
 
@@ -222,6 +221,9 @@ class DPAdamILG(DPStep):
         self.refreshed_at: int | None = None  # public mode: step of the last refresh
         self.faithful_s: list[float] = [0.0] * self.num_layers  # s_j of the current batch
         self.thresholds = _THRESHOLDS_FROM[self.mode.sources[THRESHOLD_STAT]]()
+        if self.mode.sources[THRESHOLD_STAT] is Source.PUBLIC:
+            self.public_refresh_every = self.refresh_period(
+                self.params["refresh_every"], public_batch=int(self.params["public_batch_size"]))
 
     # ---- thresholds -----------------------------------------------------------------------
     def set_bounds(self, importance: list[float]) -> None:
@@ -323,7 +325,7 @@ class DPAdamILG(DPStep):
             "sigma_floor_is": "relative to sigma_0",
             "sigma_floor_absolute": floor * sigma_0,
             "public_batch_size": int(self.params["public_batch_size"]),
-            "refresh_every": int(self.params["refresh_every"]),
+            "refresh_every": self.public_refresh_every,
             "layer_noise_std": "sigma_t * C_j * sqrt(J)" if sound else "sigma_t * s_j * sqrt(n_j)",
             "thresholds": list(self.current_thresholds()),
         }

@@ -70,7 +70,7 @@ from core.lazy import lazy_module
 from core.modes import Mode, Source
 from core.params import Constraint, Param, ParamSet, is_real
 from core.storage import JsonCache
-from trainables.dp_step import CLIP, LR, MOMENTUM, DPStep, PerExampleView
+from trainables.dp_step import CLIP, LR, MOMENTUM, DPStep, PerExampleView, public_every
 from trainables.methods import register
 
 if TYPE_CHECKING:
@@ -366,7 +366,8 @@ class _UEstimator:
 
 class _PublicU(_UEstimator):
     def before_step(self, method: LMDPSGD, step: int) -> None:
-        every = int(method.params["u_every"])
+        every = method.public_refresh_every
+        assert every is not None
         if method._refreshed_at is None or step - method._refreshed_at >= every:
             x, y = method.public_batch(int(method.params["public_batch_size"]))
             method._w = method.weights_from(method.gradients(x, y))
@@ -449,11 +450,9 @@ class LMDPSGD(DPStep):
               choices=("risk", "bias_optimal"), role="setting"),
         Param("r", 3.0, "risk emphasis r (Table 2: 2-5; App. E.4 sweeps 1-5)", low=0.0,
               high=20.0, presets={"paper": 5.0}),
-        Param("public_batch_size", 64, "public examples whose per-example norms give u every "
-              "u_every steps (64 every 4 steps adds ~6% to a batch-256 step)", low=1,
-              modes=("public",), role="setting"),
-        Param("u_every", 4, "steps between public refreshes of u", low=1, modes=("public",),
-              role="setting"),
+        Param("public_batch_size", 64, "public examples whose per-example norms give u at "
+              "each refresh", low=1, modes=("public",), role="setting"),
+        public_every("u_every", what="u"),
         Param("lagged_beta", 0.9, "EMA factor of the debiased release statistics", low=0.0,
               high=1.0, high_open=True, modes=("lagged",), role="setting"),
         Param("er_eval", "heldout", "where ER is measured: held-out attack data, or the "
@@ -525,6 +524,9 @@ class LMDPSGD(DPStep):
         self.r = float(p["r"])
         self.risk = torch.tensor(p["risk"], dtype=torch.float64)
         self.u_estimator = _U_FROM[self.mode.sources[U_STAT]]()
+        if self.mode.sources[U_STAT] is Source.PUBLIC:
+            self.public_refresh_every = self.refresh_period(
+                p["u_every"], public_batch=int(p["public_batch_size"]))
         # Uniform u until the first estimate (lagged: until the first release).
         self._w = calibrate(torch.ones(self.num_layers), risk=self.risk, r=self.r)
         self._refreshed_at: int | None = None
@@ -585,6 +587,7 @@ class LMDPSGD(DPStep):
             "risk_meta": self.params["risk_meta"],
             "final_weights": self._w.tolist(),
             **{k: self.params[k] for k in used},
+            **({"u_every": self.public_refresh_every} if "u_every" in used else {}),
         }
 
     # ---- checkpointing --------------------------------------------------------------------
