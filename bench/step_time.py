@@ -357,7 +357,10 @@ def compare_methods(times: dict[str, list[float]], methods: list[str],
             "ratio_per_round_q3": v["ratio_per_round_q3"], "ratio_of_min": v["ratio_of_min"],
             "ratio_of_means": statistics.fmean(times[e]) / ref_mean,
             "memory_ratio": mem,
-            "meets_target": v["ratio_per_round_median"] <= METHOD_TIME_TARGET}
+            # a randomness variant (METHOD@KIND) is the cost of a noise source, not a method:
+            # reported, not held to the methods' target
+            "meets_target": (None if "@" in series
+                             else v["ratio_per_round_median"] <= METHOD_TIME_TARGET)}
     return out
 
 
@@ -379,7 +382,8 @@ def format_methods(cmp: dict[str, Any]) -> str:
             f"{m['ratio_per_round_q1']:>6.2f}-{m['ratio_per_round_q3']:<6.2f} "
             f"{m['ratio']:>9.2f} {m['ratio_of_means']:>7.2f} "
             f"{m['ratio_of_min']:>6.2f} {mem:>9}  "
-            f"{'met' if m['meets_target'] else 'MISSED'} (<= {target})")
+            + ("randomness cost (no target)" if m["meets_target"] is None else
+               f"{'met' if m['meets_target'] else 'MISSED'} (<= {target})"))
     for series, err in cmp["failed"].items():
         lines.append(f"{series:<22} FAILED: {err}")
     if "error" in cmp:
@@ -455,7 +459,7 @@ def bench_model(cfg: Config, *, quick: bool, entries: list[str], memory: bool,
         result["methods_vs_dpsgd"] = cmp
         print(format_methods(cmp))
         for series, m in cmp["methods"].items():
-            if series != default_series(REFERENCE_METHOD):
+            if series != default_series(REFERENCE_METHOD) and m["meets_target"] is not None:
                 checks[f"{series} <= {METHOD_TIME_TARGET}x dpsgd"] = m["meets_target"]
         for series in cmp["failed"]:
             checks[f"{series} steps"] = False

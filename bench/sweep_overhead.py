@@ -29,7 +29,7 @@ budget precompute, the Tune experiment, the after-search phase with the report, 
   first worker's imports, teardown, report) are reported separately: they are paid once per
   sweep, not per trial.
 
-    .venv/bin/python -m bench.sweep_overhead [--rounds 3] [--trials 6] [--epochs 20]
+    .venv/bin/python -m bench.sweep_overhead [--rounds 3] [--trials 6] [--epochs 20] [--name N]
 """
 
 from __future__ import annotations
@@ -239,6 +239,8 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=20,
                     help="epochs per trial (20 on digits: several seconds of training)")
     ap.add_argument("--warmup", type=int, default=1, help="unrecorded warm-up sweeps")
+    ap.add_argument("--name", default="sweep_overhead",
+                    help="results file bench/results/NAME.json")
     args = ap.parse_args()
     if args.trials < max(CONCURRENCY) or args.rounds < 1:
         ap.error(f"need --trials >= {max(CONCURRENCY)} and --rounds >= 1")
@@ -289,7 +291,7 @@ def main() -> None:
           f"{m1['open_studies_seconds']:.1f} + {m1['last_trial_to_tune_end_seconds']:.1f} + "
           f"{m1['other_seconds']:.1f} (validation, studies, Tune teardown, other)")
     print("targets: " + ", ".join(f"{k}: {'met' if v else 'MISSED'}" for k, v in checks.items()))
-    path = write_results("sweep_overhead", {
+    path = write_results(args.name, {
         "config": {"method": METHOD, "dataset": DATASET, "trials": args.trials,
                    "epochs": args.epochs, "rounds": args.rounds, "warmup": args.warmup,
                    "load_average_before_after": load},
