@@ -76,7 +76,8 @@ def public_every(name: str, *, what: str) -> Param:
     batch by ``DPStep.refresh_period``). Declared here so every method derives it one way."""
     return Param(name, None, f"steps between refreshes of {what} from a public batch; none: "
                  f"the fewest that keep public examples <= {PUBLIC_SHARE:g} x the private ones "
-                 "(ceil(public_batch_size / ({PUBLIC_SHARE:g} x expected batch)); 10 at batch 128)",
+                 f"(ceil(public_batch_size / ({PUBLIC_SHARE:g} x expected batch)); 10 at "
+                 "batch 128)",
                  kind="int", nullable=True, low=1, modes=("public",), role="setting")
 
 
@@ -274,8 +275,17 @@ class DPStep:
         steps whose private examples are >= public_batch / PUBLIC_SHARE (``public_every``)."""
         if every is not None:
             return int(every)
+        # rounded before ceil: the expected batch q * N carries float error, which must not
+        # push a whole quotient up one step
         return max(1, math.ceil(round(public_batch / (PUBLIC_SHARE * self.expected_batch_size),
                                       9)))
+
+    def refresh_due(self, step: int, *, last: int | None) -> bool:
+        """Whether a public refresh is due at ``step`` (``last``: the step of the previous one,
+        None before the first) under ``public_refresh_every``."""
+        if self.public_refresh_every is None:
+            raise RuntimeError(f"{self.name}: no public refresh period in mode {self.mode.name}")
+        return last is None or step - last >= self.public_refresh_every
 
     def public_batch(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A uniform batch of the public shadow pool (no privacy cost: not private data)."""

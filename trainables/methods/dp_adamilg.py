@@ -110,9 +110,7 @@ class _Thresholds:
 
 class _PublicThresholds(_Thresholds):
     def before_step(self, m: DPAdamILG, step: int) -> None:
-        every = m.public_refresh_every
-        assert every is not None
-        if m.refreshed_at is None or step - m.refreshed_at >= every:
+        if m.refresh_due(step, last=m.refreshed_at):
             m.set_bounds(m.public_importance())
             m.refreshed_at = step
 

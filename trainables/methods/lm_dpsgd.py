@@ -366,9 +366,7 @@ class _UEstimator:
 
 class _PublicU(_UEstimator):
     def before_step(self, method: LMDPSGD, step: int) -> None:
-        every = method.public_refresh_every
-        assert every is not None
-        if method._refreshed_at is None or step - method._refreshed_at >= every:
+        if method.refresh_due(step, last=method._refreshed_at):
             x, y = method.public_batch(int(method.params["public_batch_size"]))
             method._w = method.weights_from(method.gradients(x, y))
             method._refreshed_at = step
