@@ -10,15 +10,19 @@
   report's curves, never on a front or a pick.
 
 Each job is a Ray task with the trials' resources; at most ``sweep.max_concurrent_trials`` run
-at once. A failing job is recorded with its reason and the others go on.
+at once. A failing job is recorded with its reason and the others go on. The baseline needs
+nothing from the search, so when there is a search it runs inside it, as the first entry of
+the Tune experiment (``studies.SweepSearcher``'s ``jobs``), in a warm worker and a slot the
+trials would otherwise leave idle at the end; a Ray task beside Tune would serialise the trials.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,24 +45,10 @@ class Job:
 POLL_S = 0.5
 
 
-def submit(job: Job, *, cpus: int, gpus: float) -> Any:
-    """Start ``job`` as a Ray task now (its reference); ``run_jobs(started=...)`` collects it.
-
-    The baseline is submitted before the search: it needs nothing the search produces, and
-    it fills the slot an odd last round of trials leaves idle instead of running alone after.
-    """
-    import ray
-
-    return ray.remote(num_cpus=cpus, num_gpus=gpus)(_call).remote(job.fn, job.kwargs)
-
-
 def run_jobs(jobs: list[Job], *, cpus: int, gpus: float, concurrency: int,
              on_done: Callable[[Job, dict[str, Any] | None, str], None],
-             stop: Callable[[], None] | None = None,
-             started: Mapping[Any, Job] | None = None) -> None:
+             stop: Callable[[], None] | None = None) -> None:
     """Run ``jobs`` as Ray tasks, ``concurrency`` at a time; ``on_done(job, result, error)``.
-    ``started`` maps references of jobs already submitted (:func:`submit`) to their jobs;
-    they count against ``concurrency``.
 
     ``stop`` is polled every ``POLL_S`` and raises to end the loop (a signal is never raised
     inside ``ray.wait``, whose C code turns it into a ``SystemError``); pending jobs are then
@@ -66,7 +56,7 @@ def run_jobs(jobs: list[Job], *, cpus: int, gpus: float, concurrency: int,
     import ray
 
     remote = ray.remote(num_cpus=cpus, num_gpus=gpus)(_call)
-    pending: dict[Any, Job] = dict(started or {})
+    pending: dict[Any, Job] = {}
     queue = list(jobs)
     try:
         while queue or pending:
@@ -133,6 +123,7 @@ def baseline_job(*, run_dir: str, spec: dict[str, Any], settings: dict[str, Any]
     )
     from trainables.training import TrialSpec, evaluate, load_trial_data
 
+    started_at = time.time()
     trial_spec = TrialSpec.from_dict(spec)
     data = load_trial_data(trial_spec)
     recipe = NonPrivateRecipe(epochs=trial_spec.epochs, lr=lr,
@@ -153,6 +144,7 @@ def baseline_job(*, run_dir: str, spec: dict[str, Any], settings: dict[str, Any]
             settings), trainer=nonprivate_trainer(recipe, threads=trial_spec.threads))
         atomic_write_json(out / AUDIT_FILE, audited)
         record["audit_seconds"] = time.perf_counter() - started
+    record.update(pid=os.getpid(), started_at=started_at, finished_at=time.time())
     atomic_write_json(out / RESULT_FILE, record)
     return record
 

@@ -342,8 +342,9 @@ class _Driver:
         self.quiet = quiet
         self.private = None
         self.certified = None
-        #: after-search jobs submitted early (the baseline, during the search): ref -> job
-        self.early: dict[Any, Any] = {}
+        #: Whether the baseline ran inside the search (then the after-search phase skips it,
+        #: whether it finished or failed with its reason).
+        self.baseline_ran = False
         counts = None
         if cfg.sweep.tuning == "private":
             self.private, counts = self._private_setup()
@@ -476,30 +477,38 @@ class _Driver:
     def tune(self, studies: dict[str, Any], tallies: dict[str, Any], flag: _StopFlag) -> None:
         from ray import tune
 
-        from orchestrator.trial_runner import tune_trainable
+        from orchestrator import postsweep, trial_runner
 
-        searcher = SweepSearcher(plans=self.plans, studies=studies, tallies=tallies,
-                                 make_config=self.trial_config, on_outcome=self.record,
-                                 trials_root=self.run.path / "trials")
         to_run = sum(t.remaining(p.n_trials) for p, t in
                      ((p, tallies[p.name]) for p in self.plans))
         if to_run == 0:
             return
         baseline = self.baseline_job()
-        if baseline is not None:  # needs nothing from the search: it runs beside the trials
-            from orchestrator import postsweep
+        jobs = {} if baseline is None else {baseline.name: {
+            trial_runner.JOB_KEY: "baseline", "kwargs": baseline.kwargs}}
 
-            self.early = {postsweep.submit(baseline, cpus=self.cfg.resources.cpus_per_trial,
-                                           gpus=self.cfg.resources.gpus_per_trial): baseline}
+        def job_done(name: str, result: dict | None) -> None:
+            assert baseline is not None and name == baseline.name
+            self.baseline_ran = True
+            error = ("its worker stopped" if result is None
+                     else str(result.get(trial_runner.JOB_ERROR, "")))
+            if error or not self._recover(postsweep.Job(
+                    f"baseline {postsweep.BASELINE_ID}", postsweep.baseline_job, {})):
+                self._after(baseline, None, error or "it wrote no result.json")
+
+        searcher = SweepSearcher(plans=self.plans, studies=studies, tallies=tallies,
+                                 make_config=self.trial_config, on_outcome=self.record,
+                                 trials_root=self.run.path / "trials", jobs=jobs,
+                                 on_job_done=job_done)
         attempt = 1 + sum(1 for _ in self.run.tune_dir.glob("attempt-*"))
         resources = {"cpu": self.cfg.resources.cpus_per_trial,
                      "gpu": self.cfg.resources.gpus_per_trial}
         if self.cfg.resources.memory_per_trial_mb:
             resources["memory"] = self.cfg.resources.memory_per_trial_mb * 2**20
         tuner = tune.Tuner(
-            tune.with_resources(tune_trainable, resources),
+            tune.with_resources(trial_runner.tune_trainable, resources),
             tune_config=tune.TuneConfig(
-                search_alg=searcher, num_samples=4 * to_run + 16,
+                search_alg=searcher, num_samples=4 * to_run + len(jobs) + 16,
                 max_concurrent_trials=self.cfg.sweep.max_concurrent_trials, reuse_actors=True,
                 trial_name_creator=_tune_trial_name, trial_dirname_creator=_tune_trial_name),
             run_config=tune.RunConfig(
@@ -608,14 +617,12 @@ class _Driver:
                     config["audit"]["in_trial"] = settings["in_trial"]
                     jobs.append(postsweep.Job(f"re-run {rid}", postsweep.rerun_job,
                                               {"config": config}))
-        started, self.early = self.early, {}
-        if not started:
-            baseline = self.baseline_job()
-            if baseline is not None:
-                jobs.append(baseline)
-        if not jobs and not started:
+        baseline = None if self.baseline_ran else self.baseline_job()
+        if baseline is not None:
+            jobs.append(baseline)
+        if not jobs:
             return
-        with _progress(total=len(jobs) + len(started), desc="after the search",
+        with _progress(total=len(jobs), desc="after the search",
                        quiet=self.quiet) as bar:
             self.bar, self.bar_counts_records = bar, False
 
@@ -634,7 +641,7 @@ class _Driver:
                 postsweep.run_jobs(jobs, cpus=cfg.resources.cpus_per_trial,
                                    gpus=cfg.resources.gpus_per_trial,
                                    concurrency=cfg.sweep.max_concurrent_trials, on_done=done,
-                                   stop=stop, started=started)
+                                   stop=stop)
             finally:
                 flag.in_tune = False
                 self.bar = None

@@ -13,6 +13,7 @@ Heavy modules are imported once per worker process and the data splits are cache
 
 from __future__ import annotations
 
+import os
 import time
 import traceback
 from collections.abc import Callable
@@ -62,7 +63,7 @@ def execute(config: dict[str, Any], *,
     trial_dir.mkdir(parents=True, exist_ok=True)
     for stale in (RESULT_FILE, ERROR_FILE):
         (trial_dir / stale).unlink(missing_ok=True)
-    started = time.perf_counter()
+    started, started_at = time.perf_counter(), time.time()
     try:
         spec = TrialSpec.from_dict(config["spec"])
         data = load_trial_data(spec)
@@ -75,7 +76,7 @@ def execute(config: dict[str, Any], *,
             spec, data=data, checkpoint_root=trial_dir, rolling_checkpoint=CHECKPOINT_DIR,
             resume_from=resumable_checkpoint(trial_dir, spec), report=per_epoch)
         record: dict[str, Any] = {
-            "status": "ok", "trial_id": spec.trial_id, "node": _ray_node(),
+            "status": "ok", "trial_id": spec.trial_id, "node": _ray_node(), "pid": os.getpid(),
             "val_accuracy": result.val_accuracy, "test_accuracy": result.test_accuracy,
             "epsilon_upper": result.privacy["epsilon_upper"],
             "train_seconds": sum(m["epoch_seconds"] for m in result.history),
@@ -98,6 +99,7 @@ def execute(config: dict[str, Any], *,
                 record["audit_error"] = describe(exc)
             record["audit_seconds"] = time.perf_counter() - audit_started
         record["seconds"] = time.perf_counter() - started
+        record["started_at"], record["finished_at"] = started_at, time.time()
         atomic_write_json(trial_dir / RESULT_FILE, record)
         return record
     except Exception as exc:
@@ -119,11 +121,33 @@ def _ray_node() -> str | None:
     return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
 
 
+#: The key of a trial config that names a job from outside the studies (``JOBS``), not a trial.
+JOB_KEY = "job"
+#: What a job reports to Tune when it fails (its reason: the searcher passes it to the driver).
+JOB_ERROR = "job_error"
+
+
+def _jobs() -> dict[str, Callable[..., dict[str, Any]]]:
+    from orchestrator import postsweep
+
+    return {"baseline": postsweep.baseline_job}
+
+
 def tune_trainable(config: dict[str, Any]) -> None:
-    """The Ray Tune function trainable: :func:`execute` with per-epoch reports to Tune."""
+    """The Ray Tune function trainable: :func:`execute` with per-epoch reports to Tune, or a job
+    from outside the studies (``config[JOB_KEY]``) run in the same warm worker."""
     from ray import tune
 
     from orchestrator.audit import audit_in_trial
+
+    if JOB_KEY in config:
+        try:
+            _jobs()[config[JOB_KEY]](**config["kwargs"])
+        except Exception as exc:  # its reason reaches the driver; the sweep goes on
+            tune.report({JOB_ERROR: describe(exc), "done": True})
+            return
+        tune.report({"done": True})
+        return
 
     record = execute(config, report=tune.report, audit=audit_in_trial)
     tune.report({k: v for k, v in record.items() if isinstance(v, (int, float))

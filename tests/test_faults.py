@@ -10,7 +10,7 @@ c. ``resume``; ``kill -9`` of the driver after two more trials finished;
 d. ``mv`` of the run directory; ``resume`` at the new place; ``kill -9`` while budgets are
    precomputed (after the crash of c was reconciled);
 e. ``resume``; Ctrl-C in the after-search phase (the re-runs of each study's leader; the
-   non-private baseline runs beside the search);
+   non-private baseline runs in the last round of trials or after them);
 f. ``cp -r``; ``resume`` of the copy to the end; the original stays byte-identical.
 
 After every stage: the exit code, the one-line resume hint, no Optuna trial RUNNING, no
