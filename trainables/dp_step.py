@@ -41,6 +41,7 @@ from core.modes import Mode
 from core.params import Param, ParamSet
 from core.schedule import Schedule
 from trainables.engine import GradEngine, MaterializedGrads, PerExampleView
+from trainables.optim import Update
 
 if TYPE_CHECKING:
     import torch
@@ -361,17 +362,15 @@ class DPStep:
         return out
 
     # ---- phase 5 -----------------------------------------------------------------------------
-    def _make_optimizer(self, *, lr: float, momentum: float) -> torch.optim.Optimizer:
-        params = list(self.model.parameters())
-        if self.optimizer_name == "adam":
-            return torch.optim.Adam(params, lr=lr)
-        return torch.optim.SGD(params, lr=lr, momentum=momentum)
+    def _make_optimizer(self, *, lr: float, momentum: float) -> Update:
+        return Update(self.model.named_parameters(), kind=self.optimizer_name, lr=lr,
+                      momentum=momentum if self.optimizer_name == "sgd" else 0.0)
 
     def update(self, noisy: dict[str, torch.Tensor]) -> None:
         """Average by the expected batch size (Poisson batches vary) and take an optimizer step.
 
-        Parameters without a released gradient keep ``grad=None``, so torch's optimizers leave
-        them (and their state) bit-identical.
+        Parameters without a released gradient keep ``grad=None``, so the update leaves them
+        (and their state) bit-identical.
         """
         for n, p in self.model.named_parameters():
             g = noisy.get(n)

@@ -31,7 +31,8 @@ from trainables.models import DEFAULT_MODEL, LayeredModel, build_model
 from trainables.randomness import Randomness, poisson_batches
 
 CHECKPOINT_FORMAT = "dpsweep-checkpoint"
-CHECKPOINT_VERSION = 2
+#: 3: the optimizer state is ``trainables.optim.Update``'s (2 held torch.optim's).
+CHECKPOINT_VERSION = 3
 CHECKPOINT_FILE = "state.pt"
 #: Where the noise and the Poisson sampling come from (``trainables.randomness``).
 RANDOMNESS_KINDS = Randomness.KINDS

@@ -107,6 +107,7 @@ def train_nonprivate(*, data: DataSplits, recipe: NonPrivateRecipe, seed: int,
     times faster than two for these small models on a shared machine.
     """
     from trainables.models import DEFAULT_MODEL, build_model
+    from trainables.optim import Update
 
     start = time.perf_counter()
     if threads is not None:
@@ -115,7 +116,7 @@ def train_nonprivate(*, data: DataSplits, recipe: NonPrivateRecipe, seed: int,
     name = DEFAULT_MODEL[data.name] if recipe.model == "auto" else recipe.model
     model = build_model(name=name, input_shape=data.input_shape, num_classes=data.num_classes,
                         activation=recipe.activation)
-    optimizer = torch.optim.Adam(model.parameters(), lr=recipe.lr)
+    optimizer = Update(model.named_parameters(), kind="adam", lr=recipe.lr)
     generator = torch.Generator().manual_seed(seed)
     x, y = data.train.x, data.train.y
     model.train()
@@ -123,7 +124,7 @@ def train_nonprivate(*, data: DataSplits, recipe: NonPrivateRecipe, seed: int,
         order = torch.randperm(len(y), generator=generator)
         for i in range(0, len(y), recipe.batch_size):
             batch = order[i:i + recipe.batch_size]
-            optimizer.zero_grad(set_to_none=True)
+            optimizer.zero_grad()
             torch.nn.functional.cross_entropy(model(x[batch]), y[batch]).backward()
             optimizer.step()
     model.eval()

@@ -72,6 +72,7 @@ from core.params import Constraint, Param, ParamSet, is_real
 from core.storage import JsonCache
 from trainables.dp_step import CLIP, LR, MOMENTUM, DPStep, PerExampleView, public_every
 from trainables.methods import register
+from trainables.optim import Update
 
 if TYPE_CHECKING:
     import torch
@@ -289,11 +290,11 @@ def _compute_layer_risk(*, data: Any, model_factory: Callable[[], LayeredModel],
         model = model_factory().cpu()
     model.train()
     gen = torch.Generator().manual_seed(s_batch)
-    opt = torch.optim.Adam(model.parameters(), lr=stage1.lr)
+    opt = Update(model.named_parameters(), kind="adam", lr=stage1.lr)
     for _ in range(stage1.steps):
         idx = torch.randint(0, half, (min(stage1.batch_size, half),), generator=gen)
         loss = torch.nn.functional.cross_entropy(model(x_in[idx]), y_in[idx])
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad()
         loss.backward()
         opt.step()
     model.eval()
