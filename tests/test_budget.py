@@ -314,6 +314,52 @@ def test_cached_timeout_is_retried_with_more_time(tmp_path: Path) -> None:
     assert calibrate(**CHEAP, timeout_s=0.01, cache_dir=tmp_path).accountant == "prv"
 
 
+def test_child_interpreters_are_reused_and_one_past_its_bound_is_killed(
+        tmp_path: Path) -> None:
+    """With threads (the sweep's budget lanes, here numpy's BLAS pool), each PRV job goes to a
+    fresh interpreter; it is kept for the next job (its start costs more than a job), and one
+    that outlives its time bound is killed, never reused."""
+    assert budget._start_method() == "subprocess"
+    budget._close_idle()
+    first = calibrate(**CHEAP, cache_dir=tmp_path / "a")
+    assert first.accountant == "prv"
+    assert len(budget._IDLE) == 1
+    kept = budget._IDLE[0].proc
+    second = calibrate(**{**CHEAP, "target_epsilon": 2.5}, cache_dir=tmp_path / "a")
+    assert second.accountant == "prv" and not second.cached
+    assert [c.proc for c in budget._IDLE] == [kept] and kept.poll() is None
+    slow = calibrate(**{**CHEAP, "target_epsilon": 1.5}, timeout_s=0.01, cache_dir=tmp_path / "b")
+    assert slow.accountant == "rdp" and "did not finish within" in (slow.fallback_reason or "")
+    assert kept.poll() is not None  # the one that took the job past its bound is gone
+    assert budget._IDLE == []
+    after = calibrate(**{**CHEAP, "target_epsilon": 1.5}, cache_dir=tmp_path / "c")
+    assert after.accountant == "prv" and budget._IDLE[0].proc is not kept
+    budget._close_idle()
+
+
+def test_a_child_interpreter_exits_with_its_parent() -> None:
+    code = ("import json, threading, numpy; from orchestrator import budget; "
+            "threading.Thread(target=lambda: None).start(); "
+            "r = budget._prv_in_subprocess({'multipliers': [1.0], 'steps': [250], "
+            "'sample_rate': 0.02, 'delta': 1e-5, 'target': 2.0, 'eps_error': 0.06}, 60); "
+            "print(json.dumps([r.result is not None, budget._IDLE[0].proc.pid]))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                       env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    answered, pid = json.loads(r.stdout.strip().splitlines()[-1])
+    assert answered, r.stderr[-2000:]
+
+    def alive() -> bool:  # a zombie waiting to be reaped has exited
+        try:
+            return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + 10
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive()
+
+
 def test_prv_exception_falls_back_to_rdp(tmp_path: Path) -> None:
     # In float64 the PRV refuses deltas this small (floating-point error would dominate).
     cal = calibrate(target_epsilon=3, delta=1e-16, sample_rate=Q, steps=T, cache_dir=tmp_path)

@@ -48,6 +48,8 @@ from orchestrator.sweep import (
     _signals,
     _StopFlag,
     epsilons,
+    precompute_order,
+    schedule_points,
     study_plans,
 )
 
@@ -543,3 +545,19 @@ def test_the_after_sweep_audit_uses_the_run_cache_and_the_accountant_timeout(
         assert asked[0]["dataset_size"] == size
     finally:
         run.release()
+
+
+def test_budget_lanes_take_the_preparing_method_first_then_the_most_points() -> None:
+    """One queue for both lanes: LM-DP-SGD's point (it carries the risk estimate, the longest
+    item) first, then DP-AdamILG's six schedules, each method's points in order."""
+    plans = study_plans(_config(methods=["dpsgd", "dp_adamilg", "lm_dpsgd", "auto_s"]))
+    order = precompute_order(plans)
+    methods = [plan.method for plan, _ in order]
+    assert methods[0] == "lm_dpsgd"
+    counts = {p.method: len(schedule_points(p)) for p in plans}
+    assert counts["dp_adamilg"] > 1 and counts["dpsgd"] == counts["auto_s"] == 1
+    assert methods == ["lm_dpsgd"] * counts["lm_dpsgd"] + ["dp_adamilg"] * counts["dp_adamilg"] \
+        + ["auto_s", "dpsgd"]
+    adam = [point for plan, point in order if plan.method == "dp_adamilg"]
+    plan = next(p for p in plans if p.method == "dp_adamilg")
+    assert adam == schedule_points(plan)
