@@ -47,8 +47,11 @@ POLL_S = 0.5
 
 def run_jobs(jobs: list[Job], *, cpus: int, gpus: float, concurrency: int,
              on_done: Callable[[Job, dict[str, Any] | None, str], None],
-             stop: Callable[[], None] | None = None) -> None:
+             stop: Callable[[], None] | None = None,
+             data: dict[str, Any] | None = None) -> None:
     """Run ``jobs`` as Ray tasks, ``concurrency`` at a time; ``on_done(job, result, error)``.
+    ``data`` (``trial_runner.data_pool``) is put in Ray's object store once and served to
+    every job's data splits.
 
     ``stop`` is polled every ``POLL_S`` and raises to end the loop (a signal is never raised
     inside ``ray.wait``, whose C code turns it into a ``SystemError``); pending jobs are then
@@ -56,13 +59,14 @@ def run_jobs(jobs: list[Job], *, cpus: int, gpus: float, concurrency: int,
     import ray
 
     remote = ray.remote(num_cpus=cpus, num_gpus=gpus)(_call)
+    shared = None if data is None else ray.put(data)
     pending: dict[Any, Job] = {}
     queue = list(jobs)
     try:
         while queue or pending:
             while queue and len(pending) < concurrency:
                 job = queue.pop(0)
-                pending[remote.remote(job.fn, job.kwargs)] = job
+                pending[remote.remote(job.fn, job.kwargs, shared)] = job
             done, _ = ray.wait(list(pending), num_returns=1, timeout=POLL_S)
             if stop is not None:
                 stop()
@@ -77,7 +81,11 @@ def run_jobs(jobs: list[Job], *, cpus: int, gpus: float, concurrency: int,
             ray.cancel(ref, force=True)
 
 
-def _call(fn: Callable[..., dict[str, Any]], kwargs: dict[str, Any]) -> dict[str, Any]:
+def _call(fn: Callable[..., dict[str, Any]], kwargs: dict[str, Any],
+          data: dict[str, Any] | None = None) -> dict[str, Any]:
+    from orchestrator.trial_runner import use_data_pool
+
+    use_data_pool(data)
     return fn(**kwargs)
 
 

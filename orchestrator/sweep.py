@@ -526,8 +526,11 @@ class _Driver:
                      "gpu": self.cfg.resources.gpus_per_trial}
         if self.cfg.resources.memory_per_trial_mb:
             resources["memory"] = self.cfg.resources.memory_per_trial_mb * 2**20
+        shared = trial_runner.data_pool(dataset=self.cfg.data.dataset,
+                                        data_dir=self.cfg.data.data_dir or None)
         tuner = tune.Tuner(
-            tune.with_resources(trial_runner.tune_trainable, resources),
+            tune.with_resources(tune.with_parameters(trial_runner.tune_trainable, data=shared),
+                                resources),
             tune_config=tune.TuneConfig(
                 search_alg=searcher, num_samples=4 * to_run + len(jobs) + 16,
                 max_concurrent_trials=self.cfg.sweep.max_concurrent_trials, reuse_actors=True,
@@ -658,8 +661,12 @@ class _Driver:
                 if flag.event.is_set():
                     raise Interrupted(flag.signum or signal.SIGINT)
 
+            from orchestrator.trial_runner import data_pool
+
             try:
                 postsweep.run_jobs(jobs, cpus=cfg.resources.cpus_per_trial,
+                                   data=data_pool(dataset=cfg.data.dataset,
+                                                  data_dir=cfg.data.data_dir or None),
                                    gpus=cfg.resources.gpus_per_trial,
                                    concurrency=cfg.sweep.max_concurrent_trials, on_done=done,
                                    stop=stop)

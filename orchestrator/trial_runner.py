@@ -133,12 +133,33 @@ def _jobs() -> dict[str, Callable[..., dict[str, Any]]]:
     return {"baseline": postsweep.baseline_job}
 
 
-def tune_trainable(config: dict[str, Any]) -> None:
+def data_pool(*, dataset: str, data_dir: str | None) -> dict[str, Any]:
+    """The driver's raw pool of the run's dataset, as workers receive it (Ray's object store:
+    read once by the driver, mapped once per node) for :func:`use_data_pool`."""
+    from trainables.data import load_pool
+
+    return {"pool": load_pool(dataset=dataset, data_dir=data_dir), "dataset": dataset,
+            "data_dir": data_dir}
+
+
+def use_data_pool(shared: dict[str, Any] | None) -> None:
+    """Serve this worker's data splits from the driver's pool (no scikit-learn import, no file
+    read per worker); None leaves the worker to read the data itself."""
+    if shared is not None:
+        from trainables.data import share_pool
+
+        share_pool(shared["pool"], dataset=shared["dataset"], data_dir=shared["data_dir"])
+
+
+def tune_trainable(config: dict[str, Any], data: dict[str, Any] | None = None) -> None:
     """The Ray Tune function trainable: :func:`execute` with per-epoch reports to Tune, or a job
-    from outside the studies (``config[JOB_KEY]``) run in the same warm worker."""
+    from outside the studies (``config[JOB_KEY]``) run in the same warm worker. ``data`` is the
+    driver's :func:`data_pool` (``tune.with_parameters``)."""
     from ray import tune
 
     from orchestrator.audit import audit_in_trial
+
+    use_data_pool(data)
 
     if JOB_KEY in config:
         try:

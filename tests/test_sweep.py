@@ -442,13 +442,14 @@ def test_an_interrupt_during_after_search_jobs_is_not_recorded_as_a_failed_job(
 
     def remote(**_kw: Any) -> Any:
         def wrap(fn: Any) -> Any:
-            return types.SimpleNamespace(remote=lambda f, kw: Ref(fn(f, kw)))
+            return types.SimpleNamespace(remote=lambda f, kw, data: Ref(fn(f, kw, data)))
         return wrap
 
     fake.remote = remote
     fake.wait = lambda refs, num_returns=1, **_kw: (refs[:num_returns], refs[num_returns:])
     fake.get = lambda ref: ref.value
     fake.cancel = lambda ref, **_kw: None
+    fake.put = lambda value: value
     monkeypatch.setitem(sys.modules, "ray", fake)
     calls: list[tuple[str, str]] = []
 

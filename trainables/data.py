@@ -262,9 +262,32 @@ def check_available(*, dataset: str, data_dir: str | os.PathLike[str] | None = N
                 + "); it is not on this machine and would have to be downloaded")
 
 
+#: Pools handed to this process by whoever read them (a sweep's driver, through Ray's object
+#: store: read once per sweep, mapped once per node), by (dataset, data directory).
+_SHARED: dict[tuple[str, str | None], RawPool] = {}
+
+
+def _pool_key(dataset: str, data_dir: str | os.PathLike[str] | None) -> tuple[str, str | None]:
+    return dataset, None if data_dir is None or dataset == "digits" else str(data_dir)
+
+
+def share_pool(pool: RawPool, *, dataset: str,
+               data_dir: str | os.PathLike[str] | None = None) -> None:
+    """Serve ``dataset`` from ``pool`` in this process instead of reading it again (a worker
+    then needs neither scikit-learn nor the files). The pool must be one :func:`load_pool`
+    returned for the same arguments in another process of this run."""
+    _check_dataset(dataset)
+    if not isinstance(pool, RawPool):
+        raise TypeError(f"expected a RawPool, got {type(pool).__name__}")
+    _SHARED[_pool_key(dataset, data_dir)] = pool
+
+
 def load_pool(*, dataset: str, data_dir: str | os.PathLike[str] | None = None) -> RawPool:
     """The raw pooled examples of ``dataset``, from the in-process cache when already read."""
     _check_dataset(dataset)
+    shared = _SHARED.get(_pool_key(dataset, data_dir))
+    if shared is not None:
+        return shared
     if dataset == "digits":
         return _digits_pool()
     if dataset == "fashion-mnist":

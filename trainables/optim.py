@@ -52,17 +52,17 @@ class Update:
         for p in self.params.values():
             p.grad = None
 
-    @torch.no_grad()
     def step(self) -> None:
         names = [n for n, p in self.params.items() if p.grad is not None]
         if not names:
             return
         params = [self.params[n] for n in names]
         grads = [p.grad for p in params]
-        if self.kind == "sgd":
-            self._sgd(names, params, grads)
-        else:
-            self._adam(names, params, grads)
+        with torch.no_grad():  # not a decorator: that would import torch with this module
+            if self.kind == "sgd":
+                self._sgd(names, params, grads)
+            else:
+                self._adam(names, params, grads)
 
     def _sgd(self, names: list[str], params: list[torch.Tensor],
              grads: list[torch.Tensor]) -> None:
