@@ -52,6 +52,15 @@ Q, T, DELTA = 0.004267, 2344, 1e-5
 #: sigma of the acceptance question whose fine PRV upper bound is the window's centre, found by
 #: bisection on prv_epsilon (eps_error 0.006): printed rounded up, it reads 0.6952.
 CENTRE_SIGMA = 0.695173
+
+
+def _python(code: str, *, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``code`` in a fresh interpreter on this checkout (what a CLI user or a child sees)."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                          timeout=timeout)
+
+
 # A cheap question (a fraction of a second of PRV) for tests that need fresh calibrations.
 CHEAP: dict[str, Any] = {"target_epsilon": 2.0, "delta": DELTA, "sample_rate": 0.02, "steps": 250}
 
@@ -96,8 +105,7 @@ def test_acceptance_command_is_light_and_rounds_safely() -> None:
             "heavy = [m for m in ('torch', 'opacus', 'prv_accountant', 'dp_accounting', "
             "'scipy.stats') if m in sys.modules]\n"
             "print('heavy:', heavy)\nraise SystemExit(rc)\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
-                       env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
+    r = _python(code, timeout=300)
     assert r.returncode == 0, r.stderr
     lines = dict(line.split(":", 1) for line in r.stdout.splitlines())
     assert lines["heavy"].strip() == "[]"
@@ -343,8 +351,7 @@ def test_a_child_interpreter_exits_with_its_parent() -> None:
             "r = budget._prv_in_subprocess({'multipliers': [1.0], 'steps': [250], "
             "'sample_rate': 0.02, 'delta': 1e-5, 'target': 2.0, 'eps_error': 0.06}, 60); "
             "print(json.dumps([r.result is not None, budget._IDLE[0].proc.pid]))")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
-                       env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    r = _python(code, timeout=120)
     answered, pid = json.loads(r.stdout.strip().splitlines()[-1])
     assert answered, r.stderr[-2000:]
 
@@ -470,8 +477,7 @@ def test_start_method() -> None:
 
     assert budget._start_method() == "subprocess"
     code = "from orchestrator import budget; print(budget._start_method())"
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
-                       env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
+    r = _python(code, timeout=60)
     assert r.stdout.strip() == "fork", r.stderr
 
 
