@@ -8,7 +8,8 @@ The driver reads those files, never Tune's copies, so a reason survives any Ray 
 finished trial is recognised even if the driver died before hearing about it.
 
 Heavy modules are imported once per worker process and the data splits are cached per process
-(``trainables.data``), so a reused actor starts its next trial without either cost.
+(``trainables.data``), so a reused actor starts its next trial without either cost; the raw data
+come from the driver through Ray's object store (:func:`data_pool`), read once per sweep.
 """
 
 from __future__ import annotations
