@@ -24,7 +24,8 @@ scale whose fine upper bound is at the window's centre, independent of the searc
 **Time bound and fallback.** The PRV runs in a child process killed at ``timeout_s``: forked when
 this process has a single OS thread (nothing to deadlock on, nothing to re-import), else a fresh
 interpreter started with subprocess (multiprocessing's "spawn" would re-run the caller's main
-script), kept for the next job until one outlives its bound (its start costs more than a job).
+script), kept for the next job inside ``keep_interpreters`` (its start costs more than a job)
+until one outlives its bound.
 On timeout or failure the looser but robust RDP accountant of dp_accounting calibrates instead
 and the result records why.
 
@@ -39,6 +40,7 @@ the file: a tampered or corrupted entry is never trained with.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import functools
 import json
@@ -51,7 +53,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -1278,10 +1280,12 @@ class _Interpreter:
             self.stderr.close()
 
 
-#: Interpreters waiting for a job (at most one per thread that asked at once), this process's.
+#: Interpreters waiting for a job (at most one per thread that asked at once), this process's,
+#: kept only inside :func:`keep_interpreters` (depth in ``_KEEP``).
 _IDLE: list[_Interpreter] = []
 _IDLE_LOCK = threading.Lock()
 _IDLE_OWNER = os.getpid()
+_KEEP = 0
 
 
 def _close_idle() -> None:
@@ -1293,6 +1297,24 @@ def _close_idle() -> None:
 
 
 atexit.register(_close_idle)
+
+
+@contextlib.contextmanager
+def keep_interpreters() -> Iterator[None]:
+    """Keep PRV child interpreters for the next job while inside (a sweep's budget precompute:
+    two dozen jobs); outside, each job's interpreter exits after its answer, so none outlives
+    the work that asked for it."""
+    global _KEEP
+    with _IDLE_LOCK:
+        _KEEP += 1
+    try:
+        yield
+    finally:
+        with _IDLE_LOCK:
+            _KEEP -= 1
+            last = _KEEP == 0
+        if last:
+            _close_idle()
 
 
 def _prv_in_subprocess(job: dict[str, Any], timeout_s: float) -> _ChildOutcome:
@@ -1314,7 +1336,11 @@ def _prv_in_subprocess(job: dict[str, Any], timeout_s: float) -> _ChildOutcome:
         child.close(kill=True)
         return outcome
     with _IDLE_LOCK:
-        _IDLE.append(child)
+        keep = _KEEP > 0 and os.getpid() == _IDLE_OWNER
+        if keep:
+            _IDLE.append(child)
+    if not keep:
+        child.close(kill=False)
     return outcome
 
 

@@ -293,6 +293,7 @@ def precompute(cfg: Config, *, run: RunDir, plans: list[StudyPlan], data: Any,
     from concurrent.futures import ThreadPoolExecutor
 
     from orchestrator.audit import reference_budgets
+    from orchestrator.budget import keep_interpreters
 
     queue = iter(precompute_order(plans))
     total = sum(len(schedule_points(p)) for p in plans)
@@ -319,8 +320,9 @@ def precompute(cfg: Config, *, run: RunDir, plans: list[StudyPlan], data: Any,
 
         pool = ThreadPoolExecutor(max_workers=PRECOMPUTE_LANES, thread_name_prefix="budgets")
         try:
-            for future in [pool.submit(work) for _ in range(PRECOMPUTE_LANES)]:
-                future.result()
+            with keep_interpreters():
+                for future in [pool.submit(work) for _ in range(PRECOMPUTE_LANES)]:
+                    future.result()
         finally:
             stop.set()  # on an interrupt or an error, lanes stop after their current point
             pool.shutdown(wait=True, cancel_futures=True)

@@ -323,31 +323,38 @@ def test_cached_timeout_is_retried_with_more_time(tmp_path: Path) -> None:
 
 
 def test_child_interpreters_are_reused_and_one_past_its_bound_is_killed(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With threads (the sweep's budget lanes, here numpy's BLAS pool), each PRV job goes to a
-    fresh interpreter; it is kept for the next job (its start costs more than a job), and one
-    that outlives its time bound is killed, never reused."""
-    assert budget._start_method() == "subprocess"
-    budget._close_idle()
-    first = calibrate(**CHEAP, cache_dir=tmp_path / "a")
-    assert first.accountant == "prv"
-    assert len(budget._IDLE) == 1
-    kept = budget._IDLE[0].proc
-    second = calibrate(**{**CHEAP, "target_epsilon": 2.5}, cache_dir=tmp_path / "a")
-    assert second.accountant == "prv" and not second.cached
-    assert [c.proc for c in budget._IDLE] == [kept] and kept.poll() is None
-    slow = calibrate(**{**CHEAP, "target_epsilon": 1.5}, timeout_s=0.01, cache_dir=tmp_path / "b")
-    assert slow.accountant == "rdp" and "did not finish within" in (slow.fallback_reason or "")
-    assert kept.poll() is not None  # the one that took the job past its bound is gone
+    fresh interpreter. Inside ``keep_interpreters`` (the sweep's precompute) it is kept for the
+    next job (its start costs more than a job); one that outlives its time bound is killed,
+    never reused; on leaving, none is left. Outside, none is kept."""
+    monkeypatch.setattr(budget, "_start_method", lambda: "subprocess")
+    calibrate(**{**CHEAP, "target_epsilon": 1.8}, cache_dir=tmp_path / "z")
     assert budget._IDLE == []
-    after = calibrate(**{**CHEAP, "target_epsilon": 1.5}, cache_dir=tmp_path / "c")
-    assert after.accountant == "prv" and budget._IDLE[0].proc is not kept
-    budget._close_idle()
+    with budget.keep_interpreters():
+        first = calibrate(**CHEAP, cache_dir=tmp_path / "a")
+        assert first.accountant == "prv"
+        assert len(budget._IDLE) == 1
+        kept = budget._IDLE[0].proc
+        second = calibrate(**{**CHEAP, "target_epsilon": 2.5}, cache_dir=tmp_path / "a")
+        assert second.accountant == "prv" and not second.cached
+        assert [c.proc for c in budget._IDLE] == [kept] and kept.poll() is None
+        slow = calibrate(**{**CHEAP, "target_epsilon": 1.5}, timeout_s=0.01,
+                         cache_dir=tmp_path / "b")
+        assert slow.accountant == "rdp" and "did not finish within" in (slow.fallback_reason
+                                                                        or "")
+        assert kept.poll() is not None  # the one that took the job past its bound is gone
+        assert budget._IDLE == []
+        after = calibrate(**{**CHEAP, "target_epsilon": 1.5}, cache_dir=tmp_path / "c")
+        assert after.accountant == "prv"
+        last = budget._IDLE[0].proc
+        assert last is not kept
+    assert budget._IDLE == [] and last.poll() is not None
 
 
 def test_a_child_interpreter_exits_with_its_parent() -> None:
-    code = ("import json, threading, numpy; from orchestrator import budget; "
-            "threading.Thread(target=lambda: None).start(); "
+    code = ("import json; from orchestrator import budget; "
+            "keep = budget.keep_interpreters(); keep.__enter__(); "
             "r = budget._prv_in_subprocess({'multipliers': [1.0], 'steps': [250], "
             "'sample_rate': 0.02, 'delta': 1e-5, 'target': 2.0, 'eps_error': 0.06}, 60); "
             "print(json.dumps([r.result is not None, budget._IDLE[0].proc.pid]))")

@@ -22,7 +22,7 @@ from core.lazy import lazy_module
 
 if TYPE_CHECKING:
     import torch
-else:
+else:  # on first use: the budget CLI imports this module (through the methods) and no torch
     torch = lazy_module("torch")
 
 KINDS = ("sgd", "adam")
