@@ -50,7 +50,7 @@ def run_jobs(jobs: list[Job], *, cpus: int, gpus: float, concurrency: int,
              stop: Callable[[], None] | None = None,
              data: dict[str, Any] | None = None) -> None:
     """Run ``jobs`` as Ray tasks, ``concurrency`` at a time; ``on_done(job, result, error)``.
-    ``data`` (``trial_runner.data_pool``) is put in Ray's object store once and served to
+    ``data`` (``orchestrator.trial.data_pool``) is put in Ray's object store once and served to
     every job's data splits.
 
     ``stop`` is polled every ``POLL_S`` and raises to end the loop (a signal is never raised

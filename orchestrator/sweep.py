@@ -45,7 +45,7 @@ from orchestrator.studies import (
     reconcile,
     study_name,
 )
-from orchestrator.trial import load_data, plan_trial
+from orchestrator.trial import data_pool, load_data, plan_trial
 from reports import store
 from search_spaces import build_space
 
@@ -528,8 +528,7 @@ class _Driver:
                      "gpu": self.cfg.resources.gpus_per_trial}
         if self.cfg.resources.memory_per_trial_mb:
             resources["memory"] = self.cfg.resources.memory_per_trial_mb * 2**20
-        shared = trial_runner.data_pool(dataset=self.cfg.data.dataset,
-                                        data_dir=self.cfg.data.data_dir or None)
+        shared = data_pool(self.cfg)
         tuner = tune.Tuner(
             tune.with_resources(tune.with_parameters(trial_runner.tune_trainable, data=shared),
                                 resources),
@@ -663,12 +662,8 @@ class _Driver:
                 if flag.event.is_set():
                     raise Interrupted(flag.signum or signal.SIGINT)
 
-            from orchestrator.trial_runner import data_pool
-
             try:
-                postsweep.run_jobs(jobs, cpus=cfg.resources.cpus_per_trial,
-                                   data=data_pool(dataset=cfg.data.dataset,
-                                                  data_dir=cfg.data.data_dir or None),
+                postsweep.run_jobs(jobs, cpus=cfg.resources.cpus_per_trial, data=data_pool(cfg),
                                    gpus=cfg.resources.gpus_per_trial,
                                    concurrency=cfg.sweep.max_concurrent_trials, on_done=done,
                                    stop=stop)

@@ -12,7 +12,7 @@ from typing import Any
 
 from orchestrator.budget import Calibration, calibrate, default_cache_dir, epsilon_curve
 from orchestrator.config import Config
-from trainables.data import DataSplits, SplitSizes, load_splits
+from trainables.data import DataSplits, SplitSizes, load_pool, load_splits
 from trainables.methods import get_method
 from trainables.models import DEFAULT_MODEL, LayeredModel, build_model
 from trainables.training import TrialSpec, poisson_plan
@@ -22,6 +22,14 @@ def load_data(cfg: Config) -> DataSplits:
     """The config's splits (cached in-process); bad data dirs or files raise UserInputError."""
     return load_splits(dataset=cfg.data.dataset, seed=cfg.data.split_seed,
                        sizes=SplitSizes(**cfg.split_sizes()), data_dir=cfg.data.data_dir or None)
+
+
+def data_pool(cfg: Config) -> dict[str, Any]:
+    """The config's raw pool as workers receive it (Ray's object store: read once by the driver,
+    mapped once per node) for ``trial_runner.use_data_pool``."""
+    data_dir = cfg.data.data_dir or None
+    return {"pool": load_pool(dataset=cfg.data.dataset, data_dir=data_dir),
+            "dataset": cfg.data.dataset, "data_dir": data_dir}
 
 
 def match_budget(*, method: str, params: dict, dataset_size: int, batch_size: int,

@@ -9,7 +9,8 @@ finished trial is recognised even if the driver died before hearing about it.
 
 Heavy modules are imported once per worker process and the data splits are cached per process
 (``trainables.data``), so a reused actor starts its next trial without either cost; the raw data
-come from the driver through Ray's object store (:func:`data_pool`), read once per sweep.
+come from the driver through Ray's object store (``orchestrator.trial.data_pool``), read once
+per sweep.
 """
 
 from __future__ import annotations
@@ -122,7 +123,7 @@ def _ray_node() -> str | None:
     return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
 
 
-#: The key of a trial config that names a job from outside the studies (``JOBS``), not a trial.
+#: The key of a trial config that names a job from outside the studies (``_jobs``), not a trial.
 JOB_KEY = "job"
 #: What a job reports to Tune when it fails (its reason: the searcher passes it to the driver).
 JOB_ERROR = "job_error"
@@ -134,18 +135,9 @@ def _jobs() -> dict[str, Callable[..., dict[str, Any]]]:
     return {"baseline": postsweep.baseline_job}
 
 
-def data_pool(*, dataset: str, data_dir: str | None) -> dict[str, Any]:
-    """The driver's raw pool of the run's dataset, as workers receive it (Ray's object store:
-    read once by the driver, mapped once per node) for :func:`use_data_pool`."""
-    from trainables.data import load_pool
-
-    return {"pool": load_pool(dataset=dataset, data_dir=data_dir), "dataset": dataset,
-            "data_dir": data_dir}
-
-
 def use_data_pool(shared: dict[str, Any] | None) -> None:
-    """Serve this worker's data splits from the driver's pool (no scikit-learn import, no file
-    read per worker); None leaves the worker to read the data itself."""
+    """Serve this worker's data splits from the driver's pool (``orchestrator.trial.data_pool``:
+    no scikit-learn import, no file read per worker); None leaves the worker to read the data."""
     if shared is not None:
         from trainables.data import share_pool
 
@@ -155,7 +147,7 @@ def use_data_pool(shared: dict[str, Any] | None) -> None:
 def tune_trainable(config: dict[str, Any], data: dict[str, Any] | None = None) -> None:
     """The Ray Tune function trainable: :func:`execute` with per-epoch reports to Tune, or a job
     from outside the studies (``config[JOB_KEY]``) run in the same warm worker. ``data`` is the
-    driver's :func:`data_pool` (``tune.with_parameters``)."""
+    driver's ``orchestrator.trial.data_pool`` (``tune.with_parameters``)."""
     from ray import tune
 
     from orchestrator.audit import audit_in_trial
