@@ -1559,17 +1559,33 @@ def epsilon_curve(calibration: Calibration, *, at_steps: Sequence[int],
         return []
     unique = sorted(set(ks))
     final = calibration.bounds
-    points: dict[int, EpsilonBounds] = {}
-    if calibration.accountant == "prv":
-        try:
-            points = _prv_curve(calibration, unique)
-        except Exception as exc:
-            logger.warning("PRV epsilon curve failed (%s: %s); using RDP for the curve",
-                           type(exc).__name__, exc)
-    if not points:
-        points = _rdp_curve(calibration, unique)
-    points[total] = final
+    memo_key = (calibration.accountant, calibration.sample_rate, calibration.delta,
+                calibration.eps_error, final,
+                tuple((p.noise_multiplier, p.steps) for p in calibration.schedule.phases),
+                tuple(unique))
+    points = _CURVES.get(memo_key)
+    if points is None:
+        points = {}
+        if calibration.accountant == "prv":
+            try:
+                points = _prv_curve(calibration, unique)
+            except Exception as exc:
+                logger.warning("PRV epsilon curve failed (%s: %s); using RDP for the curve",
+                               type(exc).__name__, exc)
+        if not points:
+            points = _rdp_curve(calibration, unique)
+        points[total] = final
+        if len(_CURVES) >= CURVE_MEMO_SIZE:
+            _CURVES.clear()
+        _CURVES[memo_key] = points
     return [points[k] for k in ks]
+
+
+#: Curves composed in this process, keyed by everything a curve depends on. A sweep's driver
+#: asks for the same schedule's curve once per trial (``orchestrator.trial.match_budget``); a
+#: curve is a pure function of its key, so the second ask is a lookup, not a composition.
+CURVE_MEMO_SIZE = 64
+_CURVES: dict[tuple[Any, ...], dict[int, EpsilonBounds]] = {}
 
 
 def _capped(lower: float | None, estimate: float | None, upper: float, *, cap: float,

@@ -37,6 +37,12 @@ from trainables.training import (
 
 #: Lines of traceback kept in error.json (the type and message are always kept in full).
 TRACEBACK_LINES = 12
+#: Least time between a trial's progress reports to Tune. A report blocks the trial until the
+#: driver has handled it, and the driver shares the cores with the trials: reporting a digits
+#: epoch (a tenth of a second) every time cost more than the epochs. Nothing reads the
+#: reports' numbers (the records are the trial's own files); they let Tune stop a trial at the
+#: next one, which still comes within a second or one epoch.
+REPORT_INTERVAL_S = 1.0
 
 
 def resumable_checkpoint(trial_dir: Path, spec: TrialSpec) -> Path | None:
@@ -70,9 +76,14 @@ def execute(config: dict[str, Any], *,
         spec = TrialSpec.from_dict(config["spec"])
         data = load_trial_data(spec)
 
+        last_report = time.perf_counter()
+
         def per_epoch(metrics: dict[str, Any], _ckpt: Path | None) -> None:
-            if report is not None:
+            nonlocal last_report
+            now = time.perf_counter()
+            if report is not None and now - last_report >= REPORT_INTERVAL_S:
                 report({"epoch": metrics["epoch"], "val_accuracy": metrics["val_accuracy"]})
+                last_report = time.perf_counter()
 
         result: TrialResult = train_trial(
             spec, data=data, checkpoint_root=trial_dir, rolling_checkpoint=CHECKPOINT_DIR,

@@ -7,6 +7,7 @@ refused. Expensive calibrations are module-scoped fixtures shared by the tests t
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -374,6 +375,26 @@ def test_a_child_interpreter_exits_with_its_parent() -> None:
     assert not alive()
 
 
+def test_a_curve_asked_again_is_looked_up_not_recomposed(
+        acceptance: Calibration, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver asks for the same schedule's curve once per trial."""
+    at = [T // 4, T // 2, T]
+    budget._CURVES.clear()
+    composed: list[int] = []
+    original = budget._prv_curve
+    monkeypatch.setattr(budget, "_prv_curve",
+                        lambda cal, ks: composed.append(len(ks)) or original(cal, ks))
+    first = epsilon_curve(acceptance, at_steps=at)
+    again = epsilon_curve(acceptance, at_steps=list(reversed(at)))
+    assert composed == [3] and again == list(reversed(first))
+    # anything the curve depends on is part of the key: another target is composed afresh
+    other = dataclasses.replace(acceptance, bounds=dataclasses.replace(
+        acceptance.bounds, upper=acceptance.bounds.upper - 0.5))
+    capped = epsilon_curve(other, at_steps=at)
+    assert composed == [3, 3] and capped[-1] == other.bounds
+    assert max(b.upper for b in capped) <= other.bounds.upper
+
+
 def test_prv_exception_falls_back_to_rdp(tmp_path: Path) -> None:
     # In float64 the PRV refuses deltas this small (floating-point error would dominate).
     cal = calibrate(target_epsilon=3, delta=1e-16, sample_rate=Q, steps=T, cache_dir=tmp_path)
@@ -385,6 +406,7 @@ def test_prv_exception_falls_back_to_rdp(tmp_path: Path) -> None:
 def test_epsilon_curve_per_epoch(acceptance: Calibration) -> None:
     epoch = T // 20
     at = [epoch * k for k in range(1, 20)] + [T]
+    budget._CURVES.clear()  # time a composition, not a lookup of another test's curve
     cpu = time.process_time()
     curve = epsilon_curve(acceptance, at_steps=at)
     cpu = time.process_time() - cpu

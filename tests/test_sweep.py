@@ -362,6 +362,33 @@ def test_searcher_pickles_to_an_inert_placeholder(storage: Any, tmp_path: Path) 
     assert clone.__dict__ == {"dpsweep": "not restorable: the Optuna storage holds the state"}
 
 
+# ---- the trial under Tune --------------------------------------------------------------------
+def test_a_trial_reports_fast_epochs_to_tune_sparingly_and_slow_ones_each(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A report blocks the trial until the driver has handled it; digits epochs take a tenth
+    of a second, so reporting each cost more than training it. Epochs as long as the interval
+    (Fashion-MNIST's) are each reported, so Tune can still stop a trial between them."""
+    from orchestrator import trial_runner
+    from orchestrator.trial import plan_trial
+
+    cfg = _config(methods=["dpsgd"], training={"epochs": 4})
+    spec = plan_trial(cfg, method="dpsgd", trial_id="t0", cache_dir=tmp_path / "cache")
+    epochs: dict[float, list[int]] = {}
+    default = trial_runner.REPORT_INTERVAL_S
+    for interval in (default, 0.0):
+        monkeypatch.setattr(trial_runner, "REPORT_INTERVAL_S", interval)
+        reports: list[dict[str, Any]] = []
+        record = trial_runner.execute({"run_dir": str(tmp_path / f"run{interval}"),
+                                       "trial_id": "t0", "spec": spec.to_dict()},
+                                      report=reports.append)
+        assert record["status"] == "ok"
+        epochs[interval] = [r["epoch"] for r in reports]
+        assert all(0.0 <= r["val_accuracy"] <= 1.0 for r in reports)
+    assert epochs[0.0] == [1, 2, 3, 4]
+    fast = epochs[default]
+    assert len(fast) < 4 and set(fast) <= {1, 2, 3, 4}
+
+
 # ---- signals ---------------------------------------------------------------------------------
 def test_stop_flag_raises_outside_tune_and_defers_inside() -> None:
     flag = _StopFlag()
