@@ -499,6 +499,7 @@ class _Driver:
 
     def tune(self, studies: dict[str, Any], tallies: dict[str, Any], flag: _StopFlag) -> None:
         from ray import tune
+        from ray.tune.logger import JsonLoggerCallback
 
         from orchestrator import postsweep, trial_runner
 
@@ -538,7 +539,7 @@ class _Driver:
                 trial_name_creator=_tune_trial_name, trial_dirname_creator=_tune_trial_name),
             run_config=tune.RunConfig(
                 name=f"attempt-{attempt}", storage_path=str(self.run.tune_dir), verbose=0,
-                progress_reporter=_SilentReporter(),
+                progress_reporter=_SilentReporter(), callbacks=[JsonLoggerCallback()],
                 stop=_stopper(flag), failure_config=tune.FailureConfig(max_failures=0)))
         with _progress(total=to_run, desc="trials", quiet=self.quiet) as bar:
             self.bar = bar
@@ -859,8 +860,10 @@ def _validate_before_ray(cfg: Config, *, out: Path | None) -> None:
 
 #: Ray Tune's own tables, banners and per-checkpoint chatter would drown the progress lines;
 #: the results live in the run directory, not in Tune's output. Tune's automatic result
-#: loggers (JSON, CSV, TensorBoard files per trial) are off for the same reason: nothing reads
-#: them, and writing them took the driver's CPU from the trials it shares two cores with.
+#: loggers are off: its CSV and TensorBoard files per trial are read by nothing, and writing
+#: them took the driver's CPU from the trials it shares two cores with. The JSON one is kept
+#: (``tune`` passes it): Tune's own result grid reads it at the end of ``fit`` and warns about
+#: every trial without it.
 TUNE_QUIET_ENV = {"RAY_AIR_NEW_OUTPUT": "0", "TUNE_DISABLE_STRICT_METRIC_CHECKING": "1",
                   "TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S": "0",
                   "RAY_TRAIN_V2_ENABLED": "0", "TUNE_DISABLE_SIGINT_HANDLER": "1",

@@ -304,6 +304,7 @@ class Sweeps:
     ref_rc: int | None
     ref_trials: list[dict[str, Any]]
     ref_seconds: float
+    ref_stderr: str
     second_run: tuple[int | None, str, int]  # (rc, stderr, pid of the lock holder)
     stages: dict[str, Stage]
     moved_hash: tuple[str, str]  # the moved original's tree hash before and after the copy ran
@@ -377,8 +378,8 @@ def sweeps(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sweeps]:
     for stage in stages.values():
         print(summary_line(stage))
     yield Sweeps(config=config, ref=ref, ref_rc=ref_rc, ref_trials=optuna_trials(ref),
-                 ref_seconds=ref_seconds, second_run=second, stages=stages,
-                 moved_hash=hashes, copy_after_cp=copy_mtimes, lost_old_path=old)
+                 ref_seconds=ref_seconds, ref_stderr=proc.stderr(), second_run=second,
+                 stages=stages, moved_hash=hashes, copy_after_cp=copy_mtimes, lost_old_path=old)
 
 
 # ---- checks -------------------------------------------------------------------------------
@@ -403,6 +404,12 @@ def test_reference_sweep_finishes_every_trial_once(sweeps: Sweeps) -> None:
     assert without_reruns(ids) == sorted(ALL_IDS)
     assert complete_ids(sweeps.ref_trials) == sorted(SEARCH_IDS)
     assert {t["state"] for t in sweeps.ref_trials} == {"COMPLETE"}
+    # a sweep with nothing going wrong prints the driver's lines only: no warning or error from
+    # Ray's loggers (Tune's result grid warned about every trial once its result files were
+    # all switched off)
+    ray_lines = re.findall(r"^.*\t(?:WARNING|ERROR) \S+\.py:\d+ -- .*$", sweeps.ref_stderr,
+                           re.M)
+    assert ray_lines == [], ray_lines
 
 
 def test_second_run_into_a_directory_being_written_is_refused(sweeps: Sweeps) -> None:
