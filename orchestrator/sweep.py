@@ -295,8 +295,9 @@ def precompute(cfg: Config, *, run: RunDir, plans: list[StudyPlan], data: Any,
     from orchestrator.audit import reference_budgets
     from orchestrator.budget import keep_interpreters
 
-    queue = iter(precompute_order(plans))
-    total = sum(len(schedule_points(p)) for p in plans)
+    order = precompute_order(plans)
+    queue = iter(order)
+    total = len(order)
     with _progress(total=total, desc="budgets", quiet=quiet) as bar:
         lock = threading.Lock()
         stop = threading.Event()

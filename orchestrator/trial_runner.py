@@ -80,8 +80,7 @@ def execute(config: dict[str, Any], *,
 
         def per_epoch(metrics: dict[str, Any], _ckpt: Path | None) -> None:
             nonlocal last_report
-            now = time.perf_counter()
-            if report is not None and now - last_report >= REPORT_INTERVAL_S:
+            if report is not None and time.perf_counter() - last_report >= REPORT_INTERVAL_S:
                 report({"epoch": metrics["epoch"], "val_accuracy": metrics["val_accuracy"]})
                 last_report = time.perf_counter()
 
