@@ -1,16 +1,31 @@
 """The conformance suite every DP method and mode passes (like scikit-learn's estimator checks).
 
 ``tests/test_conformance.py`` parametrises it over the registry, so a new method is tested
-without writing a test file. The central check, :func:`check_release`, does not trust the
-method's own claims: at a given state it feeds adversarial per-example gradients through the
-method's clip phase for a batch and for the batch without each example, *measures* the noise the
-noise phase adds to each layer, and computes the step's effective multiplier
+without writing a test file. Nothing in it trusts the method's own claims, and no check has
+slack beyond floating-point rounding:
 
-    mu = ( sum_l (d_l / s_l)^2 )^(-1/2),   d_l = ||clip(B)_l - clip(B \\ {k})_l||,
+* :func:`check_release`, at a given state, feeds adversarial per-example gradients (huge, tiny,
+  subnormal, zero, one layer dominating, aligned with the weights; as explicit gradients and as
+  the real engine's view of crafted batches on the real model) through the method's clip phase
+  *including the final guard*, and measures each example's **realised** contribution: the clip
+  phase's output for that example alone, and (in float64, where rounding cannot hide anything)
+  the difference between the batch's output with and without it. Every realised contribution
+  must meet the declared bound (``layer_bounds()``, else ``sensitivity()``) within
+  ``REL_TOL`` = 1e-6; the method's own coefficients must meet it before the guard caps them
+  (a sound rule never leans on the guard); and the step's effective multiplier
 
-which must be at least the multiplier the calibrated schedule grants to the step. It runs at
-every step of a short lifecycle (warm-up, controller and schedule changes, freezing) and after
-a checkpoint resume into a fresh instance.
+      mu = ( sum_l (d_l / s_l)^2 )^(-1/2),   d_l the realised difference in layer l,
+                                             s_l the declared noise std of layer l,
+
+  must be at least the multiplier the calibrated schedule grants to the step, again within
+  ``REL_TOL``.
+* :func:`check_noise` measures what the noise phase actually adds, per layer, over
+  ``NOISE_DRAWS`` >= 10^6 draws, against the declared std: the std's standard error is then
+  0.07%, so ``NOISE_TOL`` = 0.5% is 7 standard errors (a false alarm about once in 10^12) and a
+  1% shortfall is 14 standard errors past it.
+
+Both run at every step of a short lifecycle (warm-up, controller and schedule changes, freezing)
+and after a checkpoint resume into a fresh instance, in float32 and in float64.
 """
 
 from __future__ import annotations
@@ -18,6 +33,7 @@ from __future__ import annotations
 import copy
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +43,7 @@ from core.schedule import Schedule
 from trainables.data import load_splits
 from trainables.dp_step import DPStep, PerExampleGrads, PublicData
 from trainables.methods import get_method
-from trainables.models import build_model
+from trainables.models import LayeredModel, build_model
 from trainables.randomness import Randomness, poisson_batches
 
 NUM_LAYERS = 4  # digits_cnn
@@ -36,20 +52,39 @@ LIFECYCLE_STEPS = 30
 STEPS_PER_EPOCH = 10
 #: Step after which the lifecycle continues in a fresh instance restored from a checkpoint.
 RESUME_AT = 17
-#: Noise draws per check: the per-layer std estimate is within ~2% for digits_cnn's layers.
-NOISE_DRAWS = 8
-#: Relative slack for the measured multiplier (the std estimate's error, never the mechanism's).
-TOLERANCE = 0.1
-#: Adversarial per-example, per-layer gradient norms [B, L]: huge, an outlier among small ones,
-#: spiky, zero and mixed blocks.
-PATTERNS: dict[str, list[list[float]]] = {
-    "huge": [[1e9] * NUM_LAYERS] * 4,
-    "outlier": [[1e6] * NUM_LAYERS] + [[1.0] * NUM_LAYERS] * 4,
-    "spike": [[1e-3, 1e-3, 1e8, 1e-3]] * 4,
-    "zeros": [[0.0] * NUM_LAYERS] + [[1.0, 2.0, 3.0, 4.0]] * 4,
-    "mixed": [[1e9, 0, 1e-9, 1], [0.1, 0.1, 0.1, 0.1], [5, 0, 0, 0], [0, 0, 0, 300],
-              [1, 1, 1, 1], [1e4, 1e-4, 1e4, 1e-4]],
+#: Steps of a lifecycle whose noise phase is measured (first, just resumed, last).
+NOISE_STEPS = (0, RESUME_AT, LIFECYCLE_STEPS - 1)
+#: Relative rounding allowed on a realised contribution and on the effective multiplier: the
+#: float32 products c x g and their sums, nothing of the mechanism.
+REL_TOL = 1e-6
+#: Draws of the noise phase per layer, and the allowed relative error of the measured std.
+NOISE_DRAWS = 1_000_000
+NOISE_TOL = 0.005
+#: Standard errors the mean of the measured noise may be away from 0.
+MEAN_SIGMAS = 7.0
+#: Adversarial per-example, per-layer gradient norms [B, L] as functions of the dtype's
+#: smallest normal number ``tiny`` and the largest ``big``: blocks whose squared entries
+#: underflow, blocks of subnormal entries, huge blocks, an outlier among small ones, one layer
+#: dominating, zero and mixed blocks.
+PATTERNS: dict[str, Callable[[float, float], list[list[float]]]] = {
+    "huge": lambda tiny, big: [[big ** 0.25] * NUM_LAYERS] * 3,
+    "outlier": lambda tiny, big: [[1e6] * NUM_LAYERS] + [[1.0] * NUM_LAYERS] * 3,
+    "spike": lambda tiny, big: [[1e-3, 1e-3, 1e8, 1e-3]] * 3,
+    "squares_underflow": lambda tiny, big: [[tiny ** 0.5 * 1e-2, 1.0, tiny ** 0.5, 1e-3],
+                                            [tiny ** 0.5] * NUM_LAYERS, [1e-3] * NUM_LAYERS],
+    "subnormal": lambda tiny, big: [[tiny * 1e-3 * 64, 0.5, tiny, 1.0],
+                                    [tiny * 1e-3 * 64] * NUM_LAYERS],
+    "zeros": lambda tiny, big: [[0.0] * NUM_LAYERS] + [[1.0, 2.0, 3.0, 4.0]] * 3,
+    "mixed": lambda tiny, big: [[1e9, 0, 1e-9, 1], [0.1, 0.1, 0.1, 0.1], [5, 0, 0, 0],
+                                [0, 0, 0, 300], [1e4, 1e-4, 1e4, 1e-4]],
 }
+#: Per-example multiples of the weights themselves (a gradient aligned with the weights).
+ALIGNED = (1e-30, 1.0, 1e6)
+#: Crafted real batches: the last layer's weights scaled by each factor, so that every earlier
+#: layer's gradient scales with it (huge, squares underflowing, subnormal, exactly zero).
+ENGINE_SCALES = (1e12, 1e-22, 1e-40, 0.0)
+#: Steps of a lifecycle at which the real engine's view of crafted batches is checked.
+ENGINE_STEPS = (0, 9, RESUME_AT, LIFECYCLE_STEPS - 1)
 SIGMA = 1.3
 
 
@@ -81,129 +116,299 @@ def lifecycle_params(cls: type[DPStep], mode: str,
     return {**fast, **dict(prepared_params(cls.name)), "mode": mode, **(extra or {})}
 
 
+def norm_model() -> LayeredModel:
+    """A 4-layer digits model with every module the per-layer engine handles natively besides
+    digits_cnn's: Conv2d + GroupNorm, Linear + LayerNorm, Linear."""
+    nn = torch.nn
+    return LayeredModel([
+        ("conv1", nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.GroupNorm(2, 8), nn.Tanh())),
+        ("conv2", nn.Sequential(nn.Conv2d(8, 8, 3, padding=1, stride=2), nn.GroupNorm(4, 8),
+                                nn.Tanh(), nn.Flatten())),
+        ("fc1", nn.Sequential(nn.Linear(128, 32), nn.LayerNorm(32), nn.Tanh())),
+        ("fc2", nn.Sequential(nn.Linear(32, 10))),
+    ], num_classes=10)
+
+
 def make_method(cls: type[DPStep], *, params: dict[str, Any], schedule: Schedule,
-                seed: int = 0, expected_batch_size: float = 50.0) -> DPStep:
-    """The method on digits_cnn with reproducible randomness and the public pool."""
+                seed: int = 0, expected_batch_size: float = 50.0,
+                dtype: torch.dtype = torch.float32, model: str = "digits_cnn") -> DPStep:
+    """The method on digits_cnn (or ``norm_model``) in ``dtype`` with reproducible randomness
+    and the public pool."""
     data = digits()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = build_model(name="digits_cnn", input_shape=(1, 8, 8), num_classes=10)
-    return cls(model=model, params=params, noise_schedule=schedule, sample_rate=0.1,
+        net = norm_model() if model == "norm" else build_model(
+            name=model, input_shape=(1, 8, 8), num_classes=10)
+    return cls(model=net.to(dtype), params=params, noise_schedule=schedule, sample_rate=0.1,
                expected_batch_size=expected_batch_size, steps_per_epoch=STEPS_PER_EPOCH,
                randomness=Randomness(kind="reproducible", device=torch.device("cpu"), seed=seed),
-               public=PublicData(x=data.shadow.x, y=data.shadow.y,
+               public=PublicData(x=data.shadow.x.to(dtype), y=data.shadow.y,
                                  generator=torch.Generator().manual_seed(seed + 7)))
 
 
+def _dtype(method: DPStep) -> torch.dtype:
+    return next(method.model.parameters()).dtype
+
+
+def _view(method: DPStep, grads: dict[str, torch.Tensor]) -> PerExampleGrads:
+    return PerExampleGrads.from_grads(grads, layer_of=method.layer_of,
+                                      num_layers=method.num_layers)
+
+
 def adversarial_view(method: DPStep, norms: torch.Tensor, *, seed: int = 1) -> PerExampleGrads:
-    """Random per-example gradients of the live layers with the given block norms [B, L]."""
+    """Random per-example gradients of the live layers, in the model's dtype, with the given
+    block norms [B, L] (as nearly as the dtype represents them: the view's norms are those of
+    the gradients actually built)."""
     gen = torch.Generator().manual_seed(seed)
     live = method.trainable_layers()
+    dtype = _dtype(method)
     grads = {n: torch.randn(norms.shape[0], *p.shape, generator=gen, dtype=torch.float64)
              for n, p in method.model.named_parameters() if live[method.layer_of[n]]}
-    raw = PerExampleGrads.from_grads(grads, layer_of=method.layer_of,
-                                     num_layers=method.num_layers)
+    raw = _view(method, grads)
     factor = torch.where(raw.norms > 0, norms / raw.norms, 0.0)
-    scaled = {n: g * factor[:, method.layer_of[n]].reshape(-1, *[1] * (g.dim() - 1))
-              for n, g in grads.items()}
-    return PerExampleGrads.from_grads(scaled, layer_of=method.layer_of,
-                                      num_layers=method.num_layers)
+    return _view(method, {n: (g * factor[:, method.layer_of[n]].reshape(
+        -1, *[1] * (g.dim() - 1))).to(dtype) for n, g in grads.items()})
+
+
+def aligned_view(method: DPStep) -> PerExampleGrads:
+    """Per-example gradients that are multiples ``ALIGNED`` of the current weights."""
+    live = method.trainable_layers()
+    scale = torch.tensor(ALIGNED, dtype=_dtype(method))
+    return _view(method, {n: scale.reshape(-1, *[1] * p.dim()) * p.detach().unsqueeze(0)
+                          for n, p in method.model.named_parameters()
+                          if live[method.layer_of[n]]})
+
+
+def engine_views(method: DPStep) -> list[tuple[str, DPStep, Any]]:
+    """(label, probe, view): the real engine's views of a crafted batch on copies of the model
+    whose last layer is scaled by each of ``ENGINE_SCALES``, plus inputs scaled by 1e15."""
+    data = digits()
+    dtype = _dtype(method)
+    x, y = data.train.x[:4].to(dtype), data.train.y[:4]
+    out = []
+    for scale in ENGINE_SCALES:
+        probe = copy.deepcopy(method)
+        with torch.no_grad():
+            for p in list(probe.model.blocks.values())[-1].parameters():
+                p.mul_(scale)
+        out.append((f"engine:last*{scale:g}", probe, probe.gradients(x, y)))
+    probe = copy.deepcopy(method)
+    out.append(("engine:x*1e15", probe, probe.gradients(x * 1e15, y)))
+    return out
+
+
+def _only(view: Any, k: int, method: DPStep) -> PerExampleGrads | None:
+    """Example k alone, as explicit gradients (None for an engine view, handled by masking)."""
+    if not isinstance(view, PerExampleGrads):
+        return None
+    return _view(method, {n: g[k:k + 1] for n, g in view.grads.items()})
 
 
 def _drop(view: PerExampleGrads, k: int, method: DPStep) -> PerExampleGrads:
     keep = [i for i in range(view.norms.shape[0]) if i != k]
-    return PerExampleGrads.from_grads({n: g[keep] for n, g in view.grads.items()},
-                                      layer_of=method.layer_of, num_layers=method.num_layers)
+    return _view(method, {n: g[keep] for n, g in view.grads.items()})
 
 
-def measured_noise_std(method: DPStep, summed: dict[str, torch.Tensor]) -> list[float]:
-    """Per-layer std of what the noise phase actually adds (a copy's draws; 0 if none)."""
-    probe = copy.deepcopy(method)
-    zeros = {n: torch.zeros_like(g) for n, g in summed.items()}
-    sq = [0.0] * method.num_layers
-    count = [0] * method.num_layers
-    for _ in range(NOISE_DRAWS):
-        for n, g in probe.noise(zeros).items():
-            sq[method.layer_of[n]] += float(g.double().pow(2).sum())
-            count[method.layer_of[n]] += g.numel()
-    return [math.sqrt(s / c) if c else 0.0 for s, c in zip(sq, count, strict=True)]
+class _Masked:
+    """An engine view restricted to example k: every other row's coefficient set to zero, so
+    the clip phase's output is exactly what example k contributes through the engine."""
+
+    def __init__(self, view: Any, k: int) -> None:
+        self._view = view
+        self.mask = torch.zeros(view.norms.shape[0], 1, dtype=view.norms.dtype)
+        self.mask[k] = 1.0
+        self.norms = view.norms * self.mask
+        self.losses = view.losses
+
+    def weighted_sum(self, coef: torch.Tensor) -> dict[str, torch.Tensor]:
+        return self._view.weighted_sum(coef * self.mask.to(coef.dtype))
+
+
+def _fork(method: DPStep) -> DPStep:
+    """A copy whose clip phase cannot change ``method`` (its own method state, guard counters
+    and statistics), sharing the parts a clip only reads: model, engine, optimizer, pools."""
+    shared = (method.model, method.engine, method.optimizer, method.public, method.randomness)
+    return copy.deepcopy(method, memo={id(o): o for o in shared})
+
+
+def _layer_sq(method: DPStep, sums: dict[str, torch.Tensor],
+              minus: dict[str, torch.Tensor] | None = None) -> list[float]:
+    """Per-layer squared L2 norm (float64) of a clip output, or of its difference to another."""
+    d = [0.0] * method.num_layers
+    for n, v in sums.items():
+        diff = v.double() - (minus[n].double() if minus is not None and n in minus else 0.0)
+        d[method.layer_of[n]] += float(diff.pow(2).sum())
+    return d
 
 
 @dataclass(frozen=True)
 class ReleaseCheck:
-    """The worst neighbouring pair at one state: its effective and its granted multiplier."""
+    """The worst example at one state: realised over declared bound, the method's own rule
+    over the bound (before the guard), and the effective against the granted multiplier."""
 
     step: int
     pattern: str
+    excess: float
+    rule_excess: float
     effective: float
     granted: float
 
     @property
     def holds(self) -> bool:
-        return self.effective >= self.granted * (1 - TOLERANCE)
+        return (self.excess <= 1 + REL_TOL and self.rule_excess <= 1 + REL_TOL
+                and self.effective >= self.granted / (1 + REL_TOL))
 
 
-def check_release(method: DPStep) -> ReleaseCheck:
-    """The smallest effective multiplier over the adversarial patterns and dropped examples,
-    for the method's current state (begin_step already applied for this step)."""
+def _excess(method: DPStep, d: list[float]) -> float:
+    """Realised contribution (per-layer squared norms ``d``) over the declared bound."""
+    bounds = method.layer_bounds()
+    if bounds is not None:
+        return max((math.sqrt(dl) / c if c > 0 else (math.inf if dl > 0 else 0.0))
+                   for dl, c in zip(d, bounds, strict=True))
+    total = math.sqrt(sum(d))
+    bound = method.sensitivity()
+    return total / bound if bound > 0 else (math.inf if total > 0 else 0.0)
+
+
+def _effective(d: list[float], stds: list[float]) -> float:
+    total = 0.0
+    for dl, sl in zip(d, stds, strict=True):
+        if dl > 0:
+            total = math.inf if sl == 0 else total + dl / sl ** 2
+    return math.inf if total == 0 else 1.0 / math.sqrt(total)
+
+
+def _check_view(method: DPStep, name: str, view: Any) -> ReleaseCheck:
+    """The worst example of one view at the method's state (see the module docstring)."""
     granted = method.sigma_at(method.step_count)
+    full_state = _fork(method)
+    full = full_state.clip(view)
+    stds = full_state.noise_std()
+    rule = full_state.last_guard_ratio
+    neighbouring = isinstance(view, PerExampleGrads) and _dtype(method) == torch.float64
     worst: ReleaseCheck | None = None
-    for name, pattern in PATTERNS.items():
-        view = adversarial_view(method, torch.tensor(pattern, dtype=torch.float64))
-        full_state = copy.deepcopy(method)
-        full = full_state.clip(view)
-        stds = measured_noise_std(full_state, full)
-        for k in range(view.norms.shape[0]):
-            rest = copy.deepcopy(method).clip(_drop(view, k, method))
-            d = [0.0] * method.num_layers
-            for n in full:
-                d[method.layer_of[n]] += float((full[n] - rest.get(n, 0.0 * full[n]))
-                                               .double().pow(2).sum())
-            total = 0.0
-            for dl, sl in zip(d, stds, strict=True):
-                if dl > 0:
-                    total = math.inf if sl == 0 else total + dl / sl ** 2
-            effective = math.inf if total == 0 else 1.0 / math.sqrt(total)
-            if worst is None or effective < worst.effective:
-                worst = ReleaseCheck(step=method.step_count, pattern=name, effective=effective,
-                                     granted=granted)
+    for k in range(view.norms.shape[0]):
+        alone_view = _only(view, k, method) or _Masked(view, k)
+        alone_state = _fork(method)
+        d = _layer_sq(method, alone_state.clip(alone_view))
+        excess = _excess(alone_state, d)
+        if neighbouring:
+            rest = _fork(method).clip(_drop(view, k, method))
+            d = _layer_sq(method, full, rest)
+            excess = max(excess, _excess(full_state, d))
+        check = ReleaseCheck(step=method.step_count, pattern=name, excess=excess,
+                             rule_excess=max(rule, alone_state.last_guard_ratio),
+                             effective=_effective(d, stds), granted=granted)
+        if worst is None or _badness(check) > _badness(worst):
+            worst = check
     assert worst is not None
     return worst
+
+
+def _badness(c: ReleaseCheck) -> float:
+    return max(c.excess, c.rule_excess, c.granted / c.effective if c.effective else math.inf)
+
+
+def check_release(method: DPStep, *, engine: bool = False) -> ReleaseCheck:
+    """The worst example over the adversarial patterns (and, with ``engine``, the real
+    engine's views of crafted batches) at the method's current state (begin_step applied)."""
+    info = torch.finfo(_dtype(method))
+    views: list[tuple[str, DPStep, Any]] = [
+        (name, method, adversarial_view(method, torch.tensor(pattern(info.tiny, info.max),
+                                                             dtype=torch.float64)))
+        for name, pattern in PATTERNS.items()]
+    views.append(("aligned", method, aligned_view(method)))
+    if engine:
+        views += engine_views(method)
+    checks = [_check_view(state, name, view) for name, state, view in views]
+    return max(checks, key=_badness)
+
+
+@dataclass(frozen=True)
+class NoiseCheck:
+    """Measured against declared noise std per layer at one state."""
+
+    step: int
+    declared: tuple[float, ...]
+    measured: tuple[float, ...]
+    mean_z: tuple[float, ...]
+
+    @property
+    def holds(self) -> bool:
+        return all((s == 0 and m == 0) or (s > 0 and abs(m / s - 1) <= NOISE_TOL)
+                   for s, m in zip(self.declared, self.measured, strict=True)) \
+            and all(abs(z) <= MEAN_SIGMAS for z in self.mean_z)
+
+
+def check_noise(method: DPStep) -> NoiseCheck:
+    """What the noise phase adds to each layer, over ``NOISE_DRAWS`` draws per layer (a copy's
+    noise phase on zero sums shaped so that every layer gets that many draws)."""
+    probe = copy.deepcopy(method)
+    declared = probe.noise_std()
+    dtype = _dtype(method)
+    names: dict[int, list[str]] = {}
+    for n, _ in method.model.named_parameters():
+        names.setdefault(method.layer_of[n], []).append(n)
+    zeros = {n: torch.zeros(math.ceil(NOISE_DRAWS / len(group)), dtype=dtype)
+             for group in names.values() for n in group}
+    out = probe.noise(zeros)
+    measured, mean_z = [], []
+    for layer in range(method.num_layers):
+        x = torch.cat([out[n].double() for n in names.get(layer, [])])
+        std = float(x.pow(2).mean().sqrt())
+        measured.append(std)
+        mean_z.append(float(x.mean()) / std * math.sqrt(x.numel()) if std > 0 else 0.0)
+    return NoiseCheck(step=method.step_count, declared=tuple(declared),
+                      measured=tuple(measured), mean_z=tuple(mean_z))
 
 
 def restored(method: DPStep, *, params: dict[str, Any], schedule: Schedule) -> DPStep:
     """A fresh instance loaded from the method's checkpointable state (as a resume does)."""
     state = copy.deepcopy({"model": method.model.state_dict(), "method": method.state_dict()})
-    fresh = make_method(type(method), params=params, schedule=schedule, seed=99)
+    fresh = make_method(type(method), params=params, schedule=schedule, seed=99,
+                        dtype=_dtype(method))
     fresh.model.load_state_dict(state["model"])
     fresh.load_state_dict(state["method"])
     return fresh
 
 
+@dataclass(frozen=True)
+class Lifecycle:
+    """Every release check and noise check of one lifecycle."""
+
+    releases: list[ReleaseCheck]
+    noises: list[NoiseCheck]
+
+
 def lifecycle(cls: type[DPStep], mode: str, *, extra: dict[str, Any] | None = None,
               steps: int = LIFECYCLE_STEPS, resume_at: int = RESUME_AT,
-              schedule: Schedule | None = None) -> list[ReleaseCheck]:
-    """Train on digits for ``steps`` Poisson steps, checking the release before every step;
-    at ``resume_at`` continue in a fresh instance restored from the checkpointable state."""
+              schedule: Schedule | None = None,
+              dtype: torch.dtype = torch.float32) -> Lifecycle:
+    """Train on digits in ``dtype`` for ``steps`` Poisson steps, checking the release before
+    every step (with the real engine's views at ``ENGINE_STEPS``) and the noise phase at
+    ``NOISE_STEPS``; at ``resume_at`` continue in a fresh instance restored from the
+    checkpointable state."""
     params = lifecycle_params(cls, mode, extra)
     if schedule is None:
         shape = cls.noise_shape(epochs=math.ceil(steps / STEPS_PER_EPOCH),
                                 steps_per_epoch=STEPS_PER_EPOCH, params=params)
         schedule = shape.scaled(SIGMA)
-    method = make_method(cls, params=params, schedule=schedule)
+    method = make_method(cls, params=params, schedule=schedule, dtype=dtype)
     data = digits()
-    x, y = data.train.x[:500], data.train.y[:500]
+    x, y = data.train.x[:500].to(dtype), data.train.y[:500]
     batches = poisson_batches(n=len(y), rate=0.1, steps=steps, randomness=Randomness(
         kind="reproducible", device=torch.device("cpu"), seed=5))
-    checks = []
+    releases, noises = [], []
     for t, idx in enumerate(batches):
         if t == resume_at:
             method = restored(method, params=params, schedule=schedule)
         probe = copy.deepcopy(method)
         probe.begin_step(probe.step_count)
-        checks.append(check_release(probe))
+        releases.append(check_release(probe, engine=t in ENGINE_STEPS))
+        if t in NOISE_STEPS:
+            noises.append(check_noise(probe))
         method.step(x[idx], y[idx])
-    return checks
+    return Lifecycle(releases=releases, noises=noises)
 
 
 def build_step(method: str, *, mode: str | None = None, clip_norm: float = 1.0,

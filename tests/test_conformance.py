@@ -5,6 +5,7 @@ trip. A new method is tested here without writing a test file."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from pathlib import Path
@@ -16,7 +17,15 @@ from core.modes import INVALID_TAG
 from core.schedule import Schedule
 from orchestrator.trial import plan_trial
 from search_spaces import SPACES, build_space
-from tests.conformance import lifecycle, lifecycle_params, make_method, prepared_params
+from tests.conformance import (
+    SIGMA,
+    check_release,
+    digits,
+    lifecycle,
+    lifecycle_params,
+    make_method,
+    prepared_params,
+)
 from tests.conftest import tiny_config
 from trainables.dp_step import PUBLIC_SHARE, PublicData
 from trainables.methods import METHODS
@@ -37,15 +46,39 @@ def _spec(method: str, mode: str, **training: object):
     return plan_trial(cfg, method=method, params=params)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
 @pytest.mark.parametrize(("method", "mode"), CASES)
-def test_release_is_bounded_over_the_whole_lifecycle(method: str, mode: str) -> None:
+def test_release_is_bounded_over_the_whole_lifecycle(method: str, mode: str,
+                                                     dtype: torch.dtype) -> None:
     cls = METHODS[method]
-    checks = lifecycle(cls, mode)
-    worst = min(checks, key=lambda c: c.effective / c.granted)
+    run = lifecycle(cls, mode, dtype=dtype)
+    worst = max(run.releases, key=lambda c: (not c.holds, c.excess, c.rule_excess,
+                                             c.granted / c.effective))
     if cls.mode_named(mode).dp_valid:
         assert worst.holds, f"sensitivity bound broken at {worst}"
-    else:
+        assert all(n.holds for n in run.noises), f"noise not as declared: {run.noises}"
+    elif dtype == torch.float64:  # the neighbouring comparison runs where rounding is nil
         assert not worst.holds, "an unsound mode must be shown to violate its claimed bound"
+
+
+@pytest.mark.parametrize(("method", "mode"), [c for c in CASES
+                                              if METHODS[c.values[0]].mode_named(
+                                                  c.values[1]).dp_valid])
+def test_release_is_bounded_on_a_model_with_group_and_layer_norms(method: str,
+                                                                  mode: str) -> None:
+    """The engine's per-channel handlers (GroupNorm, LayerNorm) under the same checks, a few
+    steps into training, in float32."""
+    cls = METHODS[method]
+    params = lifecycle_params(cls, mode)
+    schedule = cls.noise_shape(epochs=1, steps_per_epoch=10, params=params).scaled(SIGMA)
+    step = make_method(cls, params=params, schedule=schedule, model="norm")
+    data = digits()
+    for t in range(3):
+        probe = copy.deepcopy(step)
+        probe.begin_step(probe.step_count)
+        check = check_release(probe, engine=True)
+        assert check.holds, f"step {t}: {check}"
+        step.step(data.train.x[t * 40:(t + 1) * 40], data.train.y[t * 40:(t + 1) * 40])
 
 
 @pytest.mark.parametrize(("method", "mode"), CASES)
@@ -86,7 +119,13 @@ def test_accounting_matches_the_budget_by_an_independent_accountant(tmp_path: Pa
     schedule = Schedule.from_list(spec.calibration["schedule"])
     expected = schedule_events(schedule, sample_rate=spec.calibration["sample_rate"])
     ledger = [(e["noise_multiplier"], e["count"]) for e in p["ledger"]["events"]]
-    assert ledger == [(ph.noise_multiplier, ph.steps) for ph in schedule.merged().phases]
+    phases = schedule.merged().phases
+    # the ledger's multiplier is whitened over per-layer bounds (another code path than the
+    # schedule's): equal to the last bits of the float, never below the certified one
+    assert [c for _, c in ledger] == [ph.steps for ph in phases]
+    for (recorded, _), ph in zip(ledger, phases, strict=True):
+        assert recorded >= ph.noise_multiplier * (1 - 1e-12)
+        assert math.isclose(recorded, ph.noise_multiplier, rel_tol=1e-12)
     independent = epsilon_of_events(expected, delta=p["delta"], accountant="pld")
     assert independent <= p["target_epsilon"] * (1 + INDEPENDENT_SLACK)
     assert independent >= p["epsilon_lower"] * (1 - INDEPENDENT_SLACK)

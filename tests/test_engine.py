@@ -7,6 +7,7 @@ float32 where it is compared with plain autograd (the summed gradient with unit 
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -155,7 +156,7 @@ def test_unit_coefficients_give_the_autograd_gradient_of_the_summed_loss() -> No
     for strategy in ALL:
         view = GradEngine(model, strategy=strategy, max_physical_batch=3).compute(
             x, y, live=live)
-        assert view.norms.dtype == torch.float32
+        assert view.norms.dtype == torch.float64  # norms never underflow (scaled, float64)
         torch.testing.assert_close(view.norms.double(), exact, rtol=1e-4, atol=1e-6)
         got = view.weighted_sum(torch.ones_like(view.norms))
         assert set(got) == set(params)
@@ -170,7 +171,8 @@ def test_norms_of_known_gradients() -> None:
              "b": torch.tensor([[4.0], [0.0]]),
              "c": torch.tensor([[[1.0, 1.0]], [[2.0, 2.0]]])}
     view = MaterializedGrads.from_grads(grads, layer_of={"a": 0, "b": 0, "c": 1}, num_layers=2)
-    torch.testing.assert_close(view.norms, torch.tensor([[5.0, 2.0 ** 0.5], [1.0, 8.0 ** 0.5]]))
+    torch.testing.assert_close(view.norms, torch.tensor([[5.0, 2.0 ** 0.5], [1.0, 8.0 ** 0.5]],
+                                                        dtype=torch.float64))
     summed = view.weighted_sum(torch.tensor([[0.5, 0.0], [2.0, 1.0]]))
     torch.testing.assert_close(summed["a"], torch.tensor([1.5, 2.0]))
     torch.testing.assert_close(summed["b"], torch.tensor([2.0]))
@@ -348,3 +350,43 @@ def test_new_models_keep_layer_irs() -> None:
     sizes = {n: sum(p.numel() for p in _model(n, (3, 32, 32)).parameters())
              for n in ("resnet20_gn", "wrn16_4")}
     assert sizes == {"resnet20_gn": 269_722, "wrn16_4": 2_748_890}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("entry", [1e-3, 1e-23, 1e-41, 1e15])
+def test_norms_do_not_underflow_or_overflow(dtype: torch.dtype, entry: float) -> None:
+    """Blocks of n equal entries e have norm e sqrt(n), also where e^2 is subnormal or zero in
+    float32 (1e-23; 1e-41 is itself subnormal there); squares of 1e30 (float32) would overflow
+    the dtype, their scaled float64 sum does not; a non-finite entry gives an infinite norm."""
+    from trainables.norms import scaled_sq_norms
+
+    n = 160
+    value = torch.tensor(entry, dtype=dtype)  # as the dtype holds it
+    g = torch.full((2, n), float(value), dtype=dtype)
+    g[1] = 0.0
+    sq = scaled_sq_norms(g)
+    assert sq.dtype == torch.float64
+    assert math.sqrt(float(sq[0])) == pytest.approx(float(value) * math.sqrt(n), rel=1e-6)
+    assert float(sq[1]) == 0.0
+    huge = torch.full((1, n), 1e30 if dtype == torch.float32 else 1e150, dtype=dtype)
+    assert math.isfinite(float(scaled_sq_norms(huge)[0]))
+    assert float(scaled_sq_norms(torch.tensor([[1.0, math.inf]], dtype=dtype))[0]) == math.inf
+
+
+def test_engine_norms_of_tiny_gradients_match_float64() -> None:
+    """The real engine on digits_cnn whose last layer is scaled by 1e-22: every earlier layer's
+    per-example gradient has entries whose float32 squares are subnormal. Its float32 norms
+    equal the float64 engine's (same weights) to float32 rounding."""
+    torch.manual_seed(0)
+    model = build_model(name="digits_cnn", input_shape=(1, 8, 8), num_classes=NUM_CLASSES)
+    with torch.no_grad():
+        for p in model.blocks["fc2"].parameters():
+            p.mul_(1e-22)
+    x, y = _batch((1, 8, 8), 6)
+    live = [True] * len(model.layer_names)
+    exact = GradEngine(copy.deepcopy(model).double(), strategy="vmap").compute(
+        x.double(), y, live=live).norms
+    assert float(exact[:, :3].max()) < 1e-18  # the regime where squares underflow in float32
+    for strategy in ALL:
+        got = GradEngine(model, strategy=strategy).compute(x.float(), y, live=live).norms
+        torch.testing.assert_close(got, exact, rtol=1e-4, atol=0.0)

@@ -90,7 +90,7 @@ def test_per_example_gradients_are_each_examples_own(name: str) -> None:
     nn.functional.cross_entropy(model(x[1:]), y[1:]).backward()
     for n, p in model.named_parameters():
         assert torch.allclose(view.grads[n][1], p.grad, atol=1e-5, rtol=1e-4), n
-    norms = torch.zeros(len(live))
+    norms = torch.zeros(len(live), dtype=torch.float64)  # engine norms are float64
     for n, p in model.named_parameters():
         norms[layer_of[n]] += p.grad.pow(2).sum()
     assert torch.allclose(view.norms[1], norms.sqrt(), rtol=1e-4)

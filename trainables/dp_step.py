@@ -41,6 +41,7 @@ from core.modes import Mode
 from core.params import Param, ParamSet
 from core.schedule import Schedule
 from trainables.engine import GradEngine, MaterializedGrads, PerExampleView
+from trainables.norms import scaled_sq_norms
 from trainables.optim import Update
 
 if TYPE_CHECKING:
@@ -53,6 +54,14 @@ else:
 
 #: Added to norms before dividing by them: a zero gradient is clipped by a finite factor.
 NORM_EPS = 1e-6
+#: The guard never passes a coefficient above this, so that the scaled output gradients c x b
+#: of the weighted sum stay finite in float32 for |b| < 2^27 (a block of norm below C / 2^100
+#: then contributes less than its rule asked, which is within the bound).
+MAX_COEFFICIENT = 2.0 ** 100
+#: Relative excess over the bound that the guard treats as rounding of the method's own rule
+#: (float64 arithmetic on float64 norms) rather than as the rule overreaching: it still caps
+#: such an example, but only a larger excess is counted in ``guard_capped``.
+GUARD_ROUNDING = 1e-9
 #: Examples per per-example-gradient chunk unless the config says otherwise (memory bound).
 DEFAULT_PHYSICAL_BATCH = 512
 
@@ -80,6 +89,39 @@ def public_every(name: str, *, what: str) -> Param:
                  f"(ceil(public_batch_size / ({PUBLIC_SHARE:g} x expected batch)); 10 at "
                  "batch 128)",
                  kind="int", nullable=True, low=1, modes=("public",), role="setting")
+
+
+def example_norms(norms: torch.Tensor) -> torch.Tensor:
+    """[B] each example's whole-gradient norm from its [B, L] layer norms (float64, scaled so
+    that tiny layer norms do not vanish when squared)."""
+    return scaled_sq_norms(norms).sqrt().to(norms.dtype)
+
+
+def bound_coefficients(coef: torch.Tensor, norms: torch.Tensor, *, sensitivity: float,
+                       layer_bounds: list[float] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(coefficients capped so every realised contribution meets the bound, each example's
+    requested realised norm over its bound).
+
+    The realised contribution of example i to layer l is coef[i, l] x ||g_il||; the bound is
+    ``layer_bounds[l]`` per layer where the method declares per-layer bounds, else
+    ``sensitivity`` on the example's whole contribution. Computed in float64 from the engine's
+    float64 norms, so the cap is exact up to the rounding of the float32 products that follow.
+    """
+    n = norms.to(torch.float64)
+    c = coef.to(device=n.device, dtype=torch.float64)
+    c = torch.where((n > 0) & torch.isfinite(c), c, torch.zeros_like(c)).clamp(0, MAX_COEFFICIENT)
+    realised = c * n
+    if layer_bounds is not None:
+        bounds = torch.tensor(layer_bounds, dtype=torch.float64, device=n.device).unsqueeze(0)
+        ratio = torch.where(bounds > 0, realised / bounds,
+                            torch.where(realised > 0, math.inf, 0.0))
+        c = c * torch.where(ratio > 1, 1 / ratio, 1.0)
+        return c, ratio.amax(dim=1) if ratio.shape[1] else ratio.sum(dim=1)
+    if not math.isfinite(sensitivity):
+        return c, torch.zeros(c.shape[0], dtype=torch.float64, device=n.device)
+    ratio = example_norms(realised) / sensitivity if sensitivity > 0 else torch.where(
+        realised.sum(dim=1) > 0, math.inf, 0.0)
+    return c * torch.where(ratio > 1, 1 / ratio, 1.0).unsqueeze(1), ratio
 
 
 # ---- the gradient view ------------------------------------------------------------------------
@@ -248,6 +290,11 @@ class DPStep:
         self.layer_of = model.layer_of_parameter()
         self.num_layers = len(model.layer_names)
         self.step_count = 0
+        #: Example-steps whose own coefficients overreached the bound and were capped by the
+        #: guard (0 for a sound rule; recorded with the trial's privacy record).
+        self.guard_capped = 0
+        #: The largest requested realised norm over its bound at the last guarded release.
+        self.last_guard_ratio = 0.0
         self.ledger = Ledger(sample_rate=sample_rate)
         self.optimizer = self._make_optimizer(lr=self.lr, momentum=float(p.get("momentum", 0.0)))
         self.engine = GradEngine(model, max_physical_batch=max_physical_batch)
@@ -319,13 +366,24 @@ class DPStep:
 
     def clip_coefficients(self, norms: torch.Tensor) -> torch.Tensor:
         """[B, L] scale factors; default: flat clipping of the whole gradient at C."""
-        total = norms.pow(2).sum(dim=1).sqrt()
-        factor = (self.clip_norm / (total + NORM_EPS)).clamp(max=1.0)
+        factor = (self.clip_norm / (example_norms(norms) + NORM_EPS)).clamp(max=1.0)
         return factor.unsqueeze(1).expand(-1, self.num_layers)
 
+    def bounded(self, coef: torch.Tensor, norms: torch.Tensor) -> torch.Tensor:
+        """The final guard on every release: ``coef`` capped so that each example's realised
+        contribution meets ``layer_bounds()`` / ``sensitivity()`` whatever the rule computed
+        (an underflowed norm, an overflowing coefficient, a bug); caps beyond rounding are
+        counted in ``guard_capped``."""
+        capped, ratio = bound_coefficients(coef, norms, sensitivity=self.sensitivity(),
+                                           layer_bounds=self.layer_bounds())
+        self.last_guard_ratio = float(ratio.max()) if ratio.numel() else 0.0
+        self.guard_capped += int((ratio > 1 + GUARD_ROUNDING).sum())
+        return capped
+
     def clip(self, view: PerExampleView) -> dict[str, torch.Tensor]:
-        """Sum of the clipped per-example gradients, per trainable parameter."""
-        return view.weighted_sum(self.clip_coefficients(view.norms))
+        """Sum of the clipped per-example gradients, per trainable parameter, through the
+        guard (a method that overrides this must release through ``bounded`` too)."""
+        return view.weighted_sum(self.bounded(self.clip_coefficients(view.norms), view.norms))
 
     # ---- phase 4 -----------------------------------------------------------------------------
     def noise_std(self) -> list[float]:
@@ -432,6 +490,7 @@ class DPStep:
             "optimizer": self.optimizer.state_dict(),
             "randomness": self.randomness.state(),
             "step_count": self.step_count,
+            "guard_capped": self.guard_capped,
             "ledger": self.ledger.to_dict(),
             "public_rng": None if self.public is None else self.public.generator.get_state(),
             "extra": self.extra_state(),
@@ -441,6 +500,7 @@ class DPStep:
         self.optimizer.load_state_dict(state["optimizer"])
         self.randomness.load_state(state["randomness"])
         self.step_count = int(state["step_count"])
+        self.guard_capped = int(state["guard_capped"])
         self.ledger = Ledger.from_dict(state["ledger"])
         if self.public is not None and state.get("public_rng") is not None:
             self.public.generator.set_state(state["public_rng"])

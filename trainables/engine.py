@@ -57,7 +57,11 @@ sum_i coef[i, l] * g_i for every parameter. ``torch.func.vmap(grad)`` materialis
   A module called more than once per forward (shared weights) is materialised and summed over
   calls (ghost norms do not add up over calls).
 
-The norm of a layer (block) is the root of the sum of its parameters' squared norms. The
+The norm of a layer (block) is the root of the sum of its parameters' squared norms, in float64:
+every squared norm is formed from row-scaled factors (each example's block, or its input and
+output gradient, divided by its largest magnitude), so float32 blocks of tiny entries, whose
+squares would be subnormal or zero, keep their true norm (a rule that divides by the norm would
+otherwise overshoot its bound; ``DPStep.bounded`` is the guard behind it). The
 returned view's ``weighted_sum`` forms every live parameter's sum without a second backward.
 With more than ``max_physical_batch`` examples the batch is processed in chunks; only the last
 chunk's state is kept, so memory stays bounded by one chunk, and ``weighted_sum`` recomputes
@@ -76,6 +80,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from core.errors import UserInputError
 from core.lazy import lazy_module
+from trainables.norms import row_scale, scaled_sq_norms
 
 if TYPE_CHECKING:
     import torch
@@ -100,7 +105,7 @@ TRANSIENT_ELEMENTS = 1 << 22
 class PerExampleView(Protocol):
     """Per-layer per-example norms and coefficient-weighted sums of per-example gradients."""
 
-    norms: torch.Tensor  # [B, L] per-example L2 norm of each layer's block (0 if frozen)
+    norms: torch.Tensor  # [B, L] float64 per-example L2 norm of each layer's block (0: frozen)
     losses: torch.Tensor  # [B] per-example loss, for monitoring only
 
     def weighted_sum(self, coef: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -135,9 +140,9 @@ class MaterializedGrads:
                    num_layers: int, losses: torch.Tensor | None = None) -> MaterializedGrads:
         """Attach per-layer norms (one pass over the blocks; they come free with the grads)."""
         first = next(iter(grads.values()))
-        sq = torch.zeros(first.shape[0], num_layers, device=first.device, dtype=first.dtype)
+        sq = torch.zeros(first.shape[0], num_layers, device=first.device, dtype=torch.float64)
         for n, g in grads.items():
-            sq[:, layer_of[n]] += g.flatten(1).pow(2).sum(dim=1)
+            sq[:, layer_of[n]] += scaled_sq_norms(g)
         if losses is None:
             losses = torch.zeros(first.shape[0], device=first.device, dtype=first.dtype)
         return cls(grads=grads, norms=sq.sqrt(), losses=losses, layer_of=dict(layer_of))
@@ -253,7 +258,7 @@ class _Handler:
             if ghost:
                 parts.append(self.weight_ghost_sq(a[s], b[s]))
             else:
-                parts.append(self.weight_per_example(a[s], b[s]).flatten(1).pow(2).sum(1))
+                parts.append(scaled_sq_norms(self.weight_per_example(a[s], b[s])))
         return torch.cat(parts) if len(parts) > 1 else parts[0]
 
     def weighted(self, a: torch.Tensor, b: torch.Tensor,
@@ -292,8 +297,10 @@ class _LinearHandler(_Handler):
     def weight_ghost_sq(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         a3, b3 = self._flat(a), self._flat(b)
         if a3.shape[1] == 1:
-            return a3[:, 0].pow(2).sum(1) * b3[:, 0].pow(2).sum(1)
-        return (torch.bmm(a3, a3.transpose(1, 2)) * torch.bmm(b3, b3.transpose(1, 2))).sum((1, 2))
+            return scaled_sq_norms(a3[:, 0]) * scaled_sq_norms(b3[:, 0])
+        (ua, sa), (ub, sb) = row_scale(a3), row_scale(b3)
+        unit = (torch.bmm(ua, ua.transpose(1, 2)) * torch.bmm(ub, ub.transpose(1, 2))).sum((1, 2))
+        return unit.double() * (sa * sb).square()
 
     def weight_sum(self, a: torch.Tensor, bc: torch.Tensor) -> torch.Tensor:
         return bc.reshape(-1, bc.shape[-1]).t() @ a.reshape(-1, a.shape[-1])
@@ -398,10 +405,11 @@ class _Conv2dHandler(_Handler):
 
     def weight_ghost_sq(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         n, g = a.shape[0], self.module.groups
-        gram_a = self._input_gram(a)
-        bf = b.reshape(n, g, -1, gram_a.shape[-1])  # [n, g, p, T]
+        (ua, sa), (ub, sb) = row_scale(a), row_scale(b)
+        gram_a = self._input_gram(ua)
+        bf = ub.reshape(n, g, -1, gram_a.shape[-1])  # [n, g, p, T]
         gram_b = torch.matmul(bf.transpose(2, 3), bf)
-        return (gram_a * gram_b).sum((1, 2, 3))
+        return (gram_a * gram_b).sum((1, 2, 3)).double() * (sa * sb).square()
 
     def weight_sum(self, a: torch.Tensor, bc: torch.Tensor) -> torch.Tensor:
         return self._weight_grad(a, bc, self.module.groups, tuple(self.module.weight.shape))
@@ -560,7 +568,7 @@ class _Pass:
         self.engine = engine
         self.live = live
         self.coef = coef
-        self.sq = torch.zeros(n, engine.num_layers, dtype=dtype, device=device)
+        self.sq = torch.zeros(n, engine.num_layers, dtype=torch.float64, device=device)
         self.kept: dict[str, torch.Tensor] = {}
         self.pending: list[tuple[_Handler, torch.Tensor, torch.Tensor]] = []
         self.sums: dict[str, torch.Tensor] = {}
@@ -619,8 +627,7 @@ class _Pass:
                     _accumulate(self.kept, n, g)
         self.fallback_io = []
         for n, g in self.kept.items():
-            norm = torch.linalg.vector_norm(g.flatten(1), dim=1)
-            self.sq[:, self.engine.layer_of[n]] += norm.square()
+            self.sq[:, self.engine.layer_of[n]] += scaled_sq_norms(g)
 
 
 class BookkeepingView:
@@ -774,10 +781,9 @@ class GradEngine:
             losses.append(chunk_losses)
             states.append(state)
             del state  # the list holds the only reference, so the next chunk can free it
-        dtype = self._dtype()
         if not bounds:
-            norms = [torch.zeros(0, self.num_layers, dtype=dtype, device=x.device)]
-            losses = [torch.zeros(0, dtype=dtype, device=x.device)]
+            norms = [torch.zeros(0, self.num_layers, dtype=torch.float64, device=x.device)]
+            losses = [torch.zeros(0, dtype=self._dtype(), device=x.device)]
         return BookkeepingView(engine=self, x=x, y=y, live=live, bounds=bounds, states=states,
                                norms=torch.cat(norms), losses=torch.cat(losses))
 
@@ -841,7 +847,7 @@ class GradEngine:
             with torch.no_grad():
                 losses = torch.nn.functional.cross_entropy(model(x), y, reduction="none") \
                     if n else torch.zeros(0, dtype=self._dtype(), device=x.device)
-            sq = torch.zeros(n, self.num_layers, dtype=self._dtype(), device=x.device)
+            sq = torch.zeros(n, self.num_layers, dtype=torch.float64, device=x.device)
             grads = {k: torch.zeros(n, *v.shape, dtype=v.dtype, device=v.device)
                      for k, v in trainable.items()}
             return MaterializedGrads(grads=grads, norms=sq, losses=losses,

@@ -32,7 +32,7 @@ from trainables.randomness import Randomness, poisson_batches
 
 CHECKPOINT_FORMAT = "dpsweep-checkpoint"
 #: 3: the optimizer state is ``trainables.optim.Update``'s (2 held torch.optim's).
-CHECKPOINT_VERSION = 3
+CHECKPOINT_VERSION = 4
 CHECKPOINT_FILE = "state.pt"
 #: Where the noise and the Poisson sampling come from (``trainables.randomness``).
 RANDOMNESS_KINDS = Randomness.KINDS
@@ -327,6 +327,7 @@ def privacy_record(run: _Run) -> dict[str, Any]:
         "accountant_fallback": cal["fallback_reason"],
         "eps_error": cal["eps_error"],
         "ledger": run.method.ledger.to_dict(),
+        "guard_capped": run.method.guard_capped,
         "method_record": run.method.extra_record(),
         "trajectories": run.method.trajectories(),
         "versions": _versions(),

@@ -94,8 +94,7 @@ class _Thresholds:
         """Released outputs: post-processing of the noisy gradient."""
 
     def clip(self, m: DPAdamILG, view: PerExampleView) -> dict[str, torch.Tensor]:
-        bounds = torch.tensor(m.bounds, dtype=view.norms.dtype, device=view.norms.device)
-        return view.weighted_sum((bounds / (view.norms + NORM_EPS)).clamp(max=1.0))
+        return DPStep.clip(m, view)
 
     def noise_std(self, m: DPAdamILG, sigma: float) -> list[float]:
         scale = sigma * math.sqrt(m.num_layers)

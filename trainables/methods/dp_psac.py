@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar
 
 from core.params import Param, ParamSet
-from trainables.dp_step import CLIP, LR, MOMENTUM, DPStep
+from trainables.dp_step import CLIP, LR, MOMENTUM, DPStep, example_norms
 from trainables.methods import register
 
 if TYPE_CHECKING:
@@ -48,6 +48,6 @@ class DPPSAC(DPStep):
     def clip_coefficients(self, norms: torch.Tensor) -> torch.Tensor:
         """C / (||g_i|| + r / (||g_i|| + r)) for every layer of example i."""
         r = float(self.params["r"])
-        total = norms.pow(2).sum(dim=1).sqrt()
+        total = example_norms(norms)
         factor = self.clip_norm / (total + r / (total + r))
         return factor.unsqueeze(1).expand(-1, self.num_layers)

@@ -70,7 +70,15 @@ from core.lazy import lazy_module
 from core.modes import Mode, Source
 from core.params import Constraint, Param, ParamSet, is_real
 from core.storage import JsonCache
-from trainables.dp_step import CLIP, LR, MOMENTUM, DPStep, PerExampleView, public_every
+from trainables.dp_step import (
+    CLIP,
+    LR,
+    MOMENTUM,
+    DPStep,
+    PerExampleView,
+    example_norms,
+    public_every,
+)
 from trainables.methods import register
 from trainables.optim import Update
 
@@ -157,7 +165,7 @@ def bias_optimal_weights(a: np.ndarray, b: np.ndarray, *,
 
 def risk_terms(norms: torch.Tensor, *, clip_norm: float) -> torch.Tensor:
     """u(l) = mean_i ||g_i(l)|| / C_i (float64 [L]); examples with G_i = 0 count as 0."""
-    c = norms.pow(2).sum(dim=1).sqrt().clamp(max=clip_norm)
+    c = example_norms(norms).clamp(max=clip_norm)
     ratio = norms / c.unsqueeze(1)
     ratio = torch.where((c.unsqueeze(1) > 0) & torch.isfinite(ratio), ratio, 0.0)
     return ratio.mean(dim=0).double().cpu()
@@ -168,7 +176,7 @@ def bias_terms(view: PerExampleView, *, num_layers: int, layer_of: Mapping[str, 
     """(a, b) of Appendix D.2 from a batch: a_l = ||u_l||^2, b_l = u_l . mean_i g_i(l),
     with u_l = mean_i C_i g_i(l) / ||g_i(l)||: two weighted sums of the gradient view."""
     norms = view.norms
-    c = norms.pow(2).sum(dim=1).sqrt().clamp(max=clip_norm)
+    c = example_norms(norms).clamp(max=clip_norm)
     coef = c.unsqueeze(1) / norms
     coef = torch.where((norms > 0) & torch.isfinite(coef), coef, 0.0)
     n = norms.shape[0]
@@ -555,7 +563,7 @@ class LMDPSGD(DPStep):
     def coefficients(self, norms: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """coef_il = C_i * w_l / ||g_il|| (0 for a zero block, or a block so small that the
         coefficient overflows: it then contributes 0, still within the bound)."""
-        c = norms.pow(2).sum(dim=1).sqrt().clamp(max=self.clip_norm)
+        c = example_norms(norms).clamp(max=self.clip_norm)
         coef = c.unsqueeze(1) * w.to(device=norms.device, dtype=norms.dtype).unsqueeze(0) / norms
         return torch.where((norms > 0) & torch.isfinite(coef), coef, 0.0)
 

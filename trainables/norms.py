@@ -1,0 +1,66 @@
+"""Per-example norms that neither underflow nor overflow, for the engine and the DP step.
+
+Squaring float32 entries flushes anything below ~1e-19 towards zero (subnormal or 0), so the
+naive sum of squares of a block of tiny entries under-computes its norm (0.89x at entries of
+2e-23, 0.30x at 1e-23); a rule that divides by the norm then overshoots its bound. Rows are
+divided by their largest magnitude first and the scale is multiplied back in float64.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from core.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch")
+
+__all__ = ["SAFE_RANGE", "row_scale", "scaled_sq_norms"]
+
+#: Rows whose largest magnitude lies in this range are used as they are (no division pass):
+#: their largest squares, and the largest products of two Gram entries (<= T^2 d p 2^80 for a
+#: ghost norm), are normal float32 numbers, so what flushes to zero (each below 2^-126) is far
+#: below the rounding of the sum, and nothing overflows.
+SAFE_RANGE = (2.0 ** -20, 2.0 ** 20)
+
+
+def _in_range(scale: torch.Tensor) -> bool:
+    return bool(((scale >= SAFE_RANGE[0]) & (scale <= SAFE_RANGE[1])).all())
+
+
+def scaled_sq_norms(g: torch.Tensor) -> torch.Tensor:
+    """[B] squared L2 norms of the rows of g, in float64, without underflow or overflow.
+
+    Squaring float32 entries flushes anything below ~1e-19 towards zero (subnormal or 0), so a
+    block of tiny entries had its norm under-computed and a method that divides by the norm
+    over-scaled it past its bound. Each row is divided by its largest magnitude first (exact up
+    to rounding), normed in its own dtype, and the scale multiplied back in float64. A row with
+    a non-finite entry gets an infinite norm (every clipping rule then gives it nothing).
+    """
+    flat = g.reshape(g.shape[0], -1)
+    if flat.shape[1] == 0:
+        return torch.zeros(flat.shape[0], dtype=torch.float64, device=flat.device)
+    scale = flat.abs().amax(dim=1)
+    if _in_range(scale):
+        return torch.linalg.vector_norm(flat, dim=1).double().square()
+    finite = torch.isfinite(scale)
+    safe = torch.where(finite & (scale > 0), scale, torch.ones_like(scale))
+    unit = torch.linalg.vector_norm(flat / safe.unsqueeze(1), dim=1).double()
+    sq = (unit * safe.double()).square()
+    return torch.where(finite, sq, torch.full_like(sq, float("inf")))
+
+
+def row_scale(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(t with each example's row divided by its largest magnitude, that magnitude in float64),
+    so products of per-example factors (Gram matrices) are formed at unit scale."""
+    flat = t.reshape(t.shape[0], -1)
+    scale = flat.abs().amax(dim=1) if flat.shape[1] else torch.zeros(
+        flat.shape[0], dtype=t.dtype, device=t.device)
+    if _in_range(scale):
+        return t, torch.ones_like(scale, dtype=torch.float64)
+    safe = torch.where(torch.isfinite(scale) & (scale > 0), scale, torch.ones_like(scale))
+    unit = t / safe.view(-1, *([1] * (t.dim() - 1)))
+    return unit, torch.where(torch.isfinite(scale), safe.double(),
+                             torch.full_like(safe, float("inf"), dtype=torch.float64))
