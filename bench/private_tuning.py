@@ -30,8 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import write_results
+from core.errors import UserInputError
 from orchestrator import api
 from orchestrator.config import Config, from_dict
+from orchestrator.studies import VALIDATION_OBJECTIVE
+from reports.pick import choose_private
 
 #: The study's split sizes and schedule (configs/fmnist.toml), DP-SGD only, no audit.
 BASE: dict[str, Any] = {
@@ -70,6 +73,7 @@ def matched_per_trial_epsilon(*, cfg: Config, n_trials: int, end_to_end: float) 
 
     def composed(sigma: float) -> float:
         return adaptive_statement(n_trials=n_trials, per_trial_epsilon=1.0, delta=delta,
+                                  objectives=(VALIDATION_OBJECTIVE,),
                                   sample_rate=q,
                                   schedule=Schedule.constant(noise_multiplier=sigma,
                                                              steps=steps)).composed_epsilon
@@ -86,15 +90,18 @@ def matched_per_trial_epsilon(*, cfg: Config, n_trials: int, end_to_end: float) 
 
 
 def _released(frame: Any, *, private: bool) -> dict[str, Any]:
-    ok = frame[(frame["status"] == "ok") & ~frame["degenerate"].astype(bool)]
+    """The model each arm releases: private tuning's is pick's (the best noisy score, no
+    noiseless filter); TPE's the best validation accuracy among non-degenerate trials."""
     if private:
-        ok = ok[ok["noisy_val_score"].notna()]
-        key = "noisy_val_score"
+        try:
+            best = choose_private(frame).trial
+        except UserInputError:
+            return {"trials": len(frame), "released": None}
     else:
-        key = "val_accuracy"
-    if ok.empty:
-        return {"trials": len(frame), "released": None}
-    best = ok.loc[ok[key].astype(float).idxmax()]
+        ok = frame[(frame["status"] == "ok") & ~frame["degenerate"].astype(bool)]
+        if ok.empty:
+            return {"trials": len(frame), "released": None}
+        best = ok.loc[ok["val_accuracy"].astype(float).idxmax()]
     return {"trials": len(frame), "released": str(best["trial_id"]),
             "val_accuracy": float(best["val_accuracy"]),
             "test_accuracy": float(best["test_accuracy"]),
@@ -122,7 +129,8 @@ def main() -> None:
             matched = matched_per_trial_epsilon(cfg=private_cfg, n_trials=args.trials,
                                                 end_to_end=args.epsilon)
             naive = adaptive_statement(n_trials=args.trials, per_trial_epsilon=args.epsilon,
-                                       delta=private_cfg.privacy.delta)
+                                       delta=private_cfg.privacy.delta,
+                                       objectives=(VALIDATION_OBJECTIVE,))
             arms = {
                 "private": (private_cfg, {"end_to_end_epsilon": plan["end_to_end_epsilon"],
                                           "per_trial_training_epsilon":

@@ -328,7 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("run_dir", help="RUN_DIR")
     rp.set_defaults(func=cmd_report)
 
-    pk = sub.add_parser("pick", help="the deployable trial from the Pareto front")
+    pk = sub.add_parser("pick", help="the deployable trial from the Pareto front (private "
+                                     "tuning: the best noisy validation score)")
     pk.add_argument("run_dir", help="RUN_DIR")
     pk.add_argument("--max-peak-mia", type=float,
                     help="largest acceptable upper confidence bound of the peak MIA accuracy")

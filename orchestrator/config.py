@@ -149,13 +149,15 @@ class SweepConfig:
         [], "series to compare, 'method' or 'method:mode', one Optuna study each; empty = every "
             "registered method in its default mode", kind="list")
     trials_per_method: int = _f(4, "trials per series (equal budgets; the first is the paper "
-                                   "preset)", low=1, high=10000)
+                                   "preset); adaptive tuning only", low=1, high=10000)
     max_concurrent_trials: int = _f(2, "trials running at once (bounded by the cluster's CPUs)",
                                     low=1, high=1024)
-    seed: int = _f(0, "seed of the Optuna samplers", low=0)
+    seed: int = _f(0, "seed of the adaptive Optuna samplers (private tuning draws its points "
+                      "from OS entropy)", low=0)
     sampler: str = _f("tpe", "Optuna sampler: tpe, random, nsga2 or gp", choices=SAMPLERS)
     seeds: int = _f(0, "re-runs of every front trial with fresh noise and new initialisation "
-                       "(spread of the privacy-utility curves); 0 = none", low=0, high=100)
+                       "(spread of the privacy-utility curves); 0 = none; must be 0 with "
+                       "private tuning", low=0, high=100)
     front: str = _f("tied", "each study's front for the after-search phase (re-runs, and the "
                             "audit with in_trial = false): 'tied' = the validation leader and "
                             "every trial tied with it within its 95% interval, 'best' = the "
@@ -172,7 +174,8 @@ class SweepConfig:
                                  "validation metrics is not covered by epsilon; 'private': random "
                                  "search with a random number of trials and a noisy validation "
                                  "score, privacy.epsilon is then the end-to-end target of the "
-                                 "released model (Papernot & Steinke 2022)",
+                                 "released model (Papernot & Steinke 2022); it admits nothing "
+                                 "adaptive: sweep.seeds = 0, audit.in_trial = false",
                      choices=("adaptive", "private"))
     expected_trials: float = _f(10.0, "private tuning: mean number of trials", low=1.0,
                                 high=10000.0)
@@ -191,7 +194,8 @@ class AuditConfig:
                              "attacks (LiRA, RMIA, loss threshold, shadow classifier)")
     in_trial: bool = _f(True, "audit inside each trial (two-objective search: validation "
                               "accuracy up, peak MIA down); false = accuracy-only search, the "
-                              "fronts audited after the sweep")
+                              "fronts (with private tuning: the released trial) audited after "
+                              "the sweep; must be false with private tuning")
     references: str = _f("offline", "reference models: 'offline' (trained on the public shadow "
                                     "pool; cheap) or 'online' (trained on random halves of the "
                                     "private members and non-members; stronger)",
@@ -377,13 +381,32 @@ def _cross_checks(cfg: Config) -> None:
 
     check_overrides(cfg.search, methods=[m for m, _ in series])
     _check_sizes(cfg)
-    if cfg.sweep.tuning == "private" and len(cfg.budget.epsilons) > 1:
-        raise UserInputError(field="budget.epsilons", value=cfg.budget.epsilons,
-                             allowed="at most one target with sweep.tuning = 'private' (privacy."
-                                     "epsilon is the end-to-end target of the one release)")
+    _check_private(cfg)
     if cfg.resources.device == "cuda" and cfg.resources.gpus_per_trial == 0:
         raise UserInputError(field="resources.gpus_per_trial", value=0.0,
                              allowed="> 0 when resources.device = 'cuda'")
+
+
+def _check_private(cfg: Config) -> None:
+    """Private tuning admits nothing adaptive: Papernot & Steinke's bound counts K random trials
+    and the release of the best noisy score, not extra trials chosen by noiseless metrics or a
+    search that reads an attack on the training members."""
+    if cfg.sweep.tuning != "private":
+        return
+    if len(cfg.budget.epsilons) > 1:
+        raise UserInputError(field="budget.epsilons", value=cfg.budget.epsilons,
+                             allowed="at most one target with sweep.tuning = 'private' (privacy."
+                                     "epsilon is the end-to-end target of the one release)")
+    if cfg.sweep.seeds:
+        raise UserInputError(field="sweep.seeds", value=cfg.sweep.seeds,
+                             allowed="0 with sweep.tuning = 'private' (re-runs of trials chosen "
+                                     "by noiseless validation accuracy are extra, adaptively "
+                                     "chosen trials the end-to-end bound does not count)")
+    if cfg.audit.enabled and cfg.audit.in_trial:
+        raise UserInputError(field="audit.in_trial", value=True,
+                             allowed="false (or audit.enabled = false) with sweep.tuning = "
+                                     "'private': the audit then runs after the selection, on "
+                                     "the released trial, outside the end-to-end bound")
 
 
 def _check_sizes(cfg: Config) -> None:

@@ -2,7 +2,9 @@
 ``pick_config.toml``.
 
 Selection itself is pure and lives in ``reports.pick`` (validation accuracy only; the rule, the
-constraints and the tie rule are documented there). This module does what the report floor
+constraints and the tie rule are documented there; a private-tuning run is chosen by its noisy
+score alone, and its pick.toml holds that score and the end-to-end statement, no noiseless
+metric). This module does what the report floor
 cannot: it opens the run directory through its manifest and verifies every file it reads
 (results, config, the chosen trial's spec, privacy record and checkpoint) before reading it,
 rebuilds a config that retrains the trial (``config_from_spec``), optionally exports the
@@ -29,7 +31,16 @@ from orchestrator.config import Config, from_dict
 from orchestrator.rundir import CONFIG, RESULTS, RunDir
 from reports import store
 from reports.pareto import ACC, ACC_HI, ACC_LO, MIA, MIA_UPPER
-from reports.pick import REPLAYABLE_TAG, TIE_RULE, Choice, choose, describe
+from reports.pick import (
+    NOISY,
+    PRIVATE_RULE,
+    REPLAYABLE_TAG,
+    TIE_RULE,
+    Choice,
+    choose,
+    choose_private,
+    describe,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -50,6 +61,16 @@ PRIVACY_FIELDS = ("mechanism", "method", "mode", "dp_valid", "validity_reason", 
                   "release_safe", "sample_rate", "steps", "noise_multiplier", "clip_norm",
                   "delta", "target_epsilon", "epsilon_lower", "epsilon_estimate",
                   "epsilon_upper", "accountant", "accountant_fallback", "eps_error")
+#: The private-tuning plan's fields pick.toml's [tuning] table copies (summary.json holds them;
+#: none reveals the secret number of trials).
+PRIVATE_TUNING_FIELDS = ("end_to_end_epsilon", "delta", "end_to_end_accountant", "distribution",
+                         "mean_trials", "shape_eta", "score_noise_multiplier",
+                         "per_trial_epsilon", "statement")
+PRIVATE_NOTE = ("private tuning: only the noisy score is written here; the noiseless "
+                "validation, test and audit metrics are not covered by the end-to-end epsilon. "
+                "They, the number of trials and every other trial's score are in the run "
+                "directory, which stays with whoever ran the sweep, as does this file (its "
+                "trial id bounds the secret number of trials from below): share the export")
 
 
 @dataclass(frozen=True)
@@ -62,6 +83,8 @@ class Pick:
     checkpoint: Path
     path: Path
     export_summary: str
+    #: summary.json's private-tuning plan (None for an adaptive run).
+    private: dict[str, Any] | None = None
 
 
 # ---- the config ------------------------------------------------------------------------------
@@ -191,7 +214,26 @@ def _summary_of(row: Mapping[str, Any]) -> dict[str, Any]:
             "peak_mia_accuracy": row[MIA], "peak_mia_upper": row.get(MIA_UPPER)}
 
 
+def _private_document(pick: Pick) -> dict[str, Any]:
+    """pick.toml of a private-tuning run: the noisy score and the end-to-end statement, no
+    noiseless metric, no list of the other trials (their number is the secret K)."""
+    row, plan = pick.choice.trial, pick.private or {}
+    selection = {
+        "rule": PRIVATE_RULE, "trial_id": row["trial_id"], "series": row["series"],
+        "method": row["method"], "mode": row.get("mode", ""),
+        "target_epsilon": row["target_epsilon"], NOISY: float(row[NOISY]),
+        "dp_valid": bool(row["dp_valid"]), "validity_reason": row.get("validity_reason", ""),
+        "release_safe": bool(row["release_safe"]), "randomness": row.get("randomness", ""),
+        "not_written": PRIVATE_NOTE,
+    }
+    tuning = {"mode": "private", **{k: plan[k] for k in PRIVATE_TUNING_FIELDS if k in plan}}
+    return {"selection": selection, "tuning": tuning, "config": pick.config.to_dict(),
+            "checkpoint": {"path": str(pick.checkpoint)}, "privacy": pick.privacy}
+
+
 def _document(pick: Pick) -> dict[str, Any]:
+    if pick.private is not None:
+        return _private_document(pick)
     row = pick.choice.trial
     selection = {
         "constraints": {k: v for k, v in pick.choice.constraints.items() if v is not None},
@@ -222,7 +264,10 @@ def _document(pick: Pick) -> dict[str, Any]:
 def _write(pick: Pick) -> None:
     text = ("# dpsweep pick: the chosen trial. [config] is a full dpsweep config that retrains "
             f"it;\n# {PICK_CONFIG_FILE} holds it alone: dpsweep train {PICK_CONFIG_FILE} "
-            "--out DIR.\n# Test accuracy is reported, not used to choose.\n"
+            "--out DIR.\n"
+            + ("# Private tuning: chosen by the noisy validation score; keep this file with the "
+               "run directory.\n" if pick.private is not None
+               else "# Test accuracy is reported, not used to choose.\n")
             + tomli_w.dumps(_toml_safe(_document(pick))))
     config_text = (f"# dpsweep config of trial {pick.choice.trial_id} (written by dpsweep pick)\n"
                    + tomli_w.dumps(_toml_safe(pick.config.to_dict())))
@@ -243,15 +288,51 @@ def _opt(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def format_pick(pick: Pick) -> str:
-    """What the terminal shows after a pick."""
-    row, p, c = pick.choice.trial, pick.privacy, pick.choice.constraints
-    upper = _float_or_nan(row.get(MIA_UPPER))
-    upper_text = f"{upper:.4f}" if math.isfinite(upper) else "none"
+def _flags(row: Mapping[str, Any]) -> list[str]:
     flags = ["valid DP" if row["dp_valid"] else f"WARNING: {INVALID_TAG}"]
     if row.get("audit_contradicts"):
         flags.append("WARNING: claim contradicted by audit")
     flags.append("release-safe" if row["release_safe"] else f"WARNING: {REPLAYABLE_TAG}")
+    return flags
+
+
+def _tail(pick: Pick) -> list[str]:
+    lines = [f"  checkpoint           {pick.checkpoint}",
+             f"  written              {pick.path} and {PICK_CONFIG_FILE}",
+             f"  retrain with         dpsweep train {pick.path.with_name(PICK_CONFIG_FILE)} "
+             "--out DIR"]
+    if pick.export_summary:
+        lines.append(f"  exported             {pick.export_summary}")
+    return lines
+
+
+def _format_private(pick: Pick) -> str:
+    """The terminal after a private pick: the noisy score and both epsilons, nothing noiseless."""
+    row, p, plan = pick.choice.trial, pick.privacy, pick.private or {}
+    lines = [
+        f"picked trial {row['trial_id']} (series {row['series']}): the best noisy validation "
+        "score (private tuning)",
+        f"  noisy val score      {float(row[NOISY]):.4f}  (what pick chose on; covered by the "
+        "end-to-end epsilon)",
+        f"  end to end           epsilon <= {_opt(plan.get('end_to_end_epsilon'))} (delta "
+        f"{_opt(plan.get('delta'))}, {plan.get('end_to_end_accountant', '?')}) for the "
+        "released model and its selection",
+        f"  training alone       epsilon <= {_opt(p.get('epsilon_upper'))} (delta "
+        f"{_opt(p.get('delta'))}, accountant {p.get('accountant', '?')}), sigma "
+        f"{_opt(p.get('noise_multiplier'))}; " + "; ".join(_flags(row)),
+        f"  {'':<20} {PRIVATE_NOTE}",
+    ]
+    return "\n".join(lines + _tail(pick))
+
+
+def format_pick(pick: Pick) -> str:
+    """What the terminal shows after a pick."""
+    if pick.private is not None:
+        return _format_private(pick)
+    row, p, c = pick.choice.trial, pick.privacy, pick.choice.constraints
+    upper = _float_or_nan(row.get(MIA_UPPER))
+    upper_text = f"{upper:.4f}" if math.isfinite(upper) else "none"
+    flags = _flags(row)
     eps = p.get("epsilon_upper", row.get("epsilon_upper"))
     lines = [
         f"picked trial {row['trial_id']} (series {row['series']}, target epsilon "
@@ -274,17 +355,12 @@ def format_pick(pick: Pick) -> str:
         lines.append(f"  ties                 {len(pick.choice.ties)} trial(s) tied within their "
                      "validation intervals (returned: the highest point estimate):")
         lines += [f"  {'':<20} {describe(t)}" for t in pick.choice.ties]
-    lines += [f"  checkpoint           {pick.checkpoint}",
-              f"  written              {pick.path} and {PICK_CONFIG_FILE}",
-              f"  retrain with         dpsweep train {pick.path.with_name(PICK_CONFIG_FILE)} "
-              "--out DIR"]
+    lines += _tail(pick)
     if not row["dp_valid"]:
         reason = str(row.get("validity_reason", "")).removeprefix(f"{INVALID_TAG}: ")
         lines.insert(1, f"  WARNING: {INVALID_TAG} (admitted by --allow-invalid-dp): {reason}")
     if not row["release_safe"]:
         lines.insert(1, f"  WARNING: {REPLAYABLE_TAG} (admitted by --allow-replayable)")
-    if pick.export_summary:
-        lines.append(f"  exported             {pick.export_summary}")
     return "\n".join(lines)
 
 
@@ -296,9 +372,11 @@ def pick_and_write(run_dir: Path, *, max_peak_mia: float | None, min_val_acc: fl
     run = RunDir.open(Path(run_dir), write=False)
     run.verify(RESULTS)
     frame = store.read_results(run.path)
-    if _tuning_mode(run) == "private":
-        choice = _private_choice(frame, max_peak_mia=max_peak_mia, min_val_acc=min_val_acc,
-                                 series=series)
+    private = private_plan(run)
+    if private is not None:
+        _no_constraints(max_peak_mia=max_peak_mia, min_val_acc=min_val_acc, series=series)
+        choice = choose_private(frame, allow_invalid_dp=allow_invalid_dp,
+                                allow_replayable=allow_replayable)
     else:
         choice = choose(frame, validation_size=_validation_size(run),
                         max_peak_mia=max_peak_mia, min_val_acc=min_val_acc, series=series,
@@ -323,24 +401,26 @@ def pick_and_write(run_dir: Path, *, max_peak_mia: float | None, min_val_acc: fl
         summary = getattr(result, "summary", None)
         export_summary = summary() if callable(summary) else str(export_to)
     pick = Pick(choice=choice, config=config, privacy=privacy, checkpoint=checkpoint,
-                path=run.path / PICK_FILE, export_summary=export_summary)
+                path=run.path / PICK_FILE, export_summary=export_summary, private=private)
     _write(pick)
     return format_pick(pick)
 
 
-def _tuning_mode(run: RunDir) -> str:
+def private_plan(run: RunDir) -> dict[str, Any] | None:
+    """summary.json's private-tuning plan, verified; None for an adaptive run (or one that
+    never finished: it states no end-to-end bound)."""
     path = run.path / "summary.json"
     if not path.is_file():
-        return "adaptive"
-    return str((json.loads(run.verify("summary.json").read_text()).get("tuning") or {})
-               .get("mode", "adaptive"))
+        return None
+    tuning = _verified_json(run, "summary.json", what="summary").get("tuning") or {}
+    return dict(tuning) if isinstance(tuning, dict) and tuning.get("mode") == "private" else None
 
 
-def _private_choice(frame: Any, *, max_peak_mia: float | None, min_val_acc: float | None,
-                    series: str | None) -> Choice:
-    """Private tuning releases exactly the trial with the best noisy validation score: the
-    end-to-end epsilon covers that selection and no other (constraints on non-private metrics
-    would choose with unaccounted information)."""
+def _no_constraints(*, max_peak_mia: float | None, min_val_acc: float | None,
+                    series: str | None) -> None:
+    """Private tuning releases exactly the best noisy validation score: its end-to-end epsilon
+    covers that selection and no other (a constraint on a noiseless metric, or a series chosen
+    after seeing them, would choose with unaccounted information)."""
     for flag, value in (("--max-peak-mia", max_peak_mia), ("--min-val-acc", min_val_acc),
                         ("--series", series)):
         if value is not None:
@@ -348,12 +428,3 @@ def _private_choice(frame: Any, *, max_peak_mia: float | None, min_val_acc: floa
                                  allowed="nothing in a private-tuning run: its end-to-end "
                                          "epsilon covers releasing the best noisy validation "
                                          "score only")
-    ok = frame[(frame["status"] == "ok") & frame["noisy_val_score"].notna()]
-    if ok.empty:
-        raise UserInputError(field="RUN_DIR", value="private tuning",
-                             allowed="a run with at least one finished trial (K = 0 trials "
-                                     "were drawn: nothing is released)")
-    best = ok.loc[ok["noisy_val_score"].astype(float).idxmax()].to_dict()
-    return Choice(trial=best, ties=(), qualifying=(str(best["trial_id"]),),
-                  front=tuple(ok["trial_id"].astype(str)),
-                  constraints={"rule": "best noisy validation score (private tuning)"})

@@ -3,7 +3,8 @@
 Every file the export reads (results store, privacy record, spec, checkpoint) is checked against
 the run's manifest first, so an edited record can never be exported as a privacy claim. The
 tuning statement comes from the run's ``summary.json`` (written by the sweep), the audit's
-lower bound from the trial's results row.
+lower bound from the trial's results row. A private-tuning run releases one trial, the best
+noisy score (``reports.pick.choose_private``): its end-to-end statement covers no other.
 """
 
 from __future__ import annotations
@@ -46,6 +47,22 @@ def _tuning(run: RunDir, *, target: float) -> dict[str, Any] | None:
     return (tuning.get("by_target") or {}).get(f"{target:g}", tuning) or None
 
 
+def _check_selected(run: RunDir, trial_id: str, *, allow_invalid_dp: bool,
+                    allow_replayable: bool) -> None:
+    """Under private tuning only the best noisy score may leave: releasing another trial would
+    carry an end-to-end statement that does not cover it."""
+    from reports.pick import choose_private
+
+    chosen = choose_private(store.read_results(run.path), allow_invalid_dp=allow_invalid_dp,
+                            allow_replayable=allow_replayable).trial_id
+    if chosen != trial_id:
+        raise UserInputError(field="--trial", value=trial_id,
+                             allowed="the trial private tuning selected, the best noisy "
+                                     "validation score (dpsweep pick RUN_DIR --export DIR "
+                                     "exports it): the end-to-end epsilon covers releasing "
+                                     "that trial only")
+
+
 def audit_bound(row: dict[str, Any]) -> dict[str, Any] | None:
     """The row's canary lower bound in the export's form, if an audit measured one."""
     bound = row.get("eps_lower_bound")
@@ -61,10 +78,14 @@ def export_from_run(run_dir: Path, *, trial_id: str, out: Path, allow_replayable
     check_trial_id(trial_id)
     run = RunDir.open(Path(run_dir), write=False)
     row = _row(run, trial_id)
+    tuning = _tuning(run, target=float(row["target_epsilon"]))
+    if tuning is not None and tuning.get("mode") == "private":
+        _check_selected(run, trial_id, allow_invalid_dp=allow_invalid_dp,
+                        allow_replayable=allow_replayable)
     privacy = json.loads(run.verify(str(row["privacy_record"])).read_text())
     checkpoint = run.path / str(row["checkpoint"])
     run.verify(str(Path(str(row["checkpoint"])) / "state.pt"))
     return export_trial(checkpoint_dir=checkpoint, privacy=privacy, out=Path(out),
-                        tuning=_tuning(run, target=float(row["target_epsilon"])),
+                        tuning=tuning,
                         audit_bound=audit_bound(row),
                         allow_replayable=allow_replayable, allow_invalid_dp=allow_invalid_dp)

@@ -4,7 +4,9 @@ How series share trials: **one Optuna study per series (method, or method:mode) 
 epsilon, with equal trial budgets**. A fair comparison needs each series tuned with the same
 effort, and each method has its own conditional hyperparameters; one study with a categorical
 method choice lets TPE starve a method that starts badly and models conditional spaces poorly.
-Each study's first trial is the method's paper preset (or its defaults).
+With adaptive tuning each study's first trial is the method's paper preset (or its defaults);
+with private tuning there is no first point: every trial is an independent draw from the
+declared space by :func:`secret_random_sampler` (Papernot & Steinke's random search).
 
 One Ray Tune experiment runs the trials of every study (studies in order, a study's trials
 concurrently), through :class:`SweepSearcher`, so Tune's actors are reused across studies. The
@@ -15,7 +17,9 @@ trial is told COMPLETE only with every objective finite, FAIL otherwise, with it
 Trial ids are ``<study>-<index>`` in order of creation; a trial interrupted by a signal, a crash
 or a dead worker is re-run under the same id and the same hyperparameters (its Optuna trial is
 FAIL with ``interrupted`` and a WAITING copy carries the id), so an interrupted and resumed sweep
-ends with the same set of trial ids as an uninterrupted one, none trained twice.
+ends with the same set of trial ids as an uninterrupted one, none trained twice. Under private
+tuning that copy is the only enqueued point: the interrupted trial's own draw, finishing the
+same trial (its outcome did not choose it), never a point chosen from results.
 """
 
 from __future__ import annotations
@@ -33,9 +37,14 @@ from typing import Any
 from core.errors import describe
 from search_spaces import BuiltSpace
 
+#: The objectives a sampler can see: noiseless validation accuracy, the in-trial attack's peak
+#: accuracy on training members (adaptive tuning), the noisy validation score (private tuning).
+VALIDATION_OBJECTIVE = "val_accuracy"
+ATTACK_OBJECTIVE = "peak_mia_accuracy"
+NOISY_OBJECTIVE = "noisy_val_score"
 #: Objectives and their directions; names carried by every study (optuna-dashboard shows them).
-OBJECTIVES = {"val_accuracy": "maximize", "peak_mia_accuracy": "minimize",
-              "noisy_val_score": "maximize"}
+OBJECTIVES = {VALIDATION_OBJECTIVE: "maximize", ATTACK_OBJECTIVE: "minimize",
+              NOISY_OBJECTIVE: "maximize"}
 ID_ATTR = "dpsweep_trial_id"
 INTERRUPTED_ATTR = "interrupted"
 RESULT_FILE = "result.json"
@@ -70,7 +79,8 @@ class StudyPlan:
 
 
 def make_sampler(kind: str, *, seed: int, parallel: bool) -> Any:
-    """The Optuna sampler named in ``sweep.sampler`` (seeded: the search, not the noise)."""
+    """The Optuna sampler named in ``sweep.sampler`` (seeded: the search, not the noise), for
+    adaptive tuning only: private tuning uses :func:`secret_random_sampler`."""
     import optuna
 
     if kind == "random":
@@ -84,8 +94,26 @@ def make_sampler(kind: str, *, seed: int, parallel: bool) -> Any:
     return optuna.samplers.TPESampler(seed=seed, constant_liar=parallel, multivariate=True)
 
 
-def open_study(plan: StudyPlan, *, storage: str, sampler: Any) -> Any:
-    """Create or load the study, with metric names and attributes for optuna-dashboard."""
+def secret_random_sampler() -> Any:
+    """Private tuning's random search: every point an independent uniform draw (on each
+    dimension's declared scale) that ignores the study's history, from a generator whose state
+    comes from OS entropy and is written nowhere.
+
+    Optuna's RandomSampler without a seed builds ``numpy.random.RandomState()``, which numpy
+    seeds through a fresh ``SeedSequence`` (128 bits from the OS). A seed from ``sweep.seed``
+    would let anyone holding the config replay the draws: a released ``clip_norm`` would then
+    name the winning trial and bound the secret trial count from below.
+    """
+    import optuna
+
+    return optuna.samplers.RandomSampler(seed=None)
+
+
+def open_study(plan: StudyPlan, *, storage: str, sampler: Any, first_point: bool = True) -> Any:
+    """Create or load the study, with metric names and attributes for optuna-dashboard.
+
+    ``first_point`` enqueues the space's first point (the paper preset) once; private tuning
+    passes False, since a fixed point is not a draw from the search distribution."""
     import optuna
 
     study = optuna.create_study(
@@ -97,7 +125,7 @@ def open_study(plan: StudyPlan, *, storage: str, sampler: Any) -> Any:
     for key, value in (("series", plan.series), ("method", plan.method), ("mode", plan.mode),
                        ("epsilon", plan.epsilon), ("trials_per_study", plan.n_trials)):
         study.set_user_attr(key, value)
-    if not study.trials:
+    if first_point and not study.trials:
         study.enqueue_trial(dict(plan.space.first_point), user_attrs={ID_ATTR: plan.trial_id(0),
                                                                       "preset": "first point"})
     return study

@@ -36,14 +36,23 @@ from orchestrator import config as config_mod
 from orchestrator.config import Config
 from orchestrator.rundir import RESULTS, RunDir, check_creatable
 from orchestrator.studies import (
+    ATTACK_OBJECTIVE,
+    NOISY_OBJECTIVE,
+    VALIDATION_OBJECTIVE,
     Outcome,
     StudyPlan,
     SweepSearcher,
-    make_sampler,
-    open_study,
     read_outcome,
     reconcile,
     study_name,
+)
+from orchestrator.sweep_tuning import (
+    PRIVATE_FILE,
+    adaptive_summary,
+    draw_counts,
+    open_plan_study,
+    private_tuning_plan,
+    released_front,
 )
 from orchestrator.trial import data_pool, load_data, plan_trial
 from reports import store
@@ -170,9 +179,10 @@ def study_plans(cfg: Config, *, counts: dict[str, int] | None = None) -> list[St
     layers = _num_layers(cfg)
     two = cfg.audit.enabled and cfg.audit.in_trial
     if cfg.sweep.tuning == "private":
-        objectives: tuple[str, ...] = ("noisy_val_score",)
+        objectives: tuple[str, ...] = (NOISY_OBJECTIVE,)
     else:
-        objectives = ("val_accuracy", "peak_mia_accuracy") if two else ("val_accuracy",)
+        objectives = ((VALIDATION_OBJECTIVE, ATTACK_OBJECTIVE) if two
+                      else (VALIDATION_OBJECTIVE,))
     plans = []
     for eps in epsilons(cfg):
         for method, mode in cfg.series():
@@ -186,55 +196,6 @@ def study_plans(cfg: Config, *, counts: dict[str, int] | None = None) -> list[St
                                    mode=mode, epsilon=eps, space=space, n_trials=n_trials,
                                    objectives=objectives))
     return plans
-
-
-# ---- private tuning ---------------------------------------------------------------------------
-PRIVATE_FILE = "private_tuning.json"
-
-
-def private_tuning_plan(cfg: Config) -> Any:
-    """Papernot & Steinke's random search: one noise schedule for every trial (the end-to-end
-    bound needs one base mechanism), the per-trial noise derived from the end-to-end target."""
-    from orchestrator.tuning import plan_private_tuning
-    from trainables.methods import get_method
-    from trainables.training import poisson_plan
-
-    sizes = cfg.split_sizes()
-    q, steps_per_epoch = poisson_plan(dataset_size=sizes["train"],
-                                      batch_size=cfg.training.batch_size)
-    shapes = {}
-    for plan in study_plans(cfg):
-        for point in schedule_points(plan):
-            params = get_method(plan.method).validate_params(plan.space.decode(point))
-            shapes[(plan.series, str(point))] = get_method(plan.method).noise_shape(
-                epochs=cfg.training.epochs, steps_per_epoch=steps_per_epoch, params=params)
-    distinct = {tuple(s.merged().phases) for s in shapes.values()}
-    if len(distinct) != 1:
-        raise UserInputError(field="sweep.tuning", value="private",
-                             allowed="series whose trials all share one noise schedule (fix "
-                                     "dp_adamilg's decay k in [method_params.dp_adamilg], or "
-                                     "sweep it adaptively)")
-    shape = next(iter(shapes.values()))
-    dist = cfg.sweep.trial_count_distribution
-    return plan_private_tuning(
-        target_epsilon=cfg.privacy.epsilon, delta=cfg.privacy.delta, sample_rate=q,
-        shape=shape, mean_trials=cfg.sweep.expected_trials, distribution=dist,
-        shape_eta=cfg.sweep.trial_count_shape if dist != "poisson" else None,
-        score_noise_multiplier=cfg.sweep.score_noise)
-
-
-def draw_counts(cfg: Config, plan: Any) -> dict[str, int]:
-    """K ~ the plan's law (secret entropy), each trial's series uniformly at random."""
-    import secrets
-
-    from orchestrator.tuning import draw_trial_count
-    from trainables.methods import series_name
-
-    series = [series_name(m, mode) for m, mode in cfg.series()]
-    counts = dict.fromkeys(series, 0)
-    for _ in range(draw_trial_count(plan=plan)):
-        counts[secrets.choice(series)] += 1
-    return counts
 
 
 def at_epsilon(cfg: Config, eps: float) -> Config:
@@ -426,7 +387,7 @@ class _Driver:
             privacy=_read_json(trial_dir / "privacy.json"), history=history,
             train_seconds=float(outcome.metrics.get("train_seconds", math.nan)),
             num_classes=NUM_CLASSES[self.cfg.data.dataset], series=plan.series,
-            study=plan.name, preset="paper" if tid.endswith("-000") else "")
+            study=plan.name, preset=self._preset(tid))
         audit_file = trial_dir / "audit.json"
         if audit_file.is_file():
             from orchestrator.audit import row_audit_columns
@@ -438,6 +399,10 @@ class _Driver:
         if "audit_seconds" in outcome.metrics:
             row["audit_seconds"] = float(outcome.metrics["audit_seconds"])
         return row
+
+    def _preset(self, tid: str) -> str:
+        """Adaptive studies start from the paper preset; private ones have no fixed point."""
+        return "paper" if tid.endswith("-000") and self.private is None else ""
 
     def record(self, plan: StudyPlan, tid: str, outcome: Outcome, _ot: Any = None) -> None:
         """One finished or failed trial: its row, its files in the manifest, a progress line."""
@@ -479,6 +444,12 @@ class _Driver:
             print(line, flush=True)
 
     # ---- trials ---------------------------------------------------------------------------
+    def trial_epsilon(self, plan: StudyPlan) -> float:
+        """A trial's training epsilon, which its audit's references are matched to: the study's
+        target, or under private tuning the certified per-trial figure (the target is then the
+        end-to-end one)."""
+        return plan.epsilon if self.certified is None else self.certified.bounds.upper
+
     def trial_config(self, plan: StudyPlan, params: dict[str, Any], tid: str) -> dict[str, Any]:
         spec = plan_trial(at_epsilon(self.cfg, plan.epsilon), method=plan.method,
                           params=params, trial_id=tid, cache_dir=self.run.cache_dir,
@@ -489,9 +460,7 @@ class _Driver:
 
             audit["budgets"] = reference_budgets(
                 self.cfg, method=plan.method, params=spec.method_params,
-                epsilon=(plan.epsilon if self.certified is None
-                         else self.certified.bounds.upper),
-                data=self.data, cache_dir=self.run.cache_dir)
+                epsilon=self.trial_epsilon(plan), data=self.data, cache_dir=self.run.cache_dir)
         config = {"run_dir": str(self.run.path), "trial_id": tid, "study": plan.name,
                   "series": plan.series, "spec": spec.to_dict(), "audit": audit}
         if self.private is not None:
@@ -567,9 +536,8 @@ class _Driver:
         studies, tallies = {}, {}
         parallel = self.cfg.sweep.max_concurrent_trials > 1
         for index, plan in enumerate(self.plans):
-            kind = "random" if self.private is not None else self.cfg.sweep.sampler
-            sampler = make_sampler(kind, seed=self.cfg.sweep.seed + index, parallel=parallel)
-            study = open_study(plan, storage=storage, sampler=sampler)
+            study = open_plan_study(self.cfg, plan, index=index, storage=storage,
+                                    parallel=parallel)
             tallies[plan.name] = reconcile(
                 study, plan, storage=storage, trials_root=self.run.path / "trials",
                 on_finished=lambda tid, out, _t, plan=plan: (
@@ -581,8 +549,13 @@ class _Driver:
     def front_ids(self) -> dict[str, list[str]]:
         """Per study, the trials a release would be chosen among: the validation-accuracy
         leader and every trial tied with it within its 95% interval, or the leader alone with
-        ``sweep.front = "best"`` (what the after-sweep audit and the re-runs spend on)."""
+        ``sweep.front = "best"`` (what the after-sweep audit and the re-runs spend on). Under
+        private tuning, the released trial alone: the audit then runs after the selection and
+        reads no noiseless metric to choose what it audits."""
         from reports.pareto import wilson_interval
+
+        if self.cfg.sweep.tuning == "private":
+            return released_front(list(self.rows.values()))
 
         n_val = self.cfg.split_sizes()["validation"]
         by_study: dict[str, list[dict[str, Any]]] = {}
@@ -629,7 +602,8 @@ class _Driver:
                     "settings": settings,
                     "budgets": reference_budgets(cfg, method=plan.method,
                                                  params=spec["method_params"],
-                                                 epsilon=plan.epsilon, data=self.data,
+                                                 epsilon=self.trial_epsilon(plan),
+                                                 data=self.data,
                                                  cache_dir=self.run.cache_dir)}))
         for study, ids in fronts.items():
             for tid in ids:
@@ -759,29 +733,9 @@ class _Driver:
         import platform
 
         from core import __version__
-        from orchestrator.tuning import adaptive_statement
 
-        by_target = {}
-        for eps in epsilons(self.cfg):
-            rows = [r for r in self.rows.values() if r["status"] == "ok"
-                    and r.get("target_epsilon") == eps and not r.get("repeat_of")]
-            if rows:
-                from core.schedule import Schedule
-
-                schedules = {r["noise_schedule"] for r in rows}
-                rates = {r["sample_rate"] for r in rows}
-                exact = len(schedules) == 1 and len(rates) == 1  # one mechanism: exact bound
-                stmt = adaptive_statement(
-                    n_trials=len(rows), per_trial_epsilon=eps, delta=self.cfg.privacy.delta,
-                    sample_rate=rates.pop() if exact else None,
-                    schedule=Schedule.from_list(json.loads(schedules.pop())) if exact else None)
-                by_target[f"{eps:g}"] = {"mode": "adaptive", **stmt.to_dict()}
-        tuning = {"mode": "adaptive",
-                  "statement": " ".join(v["statement"] for v in by_target.values()),
-                  "n_trials": sum(int(v["n_trials"]) for v in by_target.values()),
-                  "end_to_end_epsilon": None, "by_target": by_target}
-        if self.private is not None:
-            tuning = {"mode": "private", **self.private.to_dict()}
+        tuning = (adaptive_summary(self.cfg, self.plans, list(self.rows.values()))
+                  if self.private is None else {"mode": "private", **self.private.to_dict()})
         summary = {
             "started": self.start, "finished": time.time(),
             "wall_seconds": time.time() - self.start,
@@ -857,6 +811,8 @@ def _validate_before_ray(cfg: Config, *, out: Path | None) -> None:
 
         check_settings(data, AuditSettings.from_config(cfg.audit))
     study_plans(cfg)
+    if cfg.sweep.tuning == "private":  # a target the plan cannot reach: refused before Ray
+        private_tuning_plan(cfg)
 
 
 #: Ray Tune's own tables, banners and per-checkpoint chatter would drown the progress lines;

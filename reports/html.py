@@ -540,7 +540,10 @@ def tuning_statement(*, summary: dict[str, Any], trials: int) -> str:
                 f"<b>epsilon = {end_to_end:.4g}</b> ({_e(n_trials)} trials ran). It covers the "
                 f"selected model and its noisy score only; everything else in this report "
                 f"(other trials, noiseless validation and audit numbers) is "
-                f"<b>{NOT_COVERED_TAG}</b>.</p>")
+                f"<b>{NOT_COVERED_TAG}</b>. The bound also assumes the number of trials stays "
+                f"secret, and this report shows it: like the rest of the run directory, the "
+                f"report stays with whoever ran the sweep; share the export "
+                f"(<code>dpsweep pick RUN_DIR --export DIR</code>).</p>")
         return head + (f"<p>{_e(statement)}</p>" if statement else "")
     if mode == "private":
         head = ("<p><b>Tuning was meant to be private, but summary.json records no end-to-end "
@@ -548,18 +551,45 @@ def tuning_statement(*, summary: dict[str, Any], trials: int) -> str:
     else:
         head = (
             f"<p>This sweep ran <b>{_e(n_trials)}</b> trials and chose hyperparameters "
-            "<b>adaptively</b> (Optuna), from validation accuracy and MIA accuracy measured on "
-            "private data without noise. Each trial's epsilon bounds what training <em>that "
-            "one model</em> reveals. It does <b>not</b> cover the search: choosing one model "
-            "from many after looking at noiseless private metrics leaks more than any single "
-            "trial's epsilon, and that cost is not accounted here. Releasing all "
-            f"{_e(n_trials)} models would, by basic composition, cost up to {_e(n_trials)} "
-            "times the per-trial budget.</p>"
+            f"<b>adaptively</b> (Optuna), from {_adaptive_inputs(tuning)} measured on private "
+            "data without noise. Each trial's epsilon bounds what training <em>that one "
+            "model</em> reveals, its hyperparameters taken as given. It does <b>not</b> cover "
+            "the search: choosing one model from many after looking at noiseless private "
+            f"metrics leaks more than any single trial's epsilon. {_adaptive_cover(tuning)}</p>"
             "<p>A tuning-aware epsilon (Papernot &amp; Steinke, 2022) needs random search, a "
             "random number of trials, a DP selection score and release of the selected model "
             "only (<code>tuning = \"private\"</code>). <b>Adaptive hyperparameter search over "
             "private metrics is not covered by the per-trial epsilon.</b></p>")
     return head + (f"<p>Recorded statement: {_e(statement)}</p>" if statement else "")
+
+
+def _attack_seen(tuning: dict[str, Any]) -> bool | None:
+    """Whether the adaptive sampler saw the in-trial attack (None: an older summary)."""
+    seen = [v.get("objectives") for v in (tuning.get("by_target") or {}).values()
+            if isinstance(v, dict) and v.get("objectives")]
+    return any(len(o) > 1 for o in seen) if seen else None
+
+
+def _adaptive_inputs(tuning: dict[str, Any]) -> str:
+    attack = _attack_seen(tuning)
+    if attack is None:
+        return "validation accuracy (and, with the audit in the trial, MIA accuracy)"
+    return ("validation accuracy and the MIA accuracy of an attack on the training members"
+            if attack else "validation accuracy alone")
+
+
+def _adaptive_cover(tuning: dict[str, Any]) -> str:
+    """What composition over every trained model covers, given what the sampler saw."""
+    attack = _attack_seen(tuning)
+    if attack is None:
+        return ""
+    if attack:
+        return ("Because the sampler adapted to an attack run on the training members, no "
+                "composition bound covers the hyperparameters it chose, the models trained "
+                "with them or the selection.")
+    return ("For a person in the training set, composition over every trained model covers "
+            "releasing them all and any choice made from validation accuracy (the recorded "
+            "statement gives the bound); for a person in the validation set nothing does.")
 
 
 # ---- fronts ------------------------------------------------------------------------------------

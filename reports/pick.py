@@ -22,6 +22,9 @@ trial, the highest validation accuracy as a point estimate (then the lower MIA u
 the readable trial id): that is the stated objective, and the order is the same in any row
 order. Preferring a tied trial with a lower attack bound is a privacy choice the user makes
 explicitly, with ``max_peak_mia``, seeing the ties listed.
+
+A private-tuning run is chosen by :func:`choose_private` instead: the best noisy validation
+score, the one selection its end-to-end epsilon covers; nothing noiseless is read.
 """
 
 from __future__ import annotations
@@ -38,8 +41,10 @@ from reports.pareto import (
     ACC,
     ACC_HI,
     ACC_LO,
+    KIND_VALID,
     MIA,
     MIA_UPPER,
+    NONPRIVATE,
     eligible,
     exclusion_reasons,
     front_of,
@@ -53,6 +58,11 @@ REPLAYABLE_TAG = "replayable: not releasable"
 TIE_RULE = ("trials whose validation-accuracy intervals overlap the chosen one's are ties; the "
             "highest validation accuracy (point estimate) is returned, then the lower peak MIA "
             "upper bound, then the trial id")
+
+#: The noisy selection score of a private-tuning trial (``orchestrator.tuning.noisy_score``).
+NOISY = "noisy_val_score"
+PRIVATE_RULE = ("the highest noisy validation score among the search's dp_valid, release-safe "
+                "trials (private tuning: the one selection its end-to-end epsilon covers)")
 
 
 @dataclass(frozen=True)
@@ -240,3 +250,47 @@ def choose(frame: pd.DataFrame, *, validation_size: int | None,
     return Choice(trial=best.to_dict(), ties=tuple(r.to_dict() for _, r in tied.iterrows()),
                   qualifying=tuple(qualifying["trial_id"].astype(str)),
                   front=tuple(front["trial_id"].astype(str)), constraints=constraints)
+
+
+def choose_private(frame: pd.DataFrame, *, allow_invalid_dp: bool = False,
+                   allow_replayable: bool = False) -> Choice:
+    """Private tuning's release: the search trial with the highest noisy validation score.
+
+    That argmax is what Papernot & Steinke's bound covers, so nothing noiseless is read: not
+    validation accuracy, not ``degenerate`` (a noiseless threshold), not the audit. Leaving out
+    trials that are not dp_valid or release-safe is covered too: both follow from the trial's
+    series and the config, never from data, so it is the same as reading their scores as minus
+    infinity. Re-runs and the non-private baseline are not search trials. Ties (probability
+    zero under Gaussian noise) go to the readable trial id.
+    """
+    if frame.empty or NOISY not in frame.columns:
+        raise _nothing_released()
+    score = pd.to_numeric(frame[NOISY], errors="coerce").astype(float)
+    status = frame.get("status", pd.Series("", index=frame.index)).fillna("").astype(str)
+    repeat = frame.get("repeat_of", pd.Series("", index=frame.index)).fillna("").astype(str)
+    method = frame.get("method", pd.Series("", index=frame.index)).fillna("").astype(str)
+    searched = (status == "ok") & score.map(math.isfinite) & (repeat == "") & (
+        method != NONPRIVATE)
+    if not searched.any():
+        raise _nothing_released()
+    pool = frame[searched].assign(**{NOISY: score[searched]})
+    for column in ("dp_valid", "release_safe"):
+        pool[column] = pool[column].fillna(False).astype(bool)
+    admissible = pool[_admissible(pool, allow_invalid_dp=allow_invalid_dp,
+                                  allow_replayable=allow_replayable)]
+    if admissible.empty:
+        flags = [f for f, allowed in (("--allow-invalid-dp", allow_invalid_dp),
+                                      ("--allow-replayable", allow_replayable)) if not allowed]
+        raise UserInputError(field="/".join(flags), value=False,
+                             allowed=f"a flag admitting them: no finished trial of this "
+                                     f"private-tuning run is {KIND_VALID}")
+    best = sort_trials(admissible, by=[NOISY], ascending=[False]).iloc[0].to_dict()
+    return Choice(trial=best, ties=(), qualifying=(str(best["trial_id"]),), front=(),
+                  constraints={"rule": PRIVATE_RULE, "allow_invalid_dp": allow_invalid_dp,
+                               "allow_replayable": allow_replayable})
+
+
+def _nothing_released() -> UserInputError:
+    return UserInputError(field="RUN_DIR", value="private tuning",
+                          allowed="a run with at least one finished trial (K = 0 trials were "
+                                  "drawn, or every trial failed: nothing is released)")

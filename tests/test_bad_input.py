@@ -402,6 +402,20 @@ CASES = [
          "budget.epsilons", "[0.5, 1000]", "(0, 100]"),
     Case("budget-epsilons-not-a-list", _cfg("[budget]\nepsilons = 3.0\n"), "budget.epsilons",
          "3.0", "a list"),
+    # ---- config: private tuning admits nothing adaptive (refused before anything is written) ---
+    Case("private-tuning-with-reruns",
+         _cfg("[sweep]\ntuning = 'private'\nseeds = 2\n[audit]\nin_trial = false\n", "run"),
+         "sweep.seeds", "2", "0 with sweep.tuning = 'private'"),
+    Case("private-tuning-with-reruns-and-in-trial-audit",
+         _cfg("[sweep]\ntuning = 'private'\nseeds = 2\n[audit]\nin_trial = true\n"),
+         "sweep.seeds", "2", "0 with sweep.tuning = 'private'"),
+    Case("private-tuning-with-in-trial-audit", _cfg("[sweep]\ntuning = 'private'\n", "run"),
+         "audit.in_trial", "True", "false (or audit.enabled = false) with sweep.tuning = "
+         "'private'"),
+    Case("private-tuning-score-noise-too-small",
+         _cfg("[sweep]\nmethods = ['dpsgd']\ntuning = 'private'\nscore_noise = 0.5\n"
+              "[audit]\nenabled = false\n",
+              "run"), "sweep.score_noise", "0.5", "more noise"),
     # ---- config: data that is not on this machine --------------------------------------------
     Case("check-fmnist-data-dir-empty", _missing_data("check"), "data.data_dir", "empty",
          "Fashion-MNIST IDX files"),

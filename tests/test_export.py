@@ -25,6 +25,7 @@ from orchestrator.export import (
     round_down,
     round_up,
 )
+from orchestrator.studies import ATTACK_OBJECTIVE, VALIDATION_OBJECTIVE
 from orchestrator.tuning import adaptive_statement
 from tests.conftest import tiny_config
 from trainables.data import DataSplits
@@ -337,7 +338,8 @@ def test_missing_checkpoint_is_refused(trained: Trained, tmp_path: Path) -> None
 
 
 def test_adaptive_tuning_is_stated_as_not_covering_selection(trained: Trained) -> None:
-    adaptive = adaptive_statement(n_trials=12, per_trial_epsilon=EPSILON_UPPER, delta=DELTA)
+    adaptive = adaptive_statement(n_trials=12, per_trial_epsilon=EPSILON_UPPER, delta=DELTA,
+                                  objectives=(VALIDATION_OBJECTIVE,))
     s = privacy_statement(privacy=trained.privacy(), spec=trained.spec.to_dict(),
                           tuning={"mode": "adaptive", **adaptive.to_dict()}, audit_bound=None)
     assert s.holds and not s.selection_covered
@@ -347,6 +349,20 @@ def test_adaptive_tuning_is_stated_as_not_covering_selection(trained: Trained) -
     assert NOT_COVERED_SELECTION in s.not_covered
     md = s.to_markdown()
     assert "adaptive sweep of 12 trials" in md and adaptive.statement in md
+
+
+def test_a_sampler_that_saw_the_attack_gets_no_composed_bound_in_the_release(
+        trained: Trained) -> None:
+    """With the in-trial audit feeding TPE, the statement carries no composed epsilon that a
+    reader could take for a guarantee on the selected model, and says why."""
+    adaptive = adaptive_statement(n_trials=12, per_trial_epsilon=EPSILON_UPPER, delta=DELTA,
+                                  objectives=(VALIDATION_OBJECTIVE, ATTACK_OBJECTIVE))
+    s = privacy_statement(privacy=trained.privacy(), spec=trained.spec.to_dict(),
+                          tuning={"mode": "adaptive", **adaptive.to_dict()}, audit_bound=None)
+    assert not s.selection_covered and NOT_COVERED_SELECTION in s.not_covered
+    assert s.tuning is not None and "composed_epsilon" not in s.tuning
+    assert "composed_epsilon" not in json.dumps(s.to_dict())
+    assert "membership-inference attack run inside every trial" in s.to_markdown()
 
 
 def test_private_tuning_covers_selection_and_keeps_the_trial_count_secret(

@@ -4,6 +4,7 @@ records and a pick_config.toml that loads."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import sys
 import types
@@ -250,3 +251,102 @@ def test_prepared_parameters_are_not_written_as_hyperparameters() -> None:
                              "risk": [0.4, 0.3, 0.2, 0.1], "risk_meta": {"cache_file": "c.json"}}
     params = config_from_spec(spec).method_params
     assert params["r"] == 2.0 and "risk" not in params and "risk_meta" not in params
+
+
+# ---- private tuning ----------------------------------------------------------------------------
+#: Noisy scores of the synthetic run's trials: the best admissible one, t14, is degenerate (its
+#: noiseless accuracy 0.15); t7 (not dp_valid), t13 (replayable) and t15 (a re-run) score higher.
+NOISY_SCORES = {"t1": 0.80, "t4": 0.79, "t7": 0.99, "t13": 0.98, "t14": 0.95, "t15": 0.999}
+#: Keys that would carry a noiseless metric (or the list of trials, whose length is K).
+NOISELESS_KEYS = {"val_accuracy", "val_accuracy_ci", "test_accuracy", "val_loss", "test_loss",
+                  "peak_mia_accuracy", "peak_mia_upper", "leak_detected", "ties",
+                  "qualifying_front_trials", "front_trials", "train_loss_nonprivate"}
+PLAN = {"mode": "private", "end_to_end_epsilon": 2.9812, "delta": 1e-5,
+        "end_to_end_accountant": "rdp (dp_accounting RdpAccountant, RepeatAndSelectDpEvent)",
+        "distribution": "poisson", "mean_trials": 10.0, "shape_eta": None,
+        "score_noise_multiplier": 20.0, "per_trial_epsilon": 2.14,
+        "statement": "End-to-end guarantee: (2.981, 1e-05)-DP for the selected model.",
+        "expected_trials": 10.0, "prob_no_release": 4.5e-5}
+
+
+def _private_run(root: Path) -> Path:
+    """The synthetic run as a private-tuning run: noisy scores and the plan in summary.json."""
+    from orchestrator.rundir import RunDir
+
+    def noisy(rows: list[dict[str, Any]]) -> None:
+        for row in rows:
+            if row["status"] == "ok" and row["method"] != "nonprivate":
+                row["noisy_val_score"] = NOISY_SCORES.get(row["trial_id"], 0.5)
+
+    run = make_run(root, rows_hook=noisy)
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps({**summary, "tuning": PLAN}))
+    with RunDir.open(run, write=True) as opened:
+        opened.record(["summary.json"])
+    return run
+
+
+def _leaves(value: Any, path: str = "") -> list[tuple[str, Any]]:
+    if isinstance(value, dict):
+        return [x for k, v in value.items() for x in _leaves(v, f"{path}.{k}")]
+    if isinstance(value, list):
+        return [x for v in value for x in _leaves(v, path)]
+    return [(path, value)]
+
+
+def test_private_choice_reads_the_noisy_score_only() -> None:
+    import pandas as pd
+
+    from reports.pick import choose_private
+
+    def row(tid: str, noisy: float, **kw: Any) -> dict[str, Any]:
+        return {"trial_id": tid, "status": "ok", "method": "dpsgd", "series": "dpsgd",
+                "repeat_of": "", "dp_valid": True, "release_safe": True,
+                "noisy_val_score": noisy, "val_accuracy": 1.0 - noisy, "degenerate": False,
+                **kw}
+
+    frame = pd.DataFrame([
+        row("t1", 0.6), row("t2", 0.7, degenerate=True), row("t3", 0.9, dp_valid=False),
+        row("t4", 0.8, release_safe=False), row("t5", 0.95, repeat_of="t1"),
+        row("t6", math.nan), row("t7", 0.99, status="failed"),
+        row("nonprivate", 0.999, method="nonprivate", noisy_val_score=math.nan)])
+    assert choose_private(frame).trial_id == "t2"
+    assert choose_private(frame, allow_invalid_dp=True).trial_id == "t3"
+    assert choose_private(frame, allow_replayable=True).trial_id == "t4"
+    with pytest.raises(UserInputError, match="K = 0") as info:
+        choose_private(frame[frame["trial_id"].isin(["t6", "t7", "nonprivate"])])
+    assert info.value.field == "RUN_DIR"
+    with pytest.raises(UserInputError) as info:
+        choose_private(frame[frame["trial_id"].isin(["t3", "t4"])])
+    assert info.value.field == "--allow-invalid-dp/--allow-replayable"
+
+
+def test_private_pick_writes_the_noisy_score_and_the_statement_only(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = _private_run(tmp_path)
+    chosen = store.read_results(run).set_index("trial_id").loc["t14"]
+    assert main(["pick", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "picked trial t14" in out and "0.9500" in out and "2.9812" in out
+    assert "validation accuracy " not in out and "test accuracy" not in out
+    doc = _doc(run)
+    sel = doc["selection"]
+    assert sel["trial_id"] == "t14" and sel["noisy_val_score"] == 0.95
+    assert sel["dp_valid"] is True and sel["release_safe"] is True
+    assert doc["tuning"]["end_to_end_epsilon"] == PLAN["end_to_end_epsilon"]
+    assert doc["tuning"]["statement"] == PLAN["statement"]
+    noiseless = {float(chosen[k]) for k in ("val_accuracy", "test_accuracy", "val_loss",
+                                            "peak_mia_accuracy", "peak_mia_upper")}
+    history = json.loads((run / "trials/t14/history.json").read_text())
+    noiseless |= {float(v) for epoch in history for k, v in epoch.items()
+                  if "accuracy" in k or "loss" in k}
+    leaves = _leaves(doc)
+    assert leaves and not [p for p, _ in leaves if p.rsplit(".", 1)[-1] in NOISELESS_KEYS]
+    assert not [(p, v) for p, v in leaves if isinstance(v, float) and v in noiseless]
+    assert "expected_trials" not in doc["tuning"] and "n_trials" not in doc["tuning"]
+    assert load(run / PICK_CONFIG_FILE).training.method == "dpsgd"
+    # the only selection covered: no constraint, admitted flags move the choice by the score
+    assert main(["pick", str(run), "--max-peak-mia", "0.6"]) == 2
+    assert "private-tuning run" in capsys.readouterr().err
+    _pick(run, allow_invalid_dp=True)
+    assert _doc(run)["selection"]["trial_id"] == "t7"

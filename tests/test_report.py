@@ -419,6 +419,28 @@ def test_private_tuning_states_the_end_to_end_bound() -> None:
     assert "End-to-end guarantee" in text and "not covered" not in text.split("It covers")[0]
 
 
+def test_adaptive_tuning_text_follows_what_the_sampler_saw() -> None:
+    """Validation alone: composition covers the training set, not the validation set; with the
+    in-trial attack nothing adaptively chosen is covered; an older summary claims neither."""
+    def text(objectives: list[str] | None) -> str:
+        entry = {"mode": "adaptive", "statement": "s", "n_trials": 4}
+        if objectives is not None:
+            entry["objectives"] = objectives
+        return report_html.tuning_statement(summary={"tuning": {
+            "mode": "adaptive", "statement": "s", "n_trials": 4,
+            "by_target": {"3": entry}}}, trials=4)
+
+    alone, attack, old = text(["val_accuracy"]), text(["val_accuracy", "peak_mia_accuracy"]), \
+        text(None)
+    assert "validation accuracy alone" in alone and "composition over every trained model " \
+        "covers" in alone and "validation set nothing does" in alone
+    assert "attack on the training members" in attack
+    assert "no composition bound covers" in attack and "covers releasing" not in attack
+    assert "composition" not in old
+    for page in (alone, attack, old):
+        assert "Adaptive hyperparameter search over private metrics is not covered" in page
+
+
 def test_dataset_classes_match_trainables() -> None:
     from trainables.data import NUM_CLASSES
 

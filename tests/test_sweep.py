@@ -52,6 +52,7 @@ from orchestrator.sweep import (
     schedule_points,
     study_plans,
 )
+from orchestrator.sweep_tuning import open_plan_study
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -551,7 +552,7 @@ def test_the_after_sweep_audit_uses_the_run_cache_and_the_accountant_timeout(
                    mia_layers="")
         driver = object.__new__(_Driver)
         driver.__dict__.update(cfg=cfg, run=run, quiet=True, rows={tid: row}, best={},
-                               bar=None, start=0.0, plans=[plan],
+                               bar=None, start=0.0, plans=[plan], certified=None, private=None,
                                data=trial.load_data(cfg), flag=None, baseline_ran=False)
         asked: list[dict[str, Any]] = []
 
@@ -571,6 +572,13 @@ def test_the_after_sweep_audit_uses_the_run_cache_and_the_accountant_timeout(
         size = audit_mod.reference_size(driver.data, audit_mod.AuditSettings.from_config(
             cfg.audit))
         assert asked[0]["dataset_size"] == size
+        assert asked[0]["epsilon"] == plan.epsilon
+        # under private tuning the references match the certified per-trial epsilon, not the
+        # end-to-end target the study is named after
+        driver.certified = types.SimpleNamespace(bounds=types.SimpleNamespace(upper=1.7))
+        asked.clear()
+        driver.post_sweep()
+        assert [a["epsilon"] for a in asked] == [1.7]
     finally:
         run.release()
 
@@ -589,3 +597,113 @@ def test_budget_lanes_take_the_preparing_method_first_then_the_most_points() -> 
     adam = [point for plan, point in order if plan.method == "dp_adamilg"]
     plan = next(p for p in plans if p.method == "dp_adamilg")
     assert adam == schedule_points(plan)
+
+
+# ---- private tuning: the theorem's random search -------------------------------------------------
+def _private_config(**sweep: Any) -> Config:
+    return config_mod.from_dict({"training": {"epochs": 2},
+                                 "sweep": {"methods": ["dpsgd"], "tuning": "private", **sweep},
+                                 "audit": {"enabled": False}})
+
+
+def _draws(cfg: Config, tmp: Path, n: int) -> tuple[Any, list[dict[str, Any]]]:
+    """A fresh study opened as the driver opens it, and the points of its first n trials
+    (``SweepSearcher.suggest`` asks exactly this), every global seed fixed first."""
+    import random
+
+    import numpy as np
+
+    np.random.seed(0)
+    random.seed(0)
+    plan = study_plans(cfg, counts={"dpsgd": n})[0]
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp / 'optuna.db'}")
+    study = open_plan_study(cfg, plan, index=0, storage=storage, parallel=True)
+    before = study.get_trials(deepcopy=False)
+    asked = [study.ask(plan.space.distributions) for _ in range(n)]
+    assert all(t.state == TrialState.RUNNING for t in study.get_trials(deepcopy=False))
+    return before, [dict(t.params) for t in asked]
+
+
+def test_private_studies_draw_fresh_points_with_no_preset_or_enqueued_point(
+        tmp_path: Path) -> None:
+    """Two private runs of one config (same sweep.seed, same global seeds) draw different
+    hyperparameters for every trial, and no study holds a preset or enqueued point; the
+    adaptive control, seeded and preset-first, repeats itself (so the check can fail)."""
+    cfg = _private_config(seed=7)
+    runs = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        before, points = _draws(cfg, tmp_path / name, 6)
+        assert before == []  # nothing enqueued: no preset, no fixed point
+        runs.append(points)
+        storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / name / 'optuna.db'}")
+        for t in optuna.load_study(study_name="dpsgd@eps3", storage=storage).trials:
+            assert "fixed_params" not in t.system_attrs and "preset" not in t.user_attrs
+    assert all(a != b for a, b in zip(*runs, strict=True)), runs
+    space = study_plans(cfg)[0].space
+    assert all(p != dict(space.first_point) for p in runs[0] + runs[1])
+
+    adaptive = dataclasses.replace(cfg, sweep=dataclasses.replace(cfg.sweep, tuning="adaptive",
+                                                                  sampler="random"))
+    control = []
+    for name in ("c", "d"):
+        (tmp_path / name).mkdir()
+        before, points = _draws(adaptive, tmp_path / name, 3)
+        assert [t.system_attrs["fixed_params"] for t in before] == [space.first_point]
+        control.append(points)
+    assert control[0] == control[1] and control[0][0] == space.first_point
+
+
+def test_private_after_sweep_audit_looks_at_the_released_trial_only() -> None:
+    """Under private tuning the after-search phase audits the best noisy score, chosen without
+    reading noiseless accuracy or the degenerate flag."""
+    cfg = _private_config()
+    rows = [{"trial_id": tid, "status": "ok", "study": "dpsgd@eps3", "method": "dpsgd",
+             "repeat_of": "", "dp_valid": True, "release_safe": True, "val_accuracy": acc,
+             "noisy_val_score": noisy, "degenerate": acc < 0.2}
+            for tid, acc, noisy in (("a", 0.95, 0.70), ("b", 0.15, 0.90), ("c", 0.80, 0.85))]
+    stub = types.SimpleNamespace(cfg=cfg, plans=study_plans(cfg),
+                                 rows={r["trial_id"]: r for r in rows})
+    assert _Driver.front_ids(stub) == {"dpsgd@eps3": ["b"]}
+    stub.rows = {}
+    assert _Driver.front_ids(stub) == {}  # K = 0: nothing to audit
+
+
+def _summary_row(tid: str, study: str, *, status: str = "ok", repeat_of: str = "",
+                 schedule: str = '[{"noise_multiplier": 1.1, "steps": 100}]') -> dict[str, Any]:
+    return {"trial_id": tid, "study": study, "status": status, "repeat_of": repeat_of,
+            "noise_schedule": schedule if status == "ok" else None,
+            "sample_rate": 0.02 if status == "ok" else None}
+
+
+def test_adaptive_summary_counts_every_model_and_states_what_the_sampler_saw() -> None:
+    from orchestrator.sweep_tuning import adaptive_summary
+    from orchestrator.tuning import adaptive_statement
+
+    cfg = _config(methods=["dpsgd", "lm_dpsgd:faithful"], eps=[1, 4])
+    plans = study_plans(cfg)
+    rows = [_summary_row("a", "dpsgd@eps1"), _summary_row("b", "dpsgd@eps1"),
+            _summary_row("a-r1", "dpsgd@eps1", repeat_of="a"),
+            _summary_row("f", "lm_dpsgd:faithful@eps1"),  # not DP: never counted
+            _summary_row("c", "dpsgd@eps4"), _summary_row("d", "dpsgd@eps4", status="failed"),
+            {"trial_id": "nonprivate", "study": "nonprivate", "status": "ok", "repeat_of": ""}]
+    tuning = adaptive_summary(cfg, plans, rows)
+    one, four = tuning["by_target"]["1"], tuning["by_target"]["4"]
+    assert (one["n_trials"], one["reruns"], four["n_trials"], four["reruns"]) == (2, 1, 2, 0)
+    assert one["objectives"] == ["val_accuracy"] and tuning["n_trials"] == 5
+    # one DP-SGD mechanism throughout: exact; a failed trial's schedule is unknown: black box
+    assert one["composed_delta"] == cfg.privacy.delta and "exact" in one["composition"]
+    assert four["composed_delta"] == pytest.approx(3 * cfg.privacy.delta)
+    assert four["composed_epsilon"] == pytest.approx(adaptive_statement(
+        n_trials=2, per_trial_epsilon=4.0, delta=cfg.privacy.delta,
+        objectives=("val_accuracy",)).composed_epsilon)
+    total = one["composed_epsilon"] + four["composed_epsilon"]
+    assert f"sum of their bounds, ({total:.4g}," in one["statement"]
+    assert "invalid (lm_dpsgd:faithful) are not counted: nothing covers" in one["statement"]
+
+    audited = _config(methods=["dpsgd"], audit=True)
+    tuning = adaptive_summary(audited, study_plans(audited),
+                              [_summary_row("a", "dpsgd@eps3"), _summary_row("b", "dpsgd@eps3")])
+    entry = tuning["by_target"]["3"]
+    assert entry["objectives"] == ["val_accuracy", "peak_mia_accuracy"]
+    assert entry["composed_epsilon"] is None and "no bound covers" in entry["statement"]

@@ -22,6 +22,7 @@ from scipy import optimize, stats
 from core.errors import UserInputError
 from core.schedule import Phase, Schedule
 from orchestrator import tuning
+from orchestrator.studies import ATTACK_OBJECTIVE, NOISY_OBJECTIVE, VALIDATION_OBJECTIVE
 from orchestrator.tuning import (
     SIGMA_RANGE,
     WINDOW,
@@ -35,6 +36,9 @@ from orchestrator.tuning import (
 )
 
 DELTA = 1e-5
+#: What an adaptive sampler can see: validation accuracy alone, or with the in-trial attack.
+VAL = (VALIDATION_OBJECTIVE,)
+VAL_AND_ATTACK = (VALIDATION_OBJECTIVE, ATTACK_OBJECTIVE)
 # A small DP-SGD run keeps each plan at ~1-2 s on a shared CPU.
 Q, STEPS, SIGMA_S, TARGET = 0.02, 300, 50.0, 2.0
 DRAWS = 4000
@@ -361,7 +365,7 @@ def _optimal_composition_epsilon(eps: float, delta: float, n: int, total_delta: 
 
 @pytest.mark.parametrize("n", [1, 2, 10])
 def test_adaptive_black_box_composition_is_the_optimal_one(n):
-    s = adaptive_statement(n_trials=n, per_trial_epsilon=1.0, delta=DELTA)
+    s = adaptive_statement(n_trials=n, per_trial_epsilon=1.0, delta=DELTA, objectives=VAL)
     assert s.composed_delta == pytest.approx((n + 1) * DELTA)
     exact = _optimal_composition_epsilon(1.0, DELTA, n, s.composed_delta)
     # PLD is pessimistic: above the exact value by at most its discretisation per trial
@@ -373,7 +377,7 @@ def test_adaptive_black_box_composition_is_the_optimal_one(n):
 def test_adaptive_exact_composition_of_identical_runs():
     schedule = Schedule.constant(noise_multiplier=1.1, steps=STEPS)
     s = adaptive_statement(n_trials=10, per_trial_epsilon=1.0, delta=DELTA, sample_rate=Q,
-                           schedule=schedule)
+                           schedule=schedule, objectives=VAL)
     accountant = pld_privacy_accountant.PLDAccountant()
     accountant.compose(dp_event.SelfComposedDpEvent(
         dp_event.SelfComposedDpEvent(
@@ -381,5 +385,54 @@ def test_adaptive_exact_composition_of_identical_runs():
     assert s.composed_epsilon == pytest.approx(accountant.get_epsilon(DELTA), rel=1e-9)
     assert s.composed_delta == DELTA
     with pytest.raises(UserInputError) as info:
-        adaptive_statement(n_trials=10, per_trial_epsilon=1.0, delta=DELTA, sample_rate=Q)
+        adaptive_statement(n_trials=10, per_trial_epsilon=1.0, delta=DELTA, sample_rate=Q,
+                           objectives=VAL)
     assert info.value.field == "schedule"
+
+
+def test_adaptive_statement_says_what_composition_covers_given_what_the_sampler_saw():
+    """Validation accuracy alone: for the training set, every proposal and choice is
+    post-processing of earlier DP models, so composition over all models (re-runs counted)
+    covers releasing them all and the selection; the validation set has no guarantee. With
+    the in-trial attack on training members, nothing adaptively chosen is covered, and no
+    composed number is given that could be read as a guarantee."""
+    val = adaptive_statement(n_trials=10, reruns=2, per_trial_epsilon=1.0, delta=DELTA,
+                             objectives=VAL)
+    twelve = adaptive_statement(n_trials=12, per_trial_epsilon=1.0, delta=DELTA, objectives=VAL)
+    assert val.models == 12 and val.composed_epsilon == twelve.composed_epsilon
+    assert val.composed_delta == pytest.approx(13 * DELTA)
+    text = val.statement
+    for covered in ("12 DP-trained models (10 search trials and 2 re-runs of front trials)",
+                    "adaptive composition over all 12 models bounds releasing all of them",
+                    "any choice among them made from validation metrics, the selected model "
+                    "included", f"({val.composed_epsilon:.4g}, {val.composed_delta:.3g})-DP",
+                    "not by the per-trial epsilon"):
+        assert covered in text, covered
+    for not_covered in ("training loss", "pick --max-peak-mia",
+                        "For a person in the validation set there is no guarantee at all"):
+        assert not_covered in text, not_covered
+    assert "membership-inference attack run inside" not in text
+
+    attack = adaptive_statement(n_trials=10, reruns=2, per_trial_epsilon=1.0, delta=DELTA,
+                                objectives=VAL_AND_ATTACK)
+    assert attack.composed_epsilon is None and attack.composed_delta is None
+    assert attack.to_dict()["composed_epsilon"] is None
+    assert attack.to_dict()["objectives"] == list(VAL_AND_ATTACK)
+    text = attack.statement
+    for said in ("membership-inference attack run inside every trial on training members",
+                 "not post-processing of a DP output",
+                 "no bound covers releasing any of those models with its hyperparameters, or "
+                 "the selection", "composition over the 12 models does not either",
+                 "For a person in the validation or holdout set there is no guarantee at all"):
+        assert said in text, said
+    assert "bounds releasing all of them" not in text
+    assert ")-DP" not in text  # no composed (epsilon, delta) is stated as covering anything
+
+
+@pytest.mark.parametrize("objectives", [(ATTACK_OBJECTIVE,), (NOISY_OBJECTIVE,), (),
+                                        (ATTACK_OBJECTIVE, VALIDATION_OBJECTIVE), "val_accuracy"])
+def test_adaptive_statement_refuses_objectives_no_adaptive_sampler_had(objectives):
+    with pytest.raises(UserInputError) as info:
+        adaptive_statement(n_trials=3, per_trial_epsilon=1.0, delta=DELTA,
+                           objectives=objectives)
+    assert info.value.field == "objectives"

@@ -1,0 +1,126 @@
+"""A real private-tuning sweep on digits, then ``pick`` and ``pick --export`` (Papernot &
+Steinke): the study holds only random draws, pick.toml holds no noiseless metric, the release
+states the end-to-end epsilon, and no other trial can be exported.
+
+The secret trial count is fixed at 3 for the test (``draw_trial_count`` patched in the driver's
+process), so that a release exists and the run stays small; everything else is the product's.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+
+from orchestrator import config as config_mod
+from orchestrator import tuning
+from orchestrator.cli import main
+from orchestrator.pickfile import PICK_FILE
+from orchestrator.sweep import run_sweep
+from reports.store import read_results
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+pytestmark = pytest.mark.slow
+
+TRIALS = 3
+#: Keys that would carry a noiseless metric, or list the trials (their number is the secret K).
+NOISELESS_KEYS = {"val_accuracy", "val_accuracy_ci", "test_accuracy", "val_loss", "test_loss",
+                  "peak_mia_accuracy", "peak_mia_upper", "leak_detected", "ties",
+                  "qualifying_front_trials", "front_trials"}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cfg = config_mod.from_dict({
+        "training": {"epochs": 2, "batch_size": 50},
+        "sweep": {"methods": ["dpsgd"], "tuning": "private", "expected_trials": 3.0,
+                  "max_concurrent_trials": 2, "baseline": False},
+        "audit": {"enabled": False}})
+    out = tmp_path_factory.mktemp("private") / "run"
+    patch = pytest.MonkeyPatch()
+    patch.setattr(tuning, "draw_trial_count", lambda *, plan: TRIALS)
+    try:
+        run_sweep(cfg, run_dir=out, quiet=True)
+    finally:
+        patch.undo()
+    return out
+
+
+def _leaves(value: Any, path: str = "") -> list[tuple[str, Any]]:
+    if isinstance(value, dict):
+        return [x for k, v in value.items() for x in _leaves(v, f"{path}.{k}")]
+    if isinstance(value, list):
+        return [x for v in value for x in _leaves(v, path)]
+    return [(path, value)]
+
+
+def test_the_study_holds_only_random_draws(run: Path) -> None:
+    frame = read_results(run)
+    assert len(frame) == TRIALS and (frame["status"] == "ok").all()
+    assert frame["noisy_val_score"].map(math.isfinite).all()
+    assert (frame["preset"] == "").all()
+    storage = f"sqlite:///{run / 'optuna.db'}"
+    (summary,) = optuna.get_all_study_summaries(storage)
+    trials = optuna.load_study(study_name=summary.study_name, storage=storage).trials
+    assert len(trials) == TRIALS
+    for t in trials:
+        assert "fixed_params" not in t.system_attrs and "preset" not in t.user_attrs
+    assert len({json.dumps(t.params, sort_keys=True) for t in trials}) == TRIALS
+
+
+def test_pick_writes_the_noisy_score_and_no_noiseless_metric(
+        run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    frame = read_results(run)
+    assert main(["pick", str(run)]) == 0
+    out = capsys.readouterr().out
+    doc = tomllib.loads((run / PICK_FILE).read_text())
+    best = frame.loc[frame["noisy_val_score"].idxmax()]
+    sel = doc["selection"]
+    assert sel["trial_id"] == best["trial_id"]
+    assert sel["noisy_val_score"] == pytest.approx(float(best["noisy_val_score"]), abs=0)
+    summary = json.loads((run / "summary.json").read_text())["tuning"]
+    assert doc["tuning"]["end_to_end_epsilon"] == summary["end_to_end_epsilon"]
+    assert doc["tuning"]["statement"] == summary["statement"]
+    noiseless = {float(frame[k].iloc[i]) for k in ("val_accuracy", "test_accuracy")
+                 for i in range(len(frame))}
+    for tid in frame["trial_id"]:
+        history = json.loads((run / "trials" / tid / "history.json").read_text())
+        noiseless |= {float(v) for epoch in history for k, v in epoch.items()
+                      if "accuracy" in k or "loss" in k}
+    leaves = _leaves(doc)
+    assert not [p for p, _ in leaves if p.rsplit(".", 1)[-1] in NOISELESS_KEYS]
+    assert not [(p, v) for p, v in leaves if isinstance(v, float) and v in noiseless]
+    assert f"{float(best['val_accuracy']):.4f}" not in out
+
+
+def test_pick_export_states_the_end_to_end_epsilon_and_no_other_trial_leaves(
+        run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator.export import STATEMENT_JSON, round_up
+
+    assert main(["pick", str(run), "--export", str(tmp_path / "release")]) == 0
+    statement = json.loads((tmp_path / "release" / STATEMENT_JSON).read_text())
+    e2e = json.loads((run / "summary.json").read_text())["tuning"]["end_to_end_epsilon"]
+    assert statement["holds"] and statement["selection_covered"]
+    assert statement["tuning"]["end_to_end_epsilon"] == e2e
+    assert statement["headline"].startswith(f"({round_up(e2e)}, ")
+    assert "end to end" in statement["headline"]
+    released = "".join(p.read_bytes().decode("latin-1") for p in (tmp_path / "release").iterdir())
+    frame = read_results(run)
+    assert not any(str(tid) in released for tid in frame["trial_id"])
+
+    chosen = tomllib.loads((run / PICK_FILE).read_text())["selection"]["trial_id"]
+    other = next(t for t in frame["trial_id"] if t != chosen)
+    capsys.readouterr()
+    assert main(["export", str(run), "--trial", other, "--out", str(tmp_path / "other")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"dpsweep: error: --trial = '{other}'") and err.count("\n") == 1
+    assert not (tmp_path / "other").exists()
