@@ -2,13 +2,15 @@
 
 Steinke, Nasr & Jagielski, "Privacy Auditing with One (1) Training Run" (arXiv 2305.08846). For
 each target epsilon (default 1 and 3) the DP-SGD configuration below is planned at that
-budget, then trained twice more: once with m white-box Dirac gradient canaries (scored by the
-released noisy gradient), once with m black-box canaries (mislabelled holdout examples scored by
--loss); ``trainables.audit.canaries`` explains both. Each run gives guesses r, correct v and the
-95% lower bound; the acceptance is that every white-box bound is below its claim (a sound
-implementation cannot exceed it except with probability 5%).
+budget, then trained twice more: once with m white-box gradient canaries (one coordinate in
+every layer, scored from the released noisy gradients), once with m black-box canaries
+(mislabelled holdout examples scored by -loss); ``trainables.audit.canaries`` explains both.
+Each run gives guesses r, correct v and the 95% lower bound; the acceptance is that every
+white-box bound is below its claim (a sound implementation cannot exceed it except with
+probability 5%).
 
-Reduced so that each epsilon (two trainings) takes about 10 minutes on one shared CPU thread:
+Reduced so that each epsilon (two trainings) took about 10 minutes on one shared CPU thread
+(the white-box run's subtraction of the data's expected gradient roughly doubles its part):
 cnn28, 10,000 training examples (batch 256: q = 1/40, 40 steps per epoch), 12 epochs (480
 steps), validation 1,000, test 2,000, holdout 5,000 (the black-box pool), shadow 1,000; lr 2,
 C 0.5, delta 1e-5. Writes bench/results/canary_fmnist.json and prints a table.

@@ -806,7 +806,9 @@ def canary_audit(*, scores: Any, is_member: Any, delta: float,
         bound = epsilon_lower_bound(m=m, r=guesses.r, v=guesses.v, delta=delta,
                                     confidence=per_candidate)
         results.append((guesses, bound))
-    best_guesses, best_bound = max(results, key=lambda item: item[1])
+    # Ties (all zero, typically) go to the most guesses: the report then says how many guesses
+    # failed to bound epsilon, not that a handful did.
+    best_guesses, best_bound = max(results, key=lambda item: (item[1], item[0].r))
     return CanaryAudit(m=m, delta=delta, confidence=confidence,
                        per_candidate_confidence=per_candidate, epsilon_lower=best_bound,
                        best=best_guesses, candidates=tuple(results))
