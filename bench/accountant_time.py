@@ -93,7 +93,7 @@ def _cold_entries(results: dict[str, Any], rounds: int) -> None:
                                   for _ in range(rounds)])
     with tempfile.TemporaryDirectory() as cache:
         env = {"DPSWEEP_CACHE_DIR": cache}
-        fill = ("from orchestrator.budget import calibrate; calibrate(target_epsilon=3.0, "
+        fill = ("from orchestrator.accounting import calibrate; calibrate(target_epsilon=3.0, "
                 f"delta={DELTA}, sample_rate={Q}, steps={STEPS})")
         _fresh(["-c", fill], env=env)
         _record(results, "cli_cached_cold", [_fresh(["-c", fill], env=env)
@@ -101,42 +101,43 @@ def _cold_entries(results: dict[str, Any], rounds: int) -> None:
 
 
 def _warm_entries(results: dict[str, Any], rounds: int) -> None:
-    from orchestrator import budget
+    from orchestrator.accounting import calibrate, epsilon_curve, verify_calibration
+    from orchestrator.accounting.search import fine_eps_error, prv_calibrate
 
     shape = _shape()
     job = {"multipliers": [1.0], "steps": [STEPS], "sample_rate": Q, "delta": DELTA,
-           "target": EPSILON, "eps_error": budget._fine_eps_error(EPSILON)}
+           "target": EPSILON, "eps_error": fine_eps_error(EPSILON)}
     job20 = {**job, "multipliers": [p.noise_multiplier for p in shape.phases],
              "steps": [p.steps for p in shape.phases]}
-    budget._prv_calibrate(**job)  # warm imports
+    prv_calibrate(**job)  # warm imports
     _record(results, "prv_search_constant",
-            [_in_process(lambda: budget._prv_calibrate(**job)) for _ in range(rounds)])
+            [_in_process(lambda: prv_calibrate(**job)) for _ in range(rounds)])
     _record(results, "prv_search_20_phases",
-            [_in_process(lambda: budget._prv_calibrate(**job20)) for _ in range(rounds)])
+            [_in_process(lambda: prv_calibrate(**job20)) for _ in range(rounds)])
     cals: dict[str, Any] = {}
 
     def constant() -> None:
-        cals["constant"] = budget.calibrate(target_epsilon=EPSILON, delta=DELTA, sample_rate=Q,
-                                            steps=STEPS, use_cache=False)
+        cals["constant"] = calibrate(target_epsilon=EPSILON, delta=DELTA, sample_rate=Q,
+                                     steps=STEPS, use_cache=False)
 
     def phases() -> None:
-        cals["phases"] = budget.calibrate(target_epsilon=EPSILON, delta=DELTA, sample_rate=Q,
-                                          shape=shape, use_cache=False)
+        cals["phases"] = calibrate(target_epsilon=EPSILON, delta=DELTA, sample_rate=Q,
+                                   shape=shape, use_cache=False)
 
     _record(results, "calibrate_constant", [_in_process(constant) for _ in range(rounds)])
     _record(results, "calibrate_20_phases", [_in_process(phases) for _ in range(rounds)])
     at = [STEPS_PER_EPOCH * (e + 1) for e in range(EPOCHS)]
     for name, cal in (("constant_20", cals["constant"]), ("20_phases", cals["phases"])):
         _record(results, f"curve_{name}",
-                [_in_process(lambda c=cal: budget.epsilon_curve(c, at_steps=at))
+                [_in_process(lambda c=cal: epsilon_curve(c, at_steps=at))
                  for _ in range(rounds)])
     _record(results, "import_dp_accounting",
             [_fresh(["-c", "import dp_accounting"]) for _ in range(rounds)])
     checks = {}
     for name, cal in (("constant", cals["constant"]), ("20_phases", cals["phases"])):
-        checks[name] = budget.verify_calibration(cal)
+        checks[name] = verify_calibration(cal)
         _record(results, f"verify_{name}",
-                [_in_process(lambda c=cal: budget.verify_calibration(c)) for _ in range(rounds)])
+                [_in_process(lambda c=cal: verify_calibration(c)) for _ in range(rounds)])
     results["calibrations"] = {
         name: {"noise_multiplier": cal.noise_multiplier, "scale": cal.scale,
                "bounds": cal.bounds.to_dict(), "pld_epsilon": checks[name].pld_epsilon,

@@ -70,8 +70,12 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     ratios = {k: (v / base if base else float("nan")) for k, v in medians.items()}
     parity = all(abs(r - 1) <= PARITY for r in ratios.values())
     below = all(r["below_claim"] for r in rows)
+    # one run's bound has a standard deviation of 0.13-0.18 here, so medians of two runs cross a
+    # symmetric 25% band by chance; the question the audit asks is whether a method's canaries
+    # are weaker than DP-SGD's
+    not_weaker = all(r >= 1 - PARITY for r in ratios.values())
     return {"median": medians, "ratio_to_dpsgd": ratios, "within_25pct_of_dpsgd": parity,
-            "all_below_claim": below}
+            "none_weaker_than_75pct_of_dpsgd": not_weaker, "all_below_claim": below}
 
 
 def main() -> int:
@@ -114,6 +118,8 @@ def main() -> int:
     print("\nmedian bound (ratio to DP-SGD's): " + ", ".join(
         f"{k} {v:.4f} ({summary['ratio_to_dpsgd'][k]:.2f})" for k, v in summary["median"].items()))
     ok = summary["within_25pct_of_dpsgd"] and summary["all_below_claim"]
+    print(f"no method's median below {1 - PARITY:.0%} of DP-SGD's: "
+          f"{summary['none_weaker_than_75pct_of_dpsgd']}")
     print(f"acceptance (medians within {PARITY:.0%} of DP-SGD's, all below the claim): {ok}; "
           f"wrote {args.out}")
     return 0 if ok else 1

@@ -5,7 +5,7 @@ The records mirror dp_accounting's ``DpEvent`` tree (``PoissonSampledDpEvent`` o
 with a self-composition count) so that a trial's ledger, a release's privacy statement and a
 budget calibration can be checked by an independent accountant long after the run, without
 pickles and without importing dp_accounting here (``core`` stays light; the conversion lives in
-``orchestrator.budget``).
+``orchestrator.accounting.verify``).
 
 ``RepeatAndSelect`` is the private hyperparameter-tuning wrapper of Papernot & Steinke,
 "Hyperparameter Tuning with Renyi Differential Privacy" (arXiv 2110.03620): the inner event is

@@ -262,5 +262,11 @@ class ParamSet:
                                      value=out[c.field], allowed=c.allowed)
         return out
 
+    def prepared(self) -> tuple[str, ...]:
+        """The parameters a method's preparation fills (``role="prepared"``): pick leaves them
+        out of a rerun's config (the rerun recomputes them) and the report out of the
+        hyperparameters it shows."""
+        return tuple(p.name for p in self.params if p.role == "prepared")
+
     def table(self, *, roles: tuple[str, ...] = ("hyper", "setting")) -> list[dict[str, str]]:
         return [p.row() for p in self.params if p.role in roles]

@@ -72,7 +72,7 @@ class JsonCache:
     An entry stores its full key; a file whose key differs (hash collision, a foreign or
     edited file) or that does not parse is a miss, never an answer. The cache stores answers,
     it does not vouch for them: callers that derive privacy claims from an entry re-verify it
-    (see ``orchestrator.budget``).
+    (see ``orchestrator.accounting.cache``).
     """
 
     def __init__(self, directory: str | os.PathLike[str], namespace: str) -> None:

@@ -66,9 +66,10 @@ def report(run_dir: str | Path) -> Path:
     """(Re)build the HTML report from the stored results; returns its path."""
     from orchestrator.rundir import RunDir
     from reports.html import build_report
+    from trainables.methods import prepared_params
 
     RunDir.open(Path(run_dir), write=False).verify_all()
-    return build_report(Path(run_dir))
+    return build_report(Path(run_dir), prepared=prepared_params())
 
 
 def pick(run_dir: str | Path, *, max_peak_mia: float | None = None,

@@ -49,7 +49,7 @@ def cmd_budget(args: argparse.Namespace) -> int:
     """
     from decimal import ROUND_CEILING, ROUND_FLOOR, ROUND_HALF_EVEN, Decimal
 
-    from orchestrator.budget import DEFAULT_ACCOUNTANT_TIMEOUT_S, calibrate
+    from orchestrator.accounting.calibration import DEFAULT_ACCOUNTANT_TIMEOUT_S, calibrate
     from orchestrator.config import MAX_ACCOUNTANT_TIMEOUT_S, MAX_EPSILON
 
     def need(ok: bool, flag: str, value: Any, allowed: str) -> None:
@@ -226,11 +226,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from orchestrator.rundir import RunDir
-    from reports.html import build_report
+    from orchestrator.api import report
 
-    RunDir.open(Path(args.run_dir), write=False).verify_all()
-    print(f"report: {build_report(Path(args.run_dir))}")
+    print(f"report: {report(args.run_dir)}")
     return 0
 
 
@@ -300,14 +298,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--sample-rate", type=float, help="Poisson sampling rate q")
     b.add_argument("--batch-size", type=int,
                    help="expected batch size (training.batch_size; with --train-size)")
-    b.add_argument("--train-size", "--dataset-size", dest="train_size", type=int,
-                   help="private training examples N (data.train_size; --dataset-size is a "
-                        "deprecated alias)")
+    b.add_argument("--train-size", type=int,
+                   help="private training examples N (data.train_size)")
     b.add_argument("--steps", type=int, help="number of steps")
     b.add_argument("--epochs", type=int, help="number of epochs (training.epochs; 1/q steps each)")
-    b.add_argument("--accountant-timeout-s", "--timeout", dest="accountant_timeout_s", type=float,
+    b.add_argument("--accountant-timeout-s", type=float,
                    help="seconds before falling back to RDP (privacy.accountant_timeout_s, "
-                        "default 120; --timeout is a deprecated alias)")
+                        "default 120)")
     b.add_argument("--json", action="store_true", help="print the full calibration as JSON")
     b.set_defaults(func=cmd_budget)
 

@@ -100,14 +100,6 @@ class ClusterInfo:
     nodes: tuple[NodeResources, ...]
     session_dir: str  # this machine's Ray session: logs, sockets, spilled objects
 
-    @property
-    def total_cpus(self) -> float:
-        return sum(n.cpus for n in self.nodes)
-
-    @property
-    def total_gpus(self) -> float:
-        return sum(n.gpus for n in self.nodes)
-
 
 @dataclass
 class _State:

@@ -1,6 +1,7 @@
 """Generated documentation: the method tables of README.md and docs/methods.md.
 
-The tables come from the methods' declarations (``trainables/methods/``) and the results schema
+The tables come from the methods' declarations (``trainables/methods/``), the search spaces as
+sweeps build them (``search_spaces.searched_params``) and the results schema
 (``reports/store.py``), so they cannot drift from the code: ``python -m orchestrator.docgen``
 rewrites the marked blocks, and a test fails when a committed file differs from what this module
 generates.
@@ -37,12 +38,12 @@ def methods_table() -> str:
 
 
 def hyperparameter_tables() -> str:
-    from search_spaces import SPACES
+    from search_spaces import SPACES, searched_params
     from trainables.methods import METHODS
 
     out = []
     for name, cls in sorted(METHODS.items()):
-        searched = set(SPACES[name].ranges) if name in SPACES else set()
+        searched = searched_params(name) if name in SPACES else frozenset()
         out += [f"### `{name}`", "", _escape(cls.argument), "",
                 "| parameter | default | allowed | scale | modes | presets | searched | meaning |",
                 "|---|---|---|---|---|---|---|---|"]

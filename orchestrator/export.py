@@ -118,7 +118,6 @@ NOT_COVERED_PRIVATE_K = ("the number of trials of the private tuning run (the en
                          "noisy score per trial")
 
 TUNING_MODES = ("adaptive", "private")
-AUDIT_KEYS = ("eps_lower_bound", "canaries", "confidence")
 
 
 # --------------------------------------------------------------------------------------------

@@ -53,9 +53,6 @@ PICK_CONFIG_FILE = "pick_config.toml"
 TEST_NOTE = "reported, not used to choose"
 NOT_COVERED_NOTE = ("not covered by epsilon: computed on private data without noise; stays "
                     "with whoever ran the sweep")
-#: Method parameters a method's once-per-sweep preparation fills (LM-DP-SGD's risk vector and
-#: its provenance): not hyperparameters; a rerun recomputes them (cached) from public data.
-PREPARED_PARAMS = ("risk", "risk_meta")
 #: Scalar fields of the privacy record copied into pick.toml's [privacy] table.
 PRIVACY_FIELDS = ("mechanism", "method", "mode", "dp_valid", "validity_reason", "randomness",
                   "release_safe", "sample_rate", "steps", "noise_multiplier", "clip_norm",
@@ -92,8 +89,8 @@ def config_from_spec(spec: Mapping[str, Any]) -> Config:
     """A full, validated config that retrains the trial described by ``spec``.
 
     Method hyperparameters (lr, clip_norm, momentum, mode, ...) go to ``[method_params]``, only
-    those the method declares: entries its once-per-sweep preparation computes (LM-DP-SGD's
-    risk vector) are recomputed on a rerun. The preset is resolved already (its values are in
+    those the method declares and not its prepared ones (``ParamSet.prepared``: LM-DP-SGD's
+    risk vector), which a rerun recomputes. The preset is resolved already (its values are in
     the spec), so it is left empty; the randomness kind maps back onto ``reproducible`` and
     ``secure_mode``.
     """
@@ -106,7 +103,7 @@ def config_from_spec(spec: Mapping[str, Any]) -> Config:
                              allowed=f"a registered method: {sorted(METHODS)}")
     declared = cls.declaration()
     params = {k: v for k, v in (spec.get("method_params") or {}).items()
-              if k not in PREPARED_PARAMS and k in declared}
+              if k in declared and k not in declared.prepared()}
     sizes = spec.get("sizes") or {}
     cal = spec["calibration"]
     device = str(spec.get("device", "auto"))

@@ -19,6 +19,7 @@ trials would otherwise leave idle at the end; a Ray task beside Tune would seria
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 import os
 import time
@@ -32,13 +33,30 @@ from core.storage import atomic_write_json
 BASELINE_ID = "nonprivate"
 
 
+class JobKind(enum.Enum):
+    """What an after-search job does: the driver records a job's result by its kind."""
+
+    AUDIT = "audit"
+    RERUN = "re-run"
+    BASELINE = "baseline"
+
+
 @dataclasses.dataclass(frozen=True)
 class Job:
-    """One post-sweep task: a name for progress lines, a function and its keyword arguments."""
+    """One post-sweep task: its kind, the trial it is about, a function and its keyword
+    arguments."""
 
-    name: str
+    kind: JobKind
+    trial_id: str
     fn: Callable[..., dict[str, Any]]
     kwargs: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        """For progress lines."""
+        if self.kind is JobKind.BASELINE:
+            return "non-private baseline"
+        return f"{self.kind.value} {self.trial_id}"
 
 
 #: Seconds between checks for a stop signal while after-search jobs run.

@@ -10,7 +10,7 @@ copy writes only into the copy. Nothing in it is executed or trusted unverified:
 * state is rebuilt from ``config.toml`` + the Optuna storage + the results store; Ray Tune's own
   experiment files under ``tune/`` (pickles) are never loaded;
 * checkpoints load with ``torch.load(weights_only=True)``; budget-cache hits are re-verified by an
-  independent accountant (``orchestrator.budget``).
+  independent accountant (``orchestrator.accounting.verify``).
 
 One process at a time writes a run directory: ``run`` and ``resume`` hold an exclusive lock
 (``filelock``) for their whole life; a second writer is refused at once with the holder's pid.
@@ -215,10 +215,6 @@ class RunDir:
     @property
     def tune_dir(self) -> Path:
         return self.path / TUNE
-
-    @property
-    def report_dir(self) -> Path:
-        return self.path / REPORT
 
     def trial_dir(self, trial_id: str) -> Path:
         return self.path / TRIALS / check_trial_id(trial_id)

@@ -34,17 +34,14 @@ from core.errors import UserInputError
 from core.storage import atomic_write_json
 from orchestrator import config as config_mod
 from orchestrator.config import Config
+from orchestrator.plans import at_epsilon, schedule_points, study_plans
 from orchestrator.rundir import RESULTS, RunDir, check_creatable
 from orchestrator.studies import (
-    ATTACK_OBJECTIVE,
-    NOISY_OBJECTIVE,
-    VALIDATION_OBJECTIVE,
     Outcome,
     StudyPlan,
     SweepSearcher,
     read_outcome,
     reconcile,
-    study_name,
 )
 from orchestrator.sweep_tuning import (
     PRIVATE_FILE,
@@ -56,7 +53,6 @@ from orchestrator.sweep_tuning import (
 )
 from orchestrator.trial import data_pool, load_data, plan_trial
 from reports import store
-from search_spaces import build_space
 
 #: Exit codes of a sweep stopped by a signal (128 + signal number, as shells report them).
 EXIT_SIGINT = 130
@@ -159,60 +155,6 @@ class _SilentReporter:
         return Silent()
 
 
-# ---- planning -----------------------------------------------------------------------------------
-def epsilons(cfg: Config) -> list[float]:
-    return list(cfg.budget.epsilons) or [cfg.privacy.epsilon]
-
-
-def _num_layers(cfg: Config) -> int:
-    from orchestrator.trial import _model_factory
-
-    return len(_model_factory(cfg).layer_names)
-
-
-def study_plans(cfg: Config, *, counts: dict[str, int] | None = None) -> list[StudyPlan]:
-    """Every (series, target) study with its space: fixed values from [method_params] are not
-    searched, user ranges from [search.<method>] replace the defaults. ``counts`` (private
-    tuning) gives each series its share of the secretly drawn number of trials."""
-    from trainables.methods import series_name
-
-    layers = _num_layers(cfg)
-    two = cfg.audit.enabled and cfg.audit.in_trial
-    if cfg.sweep.tuning == "private":
-        objectives: tuple[str, ...] = (NOISY_OBJECTIVE,)
-    else:
-        objectives = ((VALIDATION_OBJECTIVE, ATTACK_OBJECTIVE) if two
-                      else (VALIDATION_OBJECTIVE,))
-    plans = []
-    for eps in epsilons(cfg):
-        for method, mode in cfg.series():
-            series = series_name(method, mode)
-            space = build_space(method, mode=mode, num_layers=layers,
-                                fixed=cfg.given_params(method),
-                                overrides=cfg.search.get(method))
-            n_trials = (cfg.sweep.trials_per_method if counts is None
-                        else counts.get(series, 0))
-            plans.append(StudyPlan(name=study_name(series, eps), series=series, method=method,
-                                   mode=mode, epsilon=eps, space=space, n_trials=n_trials,
-                                   objectives=objectives))
-    return plans
-
-
-def at_epsilon(cfg: Config, eps: float) -> Config:
-    return dataclasses.replace(cfg, privacy=dataclasses.replace(cfg.privacy, epsilon=eps))
-
-
-def schedule_points(plan: StudyPlan) -> list[dict[str, Any]]:
-    """Points whose noise schedules differ: the first point and every categorical choice.
-    (Only categorical dimensions may change a method's noise shape; see search_spaces.)"""
-    points = [dict(plan.space.first_point)]
-    for key, dist in plan.space.distributions.items():
-        for value in getattr(dist, "choices", ()):
-            if value != plan.space.first_point.get(key):
-                points.append({**plan.space.first_point, key: value})
-    return points
-
-
 #: Threads that precompute budgets at once. Each PRV calibration runs in its own child process
 #: and a method's preparation (LM-DP-SGD's risk estimate) in torch, so two lanes keep both cores
 #: busy: the demo's cold precompute drops from 17-20 s to about 10 s on 2 cores.
@@ -253,8 +195,8 @@ def precompute(cfg: Config, *, run: RunDir, plans: list[StudyPlan], data: Any,
     """
     from concurrent.futures import ThreadPoolExecutor
 
+    from orchestrator.accounting.sandbox import keep_interpreters
     from orchestrator.audit import reference_budgets
-    from orchestrator.budget import keep_interpreters
 
     order = precompute_order(plans)
     queue = iter(order)
@@ -348,7 +290,7 @@ class _Driver:
     def _private_setup(self) -> tuple[Any, dict[str, int]]:
         """The private-tuning plan, printed before any training, and the secret trial counts
         (drawn once; kept in the run directory for a resume, never in a release)."""
-        from orchestrator.budget import certify
+        from orchestrator.accounting.calibration import certify
 
         plan = private_tuning_plan(self.cfg)
         path = self.run.path / PRIVATE_FILE
@@ -471,7 +413,7 @@ class _Driver:
         from ray import tune
         from ray.tune.logger import JsonLoggerCallback
 
-        from orchestrator import postsweep, trial_runner
+        from orchestrator import worker
 
         to_run = sum(t.remaining(p.n_trials) for p, t in
                      ((p, tallies[p.name]) for p in self.plans))
@@ -479,15 +421,14 @@ class _Driver:
             return
         baseline = self.baseline_job()
         jobs = {} if baseline is None else {baseline.name: {
-            trial_runner.JOB_KEY: "baseline", "kwargs": baseline.kwargs}}
+            worker.JOB_KEY: baseline.kind.value, "kwargs": baseline.kwargs}}
 
         def job_done(name: str, result: dict | None) -> None:
             assert baseline is not None and name == baseline.name
             self.baseline_ran = True
             error = ("its worker stopped" if result is None
-                     else str(result.get(trial_runner.JOB_ERROR, "")))
-            if error or not self._recover(postsweep.Job(
-                    f"baseline {postsweep.BASELINE_ID}", postsweep.baseline_job, {})):
+                     else str(result.get(worker.JOB_ERROR, "")))
+            if error or not self._recover(baseline):
                 self._after(baseline, None, error or "it wrote no result.json")
 
         searcher = SweepSearcher(plans=self.plans, studies=studies, tallies=tallies,
@@ -501,7 +442,7 @@ class _Driver:
             resources["memory"] = self.cfg.resources.memory_per_trial_mb * 2**20
         shared = data_pool(self.cfg)
         tuner = tune.Tuner(
-            tune.with_resources(tune.with_parameters(trial_runner.tune_trainable, data=shared),
+            tune.with_resources(tune.with_parameters(worker.tune_trainable, data=shared),
                                 resources),
             tune_config=tune.TuneConfig(
                 search_alg=searcher, num_samples=4 * to_run + len(jobs) + 16,
@@ -593,11 +534,12 @@ class _Driver:
                 if isinstance(self.rows[tid].get("mia_layers"), str) and \
                         self.rows[tid]["mia_layers"] not in ("", "[]"):
                     continue
-                if self._recover(postsweep.Job(f"audit {tid}", postsweep.audit_job, {})):
+                if self._recover(postsweep.Job(postsweep.JobKind.AUDIT, tid,
+                                               postsweep.audit_job, {})):
                     continue
                 spec = self._spec_of(tid)
                 plan = plans[self.rows[tid]["study"]]
-                jobs.append(postsweep.Job(f"audit {tid}", postsweep.audit_job, {
+                jobs.append(postsweep.Job(postsweep.JobKind.AUDIT, tid, postsweep.audit_job, {
                     "trial_dir": str(self.run.trial_dir(tid)), "spec": spec,
                     "settings": settings,
                     "budgets": reference_budgets(cfg, method=plan.method,
@@ -609,14 +551,14 @@ class _Driver:
             for tid in ids:
                 for k in range(1, cfg.sweep.seeds + 1):
                     rid = f"{tid}-r{k}"
-                    if rid in self.rows or self._recover(
-                            postsweep.Job(f"re-run {rid}", postsweep.rerun_job, {})):
+                    if rid in self.rows or self._recover(postsweep.Job(
+                            postsweep.JobKind.RERUN, rid, postsweep.rerun_job, {})):
                         continue
                     spec = self._spec_of(tid)
                     config = self.trial_config(plans[study], spec["method_params"], rid)
                     config["spec"]["seed"] = int(spec["seed"]) + k
                     config["audit"]["in_trial"] = settings["in_trial"]
-                    jobs.append(postsweep.Job(f"re-run {rid}", postsweep.rerun_job,
+                    jobs.append(postsweep.Job(postsweep.JobKind.RERUN, rid, postsweep.rerun_job,
                                               {"config": config}))
         baseline = None if self.baseline_ran else self.baseline_job()
         if baseline is not None:
@@ -654,14 +596,16 @@ class _Driver:
         from orchestrator import postsweep
 
         if not self.cfg.sweep.baseline or postsweep.BASELINE_ID in self.rows or self._recover(
-                postsweep.Job(f"baseline {postsweep.BASELINE_ID}", postsweep.baseline_job, {})):
+                postsweep.Job(postsweep.JobKind.BASELINE, postsweep.BASELINE_ID,
+                              postsweep.baseline_job, {})):
             return None
         plan = next((p for p in self.plans if p.n_trials), None)
         if plan is None:
             return None
         config = self.trial_config(plan, plan.space.decode(plan.space.first_point),
                                    postsweep.BASELINE_ID)
-        return postsweep.Job("non-private baseline", postsweep.baseline_job, {
+        return postsweep.Job(postsweep.JobKind.BASELINE, postsweep.BASELINE_ID,
+                             postsweep.baseline_job, {
             "run_dir": str(self.run.path), "spec": config["spec"],
             "settings": audit_settings(self.cfg), "audit": self.cfg.audit.enabled,
             "lr": self.cfg.sweep.baseline_lr})
@@ -669,11 +613,11 @@ class _Driver:
     def _recover(self, job: Any) -> bool:
         """Record an after-search job that finished on disk but not in the results (the driver
         stopped in between), instead of running it again; True when there was one."""
+        from orchestrator import postsweep
         from orchestrator.audit import AUDIT_FILE
 
-        kind, _, tid = job.name.partition(" ")
-        trial_dir = self.run.trial_dir(tid)
-        if kind == "audit":
+        trial_dir = self.run.trial_dir(job.trial_id)
+        if job.kind is postsweep.JobKind.AUDIT:
             path = trial_dir / AUDIT_FILE
             if not path.is_file():
                 return False
@@ -691,12 +635,12 @@ class _Driver:
 
     def _after(self, job: Any, result: dict[str, Any] | None, error: str) -> None:
         from orchestrator import postsweep
-        from orchestrator.audit import row_audit_columns
+        from orchestrator.audit import AUDIT_FILE, row_audit_columns
         from trainables.data import NUM_CLASSES
 
-        kind, _, tid = job.name.partition(" ")
+        tid = job.trial_id
         line = f"[{job.name}] " + ("FAILED: " + error if error else "done")
-        if kind == "audit":
+        if job.kind is postsweep.JobKind.AUDIT:
             row = self.rows[tid]
             if result is not None:
                 row.update(row_audit_columns(result, row=row))
@@ -705,7 +649,7 @@ class _Driver:
                 row.update(store.empty_audit())
                 row["audit_error"] = error
             self._write(tid)
-        elif kind == "re-run":
+        elif job.kind is postsweep.JobKind.RERUN:
             base = tid.rsplit("-r", 1)[0]
             plan = next(p for p in self.plans if p.name == self.rows[base]["study"])
             outcome = Outcome("ok", result, "") if result is not None else Outcome(
@@ -713,9 +657,9 @@ class _Driver:
             self.record(plan, tid, outcome)
             self.rows[tid]["repeat_of"] = base
             self._write(tid)
-        elif result is not None:
+        elif job.kind is postsweep.JobKind.BASELINE and result is not None:
             row = postsweep.baseline_row(result, num_classes=NUM_CLASSES[self.cfg.data.dataset])
-            audit_file = self.run.trial_dir(postsweep.BASELINE_ID) / "audit.json"
+            audit_file = self.run.trial_dir(postsweep.BASELINE_ID) / AUDIT_FILE
             if audit_file.is_file():
                 row.update(row_audit_columns(_read_json(audit_file), row=row))
             self.rows[postsweep.BASELINE_ID] = row
@@ -755,8 +699,9 @@ class _Driver:
         report = None
         if len(frame):
             from reports.html import build_report
+            from trainables.methods import prepared_params
 
-            report = build_report(self.run.path)
+            report = build_report(self.run.path, prepared=prepared_params())
         summary = SweepSummary(run_dir=self.run.path, rows=len(frame),
                                failed=int((frame["status"] != "ok").sum()) if len(frame) else 0,
                                seconds=time.time() - self.start, report=report)

@@ -10,7 +10,10 @@ import functools
 from pathlib import Path
 from typing import Any
 
-from orchestrator.budget import Calibration, calibrate, default_cache_dir, epsilon_curve
+from orchestrator.accounting.cache import default_cache_dir
+from orchestrator.accounting.calibration import calibrate
+from orchestrator.accounting.certificate import Calibration
+from orchestrator.accounting.curve import epsilon_curve
 from orchestrator.config import Config
 from trainables.data import DataSplits, SplitSizes, load_pool, load_splits
 from trainables.methods import get_method

@@ -96,7 +96,7 @@ def execute(config: dict[str, Any], *,
         }
         tuning = config.get("tuning") or {}
         if tuning.get("score_noise") is not None:
-            from orchestrator.tuning import noisy_score
+            from orchestrator.accounting.private_tuning import noisy_score
 
             total = len(data.validation)
             record["noisy_val_score"] = noisy_score(
@@ -133,18 +133,6 @@ def _ray_node() -> str | None:
     return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
 
 
-#: The key of a trial config that names a job from outside the studies (``_jobs``), not a trial.
-JOB_KEY = "job"
-#: What a job reports to Tune when it fails (its reason: the searcher passes it to the driver).
-JOB_ERROR = "job_error"
-
-
-def _jobs() -> dict[str, Callable[..., dict[str, Any]]]:
-    from orchestrator import postsweep
-
-    return {"baseline": postsweep.baseline_job}
-
-
 def use_data_pool(shared: dict[str, Any] | None) -> None:
     """Serve this worker's data splits from the driver's pool (``orchestrator.trial.data_pool``:
     no scikit-learn import, no file read per worker); None leaves the worker to read the data."""
@@ -152,27 +140,3 @@ def use_data_pool(shared: dict[str, Any] | None) -> None:
         from trainables.data import share_pool
 
         share_pool(shared["pool"], dataset=shared["dataset"], data_dir=shared["data_dir"])
-
-
-def tune_trainable(config: dict[str, Any], data: dict[str, Any] | None = None) -> None:
-    """The Ray Tune function trainable: :func:`execute` with per-epoch reports to Tune, or a job
-    from outside the studies (``config[JOB_KEY]``) run in the same warm worker. ``data`` is the
-    driver's ``orchestrator.trial.data_pool`` (``tune.with_parameters``)."""
-    from ray import tune
-
-    from orchestrator.audit import audit_in_trial
-
-    use_data_pool(data)
-
-    if JOB_KEY in config:
-        try:
-            _jobs()[config[JOB_KEY]](**config["kwargs"])
-        except Exception as exc:  # its reason reaches the driver; the sweep goes on
-            tune.report({JOB_ERROR: describe(exc), "done": True})
-            return
-        tune.report({"done": True})
-        return
-
-    record = execute(config, report=tune.report, audit=audit_in_trial)
-    tune.report({k: v for k, v in record.items() if isinstance(v, (int, float))
-                 and not isinstance(v, bool)} | {"done": True})

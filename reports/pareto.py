@@ -177,16 +177,6 @@ def front_mask(*, acc_lo: Sequence[float], acc_hi: Sequence[float], mia_lo: Sequ
     return ~dominated
 
 
-def ties_of(*, index: int, acc_lo: np.ndarray, acc_hi: np.ndarray, mia_lo: np.ndarray,
-            mia_hi: np.ndarray) -> np.ndarray:
-    """Mask of the trials whose intervals overlap trial ``index``'s on both axes (itself
-    excluded): neither can be ranked above the other."""
-    overlap = ((acc_lo <= acc_hi[index]) & (acc_hi >= acc_lo[index])
-               & (mia_lo <= mia_hi[index]) & (mia_hi >= mia_lo[index]))
-    overlap[index] = False
-    return overlap
-
-
 # ---- hypervolume -----------------------------------------------------------------------------
 def accuracy_above_chance(accuracy: Any, *, num_classes: int) -> np.ndarray:
     chance = 1.0 / num_classes

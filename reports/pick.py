@@ -59,7 +59,8 @@ TIE_RULE = ("trials whose validation-accuracy intervals overlap the chosen one's
             "highest validation accuracy (point estimate) is returned, then the lower peak MIA "
             "upper bound, then the trial id")
 
-#: The noisy selection score of a private-tuning trial (``orchestrator.tuning.noisy_score``).
+#: The noisy selection score of a private-tuning trial
+#: (``orchestrator.accounting.private_tuning.noisy_score``).
 NOISY = "noisy_val_score"
 PRIVATE_RULE = ("the highest noisy validation score among the search's dp_valid, release-safe "
                 "trials (private tuning: the one selection its end-to-end epsilon covers)")

@@ -223,6 +223,22 @@ def build_space(method: str, *, mode: str, num_layers: int,
                       fixed=fixed, step=use_step)
 
 
+def searched_params(method: str, *, num_layers: int = 4) -> frozenset[str]:
+    """The declared parameters a sweep of ``method`` searches in at least one of its modes, as
+    :func:`build_space` builds them: the ranges, the model-dependent ones and lr when the step
+    lr * C stands for it (``Space.ranges`` alone misses the last two). ``num_layers`` only sizes
+    the model-dependent ranges, not which parameters they cover."""
+    from trainables.methods import get_method
+
+    out: set[str] = set()
+    for mode in get_method(method).modes:
+        built = build_space(method, mode=mode.name, num_layers=num_layers)
+        out |= set(built.distributions) - {STEP}
+        if built.step:
+            out.add("lr")
+    return frozenset(out)
+
+
 def _inside(value: Any, dist: Any) -> Any:
     """The first point clamped into its range (a preset outside a user's narrowed range)."""
     if hasattr(dist, "choices"):

@@ -41,7 +41,8 @@ import torch
 
 from core.schedule import Schedule
 from trainables.data import load_splits
-from trainables.dp_step import DPStep, PerExampleGrads, PublicData
+from trainables.dp_step import DPStep, PublicData
+from trainables.engine import MaterializedGrads
 from trainables.methods import get_method
 from trainables.models import LayeredModel, build_model
 from trainables.randomness import Randomness, poisson_batches
@@ -150,12 +151,12 @@ def _dtype(method: DPStep) -> torch.dtype:
     return next(method.model.parameters()).dtype
 
 
-def _view(method: DPStep, grads: dict[str, torch.Tensor]) -> PerExampleGrads:
-    return PerExampleGrads.from_grads(grads, layer_of=method.layer_of,
+def _view(method: DPStep, grads: dict[str, torch.Tensor]) -> MaterializedGrads:
+    return MaterializedGrads.from_grads(grads, layer_of=method.layer_of,
                                       num_layers=method.num_layers)
 
 
-def adversarial_view(method: DPStep, norms: torch.Tensor, *, seed: int = 1) -> PerExampleGrads:
+def adversarial_view(method: DPStep, norms: torch.Tensor, *, seed: int = 1) -> MaterializedGrads:
     """Random per-example gradients of the live layers, in the model's dtype, with the given
     block norms [B, L] (as nearly as the dtype represents them: the view's norms are those of
     the gradients actually built)."""
@@ -170,7 +171,7 @@ def adversarial_view(method: DPStep, norms: torch.Tensor, *, seed: int = 1) -> P
         -1, *[1] * (g.dim() - 1))).to(dtype) for n, g in grads.items()})
 
 
-def aligned_view(method: DPStep) -> PerExampleGrads:
+def aligned_view(method: DPStep) -> MaterializedGrads:
     """Per-example gradients that are multiples ``ALIGNED`` of the current weights."""
     live = method.trainable_layers()
     scale = torch.tensor(ALIGNED, dtype=_dtype(method))
@@ -197,14 +198,14 @@ def engine_views(method: DPStep) -> list[tuple[str, DPStep, Any]]:
     return out
 
 
-def _only(view: Any, k: int, method: DPStep) -> PerExampleGrads | None:
+def _only(view: Any, k: int, method: DPStep) -> MaterializedGrads | None:
     """Example k alone, as explicit gradients (None for an engine view, handled by masking)."""
-    if not isinstance(view, PerExampleGrads):
+    if not isinstance(view, MaterializedGrads):
         return None
     return _view(method, {n: g[k:k + 1] for n, g in view.grads.items()})
 
 
-def _drop(view: PerExampleGrads, k: int, method: DPStep) -> PerExampleGrads:
+def _drop(view: MaterializedGrads, k: int, method: DPStep) -> MaterializedGrads:
     keep = [i for i in range(view.norms.shape[0]) if i != k]
     return _view(method, {n: g[keep] for n, g in view.grads.items()})
 
@@ -285,7 +286,7 @@ def _check_view(method: DPStep, name: str, view: Any) -> ReleaseCheck:
     full = full_state.clip(view)
     stds = full_state.noise_std()
     rule = full_state.last_guard_ratio
-    neighbouring = isinstance(view, PerExampleGrads) and _dtype(method) == torch.float64
+    neighbouring = isinstance(view, MaterializedGrads) and _dtype(method) == torch.float64
     worst: ReleaseCheck | None = None
     for k in range(view.norms.shape[0]):
         alone_view = _only(view, k, method) or _Masked(view, k)

@@ -591,12 +591,12 @@ def test_bad_input(case: Case, runs: Runs, tmp_path: Path, guarded: pytest.Monke
 def test_budget_with_a_huge_epsilon_is_refused_before_any_accounting(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """epsilon = 1e6 would make the accountant discretise a huge range (minutes, >10 GB)."""
-    import orchestrator.budget
+    import orchestrator.accounting.calibration
 
     def calibrate(**_: object) -> None:
         raise _Reached("calibrate was called for epsilon 1e6")
 
-    monkeypatch.setattr(orchestrator.budget, "calibrate", calibrate)
+    monkeypatch.setattr(orchestrator.accounting.calibration, "calibrate", calibrate)
     start = time.perf_counter()
     rc = main(["budget", "--epsilon", "1e6", "--delta", "1e-5", "--sample-rate", "0.01",
                "--steps", "100"])

@@ -34,15 +34,18 @@ from core.events import (
     events_to_list,
 )
 from core.schedule import Phase, Schedule
-from orchestrator import budget
-from orchestrator.budget import (
-    Calibration,
-    EpsilonBounds,
-    calibrate,
-    default_cache_dir,
-    epsilon_curve,
+from orchestrator.accounting import cache as budget_cache
+from orchestrator.accounting import curve as curves
+from orchestrator.accounting import sandbox, search
+from orchestrator.accounting.cache import default_cache_dir
+from orchestrator.accounting.calibration import calibrate
+from orchestrator.accounting.certificate import WINDOW, Calibration, EpsilonBounds
+from orchestrator.accounting.curve import epsilon_curve
+from orchestrator.accounting.prv import prv_epsilon
+from orchestrator.accounting.rdp import rdp_integer_epsilon
+from orchestrator.accounting.verify import (
+    _one_step_epsilon,
     epsilon_of_events,
-    prv_epsilon,
     rdp_epsilon,
     schedule_events,
     verify_calibration,
@@ -78,7 +81,7 @@ def acceptance(cache: Path) -> Calibration:
 
 def _entry_path(cache: Path, sample_rate: float = Q) -> Path:
     """The cache file of the question with this sample rate (others may share the directory)."""
-    (path,) = [p for p in (cache / budget.CACHE_NAMESPACE).glob("*.json")
+    (path,) = [p for p in (cache / budget_cache.CACHE_NAMESPACE).glob("*.json")
                if json.loads(p.read_text())["key"]["sample_rate"] == repr(sample_rate)]
     return path
 
@@ -87,7 +90,7 @@ def test_acceptance_numbers(acceptance: Calibration) -> None:
     cal = acceptance
     assert cal.accountant == "prv" and cal.bounds.accountant == "prv"
     assert cal.fallback_reason is None and not cal.cached
-    centre = math.sqrt(budget.WINDOW) * 3.0
+    centre = math.sqrt(WINDOW) * 3.0
     # One fine composition certifies the coarse aim: upper bound at the centre, not just inside.
     assert abs(cal.bounds.upper / centre - 1) < 1e-4
     assert cal.noise_multiplier == pytest.approx(CENTRE_SIGMA, abs=2e-6)
@@ -140,7 +143,7 @@ def test_one_step_closed_form_matches_the_grid() -> None:
     for sigma, q in [(0.7, Q), (1.0, 0.1), (0.5, 1.0)]:
         grid = prv_epsilon(schedule=[Phase(sigma, 1)], sample_rate=q, delta=DELTA,
                            eps_error=1e-3)
-        exact = budget._one_step_epsilon(sample_rate=q, sigma=sigma, delta=DELTA)
+        exact = _one_step_epsilon(sample_rate=q, sigma=sigma, delta=DELTA)
         assert grid.lower <= exact <= grid.upper
         assert exact == pytest.approx(grid.estimate, abs=1e-4)
 
@@ -165,11 +168,11 @@ def test_cached_call_is_verified_and_identical(acceptance: Calibration, cache: P
     assert again.schedule == acceptance.schedule and again.bounds == acceptance.bounds
     assert again.seconds == acceptance.seconds  # the original compute time, not the lookup's
     # What another process sees: the file alone, verified by the independent accountant.
-    budget._VERIFIED.clear()
+    budget_cache._VERIFIED.clear()
     from_disk = calibrate(target_epsilon=3.0, delta=DELTA, sample_rate=Q, steps=T,
                           cache_dir=cache)
     assert from_disk.cached and from_disk.schedule == acceptance.schedule
-    assert len(budget._VERIFIED) == 1
+    assert len(budget_cache._VERIFIED) == 1
     t0 = time.perf_counter()  # identical bytes, already verified in this process
     assert calibrate(target_epsilon=3.0, delta=DELTA, sample_rate=Q, steps=T,
                      cache_dir=cache).cached
@@ -190,7 +193,7 @@ def test_cached_call_is_verified_and_identical(acceptance: Calibration, cache: P
 def test_tampered_cache_entry_is_refused(acceptance: Calibration, cache: Path, tmp_path: Path,
                                          edit: dict[str, float], why: str) -> None:
     entry = json.loads(_entry_path(cache).read_text())
-    target_dir = tmp_path / budget.CACHE_NAMESPACE
+    target_dir = tmp_path / budget_cache.CACHE_NAMESPACE
     target_dir.mkdir()
     path = target_dir / _entry_path(cache).name
     cal = entry["value"]["calibration"]
@@ -202,7 +205,7 @@ def test_tampered_cache_entry_is_refused(acceptance: Calibration, cache: Path, t
         else:
             cal[name] = value
     path.write_text(json.dumps(entry))
-    budget._VERIFIED.clear()
+    budget_cache._VERIFIED.clear()
     with pytest.raises(CacheIntegrityError) as info:
         calibrate(target_epsilon=3, delta=DELTA, sample_rate=Q, steps=T, cache_dir=tmp_path)
     assert str(path) in str(info.value) and why in str(info.value)
@@ -210,10 +213,10 @@ def test_tampered_cache_entry_is_refused(acceptance: Calibration, cache: Path, t
 
 
 def test_untampered_copy_passes(acceptance: Calibration, cache: Path, tmp_path: Path) -> None:
-    (tmp_path / budget.CACHE_NAMESPACE).mkdir()
-    path = tmp_path / budget.CACHE_NAMESPACE / _entry_path(cache).name
+    (tmp_path / budget_cache.CACHE_NAMESPACE).mkdir()
+    path = tmp_path / budget_cache.CACHE_NAMESPACE / _entry_path(cache).name
     path.write_text(_entry_path(cache).read_text())
-    budget._VERIFIED.clear()
+    budget_cache._VERIFIED.clear()
     cal = calibrate(target_epsilon=3, delta=DELTA, sample_rate=Q, steps=T, cache_dir=tmp_path)
     assert cal.cached and cal.schedule == acceptance.schedule
 
@@ -269,7 +272,7 @@ def test_upper_epsilon_strictly_decreasing_in_sigma() -> None:
     uppers = [prv_epsilon(schedule=[Phase(s, T)], sample_rate=Q, delta=DELTA,
                           eps_error=0.05).upper for s in sigmas]
     assert all(a > b for a, b in itertools.pairwise(uppers))
-    rdps = [budget._rdp_integer_epsilon(sigmas=[s], steps=[T], sample_rate=Q, delta=DELTA)
+    rdps = [rdp_integer_epsilon(sigmas=[s], steps=[T], sample_rate=Q, delta=DELTA)
             for s in sigmas]
     assert all(a > b for a, b in itertools.pairwise(rdps))
 
@@ -311,7 +314,7 @@ def test_timeout_falls_back_to_rdp(tmp_path: Path) -> None:
     assert [b.accountant for b in curve] == ["rdp", "rdp"]
     assert curve[0].upper < curve[1].upper == cal.bounds.upper
     # The same question with the same time bound is answered from the (verified) cache.
-    budget._VERIFIED.clear()
+    budget_cache._VERIFIED.clear()
     assert calibrate(target_epsilon=3, delta=DELTA, sample_rate=Q, steps=T, timeout_s=0.01,
                      cache_dir=tmp_path).cached
 
@@ -329,36 +332,36 @@ def test_child_interpreters_are_reused_and_one_past_its_bound_is_killed(
     fresh interpreter. Inside ``keep_interpreters`` (the sweep's precompute) it is kept for the
     next job (its start costs more than a job); one that outlives its time bound is killed,
     never reused; on leaving, none is left. Outside, none is kept."""
-    monkeypatch.setattr(budget, "_start_method", lambda: "subprocess")
+    monkeypatch.setattr(sandbox, "_start_method", lambda: "subprocess")
     calibrate(**{**CHEAP, "target_epsilon": 1.8}, cache_dir=tmp_path / "z")
-    assert budget._IDLE == []
-    with budget.keep_interpreters():
+    assert sandbox._IDLE == []
+    with sandbox.keep_interpreters():
         first = calibrate(**CHEAP, cache_dir=tmp_path / "a")
         assert first.accountant == "prv"
-        assert len(budget._IDLE) == 1
-        kept = budget._IDLE[0].proc
+        assert len(sandbox._IDLE) == 1
+        kept = sandbox._IDLE[0].proc
         second = calibrate(**{**CHEAP, "target_epsilon": 2.5}, cache_dir=tmp_path / "a")
         assert second.accountant == "prv" and not second.cached
-        assert [c.proc for c in budget._IDLE] == [kept] and kept.poll() is None
+        assert [c.proc for c in sandbox._IDLE] == [kept] and kept.poll() is None
         slow = calibrate(**{**CHEAP, "target_epsilon": 1.5}, timeout_s=0.01,
                          cache_dir=tmp_path / "b")
         assert slow.accountant == "rdp" and "did not finish within" in (slow.fallback_reason
                                                                         or "")
         assert kept.poll() is not None  # the one that took the job past its bound is gone
-        assert budget._IDLE == []
+        assert sandbox._IDLE == []
         after = calibrate(**{**CHEAP, "target_epsilon": 1.5}, cache_dir=tmp_path / "c")
         assert after.accountant == "prv"
-        last = budget._IDLE[0].proc
+        last = sandbox._IDLE[0].proc
         assert last is not kept
-    assert budget._IDLE == [] and last.poll() is not None
+    assert sandbox._IDLE == [] and last.poll() is not None
 
 
 def test_a_child_interpreter_exits_with_its_parent() -> None:
-    code = ("import json; from orchestrator import budget; "
-            "keep = budget.keep_interpreters(); keep.__enter__(); "
-            "r = budget._prv_in_subprocess({'multipliers': [1.0], 'steps': [250], "
+    code = ("import json; from orchestrator.accounting import sandbox; "
+            "keep = sandbox.keep_interpreters(); keep.__enter__(); "
+            "r = sandbox._prv_in_subprocess({'multipliers': [1.0], 'steps': [250], "
             "'sample_rate': 0.02, 'delta': 1e-5, 'target': 2.0, 'eps_error': 0.06}, 60); "
-            "print(json.dumps([r.result is not None, budget._IDLE[0].proc.pid]))")
+            "print(json.dumps([r.result is not None, sandbox._IDLE[0].proc.pid]))")
     r = _python(code, timeout=120)
     answered, pid = json.loads(r.stdout.strip().splitlines()[-1])
     assert answered, r.stderr[-2000:]
@@ -379,10 +382,10 @@ def test_a_curve_asked_again_is_looked_up_not_recomposed(
         acceptance: Calibration, monkeypatch: pytest.MonkeyPatch) -> None:
     """The driver asks for the same schedule's curve once per trial."""
     at = [T // 4, T // 2, T]
-    budget._CURVES.clear()
+    curves._CURVES.clear()
     composed: list[int] = []
-    original = budget._prv_curve
-    monkeypatch.setattr(budget, "_prv_curve",
+    original = curves._prv_curve
+    monkeypatch.setattr(curves, "_prv_curve",
                         lambda cal, ks: composed.append(len(ks)) or original(cal, ks))
     first = epsilon_curve(acceptance, at_steps=at)
     again = epsilon_curve(acceptance, at_steps=list(reversed(at)))
@@ -406,7 +409,7 @@ def test_prv_exception_falls_back_to_rdp(tmp_path: Path) -> None:
 def test_epsilon_curve_per_epoch(acceptance: Calibration) -> None:
     epoch = T // 20
     at = [epoch * k for k in range(1, 20)] + [T]
-    budget._CURVES.clear()  # time a composition, not a lookup of another test's curve
+    curves._CURVES.clear()  # time a composition, not a lookup of another test's curve
     cpu = time.process_time()
     curve = epsilon_curve(acceptance, at_steps=at)
     cpu = time.process_time() - cpu
@@ -434,11 +437,6 @@ def test_epsilon_curve_across_phases(tmp_path: Path) -> None:
     alone = prv_epsilon(schedule=cal.schedule.prefix(100), sample_rate=0.02, delta=DELTA,
                         eps_error=cal.eps_error)
     assert uppers[1] == pytest.approx(alone.upper, abs=2 * cal.eps_error)
-
-
-def test_epsilon_curve_deprecated_cache_keywords(acceptance: Calibration, cache: Path) -> None:
-    with pytest.warns(DeprecationWarning):
-        assert epsilon_curve(acceptance, at_steps=[T], cache_dir=cache) == [acceptance.bounds]
 
 
 def test_events_round_trip_and_accounting() -> None:
@@ -504,8 +502,8 @@ def test_default_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> N
 def test_start_method() -> None:
     import numpy  # noqa: F401  (its BLAS pool is a second thread)
 
-    assert budget._start_method() == "subprocess"
-    code = "from orchestrator import budget; print(budget._start_method())"
+    assert sandbox._start_method() == "subprocess"
+    code = "from orchestrator.accounting import sandbox; print(sandbox._start_method())"
     r = _python(code, timeout=60)
     assert r.stdout.strip() == "fork", r.stderr
 
@@ -580,7 +578,7 @@ def test_search_finds_the_window_quickly(k: float, u_true: float, offset: float,
     def eps(u: float) -> float:
         return target * math.exp(-k * (u - u_true) + 0.05 * math.sin(3 * u))
 
-    u, e, _, n = budget._search(eps, u0=u_true + offset, slope=slope_guess, lo=0.99 * target,
+    u, e, _, n = search._search(eps, u0=u_true + offset, slope=slope_guess, lo=0.99 * target,
                                 hi=target, u_min=u_true - 4, u_max=u_true + 4,
                                 max_step=math.log(1.5), max_evals=40)
     assert 0.99 * target <= e <= target and e == eps(u)

@@ -45,7 +45,7 @@ def test_budget_acceptance_numbers() -> None:
 
 def test_budget_from_batch_size_and_epochs(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["budget", "--epsilon", "2", "--delta", "1e-5", "--batch-size", "256",
-                 "--dataset-size", "60000", "--epochs", "2"]) == 0
+                 "--train-size", "60000", "--epochs", "2"]) == 0
     out = capsys.readouterr().out
     assert "steps:                    470" in out  # 2 * ceil(60000/256)
     assert "sample rate q:            0.00425532" in out  # 1/235
@@ -62,7 +62,7 @@ def test_budget_from_batch_size_and_epochs(capsys: pytest.CaptureFixture[str]) -
          "--sample-rate = 0.0"),
         (["--epsilon", "3", "--delta", "1e-5", "--sample-rate", "0.01"], "--steps/--epochs"),
         (["--epsilon", "3", "--delta", "1e-5", "--steps", "10"], "--batch-size/--train-size"),
-        (["--epsilon", "3", "--delta", "0.1", "--batch-size", "10", "--dataset-size", "100",
+        (["--epsilon", "3", "--delta", "0.1", "--batch-size", "10", "--train-size", "100",
           "--steps", "10"], "--delta (privacy.delta) = 0.1"),
         (["--epsilon", "three", "--delta", "1e-5"], "invalid float value"),
     ],

@@ -111,7 +111,7 @@ def test_declaration_presets_and_search_space_agree(method: str, mode: str) -> N
 @pytest.mark.parametrize(("method", "mode"), CASES)
 def test_accounting_matches_the_budget_by_an_independent_accountant(tmp_path: Path, method: str,
                                                                     mode: str) -> None:
-    from orchestrator.budget import epsilon_of_events, schedule_events
+    from orchestrator.accounting.verify import epsilon_of_events, schedule_events
 
     spec = _spec(method, mode, reproducible=True)
     result = train_trial(spec, checkpoint_root=tmp_path)

@@ -16,6 +16,7 @@ import torch
 import trainables.randomness
 from core.errors import UserInputError
 from orchestrator import __version__
+from orchestrator.accounting.adaptive import adaptive_statement
 from orchestrator.export import (
     NOT_COVERED_PRIVATE_K,
     NOT_COVERED_SELECTION,
@@ -26,7 +27,6 @@ from orchestrator.export import (
     round_up,
 )
 from orchestrator.studies import ATTACK_OBJECTIVE, VALIDATION_OBJECTIVE
-from orchestrator.tuning import adaptive_statement
 from tests.conftest import tiny_config
 from trainables.data import DataSplits
 from trainables.methods import get_method

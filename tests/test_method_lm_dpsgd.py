@@ -23,7 +23,7 @@ from orchestrator.trial import plan_trial
 from tests.conformance import NUM_LAYERS, adversarial_view, build_step
 from tests.conftest import tiny_config
 from trainables.data import load_splits
-from trainables.dp_step import PerExampleGrads
+from trainables.engine import MaterializedGrads
 from trainables.methods import get_method
 from trainables.methods.lm_dpsgd import (
     _U_FROM,
@@ -148,7 +148,7 @@ def test_faithful_one_example_reweights_the_others(weights: str) -> None:
     swapped = {n: g.clone() for n, g in view.grads.items()}
     for g in swapped.values():
         g[0] = -1e3 * g[0]
-    step.clip(PerExampleGrads.from_grads(swapped, layer_of=step.layer_of, num_layers=4))
+    step.clip(MaterializedGrads.from_grads(swapped, layer_of=step.layer_of, num_layers=4))
     assert step.weight_vector != pytest.approx(w_before)
 
 
@@ -242,7 +242,7 @@ def test_bias_optimal_from_gradients_minimises_the_bias() -> None:
     grads = {n: torch.randn(12, *p.shape, generator=gen, dtype=torch.float64) * (i + 1) * 0.1
              + 0.05 * torch.randn(p.shape, generator=gen, dtype=torch.float64)
              for i, (n, p) in enumerate(step.model.named_parameters())}
-    pe = PerExampleGrads.from_grads(grads, layer_of=step.layer_of, num_layers=4)
+    pe = MaterializedGrads.from_grads(grads, layer_of=step.layer_of, num_layers=4)
     a, b = bias_terms(pe, layer_of=step.layer_of, num_layers=4, clip_norm=1.0)
     w, _ = bias_optimal_weights(a, b)
     u = risk_terms(pe.norms, clip_norm=1.0).numpy()
@@ -420,7 +420,7 @@ def test_a_float32_block_with_subnormal_squares_stays_within_its_bound(mode: str
     naive = float(block0.pow(2).sum().sqrt())
     true = float(block0.double().pow(2).sum().sqrt())
     assert naive < 0.9 * true  # what the old float32 norm gave
-    view = PerExampleGrads.from_grads(grads, layer_of=step.layer_of, num_layers=NUM_LAYERS)
+    view = MaterializedGrads.from_grads(grads, layer_of=step.layer_of, num_layers=NUM_LAYERS)
     assert float(view.norms[0, 0]) == pytest.approx(true, rel=1e-6)
     released = step.clip(view)
     per_layer = [0.0] * NUM_LAYERS

@@ -18,7 +18,7 @@ import optuna
 import pytest
 
 from orchestrator import config as config_mod
-from orchestrator import tuning
+from orchestrator.accounting import private_tuning
 from orchestrator.cli import main
 from orchestrator.pickfile import PICK_FILE
 from orchestrator.sweep import run_sweep
@@ -47,7 +47,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "audit": {"enabled": False}})
     out = tmp_path_factory.mktemp("private") / "run"
     patch = pytest.MonkeyPatch()
-    patch.setattr(tuning, "draw_trial_count", lambda *, plan: TRIALS)
+    patch.setattr(private_tuning, "draw_trial_count", lambda *, plan: TRIALS)
     try:
         run_sweep(cfg, run_dir=out, quiet=True)
     finally:

@@ -492,7 +492,20 @@ def test_corrupt_inputs_are_one_user_error_and_write_nothing(tmp_path: Path) -> 
 
 
 def test_the_header_shows_run_times_as_utc_text_not_posix_seconds() -> None:
-    from reports.html import _when
+    from reports.html.overview import _when
 
     assert _when(1795440017.17) == "2026-11-23 13:20:17 UTC"
     assert _when("2025-01-01T10:00:00+00:00") == "2025-01-01T10:00:00+00:00"
+
+
+def test_prepared_parameters_are_not_shown_as_hyperparameters() -> None:
+    """Which parameters are prepared comes from the method declarations (given by the caller:
+    reports sits below trainables), not from a list of names kept in the report."""
+    from reports.html.fmt import _hyperparameters
+    from trainables.methods import prepared_params
+
+    prepared = prepared_params()["lm_dpsgd"]
+    assert prepared == ("risk", "risk_meta")
+    params = {"mode": "public", "r": 2.0, **dict.fromkeys(prepared, 0.5)}
+    assert _hyperparameters(pd.Series(dtype=object), params, prepared=prepared) == \
+        "mode=public, r=2"

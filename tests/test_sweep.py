@@ -26,6 +26,7 @@ from optuna.trial import TrialState
 from core.storage import atomic_write_json
 from orchestrator import config as config_mod
 from orchestrator.config import Config
+from orchestrator.plans import epsilons, schedule_points, study_plans
 from orchestrator.studies import (
     ID_ATTR,
     INTERRUPTED_ATTR,
@@ -47,10 +48,7 @@ from orchestrator.sweep import (
     _Driver,
     _signals,
     _StopFlag,
-    epsilons,
     precompute_order,
-    schedule_points,
-    study_plans,
 )
 from orchestrator.sweep_tuning import open_plan_study
 
@@ -483,13 +481,14 @@ def test_an_interrupt_during_after_search_jobs_is_not_recorded_as_a_failed_job(
 
     def on_done(job: postsweep.Job, result: Any, error: str) -> None:
         calls.append((job.name, error))
-        if job.name == "first" and not error:
+        if job.trial_id == "first" and not error:
             raise Interrupted(signal.SIGINT)
 
-    jobs = [postsweep.Job(name, lambda: {"ok": True}, {}) for name in ("first", "second")]
+    jobs = [postsweep.Job(postsweep.JobKind.AUDIT, tid, lambda: {"ok": True}, {})
+            for tid in ("first", "second")]
     with pytest.raises(Interrupted):
         postsweep.run_jobs(jobs, cpus=1, gpus=0, concurrency=1, on_done=on_done)
-    assert calls == [("first", "")]
+    assert calls == [("audit first", "")]
 
 
 # ---- after the search ---------------------------------------------------------------------------
@@ -677,8 +676,8 @@ def _summary_row(tid: str, study: str, *, status: str = "ok", repeat_of: str = "
 
 
 def test_adaptive_summary_counts_every_model_and_states_what_the_sampler_saw() -> None:
+    from orchestrator.accounting.adaptive import adaptive_statement
     from orchestrator.sweep_tuning import adaptive_summary
-    from orchestrator.tuning import adaptive_statement
 
     cfg = _config(methods=["dpsgd", "lm_dpsgd:faithful"], eps=[1, 4])
     plans = study_plans(cfg)

@@ -21,12 +21,12 @@ from scipy import optimize, stats
 
 from core.errors import UserInputError
 from core.schedule import Phase, Schedule
-from orchestrator import tuning
-from orchestrator.studies import ATTACK_OBJECTIVE, NOISY_OBJECTIVE, VALIDATION_OBJECTIVE
-from orchestrator.tuning import (
+from orchestrator.accounting.adaptive import adaptive_statement
+from orchestrator.accounting.private_tuning import (
+    PLD_DISCRETIZATION,
     SIGMA_RANGE,
     WINDOW,
-    adaptive_statement,
+    PrivateTuningPlan,
     draw_trial_count,
     end_to_end_epsilon,
     noisy_score,
@@ -34,6 +34,7 @@ from orchestrator.tuning import (
     trial_event,
     tuning_event,
 )
+from orchestrator.studies import ATTACK_OBJECTIVE, NOISY_OBJECTIVE, VALIDATION_OBJECTIVE
 
 DELTA = 1e-5
 #: What an adaptive sampler can see: validation accuracy alone, or with the in-trial attack.
@@ -46,14 +47,14 @@ SE_TOLERANCE = 5.0  # empirical means within 5 standard errors: false alarm ~ 6e
 
 
 def _plan(mean: float, distribution: str = "poisson", eta: float | None = None,
-          target: float = TARGET) -> tuning.PrivateTuningPlan:
+          target: float = TARGET) -> PrivateTuningPlan:
     return plan_private_tuning(target_epsilon=target, delta=DELTA, sample_rate=Q, steps=STEPS,
                                mean_trials=mean, distribution=distribution, shape_eta=eta,
                                score_noise_multiplier=SIGMA_S)
 
 
 @pytest.fixture(scope="module")
-def plans() -> dict[str, tuning.PrivateTuningPlan]:
+def plans() -> dict[str, PrivateTuningPlan]:
     return {
         "poisson2": _plan(2.0),
         "poisson10": _plan(10.0),
@@ -278,7 +279,7 @@ def test_sigma_range_is_what_the_error_quotes():
 # Secret randomness
 
 
-def _draws(plan: tuning.PrivateTuningPlan) -> np.ndarray:
+def _draws(plan: PrivateTuningPlan) -> np.ndarray:
     return np.array([draw_trial_count(plan=plan) for _ in range(DRAWS)])
 
 
@@ -369,7 +370,7 @@ def test_adaptive_black_box_composition_is_the_optimal_one(n):
     assert s.composed_delta == pytest.approx((n + 1) * DELTA)
     exact = _optimal_composition_epsilon(1.0, DELTA, n, s.composed_delta)
     # PLD is pessimistic: above the exact value by at most its discretisation per trial
-    assert exact - 1e-9 <= s.composed_epsilon <= exact + n * tuning.PLD_DISCRETIZATION + 1e-6
+    assert exact - 1e-9 <= s.composed_epsilon <= exact + n * PLD_DISCRETIZATION + 1e-6
     assert "NOT covered" in s.statement and "no guarantee" in s.statement
     assert s.to_dict()["composed_epsilon"] == s.composed_epsilon
 

@@ -40,7 +40,7 @@ from core.lazy import lazy_module
 from core.modes import Mode
 from core.params import Param, ParamSet
 from core.schedule import Schedule
-from trainables.engine import GradEngine, MaterializedGrads, PerExampleView
+from trainables.engine import GradEngine, PerExampleView
 from trainables.norms import scaled_sq_norms
 from trainables.optim import Update
 
@@ -122,14 +122,6 @@ def bound_coefficients(coef: torch.Tensor, norms: torch.Tensor, *, sensitivity: 
     ratio = example_norms(realised) / sensitivity if sensitivity > 0 else torch.where(
         realised.sum(dim=1) > 0, math.inf, 0.0)
     return c * torch.where(ratio > 1, 1 / ratio, 1.0).unsqueeze(1), ratio
-
-
-# ---- the gradient view ------------------------------------------------------------------------
-#: Explicit per-example gradients as a gradient view (``trainables/engine.py``): the reference
-#: implementation and the conformance suite's way to feed adversarial gradients. Training uses
-#: the book-keeping engine's view, which gives the same norms and weighted sums without
-#: materialising per-example gradients where that is cheaper.
-PerExampleGrads = MaterializedGrads
 
 
 @dataclass

@@ -36,9 +36,6 @@ CHECKPOINT_VERSION = 4
 CHECKPOINT_FILE = "state.pt"
 #: Where the noise and the Poisson sampling come from (``trainables.randomness``).
 RANDOMNESS_KINDS = Randomness.KINDS
-#: History keys computed on private data without noise: stored for monitoring, never covered
-#: by the trial's epsilon, never released by ``export``.
-NOT_COVERED_METRICS = ("train_loss_nonprivate", "val_accuracy", "val_loss")
 
 __all__ = ["TrialDiverged", "TrialResult", "TrialSpec", "evaluate", "load_checkpoint_state",
            "load_model", "poisson_plan", "train_trial"]
@@ -67,7 +64,7 @@ class TrialSpec:
     method_params: dict[str, Any]
     epochs: int
     batch_size: int
-    calibration: dict[str, Any]  # orchestrator.budget.Calibration.to_dict()
+    calibration: dict[str, Any]  # orchestrator.accounting.certificate.Calibration.to_dict()
     epsilon_curve: list[float]  # accountant's upper epsilon after each epoch
     seed: int = 0
     randomness: str = "secret"

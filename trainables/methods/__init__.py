@@ -69,6 +69,12 @@ def series_name(method: str, mode: str) -> str:
     return method if mode == METHODS[method].modes[0].name else f"{method}:{mode}"
 
 
+def prepared_params() -> dict[str, tuple[str, ...]]:
+    """Per method, its prepared parameters (``ParamSet.prepared``), for the report: it sits
+    below trainables, so its caller reads the declarations for it."""
+    return {name: cls.declaration().prepared() for name, cls in sorted(METHODS.items())}
+
+
 def _import_all() -> None:
     import importlib
     import pkgutil

@@ -33,31 +33,36 @@ per trial (per-epoch validation reports for pruning, say) is not covered.
 from __future__ import annotations
 
 import math
-import operator
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 from dp_accounting import dp_event
-from dp_accounting.pld import common as pld_common
 from dp_accounting.pld import pld_privacy_accountant
-from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from core.errors import UserInputError
 from core.schedule import Schedule
+from orchestrator.accounting.certificate import WINDOW  # a plan is matched within 1% too
+from orchestrator.accounting.limits import (
+    check_whole,
+    loose_delta,
+    loose_finite,
+    loose_positive,
+    loose_sample_rate,
+)
 
 __all__ = [
     "DISTRIBUTIONS",
     "END_TO_END_ACCOUNTANT",
     "PER_TRIAL_ACCOUNTANT",
+    "PLD_DISCRETIZATION",
     "SIGMA_RANGE",
     "WINDOW",
-    "AdaptiveStatement",
     "PrivateTuningPlan",
-    "adaptive_statement",
     "draw_trial_count",
     "end_to_end_epsilon",
     "noisy_score",
@@ -69,9 +74,6 @@ __all__ = [
 
 Distribution = Literal["poisson", "truncated_negative_binomial"]
 DISTRIBUTIONS: tuple[str, ...] = ("poisson", "truncated_negative_binomial")
-
-WINDOW = 0.99
-"""The planned end-to-end epsilon lies in [WINDOW * target, target]: within 1% of the budget."""
 
 SIGMA_RANGE = (0.5, 100.0)
 """Absolute training noise multipliers the plan may choose (every phase stays inside): below
@@ -93,7 +95,6 @@ _GAMMA_BISECTION_STEPS = 200
 _POISSON_TAIL_SDS = 40  # P(K > mean + 40 sd) is far below the resolution of a double
 
 _F_EPSILON = "privacy.epsilon"
-_F_DELTA = "privacy.delta"
 _F_MEAN = "sweep.expected_trials"
 _F_SHAPE = "sweep.trial_count_shape"
 _F_DISTRIBUTION = "sweep.trial_count_distribution"
@@ -101,55 +102,7 @@ _F_SCORE = "sweep.score_noise"
 
 
 # --------------------------------------------------------------------------------------------
-# Validation
-
-
-def _finite(value: Any, *, field: str, allowed: str) -> float:
-    if isinstance(value, bool):
-        raise UserInputError(field=field, value=value, allowed=allowed)
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        raise UserInputError(field=field, value=value, allowed=allowed) from None
-    if not math.isfinite(x):
-        raise UserInputError(field=field, value=value, allowed=allowed)
-    return x
-
-
-def _positive(value: Any, *, field: str) -> float:
-    allowed = "a finite number > 0"
-    x = _finite(value, field=field, allowed=allowed)
-    if x <= 0:
-        raise UserInputError(field=field, value=value, allowed=allowed)
-    return x
-
-
-def _delta(value: Any) -> float:
-    allowed = "a number in (0, 1)"
-    x = _finite(value, field=_F_DELTA, allowed=allowed)
-    if not 0 < x < 1:
-        raise UserInputError(field=_F_DELTA, value=value, allowed=allowed)
-    return x
-
-
-def _sample_rate(value: Any) -> float:
-    allowed = "a number in (0, 1]"
-    x = _finite(value, field="sample_rate", allowed=allowed)
-    if not 0 < x <= 1:
-        raise UserInputError(field="sample_rate", value=value, allowed=allowed)
-    return x
-
-
-def _int(value: Any, *, field: str, low: int, allowed: str) -> int:
-    if isinstance(value, bool):
-        raise UserInputError(field=field, value=value, allowed=allowed)
-    try:
-        n = operator.index(value)
-    except TypeError:
-        raise UserInputError(field=field, value=value, allowed=allowed) from None
-    if n < low:
-        raise UserInputError(field=field, value=value, allowed=allowed)
-    return n
+# Validation (the checks shared with adaptive statements are in limits)
 
 
 def _schedule(value: Any, *, field: str = "schedule") -> Schedule:
@@ -163,7 +116,7 @@ def _trial_count(mean_trials: Any, distribution: Any, shape_eta: Any) -> tuple[f
                                                                               float | None]:
     """Validated (mean, distribution, eta): mu >= 1 and eta >= 0 are what dp_accounting takes."""
     allowed_mean = f"a number in [1, {MAX_EXPECTED_TRIALS:g}] (the mean number of trials)"
-    mean = _finite(mean_trials, field=_F_MEAN, allowed=allowed_mean)
+    mean = loose_finite(mean_trials, field=_F_MEAN, allowed=allowed_mean)
     if not 1 <= mean <= MAX_EXPECTED_TRIALS:
         raise UserInputError(field=_F_MEAN, value=mean_trials, allowed=allowed_mean)
     if distribution not in DISTRIBUTIONS:
@@ -181,7 +134,7 @@ def _trial_count(mean_trials: Any, distribution: Any, shape_eta: Any) -> tuple[f
                    "implements eta >= 0: 0 logarithmic, 1 geometric)")
     if shape_eta is None:
         raise UserInputError(field=_F_SHAPE, value=None, allowed=allowed_eta)
-    eta = _finite(shape_eta, field=_F_SHAPE, allowed=allowed_eta)
+    eta = loose_finite(shape_eta, field=_F_SHAPE, allowed=allowed_eta)
     if eta < 0:
         raise UserInputError(field=_F_SHAPE, value=shape_eta, allowed=allowed_eta)
     return mean, distribution, eta
@@ -194,7 +147,7 @@ def _trial_count(mean_trials: Any, distribution: Any, shape_eta: Any) -> tuple[f
 def training_event(*, schedule: Schedule, sample_rate: float) -> dp_event.DpEvent:
     """DP-SGD as a dp_accounting event: one self-composed subsampled Gaussian per phase."""
     schedule = _schedule(schedule)
-    q = _sample_rate(sample_rate)
+    q = loose_sample_rate(sample_rate)
     phases = [dp_event.SelfComposedDpEvent(
         dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(p.noise_multiplier)),
         p.steps) for p in schedule.merged().phases]
@@ -208,7 +161,7 @@ def trial_event(*, schedule: Schedule, sample_rate: float,
     Composition, not the tighter maximum, although validation and training are disjoint: see
     the module docstring.
     """
-    sigma_s = _positive(score_noise_multiplier, field=_F_SCORE)
+    sigma_s = loose_positive(score_noise_multiplier, field=_F_SCORE)
     return dp_event.ComposedDpEvent([training_event(schedule=schedule, sample_rate=sample_rate),
                                      dp_event.GaussianDpEvent(sigma_s)])
 
@@ -239,7 +192,7 @@ def end_to_end_epsilon(*, schedule: Schedule, sample_rate: float,
                        shape_eta: float | None = None) -> float:
     """Epsilon at ``delta`` of the released (selected) model: dp_accounting RDP, the only
     dp_accounting accountant that supports ``RepeatAndSelectDpEvent``."""
-    d = _delta(delta)
+    d = loose_delta(delta)
     event = tuning_event(schedule=schedule, sample_rate=sample_rate,
                          score_noise_multiplier=score_noise_multiplier,
                          mean_trials=mean_trials, distribution=distribution, shape_eta=shape_eta)
@@ -436,27 +389,13 @@ def plan_private_tuning(*, target_epsilon: float, delta: float, sample_rate: flo
     noise reaches the target.
     """
     start = time.perf_counter()
-    target = _positive(target_epsilon, field=_F_EPSILON)
-    d = _delta(delta)
-    q = _sample_rate(sample_rate)
-    sigma_s = _positive(score_noise_multiplier, field=_F_SCORE)
+    target = loose_positive(target_epsilon, field=_F_EPSILON)
+    d = loose_delta(delta)
+    q = loose_sample_rate(sample_rate)
+    sigma_s = loose_positive(score_noise_multiplier, field=_F_SCORE)
     mean, distribution, eta = _trial_count(mean_trials, distribution, shape_eta)
-    if (steps is None) == (shape is None):
-        raise UserInputError(field="steps", value={"steps": steps, "shape": repr(shape)},
-                             allowed="exactly one of steps or shape")
-    if shape is None:
-        n = _int(steps, field="steps", low=1, allowed="an integer >= 1")
-        shape = Schedule.constant(noise_multiplier=1.0, steps=n)
-    shape = _schedule(shape, field="shape")
-
-    multipliers = [p.noise_multiplier for p in shape.phases]
-    lo = SIGMA_RANGE[0] / min(multipliers)
-    hi = SIGMA_RANGE[1] / max(multipliers)
-    if lo >= hi:
-        raise UserInputError(field="shape", value=shape.to_list()[:8],
-                             allowed=f"relative multipliers that fit in {SIGMA_RANGE} after "
-                                     f"one common scale (max/min ratio < "
-                                     f"{SIGMA_RANGE[1] / SIGMA_RANGE[0]:g})")
+    shape = _plan_shape(steps, shape)
+    lo, hi = _factor_range(shape)
 
     def eps_at(factor: float) -> float:
         return end_to_end_epsilon(schedule=shape.scaled(factor), sample_rate=q,
@@ -480,54 +419,97 @@ def plan_private_tuning(*, target_epsilon: float, delta: float, sample_rate: flo
     if eps_hi >= WINDOW * target:
         factor, eps = hi, eps_hi
     else:
-        # Bracket downwards by halving (small sigma is slow for the accountant and rarely
-        # needed), then bisect log(factor): eps_at(low) > target >= eps_at(high) throughout.
-        high, factor, eps = hi, hi, eps_hi
-        low = max(lo, hi / _BRACKET_RATIO)
-        while True:
-            e = eps_at(low)
-            if e > target:
-                break
-            high, factor, eps = low, low, e
-            if e >= WINDOW * target:
-                break
-            if low <= lo:
-                raise UserInputError(
-                    field=_F_EPSILON, value=target_epsilon,
-                    allowed=f"at most {e:.4g}: even at training noise multiplier "
-                            f"{SIGMA_RANGE[0]:g} the end-to-end epsilon is only {e:.4g}")
-            low = max(lo, low / _BRACKET_RATIO)
-        for _ in range(_MAX_BISECTION_STEPS):
-            if eps >= WINDOW * target:
-                break
-            mid = math.sqrt(low * high)
-            e = eps_at(mid)
-            if e > target:
-                low = mid
-            else:
-                high, factor, eps = mid, mid, e
-        else:  # pragma: no cover - continuity of epsilon in sigma makes this unreachable
-            raise RuntimeError("bisection did not reach the 1% window")
+        factor, eps = _bisect_factor(eps_at, lo=lo, hi=hi, eps_hi=eps_hi, target=target,
+                                     asked=target_epsilon)
+    return _plan(target=target, delta=d, sample_rate=q, mean=mean, distribution=distribution,
+                 eta=eta, schedule=shape.scaled(factor), sigma_s=sigma_s, end_to_end=eps,
+                 start=start)
 
-    schedule = shape.scaled(factor)
-    training, per_trial = _per_trial_pld(schedule=schedule, sample_rate=q,
-                                         score_noise_multiplier=sigma_s, delta=d)
-    per_trial_rdp = _rdp_epsilon(trial_event(schedule=schedule, sample_rate=q,
-                                             score_noise_multiplier=sigma_s), d)
+
+def _plan_shape(steps: Any, shape: Any) -> Schedule:
+    """The relative multipliers to scale: constant for ``steps``, else ``shape``."""
+    if (steps is None) == (shape is None):
+        raise UserInputError(field="steps", value={"steps": steps, "shape": repr(shape)},
+                             allowed="exactly one of steps or shape")
+    if shape is None:
+        n = check_whole(steps, field="steps", low=1, allowed="an integer >= 1")
+        shape = Schedule.constant(noise_multiplier=1.0, steps=n)
+    return _schedule(shape, field="shape")
+
+
+def _factor_range(shape: Schedule) -> tuple[float, float]:
+    """The common scales that keep every phase's multiplier inside SIGMA_RANGE."""
+    multipliers = [p.noise_multiplier for p in shape.phases]
+    lo = SIGMA_RANGE[0] / min(multipliers)
+    hi = SIGMA_RANGE[1] / max(multipliers)
+    if lo >= hi:
+        raise UserInputError(field="shape", value=shape.to_list()[:8],
+                             allowed=f"relative multipliers that fit in {SIGMA_RANGE} after "
+                                     f"one common scale (max/min ratio < "
+                                     f"{SIGMA_RANGE[1] / SIGMA_RANGE[0]:g})")
+    return lo, hi
+
+
+def _bisect_factor(eps_at: Callable[[float], float], *, lo: float, hi: float, eps_hi: float,
+                   target: float, asked: Any) -> tuple[float, float]:
+    """The factor in [lo, hi) whose end-to-end epsilon is in [WINDOW * target, target], and
+    that epsilon, given eps_at(hi) = eps_hi below the window.
+
+    Brackets downwards by halving (small sigma is slow for the accountant and rarely needed),
+    then bisects log(factor): eps_at(low) > target >= eps_at(high) throughout.
+    """
+    high, factor, eps = hi, hi, eps_hi
+    low = max(lo, hi / _BRACKET_RATIO)
+    while True:
+        e = eps_at(low)
+        if e > target:
+            break
+        high, factor, eps = low, low, e
+        if e >= WINDOW * target:
+            break
+        if low <= lo:
+            raise UserInputError(
+                field=_F_EPSILON, value=asked,
+                allowed=f"at most {e:.4g}: even at training noise multiplier "
+                        f"{SIGMA_RANGE[0]:g} the end-to-end epsilon is only {e:.4g}")
+        low = max(lo, low / _BRACKET_RATIO)
+    for _ in range(_MAX_BISECTION_STEPS):
+        if eps >= WINDOW * target:
+            break
+        mid = math.sqrt(low * high)
+        e = eps_at(mid)
+        if e > target:
+            low = mid
+        else:
+            high, factor, eps = mid, mid, e
+    else:  # pragma: no cover - continuity of epsilon in sigma makes this unreachable
+        raise RuntimeError("bisection did not reach the 1% window")
+    return factor, eps
+
+
+def _plan(*, target: float, delta: float, sample_rate: float, mean: float, distribution: str,
+          eta: float | None, schedule: Schedule, sigma_s: float, end_to_end: float,
+          start: float) -> PrivateTuningPlan:
+    """The plan for the matched schedule: per-trial figures, the trial-count law, the text."""
+    training, per_trial = _per_trial_pld(schedule=schedule, sample_rate=sample_rate,
+                                         score_noise_multiplier=sigma_s, delta=delta)
+    per_trial_rdp = _rdp_epsilon(trial_event(schedule=schedule, sample_rate=sample_rate,
+                                             score_noise_multiplier=sigma_s), delta)
     if distribution == "poisson":
         gamma, expected, p0 = None, mean, math.exp(-mean)
     else:
         gamma = _tnb_gamma(eta, mean)  # type: ignore[arg-type]
         expected, p0 = _tnb_mean(gamma, eta), 0.0  # type: ignore[arg-type]
-    statement = _plan_statement(end_to_end=eps, delta=d, law=_law(distribution, mean, eta, gamma),
-                                sample_rate=q, schedule=schedule, sigma_s=sigma_s,
-                                per_trial=per_trial, per_trial_rdp=per_trial_rdp, p0=p0)
+    statement = _plan_statement(end_to_end=end_to_end, delta=delta,
+                                law=_law(distribution, mean, eta, gamma), sample_rate=sample_rate,
+                                schedule=schedule, sigma_s=sigma_s, per_trial=per_trial,
+                                per_trial_rdp=per_trial_rdp, p0=p0)
     return PrivateTuningPlan(
-        target_epsilon=target, delta=d, sample_rate=q, mean_trials=mean,
+        target_epsilon=target, delta=delta, sample_rate=sample_rate, mean_trials=mean,
         distribution=distribution, shape_eta=eta, tnb_gamma=gamma, schedule=schedule,
         score_noise_multiplier=sigma_s, per_trial_training_epsilon=training,
         per_trial_epsilon=per_trial, per_trial_epsilon_rdp=per_trial_rdp,
-        per_trial_accountant=PER_TRIAL_ACCOUNTANT, end_to_end_epsilon=eps,
+        per_trial_accountant=PER_TRIAL_ACCOUNTANT, end_to_end_epsilon=end_to_end,
         end_to_end_accountant=END_TO_END_ACCOUNTANT, expected_trials=expected,
         prob_no_release=p0, statement=statement, seconds=time.perf_counter() - start)
 
@@ -558,175 +540,10 @@ def noisy_score(*, correct: int, total: int, noise_multiplier: float) -> float:
     sensitivity of the numerator is 1 and the division is post-processing. Not hardened
     against floating-point side channels of the Gaussian sampler.
     """
-    n = _int(total, field="total", low=1, allowed="an integer >= 1 (validation size)")
-    c = _int(correct, field="correct", low=0, allowed=f"an integer in [0, {n}]")
+    n = check_whole(total, field="total", low=1, allowed="an integer >= 1 (validation size)")
+    c = check_whole(correct, field="correct", low=0, allowed=f"an integer in [0, {n}]")
     if c > n:
         raise UserInputError(field="correct", value=correct, allowed=f"an integer in [0, {n}]")
-    sigma = _positive(noise_multiplier, field=_F_SCORE)
+    sigma = loose_positive(noise_multiplier, field=_F_SCORE)
     rng = np.random.default_rng(secrets.randbits(128))
     return (c + float(rng.normal(0.0, sigma))) / n
-
-
-# --------------------------------------------------------------------------------------------
-# Adaptive sweeps (TPE): what can honestly be said
-
-
-@dataclass(frozen=True)
-class AdaptiveStatement:
-    """What an adaptive sweep's epsilons cover, given the objectives its sampler saw.
-
-    ``composed_epsilon`` / ``composed_delta`` are None when the sampler saw the in-trial attack:
-    composition then covers nothing that was chosen adaptively, and a number would read as a
-    guarantee.
-    """
-
-    n_trials: int
-    reruns: int
-    per_trial_epsilon: float
-    delta: float
-    objectives: tuple[str, ...]
-    composed_epsilon: float | None
-    composed_delta: float | None
-    composition: str
-    statement: str
-
-    @property
-    def models(self) -> int:
-        """DP-trained models the composition counts: search trials and re-runs."""
-        return self.n_trials + self.reruns
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"n_trials": self.n_trials, "reruns": self.reruns,
-                "per_trial_epsilon": self.per_trial_epsilon, "delta": self.delta,
-                "objectives": list(self.objectives), "composed_epsilon": self.composed_epsilon,
-                "composed_delta": self.composed_delta, "composition": self.composition,
-                "statement": self.statement}
-
-
-def _objectives(value: Any) -> tuple[str, ...]:
-    """The adaptive sampler's objectives: validation accuracy, optionally the in-trial attack."""
-    from orchestrator.studies import ATTACK_OBJECTIVE, VALIDATION_OBJECTIVE
-
-    allowed = (f"({VALIDATION_OBJECTIVE!r},) or ({VALIDATION_OBJECTIVE!r}, "
-               f"{ATTACK_OBJECTIVE!r}): what the adaptive sampler saw")
-    objectives = tuple(value) if isinstance(value, (list, tuple)) else ()
-    if objectives not in ((VALIDATION_OBJECTIVE,), (VALIDATION_OBJECTIVE, ATTACK_OBJECTIVE)):
-        raise UserInputError(field="objectives", value=value, allowed=allowed)
-    return objectives
-
-
-def _composed(*, n: int, eps: float, delta: float, sample_rate: float | None,
-              schedule: Schedule | None) -> tuple[float, float, str]:
-    """(epsilon, delta, how) of n adaptively chosen trials: black-box optimal composition, or
-    the exact PLD of n identical DP-SGD runs (hyperparameters that leave the sampling rate and
-    the noise schedule alone do not change a trial's privacy loss distribution)."""
-    if schedule is None:
-        composed_delta = (n + 1) * delta
-        if composed_delta >= 1:
-            raise UserInputError(field="n_trials", value=n,
-                                 allowed=f"fewer than {1 / delta - 1:.0f} trials at delta "
-                                         f"{delta:g}")
-        pld = pld_lib.from_privacy_parameters(
-            pld_common.DifferentialPrivacyParameters(epsilon=eps, delta=delta),
-            value_discretization_interval=PLD_DISCRETIZATION)
-        composed = float(pld.self_compose(n).get_epsilon_for_delta(composed_delta))
-        return composed, composed_delta, ("pld, black-box (epsilon, delta) per trial, optimal "
-                                          "composition")
-    accountant = pld_privacy_accountant.PLDAccountant(
-        value_discretization_interval=PLD_DISCRETIZATION)
-    accountant.compose(dp_event.SelfComposedDpEvent(
-        training_event(schedule=schedule, sample_rate=sample_rate),  # type: ignore[arg-type]
-        n))
-    return (float(accountant.get_epsilon(delta)), delta,
-            "pld (pessimistic), exact composition of the DP-SGD runs")
-
-
-def _plural(n: int, noun: str) -> str:
-    return f"{n} {noun}" + ("" if n == 1 else "s")
-
-
-def _adaptive_text(*, n: int, reruns: int, eps: float, delta: float, attack: bool,
-                   composed: float | None, composed_delta: float | None, how: str) -> str:
-    """The statement, exact about whom each bound covers and why (docs/search.md, "What the
-    adaptive statement covers")."""
-    models = n + reruns
-    what = _plural(n, "search trial") + (
-        f" and {_plural(reruns, 're-run')} of front trials" if reruns else "")
-    head = (
-        f"Adaptive sweep: {_plural(models, 'DP-trained model')} ({what}). The per-trial epsilon "
-        f"{eps:.4g} (delta {delta:g}) covers training one model, for a person in the training "
-        f"set, with its hyperparameters taken as given. The selection is NOT covered by it: "
-        f"the sampler proposed the hyperparameters, and the best trial is chosen, from metrics "
-        f"computed without noise. ")
-    tail = (" For an end-to-end epsilon that covers the selection, use private tuning "
-            "(sweep.tuning = \"private\").")
-    if not attack:
-        return head + (
-            f"The sampler saw validation accuracy alone, a function of one trained model and "
-            f"the validation set. For a person with records in the training set only, the "
-            f"validation set is fixed, so every proposal, validation score and choice is "
-            f"post-processing of models trained before it, and adaptive composition over all "
-            f"{models} models bounds releasing all of them, with their hyperparameters, their "
-            f"validation scores and any choice among them made from validation metrics, the "
-            f"selected model included, at ({composed:.4g}, {composed_delta:.3g})-DP ({how}); "
-            f"releasing the selected model alone is covered by this bound, not by the per-trial "
-            f"epsilon. It does not cover anything computed on the training records without "
-            f"noise (the training loss, a membership-inference or canary audit) or a choice "
-            f"made from it (pick --max-peak-mia). For a person in the validation set there is "
-            f"no guarantee at all: the hyperparameters tried, the selection and so the released "
-            f"model depend on their record through accuracy computed without noise. A person "
-            f"only in the holdout or test set influences neither the models nor a choice made "
-            f"from validation metrics; the audit and test metrics computed on their records are "
-            f"not covered." + tail)
-    return head + (
-        f"The sampler also saw the peak accuracy of a membership-inference attack run inside "
-        f"every trial on training members and holdout non-members, computed without noise. "
-        f"That score is a direct function of the training records, not post-processing of a "
-        f"DP output, so for a person in the training set the hyperparameters proposed once an "
-        f"audited trial had finished, the models trained with them and the selection depend on "
-        f"their record outside any DP mechanism: no bound covers releasing any of those "
-        f"models with its hyperparameters, or the selection, and composition over the "
-        f"{models} models does not either (it would only if the sampler had seen validation "
-        f"accuracy alone). The per-trial epsilon covers only a model whose hyperparameters "
-        f"were fixed before any audit result existed (each study's first, preset trial), "
-        f"released as a choice made in advance. For a person in the validation or holdout set "
-        f"there is no guarantee at all: the sampler saw metrics computed on their records "
-        f"without noise." + tail)
-
-
-def adaptive_statement(*, n_trials: int, per_trial_epsilon: float, delta: float,
-                       objectives: tuple[str, ...] | list[str], reruns: int = 0,
-                       sample_rate: float | None = None,
-                       schedule: Schedule | None = None) -> AdaptiveStatement:
-    """The honest statement for an adaptive (TPE) sweep, given what its sampler saw.
-
-    ``objectives`` are the sampler's: validation accuracy alone (then the composition over
-    every trained model, ``n_trials`` search trials plus ``reruns``, covers releasing all of
-    them and any choice made from validation metrics, for the training set), or with the
-    in-trial attack's peak accuracy (then no composition covers what was chosen adaptively).
-    Without a mechanism, each trial is a black-box (per_trial_epsilon, delta)-DP mechanism
-    composed optimally with dp_accounting PLD at (N + 1) delta: N delta for the trials' own
-    failure probability plus delta of slack. With ``sample_rate`` and ``schedule`` (every model
-    the same DP-SGD run) the N runs are composed exactly at ``delta``.
-    """
-    n = _int(n_trials, field="n_trials", low=1, allowed="an integer >= 1")
-    r = _int(reruns, field="reruns", low=0, allowed="an integer >= 0")
-    eps = _positive(per_trial_epsilon, field=_F_EPSILON)
-    d = _delta(delta)
-    seen = _objectives(objectives)
-    if (sample_rate is None) != (schedule is None):
-        raise UserInputError(field="schedule", value=repr(schedule)[:200],
-                             allowed="given together with sample_rate, or both unset")
-    attack = len(seen) > 1
-    composed: float | None = None
-    composed_delta: float | None = None
-    how = "none: the sampler adapted to an attack on the training members"
-    if not attack:
-        composed, composed_delta, how = _composed(n=n + r, eps=eps, delta=d,
-                                                  sample_rate=sample_rate, schedule=schedule)
-    statement = _adaptive_text(n=n, reruns=r, eps=eps, delta=d, attack=attack,
-                               composed=composed, composed_delta=composed_delta, how=how)
-    return AdaptiveStatement(n_trials=n, reruns=r, per_trial_epsilon=eps, delta=d,
-                             objectives=seen, composed_epsilon=composed,
-                             composed_delta=composed_delta, composition=how,
-                             statement=statement)

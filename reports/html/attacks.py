@@ -1,0 +1,320 @@
+"""What the audits measured: leakage per series, the per-layer x attack heat maps, ROC curves at
+the peak cell (with a note when the reference models are weaker than the target), and the
+canary lower bounds on epsilon.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from reports import plots
+from reports.html.fmt import (
+    CONTRADICTED_TAG,
+    NOT_COVERED_TAG,
+    _badge,
+    _count,
+    _e,
+    _eps_tag,
+    _h,
+    _image,
+    _int,
+    _note,
+    _num,
+    _sci,
+    _table,
+    flags_html,
+    flags_text,
+)
+from reports.html.fronts import _chosen
+from reports.html.records import AUDIT_FILE, Records, RunData, _float
+from reports.pareto import KIND_ALL, MIA, Front, natural_key, sort_trials
+
+#: Test-accuracy gap beyond which the report calls the audit's references weaker than the target.
+REFERENCE_GAP = 0.05
+
+
+def _leakage_frame(data: RunData) -> pd.DataFrame:
+    """Per series: audited trials, those with a detected leak, the strongest one, and the
+    (layer, attack) cells significant in any trial."""
+    dp = data.dp
+    audited = dp[np.isfinite(dp[MIA].to_numpy(dtype=float))]
+    records = []
+    for series in sorted(dp["series"].unique(), key=natural_key):
+        rows = audited[audited["series"] == series]
+        leaks = rows[rows["leak_detected"]]
+        cells: dict[tuple[str, str], int] = {}
+        for tid in rows["trial_id"]:
+            for cell in data.parsed[tid]["mia_layers"]:
+                if cell.get("significant") is True:
+                    key = (str(cell.get("layer", "?")), str(cell.get("attack", "?")))
+                    cells[key] = cells.get(key, 0) + 1
+        strongest = (sort_trials(leaks, by=["leak_p_value", MIA], ascending=[True, False])
+                     if len(leaks) else sort_trials(rows, by=["leak_p_value"], ascending=[True]))
+        top = strongest.iloc[0] if len(strongest) else None
+        records.append({
+            "series": series, "audited": len(rows), "leaks": len(leaks),
+            "strongest_trial": "" if top is None else top["trial_id"],
+            "strongest_epsilon": math.nan if top is None else top["target_epsilon"],
+            "peak_layer": "" if top is None else top["peak_layer"],
+            "peak_attack": "" if top is None else top["peak_attack"],
+            "peak_mia_accuracy": math.nan if top is None else top[MIA],
+            "leak_p_value": math.nan if top is None else top["leak_p_value"],
+            "significant_cells": "; ".join(f"{layer} × {attack} ({n})" for (layer, attack), n
+                                           in sorted(cells.items(), key=lambda kv: (-kv[1],
+                                                                                    kv[0])))})
+    return pd.DataFrame(records, columns=[
+        "series", "audited", "leaks", "strongest_trial", "strongest_epsilon", "peak_layer",
+        "peak_attack", "peak_mia_accuracy", "leak_p_value", "significant_cells"])
+
+
+def _leakage_section(leakage: pd.DataFrame) -> str:
+    if leakage.empty:
+        return _note("No DP trial finished.")
+    items = []
+    for _, r in leakage.iterrows():
+        name = f"<b>{_e(r['series'])}</b>"
+        if r["audited"] == 0:
+            items.append(f"<li>{name}: no trial was audited, so nothing can be said about "
+                         "leakage.</li>")
+        elif r["leaks"]:
+            items.append(
+                f"<li>{name}: <b>leakage detected</b> in {r['leaks']} of "
+                f"{_count(int(r['audited']), 'audited trial')}; strongest in "
+                f"{_e(r['strongest_trial'])} (ε = {_float(r['strongest_epsilon']):g}) at layer "
+                f"<b>{_e(r['peak_layer'])}</b>, attack <b>{_e(r['peak_attack'])}</b> (accuracy "
+                f"{_num(r['peak_mia_accuracy'], 3)}, corrected p = {_sci(r['leak_p_value'])})"
+                + (f"; significant layer × attack cells: {_e(r['significant_cells'])}"
+                   if r["significant_cells"] else "") + ".</li>")
+        else:
+            items.append(
+                f"<li>{name}: no leakage detected in any of "
+                f"{_count(int(r['audited']), 'audited trial')} (smallest corrected p-value "
+                f"{_sci(r['leak_p_value'])}, {_e(r['strongest_trial'])} at "
+                f"{_e(r['peak_layer'])} × {_e(r['peak_attack'])}). Not detecting a leak at this "
+                "sample size is not proof that none exists.</li>")
+    return ("<p>A leak is detected when the peak attack's p-value, corrected for the number "
+            f"of layers × attacks tested, is below the audit's alpha ({NOT_COVERED_TAG}).</p>"
+            f"<ul>{''.join(items)}</ul>")
+
+
+def _layer_sort(cell: dict[str, Any]) -> tuple[int, int]:
+    index = _float(cell.get("index"))
+    index = int(index) if math.isfinite(index) else 0
+    return (1, 0) if index < 0 else (0, index)  # the output / loss (-1) last
+
+
+def heat_columns(cell_lists: Iterable[list[dict[str, Any]]]) -> list[tuple[str, str]]:
+    """(layer, attack) columns: layers from input to output (the output last), attacks in the
+    order the audit lists them."""
+    layer_keys: dict[str, tuple[int, int]] = {}
+    attacks: list[str] = []
+    for cells in cell_lists:
+        for cell in cells:
+            layer = str(cell.get("layer", "?"))
+            layer_keys.setdefault(layer, _layer_sort(cell))
+            attack = str(cell.get("attack", "?"))
+            if attack not in attacks:
+                attacks.append(attack)
+    present = {(str(c.get("layer", "?")), str(c.get("attack", "?")))
+               for cells in cell_lists for c in cells}
+    layers = sorted(layer_keys, key=lambda name: (layer_keys[name], name))
+    return [(layer, attack) for layer in layers for attack in attacks
+            if (layer, attack) in present]
+
+
+def _heatmap_section(data: RunData, *, front_list: Sequence[Front], out: Path,
+                     csvs: dict[str, pd.DataFrame]) -> str:
+    parts = []
+    for target in data.info.targets:
+        chosen = _chosen(front_list, target)
+        if chosen.empty:
+            continue
+        lists = [data.parsed[tid]["mia_layers"] for tid in chosen["trial_id"]]
+        columns = heat_columns(lists)
+        if not columns:
+            continue
+        rows, records = [], []
+        for (_, r), cells in zip(chosen.iterrows(), lists, strict=True):
+            rows.append(plots.HeatRow(
+                label=f"{r['trial_id']} · {r['series']}",
+                cells={(str(c.get("layer", "?")), str(c.get("attack", "?"))):
+                       (_float(c.get("accuracy")), c.get("significant") is True) for c in cells},
+                peak=(r["peak_layer"], r["peak_attack"])))
+            records += [{"trial_id": r["trial_id"], "series": r["series"],
+                         "layer": c.get("layer"), "index": c.get("index"),
+                         "attack": c.get("attack"), "accuracy": _float(c.get("accuracy")),
+                         "significant": c.get("significant") is True,
+                         "p_value": _float(c.get("p_value"))} for c in cells]
+        tag = _eps_tag(target)
+        png = plots.mia_heatmap(rows, columns=columns,
+                                title=f"Attack accuracy per layer × attack, front trials at "
+                                      f"ε = {target:g}", path=out / f"mia_heatmap_{tag}.png")
+        csvs[f"mia_heatmap_{tag}.csv"] = pd.DataFrame(records)
+        more = len(rows) - plots.MAX_HEAT_ROWS
+        parts.append(f"<h3>ε = {target:g}</h3>"
+                     + _image(png, f"Per-layer × attack MIA accuracy of the front trials at "
+                                   f"ε = {target:g}")
+                     + (_note(f"{more} more front trials in the CSV.") if more > 0 else ""))
+    if not parts:
+        return _note("No heat map: no front trial has per-layer MIA results.")
+    return ("<p>Rows: trials on a front at that target; columns: layers from input to output "
+            "(the output last), each with its attacks; colour centred on 0.5 (chance): red = "
+            "the attack beats guessing, blue = below it. Faded cells with grey values are not "
+            "significant after correction for the number of layers × attacks (n.s.); bold "
+            "values with * are significant; the black box is the trial's peak. Per-cell "
+            "intervals, AUC and TPR at low FPR are in <code>mia_layers.csv</code>.</p>"
+            + "\n".join(parts))
+
+
+def canary_frame(data: RunData) -> pd.DataFrame:
+    dp = data.dp
+    rows = dp[np.isfinite(dp["eps_lower_bound"].to_numpy(dtype=float))
+              | (dp["canaries"].fillna(-1) > 0)]
+    return pd.DataFrame({
+        "trial_id": rows["trial_id"], "series": rows["series"],
+        "target_epsilon": rows["target_epsilon"], "eps_lower_bound": rows["eps_lower_bound"],
+        "kind": rows["eps_lower_bound_kind"], "canaries": rows["canaries"],
+        "claimed_epsilon": rows["epsilon_upper"], "dp_valid": rows["dp_valid"],
+        "audit_contradicts": rows["audit_contradicts"],
+        "flags": [flags_text(r) for _, r in rows.iterrows()]}).reset_index(drop=True)
+
+
+def _canary_section(canary: pd.DataFrame) -> str:
+    if canary.empty:
+        return ("<p>No canary audit has run. <code>dpsweep audit RUN_DIR --trial T</code> "
+                "trains with m canaries and turns how well they are guessed into an empirical "
+                "95% lower bound on epsilon.</p>")
+    rows, classes = [], []
+    for _, r in canary.iterrows():
+        rows.append([_e(r["trial_id"]), _e(r["series"]), _num(r["target_epsilon"], 3),
+                     _num(r["eps_lower_bound"], 3), _e(r["kind"] or "—"), _int(r["canaries"]),
+                     _num(r["claimed_epsilon"], 3),
+                     _badge(CONTRADICTED_TAG) if r["audit_contradicts"] else "no",
+                     flags_html(r)])
+        classes.append("bad" if r["audit_contradicts"] else "")
+    contradicted = int(canary["audit_contradicts"].sum())
+    lead = (f"<p><b>{contradicted}</b> claim(s) contradicted: the empirical lower bound exceeds "
+            "the claimed epsilon, so that claim cannot hold.</p>" if contradicted else
+            "<p>No claimed epsilon is contradicted by its canary audit (a lower bound below "
+            "the claim is consistent with it, not a proof of it).</p>")
+    return lead + _table([_h("trial"), _h("series"), _h("target eps"),
+                          _h("epsilon lower bound (95%)", "eps_lower_bound"), _h("kind"),
+                          _h("canaries m"), _h("claimed epsilon"), _h(CONTRADICTED_TAG),
+                          _h("DP validity")], rows, row_classes=classes)
+
+
+def _curve(entry: Any) -> tuple[list[float], list[float]] | None:
+    """An attack entry's ROC points (``roc_fpr`` / ``roc_tpr``, as the audit writes them)."""
+    if not isinstance(entry, dict):
+        return None
+    fpr, tpr = entry.get("roc_fpr"), entry.get("roc_tpr")
+    if isinstance(fpr, list) and isinstance(tpr, list) and len(fpr) == len(tpr) and fpr:
+        return [_float(v) for v in fpr], [_float(v) for v in tpr]
+    return None
+
+
+def roc_by_cell(document: Any) -> dict[tuple[str, str], tuple[list[float], list[float]]]:
+    """ROC points per (layer, attack) from an audit.json's ``attacks`` list."""
+    found: dict[tuple[str, str], tuple[list[float], list[float]]] = {}
+    entries = document.get("attacks") if isinstance(document, dict) else None
+    for entry in entries if isinstance(entries, list) else []:
+        curve = _curve(entry)
+        if curve is not None:
+            found.setdefault((str(entry.get("layer")), str(entry.get("attack", ""))), curve)
+    return found
+
+
+def _roc_section(data: RunData, *, front_list: Sequence[Front], records: Records, out: Path,
+                 csvs: dict[str, pd.DataFrame]) -> str:
+    curves, rows, missing = [], [], []
+    targets = []
+    for front in front_list:
+        if front.kind != KIND_ALL:
+            continue
+        for _, r in front.trials.iterrows():
+            document = records.audits.get(r["trial_id"])
+            if document is None:
+                missing.append(f"{r['trial_id']} (no {AUDIT_FILE})")
+                continue
+            cells = roc_by_cell(document)
+            curve = cells.get((r["peak_layer"], r["peak_attack"]))
+            if curve is None:
+                missing.append(f"{r['trial_id']} (no ROC points for {r['peak_layer']} × "
+                               f"{r['peak_attack']})")
+                continue
+            targets.append(front.target_epsilon)
+            curves.append(plots.RocCurve(
+                label=f"{r['trial_id']} · ε {front.target_epsilon:g} · {r['series']} · "
+                      f"{r['peak_layer']} × {r['peak_attack']}",
+                fpr=tuple(curve[0]), tpr=tuple(curve[1])))
+            rows += [{"trial_id": r["trial_id"], "target_epsilon": front.target_epsilon,
+                      "fpr": f, "tpr": t} for f, t in zip(*curve, strict=True)]
+    text = ""
+    if curves:
+        png = plots.roc_plot(curves, title=f"ROC at the peak layer × attack, front over all "
+                                           f"series, {plots.eps_text(targets)}",
+                             path=out / "roc.png")
+        csvs["roc.csv"] = pd.DataFrame(rows)
+        text = (_image(png, "ROC of the peak layer × attack for the trials on the front over "
+                            "all series (log-log)")
+                + "<p>The true positive rate at 1% and 0.1% false positive rate (grey lines) is "
+                  "the headline number for strong attacks; per cell in "
+                  "<code>mia_layers.csv</code>.</p>")
+    else:
+        text = _note("No ROC: no front trial has ROC points.")
+    if missing:
+        text += _note("No ROC drawn for: " + _e("; ".join(missing)) + ".")
+    return text + _reference_note(front_list, records)
+
+
+def _reference_note(front_list: Sequence[Front], records: Records) -> str:
+    """What the front trials' audits say about their reference models when those deviate
+    from the target (e.g. offline references on a small shadow pool), with how much weaker
+    they are: a weak reference weakens every calibrated attack number above."""
+    notes: dict[str, list[tuple[float, float]]] = {}
+    for front in front_list:
+        if front.kind != KIND_ALL:
+            continue
+        for _, r in front.trials.iterrows():
+            document = records.audits.get(r["trial_id"]) or {}
+            note = document.get("note")
+            refs = [_float(x.get("test_accuracy")) for x in document.get("references", [])
+                    if isinstance(x, dict)]
+            if isinstance(note, str) and note and refs:
+                notes.setdefault(note, []).append((float(np.nanmean(refs)),
+                                                   _float(r.get("test_accuracy"))))
+    out = []
+    for note, pairs in notes.items():
+        ref, own = (float(np.nanmean([p[i] for p in pairs])) for i in (0, 1))
+        weaker = (" References weaker than the audited model make the calibrated attacks "
+                  "weaker: these attack numbers understate what an audit with references "
+                  "like the target would find." if ref < own - REFERENCE_GAP else "")
+        out.append(_note(_e(f"Reference models: {note}. Their mean test accuracy is {ref:.2f}, "
+                            f"the audited models' {own:.2f}.{weaker}")))
+    return "".join(out)
+
+
+def mia_layers_frame(data: RunData) -> pd.DataFrame:
+    """Long table: one row per (trial, layer, attack), every scalar the audit stored (intervals
+    split into _lo / _hi)."""
+    records = []
+    for _, r in data.ok.iterrows():
+        for cell in data.parsed[r["trial_id"]]["mia_layers"]:
+            flat: dict[str, Any] = {}
+            for k, v in cell.items():
+                if isinstance(v, list) and len(v) == 2 and k.endswith("_ci"):
+                    flat[f"{k}_lo"], flat[f"{k}_hi"] = _float(v[0]), _float(v[1])
+                elif isinstance(v, (int, float, str, bool)) or v is None:
+                    flat[k] = v
+            records.append({"trial_id": r["trial_id"], "series": r["series"], **flat})
+    if not records:
+        return pd.DataFrame(columns=["trial_id", "series", "layer", "attack", "accuracy"])
+    frame = pd.DataFrame(records)
+    fixed = ["trial_id", "series"]
+    return frame[fixed + sorted(c for c in frame.columns if c not in fixed)]

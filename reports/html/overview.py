@@ -1,0 +1,214 @@
+"""The page's opening: the run's facts (data, model, budget, software, time), the headline per
+target, and what the hyperparameter search costs in privacy (private vs adaptive tuning).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from core.modes import INVALID_TAG
+from reports.html.fmt import (
+    CONTRADICTED_TAG,
+    NOT_COVERED_TAG,
+    REPLAYABLE_TAG,
+    _ci,
+    _count,
+    _e,
+    _ids,
+    _section_table,
+)
+from reports.html.records import RunData, _float
+from reports.pareto import (
+    ACC,
+    ACC_HI,
+    ACC_LO,
+    KIND_VALID,
+    MIA,
+    MIA_HI,
+    MIA_LO,
+    Front,
+    exclusion_reasons,
+    natural_key,
+    sort_trials,
+)
+
+
+def _when(value: Any) -> str:
+    """A timestamp as UTC text (summary.json stores POSIX seconds; other text is shown as is)."""
+    import datetime
+
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    if not math.isfinite(seconds):
+        return str(value)
+    return datetime.datetime.fromtimestamp(seconds, tz=datetime.UTC).strftime(
+        "%Y-%m-%d %H:%M:%S UTC")
+
+
+def _duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "—"
+    hours, rest = divmod(round(seconds), 3600)
+    minutes, secs = divmod(rest, 60)
+    return (f"{hours} h {minutes:02d} min" if hours else f"{minutes} min {secs:02d} s"
+            ) + f" ({seconds:,.0f} s)"
+
+
+def _glance(data: RunData, front_list: Sequence[Front]) -> str:
+    """The headline: per target, the valid-DP, release-safe front and its most accurate trial,
+    then how many trials carry a flag."""
+    parts = []
+    for front in front_list:
+        if front.kind != KIND_VALID:
+            continue
+        if front.trials.empty:
+            parts.append(f"ε = {front.target_epsilon:g}: no valid-DP, release-safe trial on a "
+                         "front.")
+            continue
+        best = sort_trials(front.trials, by=[ACC], ascending=[False]).iloc[0]
+        parts.append(
+            f"ε = {front.target_epsilon:g}: valid-DP, release-safe front "
+            f"<b>{_ids(list(front.trial_ids))}</b>; most accurate "
+            f"<b>{_e(best['trial_id'])}</b> ({_e(best['series'])}), validation accuracy "
+            f"{_ci(best[ACC], best[ACC_LO], best[ACC_HI])}, peak MIA "
+            f"{_ci(best[MIA], best[MIA_LO], best[MIA_HI])}.")
+    dp = data.dp
+    flags = [f"{int((~dp['dp_valid']).sum())} {INVALID_TAG}",
+             f"{int(dp['audit_contradicts'].sum())} {CONTRADICTED_TAG}",
+             f"{int((~dp['release_safe']).sum())} {REPLAYABLE_TAG}",
+             f"{int((exclusion_reasons(data.frame) != '').sum())} kept off the fronts"]
+    return ("<p><b>At a glance</b> (accuracies and MIA: "
+            f'<span class="nc">{NOT_COVERED_TAG}</span>). '
+            + " ".join(parts) + " Trials flagged: " + _e("; ".join(flags)) + ".</p>")
+
+
+def _header_section(data: RunData) -> str:
+    info, frame = data.info, data.frame
+    cfg = info.config
+    model_cfg = cfg.get("model") if isinstance(cfg.get("model"), dict) else {}
+    training = cfg.get("training") if isinstance(cfg.get("training"), dict) else {}
+    privacy = cfg.get("privacy") if isinstance(cfg.get("privacy"), dict) else {}
+    summary = info.summary
+    ok, dp = data.ok, data.dp
+    sizes = ", ".join(f"{k} {v:,}" for k, v in sorted(info.split_sizes.items(),
+                                                        key=lambda kv: _SPLIT_ORDER.get(kv[0], 9)))
+    epochs = sorted({int(e) for e in ok["epochs"] if math.isfinite(e)})
+    batches = sorted({int(b) for b in ok["batch_size"] if math.isfinite(b)})
+    accountants = dp["accountant"].replace("", "—").value_counts().sort_index()
+    accountant = str(summary.get("accountant") or "") or ", ".join(
+        f"{a} ({n})" for a, n in accountants.items()) or "—"
+    fallbacks = int((dp["accountant_fallback"] != "").sum())
+    if fallbacks:
+        accountant += f"; {_count(fallbacks, 'trial')} fell back to RDP (see the budget table)"
+    deltas = sorted({float(d) for d in dp["delta"] if math.isfinite(d)})
+    delta = ", ".join(f"{d:g}" for d in deltas) or str(privacy.get("delta", "—"))
+    versions = summary.get("versions") if isinstance(summary.get("versions"), dict) else {}
+    version_text = ", ".join(f"{k} {v}" for k, v in sorted(versions.items())) or \
+        "— (summary.json absent)"
+    wall = _float(summary.get("wall_seconds"))
+    if math.isfinite(wall):
+        wall_text = _duration(wall)
+        if summary.get("started") and summary.get("finished"):
+            wall_text += f", {_e(_when(summary['started']))} → {_e(_when(summary['finished']))}"
+    else:
+        spent = float(np.nansum(ok["train_seconds"]) + np.nansum(ok["audit_seconds"]))
+        wall_text = f"{_duration(spent)}: sum of trial training and audit times " \
+                    "(summary.json absent)"
+    failed = int((frame["status"] != "ok").sum())
+    series = sorted(frame["series"].unique(), key=natural_key)
+    rows = [
+        ("run directory", _e(data.run_dir.resolve())),
+        ("dataset", _e(info.dataset or "—") + f" ({info.num_classes} classes)"),
+        ("split sizes", _e(sizes or "—")),
+        ("model", _e(summary.get("model") or model_cfg.get("name") or "—")
+         + (f", activation {_e(model_cfg['activation'])}" if model_cfg.get("activation")
+            else "")),
+        ("epochs", _e(", ".join(map(str, epochs)) or training.get("epochs", "—"))),
+        ("batch size (expected, Poisson)",
+         _e(", ".join(map(str, batches)) or training.get("batch_size", "—"))),
+        ("accountant", _e(accountant)),
+        ("target epsilons", _e(", ".join(f"{t:g}" for t in info.targets) or "—")
+         + f"; delta {_e(delta)}"),
+        ("trials", f"{len(frame)} ({len(ok)} finished, {failed} failed); series: "
+                   + _e(", ".join(series))),
+        ("software versions", _e(version_text)),
+        ("wall time", wall_text),
+    ]
+    return _section_table(rows)
+
+
+_SPLIT_ORDER = {"train": 0, "validation": 1, "holdout": 2, "test": 3, "shadow": 4}
+
+
+def tuning_statement(*, summary: dict[str, Any], trials: int) -> str:
+    """The privacy cost of choosing hyperparameters, in plain words: the Papernot & Steinke
+    end-to-end bound when tuning was private, else why no epsilon covers the search."""
+    tuning = summary.get("tuning") if isinstance(summary.get("tuning"), dict) else {}
+    mode = str(tuning.get("mode") or "")
+    statement = str(tuning.get("statement") or "")
+    n_trials = tuning.get("n_trials", trials)
+    end_to_end = _float(tuning.get("end_to_end_epsilon"))
+    if mode == "private" and math.isfinite(end_to_end):
+        head = (f"<p><b>Tuning was private</b> (random search with a random number of trials, "
+                f"one DP selection score per trial, only the selected model released: "
+                f"Papernot &amp; Steinke, 2022, <i>Hyperparameter Tuning with Renyi "
+                f"Differential Privacy</i>). The end-to-end bound over the search is "
+                f"<b>epsilon = {end_to_end:.4g}</b> ({_e(n_trials)} trials ran). It covers the "
+                f"selected model and its noisy score only; everything else in this report "
+                f"(other trials, noiseless validation and audit numbers) is "
+                f"<b>{NOT_COVERED_TAG}</b>. The bound also assumes the number of trials stays "
+                f"secret, and this report shows it: like the rest of the run directory, the "
+                f"report stays with whoever ran the sweep; share the export "
+                f"(<code>dpsweep pick RUN_DIR --export DIR</code>).</p>")
+        return head + (f"<p>{_e(statement)}</p>" if statement else "")
+    if mode == "private":
+        head = ("<p><b>Tuning was meant to be private, but summary.json records no end-to-end "
+                "epsilon</b>: no tuning-aware bound is claimed.</p>")
+    else:
+        head = (
+            f"<p>This sweep ran <b>{_e(n_trials)}</b> trials and chose hyperparameters "
+            f"<b>adaptively</b> (Optuna), from {_adaptive_inputs(tuning)} measured on private "
+            "data without noise. Each trial's epsilon bounds what training <em>that one "
+            "model</em> reveals, its hyperparameters taken as given. It does <b>not</b> cover "
+            "the search: choosing one model from many after looking at noiseless private "
+            f"metrics leaks more than any single trial's epsilon. {_adaptive_cover(tuning)}</p>"
+            "<p>A tuning-aware epsilon (Papernot &amp; Steinke, 2022) needs random search, a "
+            "random number of trials, a DP selection score and release of the selected model "
+            "only (<code>tuning = \"private\"</code>). <b>Adaptive hyperparameter search over "
+            "private metrics is not covered by the per-trial epsilon.</b></p>")
+    return head + (f"<p>Recorded statement: {_e(statement)}</p>" if statement else "")
+
+
+def _attack_seen(tuning: dict[str, Any]) -> bool | None:
+    """Whether the adaptive sampler saw the in-trial attack (None: an older summary)."""
+    seen = [v.get("objectives") for v in (tuning.get("by_target") or {}).values()
+            if isinstance(v, dict) and v.get("objectives")]
+    return any(len(o) > 1 for o in seen) if seen else None
+
+
+def _adaptive_inputs(tuning: dict[str, Any]) -> str:
+    attack = _attack_seen(tuning)
+    if attack is None:
+        return "validation accuracy (and, with the audit in the trial, MIA accuracy)"
+    return ("validation accuracy and the MIA accuracy of an attack on the training members"
+            if attack else "validation accuracy alone")
+
+
+def _adaptive_cover(tuning: dict[str, Any]) -> str:
+    """What composition over every trained model covers, given what the sampler saw."""
+    attack = _attack_seen(tuning)
+    if attack is None:
+        return ""
+    if attack:
+        return ("Because the sampler adapted to an attack run on the training members, no "
+                "composition bound covers the hyperparameters it chose, the models trained "
+                "with them or the selection.")
+    return ("For a person in the training set, composition over every trained model covers "
+            "releasing them all and any choice made from validation accuracy (the recorded "
+            "statement gives the bound); for a person in the validation set nothing does.")

@@ -1,0 +1,208 @@
+"""Assembling the report: every section and CSV built into a temporary directory, the page with
+inline CSS and embedded figures, then an atomic swap into ``RUN_DIR/report``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import shutil
+from collections.abc import Collection, Mapping
+from pathlib import Path
+
+import pandas as pd
+
+from core.storage import atomic_write_text
+from reports.html.attacks import (
+    _canary_section,
+    _heatmap_section,
+    _leakage_frame,
+    _leakage_section,
+    _roc_section,
+    canary_frame,
+    mia_layers_frame,
+)
+from reports.html.fmt import _e
+from reports.html.fronts import (
+    _excluded_section,
+    _front_point_rows,
+    _front_section,
+    _hypervolume_section,
+    _trials_frame,
+    hypervolume_frame,
+)
+from reports.html.overview import _glance, _header_section, tuning_statement
+from reports.html.records import RunData, load_run, read_records
+from reports.html.training import _curves_section, _utility_section, _ww_section, utility_frame
+from reports.html.validity import (
+    _budget_section,
+    _coverage_section,
+    _failed_section,
+    _validity_section,
+    budget_frame,
+    coverage_frame,
+    failed_frame,
+    validity_frame,
+)
+from reports.pareto import eligible, exclusions, fronts
+
+REPORT_DIR = "report"
+HTML_FILE = "report.html"
+#: The class of the one line a rebuild changes (the timestamp).
+STAMP_CLASS = "stamp"
+
+
+_CSS = """
+body{font-family:"DejaVu Sans",Helvetica,Arial,sans-serif;margin:20px auto;max-width:1320px;
+color:#222;line-height:1.45;padding:0 18px}
+h1{font-size:1.55em;margin-bottom:.2em}h2{border-bottom:2px solid #ddd;padding-bottom:.2em;
+margin-top:1.8em}h3{margin-bottom:.3em}
+.scroll{overflow-x:auto;max-width:100%}
+table{border-collapse:collapse;margin:.6em 0;font-size:.84em}
+th,td{border:1px solid #ccc;padding:3px 7px;text-align:left;vertical-align:top}
+th{background:#f0f2f5;font-weight:600}table.facts th{white-space:nowrap;width:16em}
+tbody tr:nth-child(even){background:#fafafa}
+tr.bad{background:#fff0f0 !important}
+.invalid{color:#fff;background:#b00020;border-radius:3px;padding:0 4px;font-size:.9em;
+white-space:nowrap}
+.replay{color:#5a3d00;background:#ffd27a;border-radius:3px;padding:0 4px;font-size:.9em;
+white-space:nowrap}
+.nc{color:#b00020;font-size:.78em;font-weight:normal;white-space:nowrap}
+.ci{color:#666;font-size:.9em;white-space:nowrap}
+.note{background:#fff8e1;border-left:4px solid #f0b400;padding:6px 10px}
+.stamp{color:#777;font-size:.85em;margin-top:0}
+.privacy{background:#eef4ff;border-left:4px solid #2a5db0;padding:4px 14px}
+figure{margin:.6em 0}figure img{max-width:100%;border:1px solid #eee}
+figcaption{color:#555;font-size:.85em}
+nav{position:sticky;top:0;background:#fff;padding:6px 0;border-bottom:1px solid #eee;
+z-index:1;font-size:.9em}nav a{margin-right:11px;white-space:nowrap}
+code{background:#f3f3f3;padding:0 3px}
+details summary{cursor:pointer;color:#2a5db0}
+.hp{display:inline-block;min-width:14em;max-width:22em;font-size:.86em;color:#333}
+table.fronttable td:nth-child(4){white-space:nowrap}
+ul.files{columns:4 14em;padding-left:1.2em}
+"""
+
+
+_SECTIONS = (("run", "Run"), ("tuning", "Privacy cost of tuning"),
+             ("fronts", "Pareto fronts"), ("hypervolume", "Hypervolume"),
+             ("excluded", "Kept off the fronts"), ("leakage", "Leakage per series"),
+             ("heatmap", "Per-layer × attack MIA"), ("curves", "Validation curves"),
+             ("utility", "Privacy-utility"), ("canary", "Epsilon lower bounds"),
+             ("roc", "ROC"), ("ww", "WW-DP-SGD trajectories"), ("budget", "Privacy budget"),
+             ("validity", "DP validity and release safety"), ("failed", "Failed trials"),
+             ("coverage", "What epsilon covers"), ("files", "Files"))
+
+
+def _page(*, title: str, stamp: str, sections: dict[str, str]) -> str:
+    nav = " ".join(f'<a href="#{key}">{_e(name)}</a>' for key, name in _SECTIONS)
+    parts = ["<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
+             '<meta name="viewport" content="width=device-width, initial-scale=1">',
+             f"<title>{_e(title)}</title>", f"<style>{_CSS}</style>", "</head>", "<body>",
+             f"<h1>{_e(title)}</h1>", f'<p class="{STAMP_CLASS}">{_e(stamp)}</p>',
+             f"<nav>{nav}</nav>"]
+    for key, name in _SECTIONS:
+        cls = ' class="privacy"' if key == "tuning" else ""
+        parts.append(f'<section id="{key}"{cls}><h2>{_e(name)}</h2>\n{sections[key]}\n'
+                     "</section>")
+    parts += ["</body>", "</html>", ""]
+    return "\n".join(parts)
+
+
+def _write_csv(frame: pd.DataFrame, path: Path) -> Path:
+    return atomic_write_text(path, frame.to_csv(index=False, lineterminator="\n"))
+
+
+def build_report(run_dir: Path, *, num_classes: int | None = None,
+                 prepared: Mapping[str, Collection[str]] | None = None) -> Path:
+    """Build ``run_dir/report/`` (HTML, PNGs, CSVs) from the run's files; return the HTML.
+
+    Everything is read and validated first; the report is assembled in a temporary sibling
+    directory and swapped in at the end, so bad input writes nothing and a failed build never
+    leaves a half-written report or stale figures. ``num_classes`` overrides the dataset's;
+    ``prepared`` (per method, its prepared parameters: ``trainables.methods.prepared_params``)
+    keeps those out of the hyperparameter cells.
+    """
+    data = load_run(Path(run_dir), num_classes=num_classes, prepared=prepared)
+    run = data.run_dir
+    final = run / REPORT_DIR
+    work = run / f".{REPORT_DIR}.tmp"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    try:
+        _build_into(data, out=work)
+        old = run / f".{REPORT_DIR}.old"
+        shutil.rmtree(old, ignore_errors=True)
+        if final.exists():
+            os.replace(final, old)
+        os.replace(work, final)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return final / HTML_FILE
+
+
+def _files_section(out: Path) -> str:
+    """The list of what ``out`` holds (written last, so it names every figure and CSV)."""
+    files = sorted([*(p.name for p in out.iterdir()), HTML_FILE])
+    return ("<p>Written next to this page (the images above are embedded; each figure's data "
+            "is the CSV of the same name):</p>" + '<ul class="files">'
+            + "".join(f'<li><a href="{_e(f)}">{_e(f)}</a></li>' for f in files) + "</ul>")
+
+
+def _build_into(data: RunData, *, out: Path) -> None:
+    """Every figure and CSV into ``out``, then the page that embeds and lists them."""
+    info = data.info
+    pool = eligible(data.frame, validation_size=info.validation_size)
+    front_list = fronts(data.frame, validation_size=info.validation_size,
+                        num_classes=info.num_classes)
+    excluded = exclusions(data.frame)
+    records = read_records(data, trial_ids=(t for f in front_list for t in f.trial_ids))
+    csvs: dict[str, pd.DataFrame] = {}
+    sections = {
+        "run": _header_section(data) + _glance(data, front_list),
+        "tuning": tuning_statement(summary=info.summary, trials=len(data.frame)),
+        "fronts": _front_section(data, front_list=front_list, pool=pool, out=out, csvs=csvs),
+        "hypervolume": _hypervolume_section(front_list, num_classes=info.num_classes),
+        "excluded": _excluded_section(excluded),
+    }
+    leakage = _leakage_frame(data)
+    utility = utility_frame(data)
+    canary = canary_frame(data)
+    budget = budget_frame(data)
+    validity = validity_frame(data)
+    failed = failed_frame(data)
+    sections.update({
+        "leakage": _leakage_section(leakage),
+        "heatmap": _heatmap_section(data, front_list=front_list, out=out, csvs=csvs),
+        "curves": _curves_section(data, front_list=front_list, records=records, out=out,
+                                  csvs=csvs),
+        "utility": _utility_section(data, utility, out=out, csvs=csvs),
+        "canary": _canary_section(canary),
+        "roc": _roc_section(data, front_list=front_list, records=records, out=out, csvs=csvs),
+        "ww": _ww_section(data, out=out, csvs=csvs),
+        "budget": _budget_section(budget),
+        "validity": _validity_section(validity),
+        "failed": _failed_section(failed),
+        "coverage": _coverage_section(),
+    })
+    csvs.update({
+        "trials.csv": _trials_frame(data, front_list, pool),
+        "fronts.csv": _front_point_rows(front_list),
+        "hypervolume.csv": hypervolume_frame(front_list, num_classes=info.num_classes),
+        "excluded.csv": excluded,
+        "leakage.csv": leakage,
+        "canary_bounds.csv": canary,
+        "budget.csv": budget,
+        "dp_validity.csv": validity,
+        "failed_trials.csv": failed,
+        "mia_layers.csv": mia_layers_frame(data),
+        "covered_by_epsilon.csv": coverage_frame(),
+    })
+    for name, frame in sorted(csvs.items()):
+        _write_csv(frame, out / name)
+    sections["files"] = _files_section(out)
+    stamp = (f"Generated {_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC')}"
+             " from the run directory; rebuild with dpsweep report RUN_DIR.")
+    title = f"dpsweep report: {data.run_dir.resolve().name}"
+    atomic_write_text(out / HTML_FILE, _page(title=title, stamp=stamp, sections=sections))

@@ -1,0 +1,170 @@
+"""What each epsilon is worth: the budget-matching table, DP validity and release safety, the
+failed trials, and which results columns the epsilon covers.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from core.modes import INVALID_TAG
+from reports.html.fmt import (
+    CONTRADICTED_TAG,
+    NOT_COVERED_TAG,
+    REPLAYABLE_TAG,
+    _badge,
+    _count,
+    _e,
+    _h,
+    _ids,
+    _int,
+    _note,
+    _num,
+    _sci,
+    _table,
+    flags_html,
+    flags_text,
+    schedule_text,
+)
+from reports.html.records import RunData
+from reports.pareto import sort_trials
+from reports.store import COLUMNS
+
+AUDIT_ERROR = "audit_error"
+
+
+def budget_frame(data: RunData) -> pd.DataFrame:
+    """The budget-matching table, one row per finished DP trial."""
+    records = []
+    for _, r in data.dp.iterrows():
+        schedule = data.parsed[r["trial_id"]]["noise_schedule"]
+        records.append({
+            "trial_id": r["trial_id"], "series": r["series"], "method": r["method"],
+            "mode": r["mode"], "noise_multiplier": r["noise_multiplier"],
+            "schedule": schedule_text(sigma=r["noise_multiplier"], schedule=schedule),
+            "phases": len(schedule), "sample_rate": r["sample_rate"], "steps": r["steps"],
+            "delta": r["delta"], "target_epsilon": r["target_epsilon"],
+            "epsilon_lower": r["epsilon_lower"], "epsilon_estimate": r["epsilon_estimate"],
+            "epsilon_upper": r["epsilon_upper"], "accountant": r["accountant"],
+            "accountant_fallback": r["accountant_fallback"], "dp_valid": r["dp_valid"],
+            "release_safe": r["release_safe"], "audit_contradicts": r["audit_contradicts"],
+            "flags": flags_text(r)})
+    return pd.DataFrame(records, columns=[
+        "trial_id", "series", "method", "mode", "noise_multiplier", "schedule", "phases",
+        "sample_rate", "steps", "delta", "target_epsilon", "epsilon_lower", "epsilon_estimate",
+        "epsilon_upper", "accountant", "accountant_fallback", "dp_valid", "release_safe",
+        "audit_contradicts", "flags"])
+
+
+def _budget_section(budget: pd.DataFrame) -> str:
+    if budget.empty:
+        return _note("No finished DP trial: nothing was budgeted.")
+    rows = [[_e(r["trial_id"]), _e(r["series"]), _e(r["schedule"]), _sci(r["sample_rate"]),
+             _int(r["steps"]), _sci(r["delta"]), _num(r["target_epsilon"], 3),
+             _num(r["epsilon_lower"]), _num(r["epsilon_estimate"]), _num(r["epsilon_upper"]),
+             _e(r["accountant"]), _e(r["accountant_fallback"] or "—"), flags_html(r)]
+            for _, r in budget.iterrows()]
+    return ("<p>Every trial is held to its target: the noise multiplier (sigma, or sigma_0 of a "
+            "decaying schedule) is chosen so that the accountant's <b>upper</b> epsilon bound "
+            "is at most the target. The lower bound and the estimate show how tight the claim "
+            "is; RDP (the fallback) gives only an upper bound.</p>"
+            + _table([_h("trial"), _h("series"), _h("sigma / schedule"), _h("q"), _h("steps"),
+                      _h("delta"), _h("target eps"), _h("eps lower"), _h("eps estimate"),
+                      _h("eps upper"), _h("accountant"), _h("fallback"), _h("DP validity")],
+                     rows))
+
+
+def validity_frame(data: RunData) -> pd.DataFrame:
+    dp = data.dp
+    return pd.DataFrame({
+        "trial_id": dp["trial_id"], "series": dp["series"], "method": dp["method"],
+        "mode": dp["mode"], "dp_valid": dp["dp_valid"], "validity_reason": dp["validity_reason"],
+        "randomness": dp["randomness"], "release_safe": dp["release_safe"],
+        "audit_contradicts": dp["audit_contradicts"],
+        "flags": [flags_text(r) for _, r in dp.iterrows()]}).reset_index(drop=True)
+
+
+def _validity_section(validity: pd.DataFrame) -> str:
+    if validity.empty:
+        return _note("No finished DP trial.")
+    groups = validity.groupby(["series", "dp_valid", "validity_reason"], sort=True, dropna=False)
+    rows, classes = [], []
+    for (series, valid, reason), group in groups:
+        ids = list(group["trial_id"])
+        flags = ["valid" if valid else _badge(INVALID_TAG)]
+        for mask, tag, kind in ((group["audit_contradicts"], CONTRADICTED_TAG, "invalid"),
+                                (~group["release_safe"], REPLAYABLE_TAG, "replay")):
+            if mask.any():
+                flags.append(_badge(f"{tag}: {', '.join(group['trial_id'][mask])}", kind))
+        rows.append([_e(series), " ".join(flags), str(len(ids)), _e(reason or "—"), _ids(ids)])
+        classes.append("" if valid else "bad")
+    invalid = int((~validity["dp_valid"]).sum())
+    contradicted = validity[validity["audit_contradicts"]]
+    replayable = validity[~validity["release_safe"]]
+    lead = (f"<p>Finished trials flagged {_badge(INVALID_TAG)}: <b>{invalid}</b> of "
+            f"{len(validity)}. They follow a paper's algorithm whose privacy argument does not "
+            "hold (a statistic computed from private data without noise), so their epsilon is "
+            "not a guarantee. <code>dpsweep pick</code> refuses them unless given "
+            "<code>--allow-invalid-dp</code>.</p>" if invalid else
+            "<p>Every finished trial's epsilon claim holds by construction.</p>")
+    lead += (f"<p>{_badge(CONTRADICTED_TAG)}: <b>{len(contradicted)}</b> trial(s) "
+             f"({_ids(list(contradicted['trial_id']))}): a canary audit's lower bound exceeds "
+             "the claimed epsilon.</p>" if len(contradicted) else
+             "<p>No claim is contradicted by a canary audit.</p>")
+    table = _table([_h("series"), _h("DP validity"), _h("trials"), _h("reason"),
+                    _h("trial ids")], rows, row_classes=classes)
+    if len(replayable):
+        release = (f"<p>{_badge(REPLAYABLE_TAG, 'replay')}: <b>{len(replayable)}</b> trial(s) "
+                   f"({_ids(list(replayable['trial_id']))}) ran with "
+                   "<code>reproducible = true</code>: their noise and sampling are seeded, so "
+                   "anyone with the seed can replay and subtract the noise; no epsilon holds "
+                   "for their release. <code>pick</code> and <code>export</code> refuse them "
+                   "unless given <code>--allow-replayable</code>.</p>")
+    else:
+        sources = ", ".join(sorted(set(validity["randomness"]) - {""})) or "—"
+        release = (f"<p>Release safety: every finished trial drew its noise from a secret "
+                   f"source ({_e(sources)}); none is replayable.</p>")
+    return lead + table + "<h3>Release safety</h3>" + release
+
+
+def failed_frame(data: RunData) -> pd.DataFrame:
+    """Trials that failed in training, and finished trials whose audit failed."""
+    frame = data.frame
+    bad = frame[frame["status"] != "ok"]
+    out = pd.DataFrame({"trial_id": bad["trial_id"], "series": bad["series"],
+                        "stage": "training", "error": bad["error"]})
+    audit_bad = frame[(frame["status"] == "ok") & (frame[AUDIT_ERROR] != "")]
+    out = pd.concat([out, pd.DataFrame({
+        "trial_id": audit_bad["trial_id"], "series": audit_bad["series"], "stage": "audit",
+        "error": audit_bad[AUDIT_ERROR]})])
+    return sort_trials(out).reset_index(drop=True)
+
+
+def _failed_section(failed: pd.DataFrame) -> str:
+    if failed.empty:
+        return "<p>No trial failed.</p>"
+    rows = [[_e(r["trial_id"]), _e(r["series"]), _e(r["stage"]),
+             _e(r["error"] or "(no reason recorded)")] for _, r in failed.iterrows()]
+    training = int((failed["stage"] == "training").sum())
+    audit = len(failed) - training
+    return (f"<p>{_count(training, 'trial')} failed in training; the sweep went on without "
+            "them." + (f" {_count(audit, 'finished trial')} could not be audited." if audit
+                       else "") + "</p>"
+            + _table([_h("trial"), _h("series"), _h("stage"), _h("reason")], rows))
+
+
+def coverage_frame() -> pd.DataFrame:
+    """Every results column, its dtype and whether the trials' epsilon covers it."""
+    return pd.DataFrame([{"column": n, "dtype": c.dtype, "covered": c.covered,
+                          "meaning": c.meaning} for n, c in COLUMNS.items()])
+
+
+def _coverage_section() -> str:
+    rows = [[f"<code>{_e(name)}</code>", "covered" if column.covered else
+             f'<span class="nc">{NOT_COVERED_TAG}</span>', _e(column.meaning)]
+            for name, column in COLUMNS.items()]
+    return ("<p>Which values the trials' epsilon covers. Values computed on private data "
+            "without noise (validation and test metrics, every audit number) are not covered: "
+            f"they carry <span class=\"nc\">{NOT_COVERED_TAG}</span> wherever they appear, stay "
+            "in the run directory and are never exported.</p>"
+            "<details><summary>Every results column</summary>"
+            + _table([_h("column"), _h("epsilon"), _h("meaning")], rows) + "</details>")

@@ -1,0 +1,60 @@
+"""docs/methods.md's "searched" column says what a sweep searches.
+
+The column is checked against the search spaces as sweeps build them (``build_space`` in every
+mode), not against ``Space.ranges``: a parameter searched through a reparametrisation (lr as
+lr * C) or a model-dependent range (dpsgd_lf's m_f) is searched too.
+"""
+
+from __future__ import annotations
+
+import re
+
+from orchestrator.docgen import ROOT
+from search_spaces import SPACES, STEP, build_space
+from trainables.methods import METHODS
+
+_CELL = re.compile(r"(?<!\\)\|")
+
+
+def _searched_columns() -> dict[str, dict[str, str]]:
+    """method -> parameter -> its "searched" cell, from the committed docs/methods.md."""
+    text = (ROOT / "docs/methods.md").read_text()
+    block = text.split("<!-- generated:hyperparameters -->", 1)[1]
+    block = block.split("<!-- /generated:hyperparameters -->", 1)[0]
+    out: dict[str, dict[str, str]] = {}
+    method, column = "", -1
+    for line in block.splitlines():
+        if line.startswith("### `"):
+            method = line.strip("# `")
+            out[method] = {}
+        elif line.startswith("| parameter |"):
+            column = [c.strip() for c in _CELL.split(line)].index("searched")
+        elif line.startswith("| `"):
+            cells = [c.strip() for c in _CELL.split(line)]
+            out[method][cells[1].strip("`")] = cells[column]
+    return out
+
+
+def _searched_by_sweeps(method: str) -> set[str]:
+    if method not in SPACES:
+        return set()
+    out: set[str] = set()
+    for mode in METHODS[method].modes:
+        built = build_space(method, mode=mode.name, num_layers=5)
+        out |= set(built.distributions) - {STEP}
+        out |= {"lr"} if built.step else set()
+    return out
+
+
+def test_searched_column_matches_the_search_spaces() -> None:
+    columns = _searched_columns()
+    assert set(columns) == set(METHODS)
+    for method, cls in METHODS.items():
+        shown = columns[method]
+        assert set(shown) == {row["name"] for row in cls.declaration().table()}, method
+        searched = _searched_by_sweeps(method)
+        assert searched <= set(shown), (method, searched - set(shown))
+        wrong = {name: cell for name, cell in shown.items()
+                 if (cell == "yes") != (name in searched)}
+        assert not wrong, f"{method}: searched column disagrees with the space for {wrong}"
+    assert columns["dpsgd"]["lr"] == "yes" and columns["dpsgd_lf"]["m_f"] == "yes"
