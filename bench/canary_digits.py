@@ -25,7 +25,7 @@ import torch
 
 from core.storage import atomic_write_json
 from orchestrator.cli import demo_config
-from orchestrator.trial import plan_trial
+from orchestrator.trial.plan import plan_trial
 from search_spaces import build_space
 from trainables.audit.canaries import white_box_run
 from trainables.methods import get_method

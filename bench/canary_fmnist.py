@@ -30,7 +30,6 @@ from typing import Any
 import torch
 
 from core.storage import atomic_write_json
-from orchestrator import trial as trial_mod
 from orchestrator.config import (
     Config,
     DataConfig,
@@ -39,6 +38,7 @@ from orchestrator.config import (
     ResourcesConfig,
     TrainingConfig,
 )
+from orchestrator.trial import plan as trial_mod
 from trainables.audit.canaries import CanaryRun, black_box_run, white_box_run
 from trainables.training import load_trial_data
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from bench.harness import write_results
 from orchestrator.cli import demo_config
-from orchestrator.sweep import run_sweep
+from orchestrator.sweep.driver import run_sweep
 
 
 def _phases(run: Path, wall: float) -> dict[str, Any]:

@@ -4,7 +4,7 @@ Takes the DP-SGD study leaders (best validation accuracy) at each epsilon of a F
 (``configs/fmnist.toml``), audits each exactly as the after-sweep audit does (online references
 trained like the trial with their own matched budgets, every signal and attack, per-layer probes),
 in parallel processes, and checks every measured ROC point against the claimed epsilon
-(``orchestrator.audit.claim_check``). Nothing is written into the run directory. Writes
+(``orchestrator.audit.membership.claim_check``). Nothing is written into the run directory. Writes
 bench/results/dp_audit_fmnist.json.
 
     .venv/bin/python -m bench.dp_audit_fmnist [RUN_DIR] [--series dpsgd] [--epsilons 1 3]
@@ -27,7 +27,7 @@ from bench.harness import write_results
 def _audit(run_dir: str, trial_id: str) -> dict[str, Any]:
     import torch
 
-    from orchestrator.audit import (
+    from orchestrator.audit.membership import (
         AuditSettings,
         audit_trial_model,
         budgets_from_config,
@@ -35,7 +35,7 @@ def _audit(run_dir: str, trial_id: str) -> dict[str, Any]:
         reference_budgets,
     )
     from orchestrator.config import load
-    from orchestrator.sweep import audit_settings
+    from orchestrator.sweep.driver import audit_settings
     from trainables.training import TrialSpec, load_trial_data
 
     torch.set_num_threads(1)

@@ -80,10 +80,10 @@ def trials_per_method(kills: int) -> int:
 
 def expected_ids(config: Path) -> tuple[frozenset[str], frozenset[str]]:
     """(search trial ids, every id including the baseline) of the config, as the driver names
-    them (``orchestrator.plans.study_plans``)."""
+    them (``orchestrator.sweep.plans.study_plans``)."""
     from orchestrator.config import load
-    from orchestrator.plans import study_plans
-    from orchestrator.postsweep import BASELINE_ID
+    from orchestrator.sweep.jobs import BASELINE_ID
+    from orchestrator.sweep.plans import study_plans
 
     plans = study_plans(load(config))
     search = frozenset(p.trial_id(i) for p in plans for i in range(p.n_trials))

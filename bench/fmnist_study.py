@@ -7,8 +7,8 @@ Per series and epsilon: the tuned configuration (the study's best validation tri
 re-runs with fresh noise (``sweep.seeds``) give mean ± sd of validation and test accuracy over
 seeds; the audited front trial gives the peak MIA with its simultaneous upper bound, the layer
 and attack of the peak, whether a leak was detected, and every measured ROC point checked against
-the claimed epsilon (``orchestrator.audit.claim_check``). Writes bench/results/fmnist_study.json
-and prints a Markdown table.
+the claimed epsilon (``orchestrator.audit.membership.claim_check``). Writes
+bench/results/fmnist_study.json and prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import numpy as np
 
 from bench.harness import write_results
 from orchestrator import api
-from orchestrator.audit import AUDIT_FILE, claim_check
+from orchestrator.audit.membership import AUDIT_FILE, claim_check
 
 #: Pairs compared in the README's sentences: (series, baseline series).
 VERSUS = (("dpsgd_lf", "dpsgd"), ("lm_dpsgd", "dpsgd"), ("ww_dpsgd", "dpsgd"),

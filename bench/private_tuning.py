@@ -8,7 +8,8 @@ Three DP-SGD sweeps of the same model, data and schedule, each releasing one mod
 * ``tpe_matched``: TPE with N trials whose per-trial noise is set so that the N DP-SGD runs
   compose (dp_accounting PLD, exactly) to T. T then covers releasing all N models, and so any
   choice among them made from validation metrics, but not the adaptive proposals' dependence on
-  the validation set (see ``orchestrator.accounting.adaptive.adaptive_statement``): generous to TPE.
+  the validation set (see ``orchestrator.accounting.tuning.adaptive.adaptive_statement``):
+  generous to TPE.
 * ``tpe_naive``: TPE with N trials at per-trial epsilon T, the common practice; its composed
   epsilon over N trials is printed beside it.
 
@@ -33,7 +34,7 @@ from bench.harness import write_results
 from core.errors import UserInputError
 from orchestrator import api
 from orchestrator.config import Config, from_dict
-from orchestrator.studies import VALIDATION_OBJECTIVE
+from orchestrator.sweep.studies import VALIDATION_OBJECTIVE
 from reports.pick import choose_private
 
 #: The study's split sizes and schedule (configs/fmnist.toml), DP-SGD only, no audit.
@@ -62,8 +63,8 @@ def _config(*, epsilon: float, trials: int, tuning: str, seed: int) -> Config:
 def matched_per_trial_epsilon(*, cfg: Config, n_trials: int, end_to_end: float) -> dict[str, Any]:
     """The per-trial epsilon whose N exactly composed DP-SGD runs reach ``end_to_end``."""
     from core.schedule import Schedule
-    from orchestrator.accounting.adaptive import adaptive_statement
     from orchestrator.accounting.calibration import certify
+    from orchestrator.accounting.tuning.adaptive import adaptive_statement
     from trainables.training import poisson_plan
 
     q, per_epoch = poisson_plan(dataset_size=cfg.data.train_size,
@@ -116,8 +117,8 @@ def main() -> None:
                         help="TPE trials, and the mean number of private-tuning trials")
     parser.add_argument("--repeats", type=int, default=1, help="repeats of the three sweeps")
     args = parser.parse_args()
-    from orchestrator.accounting.adaptive import adaptive_statement
-    from orchestrator.sweep_tuning import private_tuning_plan
+    from orchestrator.accounting.tuning.adaptive import adaptive_statement
+    from orchestrator.sweep.tuning import private_tuning_plan
 
     rows: list[dict[str, Any]] = []
     work = Path(tempfile.mkdtemp(prefix="dpsweep-private-tuning-"))

@@ -19,8 +19,8 @@ from typing import Any
 
 from bench.harness import write_results
 from orchestrator.config import Config
-from orchestrator.plans import at_epsilon, study_plans
-from orchestrator.trial import load_data, plan_trial
+from orchestrator.sweep.plans import at_epsilon, study_plans
+from orchestrator.trial.plan import load_data, plan_trial
 from search_spaces import STEP
 from trainables.training import train_trial
 

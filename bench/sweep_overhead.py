@@ -1,7 +1,7 @@
 """Ray Tune's overhead per trial, and the throughput of 2 concurrent 1-CPU trials vs 1.
 
-Runs the real sweep driver (``orchestrator.sweep.run_sweep``) on a DP-SGD-only sweep of digits
-with the audit, the non-private baseline and the re-runs off, so a trial is pure training, at
+Runs the real sweep driver (``orchestrator.sweep.driver.run_sweep``) on a DP-SGD-only sweep of
+digits with the audit, the non-private baseline and the re-runs off, so a trial is pure training, at
 ``max_concurrent_trials`` 1 and 2, each in a fresh run directory, interleaved over ``--rounds``
 (order shuffled each round, as ``bench.harness`` does, so a slow drift of a shared machine hits
 both alike). Ratios are taken within one round and reported as medians over rounds.
@@ -49,8 +49,8 @@ from typing import Any
 
 from bench.harness import load_average, write_results
 from orchestrator import cluster
-from orchestrator import sweep as sweep_mod
 from orchestrator.config import Config, from_dict
+from orchestrator.sweep import driver as sweep_mod
 
 METHOD = "dpsgd"
 DATASET = "digits"

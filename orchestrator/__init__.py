@@ -1,4 +1,5 @@
-"""dpsweep orchestrator: CLI, config schema, PRV budget matching, sweep, run directory."""
+"""dpsweep orchestrator: CLI, config schema, run directory, cluster, Python API, and one
+package per concern: ``sweep``, ``trial``, ``release``, ``audit``, ``accounting``."""
 
 from core import __version__
 

@@ -24,8 +24,8 @@ from orchestrator.config import Config, from_dict, load
 if TYPE_CHECKING:
     import pandas as pd
 
-    from orchestrator.export import ExportResult
-    from orchestrator.sweep import SweepSummary
+    from orchestrator.release.statement import ExportResult
+    from orchestrator.sweep.driver import SweepSummary
 
 __all__ = ["Config", "UserInputError", "export", "from_dict", "load_config", "pick", "report",
            "results", "resume", "run"]
@@ -39,7 +39,7 @@ def load_config(path: str | Path) -> Config:
 def run(cfg: Config, *, out: str | Path, address: str | None = None,
         quiet: bool = True) -> SweepSummary:
     """Run a sweep into the new directory ``out`` (local Ray on loopback, or ``address``)."""
-    from orchestrator.sweep import run_sweep
+    from orchestrator.sweep.driver import run_sweep
 
     return run_sweep(cfg, run_dir=Path(out), address=address, quiet=quiet)
 
@@ -47,7 +47,7 @@ def run(cfg: Config, *, out: str | Path, address: str | None = None,
 def resume(run_dir: str | Path, *, address: str | None = None,
            quiet: bool = True) -> SweepSummary:
     """Continue an interrupted sweep; finished trials are kept."""
-    from orchestrator.sweep import resume_sweep
+    from orchestrator.sweep.driver import resume_sweep
 
     return resume_sweep(Path(run_dir), address=address, quiet=quiet)
 
@@ -77,7 +77,7 @@ def pick(run_dir: str | Path, *, max_peak_mia: float | None = None,
          allow_invalid_dp: bool = False, allow_replayable: bool = False,
          export_to: str | Path | None = None) -> str:
     """Choose the deployable trial (writes pick.toml); returns the text ``dpsweep pick`` prints."""
-    from orchestrator.pickfile import pick_and_write
+    from orchestrator.release.pick import pick_and_write
 
     return pick_and_write(Path(run_dir), max_peak_mia=max_peak_mia, min_val_acc=min_val_acc,
                           series=series, allow_invalid_dp=allow_invalid_dp,
@@ -88,7 +88,7 @@ def pick(run_dir: str | Path, *, max_peak_mia: float | None = None,
 def export(run_dir: str | Path, *, trial_id: str, out: str | Path,
            allow_replayable: bool = False, allow_invalid_dp: bool = False) -> ExportResult:
     """Write the trial's release (weights, model description, privacy statement) into ``out``."""
-    from orchestrator.release import export_from_run
+    from orchestrator.release.export import export_from_run
 
     return export_from_run(Path(run_dir), trial_id=trial_id, out=Path(out),
                            allow_replayable=allow_replayable, allow_invalid_dp=allow_invalid_dp)

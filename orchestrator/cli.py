@@ -2,6 +2,11 @@
 
 Every command validates all of its input before it writes anything; bad input ends with one
 line ``dpsweep: error: FIELD = VALUE is not allowed: expected ...`` and exit code 2.
+
+Where each command's work lives (this module only parses, checks flags and prints), under
+``orchestrator``: budget -> ``accounting.calibration``; run, resume, demo -> ``sweep.driver``;
+train -> ``trial.single``; report -> ``api``; pick -> ``release.pick``; export ->
+``release.export``; audit -> ``audit.canary``; config -> ``config``.
 """
 
 from __future__ import annotations
@@ -149,7 +154,7 @@ def _up(value: float) -> str:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from orchestrator import config as config_mod
-    from orchestrator.single import train_single
+    from orchestrator.trial.single import train_single
 
     cfg = config_mod.load(args.config)
     out = Path(args.out)
@@ -186,7 +191,7 @@ def demo_config() -> Any:
 
 
 def _sweep(action: Any) -> int:
-    from orchestrator.sweep import Interrupted
+    from orchestrator.sweep.signals import Interrupted
 
     try:
         action()
@@ -198,7 +203,7 @@ def _sweep(action: Any) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from orchestrator.sweep import run_sweep
+    from orchestrator.sweep.driver import run_sweep
     from trainables.methods import METHODS
 
     cfg = demo_config()
@@ -211,7 +216,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from orchestrator import config as config_mod
-    from orchestrator.sweep import run_sweep
+    from orchestrator.sweep.driver import run_sweep
 
     cfg = config_mod.load(args.config)
     out = _out_dir(args, stem=Path(args.config).stem)
@@ -219,7 +224,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from orchestrator.sweep import resume_sweep
+    from orchestrator.sweep.driver import resume_sweep
 
     return _sweep(lambda: resume_sweep(Path(args.run_dir), address=args.address,
                                        quiet=args.quiet))
@@ -233,7 +238,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_pick(args: argparse.Namespace) -> int:
-    from orchestrator.pickfile import pick_and_write
+    from orchestrator.release.pick import pick_and_write
 
     for name, value in (("--max-peak-mia", args.max_peak_mia),
                         ("--min-val-acc", args.min_val_acc)):
@@ -248,7 +253,7 @@ def cmd_pick(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from orchestrator.release import export_from_run
+    from orchestrator.release.export import export_from_run
 
     result = export_from_run(Path(args.run_dir), trial_id=args.trial, out=Path(args.out),
                              allow_replayable=args.allow_replayable,
@@ -258,7 +263,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    from orchestrator.canary import audit_with_canaries
+    from orchestrator.audit.canary import audit_with_canaries
 
     result = audit_with_canaries(Path(args.run_dir), trial_id=args.trial,
                                  canaries=args.canaries, white_box=args.white_box,
@@ -284,13 +289,8 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from orchestrator import __version__
-
-    p = _Parser(prog="dpsweep", description=__doc__.splitlines()[0])
-    p.add_argument("--version", action="version", version=f"dpsweep {__version__}")
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
-
+def _add_budget(sub: Any) -> None:
+    """``dpsweep budget``'s arguments."""
     b = sub.add_parser("budget", help="noise multiplier for a privacy budget (PRV accountant)")
     b.add_argument("--epsilon", type=float, required=True,
                    help="target epsilon (privacy.epsilon), in (0, 100]")
@@ -308,6 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", action="store_true", help="print the full calibration as JSON")
     b.set_defaults(func=cmd_budget)
 
+
+def _add_run(sub: Any) -> None:
+    """``dpsweep run``'s arguments."""
     r = sub.add_parser("run", help="sweep: train, match budgets, tune, audit, report")
     r.add_argument("config", help="CONFIG.toml")
     r.add_argument("--out", help="new run directory (default runs/CONFIG-TIMESTAMP)")
@@ -315,16 +318,25 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--quiet", action="store_true", help="no progress output (for CI)")
     r.set_defaults(func=cmd_run)
 
+
+def _add_resume(sub: Any) -> None:
+    """``dpsweep resume``'s arguments."""
     rs = sub.add_parser("resume", help="continue an interrupted sweep; finished trials kept")
     rs.add_argument("run_dir", help="RUN_DIR of the sweep")
     rs.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or local Ray)")
     rs.add_argument("--quiet", action="store_true", help="no progress output (for CI)")
     rs.set_defaults(func=cmd_resume)
 
+
+def _add_report(sub: Any) -> None:
+    """``dpsweep report``'s arguments."""
     rp = sub.add_parser("report", help="(re)build the report from stored results only")
     rp.add_argument("run_dir", help="RUN_DIR")
     rp.set_defaults(func=cmd_report)
 
+
+def _add_pick(sub: Any) -> None:
+    """``dpsweep pick``'s arguments."""
     pk = sub.add_parser("pick", help="the deployable trial from the Pareto front (private "
                                      "tuning: the best noisy validation score)")
     pk.add_argument("run_dir", help="RUN_DIR")
@@ -339,6 +351,9 @@ def build_parser() -> argparse.ArgumentParser:
     pk.add_argument("--export", metavar="DIR", help="also export the picked trial's release")
     pk.set_defaults(func=cmd_pick)
 
+
+def _add_export(sub: Any) -> None:
+    """``dpsweep export``'s arguments."""
     ex = sub.add_parser("export", help="write a trial's release: weights + privacy statement")
     ex.add_argument("run_dir", help="RUN_DIR")
     ex.add_argument("--trial", required=True, help="trial id")
@@ -349,6 +364,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="export a trial whose epsilon claim is invalid anyway")
     ex.set_defaults(func=cmd_export)
 
+
+def _add_audit(sub: Any) -> None:
+    """``dpsweep audit``'s arguments."""
     au = sub.add_parser("audit", help="canary audit of a trial: an empirical epsilon lower bound")
     au.add_argument("run_dir", help="RUN_DIR")
     au.add_argument("--trial", required=True, help="trial id")
@@ -360,21 +378,41 @@ def build_parser() -> argparse.ArgumentParser:
     au.add_argument("--quiet", action="store_true", help="no progress output")
     au.set_defaults(func=cmd_audit)
 
+
+def _add_train(sub: Any) -> None:
+    """``dpsweep train``'s arguments."""
     t = sub.add_parser("train", help="train one trial from a config (no sweep)")
     t.add_argument("config", help="CONFIG.toml")
     t.add_argument("--out", required=True, help="new run directory")
     t.set_defaults(func=cmd_train)
 
+
+def _add_demo(sub: Any) -> None:
+    """``dpsweep demo``'s arguments."""
     d = sub.add_parser("demo", help="the embedded default: a small offline sweep + report")
     d.add_argument("--out", help="output directory (default runs/demo-TIMESTAMP)")
     d.add_argument("--quiet", action="store_true", help="no progress output")
     d.set_defaults(func=cmd_demo)
 
+
+def _add_config(sub: Any) -> None:
+    """``dpsweep config``'s arguments."""
     c = sub.add_parser("config", help="print every config key with its default and meaning")
     c.add_argument("--check", metavar="CONFIG",
                    help="validate a config file (and that its data is available) and exit")
     c.add_argument("--method", help="print one method's hyperparameter table")
     c.set_defaults(func=cmd_config)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from orchestrator import __version__
+
+    p = _Parser(prog="dpsweep", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"dpsweep {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for add in (_add_budget, _add_run, _add_resume, _add_report, _add_pick, _add_export, _add_audit,
+                _add_train, _add_demo, _add_config):
+        add(sub)
     return p
 
 

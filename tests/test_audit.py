@@ -1,6 +1,6 @@
-"""The audit of one model (orchestrator/audit.py): every layer and attack with its statistics,
-the Holm-corrected peak, a leak found on an overfit model and none on a model that never saw the
-candidates, the row columns, and split sizes refused before any trial runs."""
+"""The audit of one model (orchestrator/audit/membership.py): every layer and attack with its
+statistics, the Holm-corrected peak, a leak found on an overfit model and none on a model that
+never saw the candidates, the row columns, and split sizes refused before any trial runs."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from core.errors import UserInputError
-from orchestrator.audit import (
+from orchestrator.audit.membership import (
     OUTPUT,
     SHADOW_CLASSIFIER,
     AuditSettings,

@@ -387,7 +387,7 @@ def test_real_null_model_is_at_chance(online: AuditSignals, data: DataSplits) ->
 
 
 def test_dp_references_use_the_supplied_budget_and_their_own_seed() -> None:
-    from orchestrator.trial import match_budget, plan_trial
+    from orchestrator.trial.plan import match_budget, plan_trial
     from tests.conftest import tiny_config
     from trainables.audit.references import Budget, dp_trainer, reference_spec
 

@@ -16,18 +16,20 @@ from scipy import special, stats
 from sklearn.metrics import roc_auc_score
 
 from core.errors import UserInputError
-from reports.audit_stats import (
+from trainables.audit.stats.attacks import (
     AttackStatistics,
     attack_statistics,
     binomial_interval,
-    canary_audit,
-    canary_guesses,
     combine_attacks,
     consistent_with_dp,
-    epsilon_lower_bound,
-    one_run_p_value,
     roc_points,
     thin_roc,
+)
+from trainables.audit.stats.onerun import (
+    canary_audit,
+    canary_guesses,
+    epsilon_lower_bound,
+    one_run_p_value,
 )
 
 #: Smallest bootstrap allowed: the tests that repeat attacks many times do not read the AUC

@@ -8,7 +8,7 @@ compares them afterwards, byte for byte. Commands that hold a run directory's lo
 validate (``resume``, ``audit``) may refresh the lock's bookkeeping files, nothing else.
 
 Run directories are real ones, written by ``dpsweep train``'s own code
-(``orchestrator.single.train_single``), then damaged per case: a missing manifest, an edited
+(``orchestrator.trial.single.train_single``), then damaged per case: a missing manifest, an edited
 results store or privacy record, a crafted pickle where a run directory keeps state, a corrupt
 checkpoint. A crafted pickle creates a marker file if it is ever unpickled; the marker must
 never appear.
@@ -36,13 +36,13 @@ import pytest
 
 from orchestrator.cli import main
 from orchestrator.rundir import LOCK, LOCK_INFO, MANIFEST, RunDir
-from orchestrator.single import train_single
+from orchestrator.trial.single import train_single
 from reports import store
 from tests.conftest import tiny_config
 
 REPO = Path(__file__).resolve().parents[1]
 DPSWEEP = Path(sys.executable).parent / "dpsweep"
-TRIAL = "trial-000"  # orchestrator.single.TRIAL_ID
+TRIAL = "trial-000"  # orchestrator.trial.single.TRIAL_ID
 STATE = f"trials/{TRIAL}/checkpoint/state.pt"
 PRIVACY = f"trials/{TRIAL}/privacy.json"
 PREFIX = "dpsweep: error: "
@@ -555,7 +555,7 @@ def guarded(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     def reached(*_: object, **__: object) -> None:
         raise _Reached("validation passed: the command went on to its expensive stage")
 
-    for module, names in (("orchestrator.sweep", ["_drive"]),
+    for module, names in (("orchestrator.sweep.driver", ["_drive"]),
                           ("trainables.audit.canaries", ["black_box_run", "white_box_run"])):
         loaded = importlib.import_module(module)
         for name in names:

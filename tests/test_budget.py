@@ -35,14 +35,12 @@ from core.events import (
 )
 from core.schedule import Phase, Schedule
 from orchestrator.accounting import cache as budget_cache
-from orchestrator.accounting import curve as curves
+from orchestrator.accounting import calibration as curves
 from orchestrator.accounting import sandbox, search
 from orchestrator.accounting.cache import default_cache_dir
-from orchestrator.accounting.calibration import calibrate
+from orchestrator.accounting.calibration import calibrate, epsilon_curve
 from orchestrator.accounting.certificate import WINDOW, Calibration, EpsilonBounds
-from orchestrator.accounting.curve import epsilon_curve
-from orchestrator.accounting.prv import prv_epsilon
-from orchestrator.accounting.rdp import rdp_integer_epsilon
+from orchestrator.accounting.prv import prv_epsilon, rdp_integer_epsilon
 from orchestrator.accounting.verify import (
     _one_step_epsilon,
     epsilon_of_events,

@@ -35,11 +35,11 @@ import pytest
 import torch
 
 from core.errors import UserInputError
-from orchestrator.canary import audit_with_canaries
+from orchestrator.audit.canary import audit_with_canaries
 from orchestrator.config import PrivacyConfig
 from orchestrator.rundir import RunDir
-from orchestrator.single import TRIAL_ID, train_single
-from orchestrator.trial import plan_trial
+from orchestrator.trial.plan import plan_trial
+from orchestrator.trial.single import TRIAL_ID, train_single
 from reports import store
 from tests.conformance import (
     SIGMA,

@@ -15,7 +15,7 @@ import torch
 
 from core.modes import INVALID_TAG
 from core.schedule import Schedule
-from orchestrator.trial import plan_trial
+from orchestrator.trial.plan import plan_trial
 from search_spaces import SPACES, build_space
 from tests.conformance import (
     SIGMA,

@@ -133,6 +133,7 @@ def test_float32_norms_squared_without_scaling_are_caught(monkeypatch: pytest.Mo
     With that engine restored by hand, the float32 lifecycle fails on the underflow pattern."""
     import trainables.dp_step
     import trainables.engine
+    import trainables.module_grads
     import trainables.norms
 
     def unscaled(g: torch.Tensor) -> torch.Tensor:
@@ -140,6 +141,7 @@ def test_float32_norms_squared_without_scaling_are_caught(monkeypatch: pytest.Mo
 
     monkeypatch.setattr(trainables.norms, "scaled_sq_norms", unscaled)
     monkeypatch.setattr(trainables.engine, "scaled_sq_norms", unscaled)
+    monkeypatch.setattr(trainables.module_grads, "scaled_sq_norms", unscaled)
     monkeypatch.setattr(trainables.dp_step, "scaled_sq_norms", unscaled)
     run = lifecycle(METHODS["lm_dpsgd"], "lagged", steps=4, resume_at=2)
     failing = [c for c in run.releases if not c.holds]

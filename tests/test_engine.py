@@ -15,15 +15,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from core.errors import UserInputError
-from trainables.engine import (
-    Geometry,
-    GradEngine,
-    MaterializedGrads,
-    PerExampleView,
-    _Conv2dHandler,
-    choose,
-)
+from trainables.engine import GradEngine, MaterializedGrads, PerExampleView
 from trainables.models import LayeredModel, build_model
+from trainables.module_grads import Conv2dHandler, Geometry, choose
 
 NUM_CLASSES = 10
 RTOL = 1e-9
@@ -246,7 +240,7 @@ def test_shifted_input_gram_equals_the_patch_gram(kwargs: dict, side: int) -> No
     """The input Gram from shifted position Grams is the Gram of the unfolded patches."""
     torch.manual_seed(6)
     conv = nn.Conv2d(4, 6, **kwargs).double()
-    handler = _Conv2dHandler(conv, qualname="conv", layer=0)
+    handler = Conv2dHandler(conv, qualname="conv", layer=0)
     a = torch.randn(3, 4, side, side, dtype=torch.float64)
     shifted = handler._input_gram(a, shifted=True)
     patches = handler._input_gram(a, shifted=False)

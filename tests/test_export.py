@@ -1,4 +1,5 @@
-"""``orchestrator.export``: the release holds the model and its privacy statement, nothing else."""
+"""``orchestrator.release.statement``: the release holds the model and its privacy statement,
+nothing else."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ import torch
 import trainables.randomness
 from core.errors import UserInputError
 from orchestrator import __version__
-from orchestrator.accounting.adaptive import adaptive_statement
-from orchestrator.export import (
+from orchestrator.accounting.tuning.adaptive import adaptive_statement
+from orchestrator.release.statement import (
     NOT_COVERED_PRIVATE_K,
     NOT_COVERED_SELECTION,
     RELEASE_FILES,
@@ -26,7 +27,7 @@ from orchestrator.export import (
     round_down,
     round_up,
 )
-from orchestrator.studies import ATTACK_OBJECTIVE, VALIDATION_OBJECTIVE
+from orchestrator.sweep.studies import ATTACK_OBJECTIVE, VALIDATION_OBJECTIVE
 from tests.conftest import tiny_config
 from trainables.data import DataSplits
 from trainables.methods import get_method

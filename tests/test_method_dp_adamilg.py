@@ -14,7 +14,7 @@ import torch
 
 from core.errors import UserInputError
 from core.modes import Source
-from orchestrator.trial import plan_trial
+from orchestrator.trial.plan import plan_trial
 from tests.conformance import NUM_LAYERS, adversarial_view, build_step, make_method
 from tests.conftest import tiny_config
 from trainables.methods.dp_adamilg import (

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from core.errors import UserInputError
-from orchestrator.trial import plan_trial
+from orchestrator.trial.plan import plan_trial
 from tests.conformance import build_step, digits
 from tests.conftest import tiny_config
 from trainables.methods.dpsgd_lf import DPSGDLayerFreeze

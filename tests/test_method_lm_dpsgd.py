@@ -19,7 +19,7 @@ import torch
 from core.errors import UserInputError
 from core.modes import Source
 from core.storage import JsonCache
-from orchestrator.trial import plan_trial
+from orchestrator.trial.plan import plan_trial
 from tests.conformance import NUM_LAYERS, adversarial_view, build_step
 from tests.conftest import tiny_config
 from trainables.data import load_splits

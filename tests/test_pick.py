@@ -16,7 +16,7 @@ import pytest
 from core.errors import UserInputError
 from orchestrator.cli import main
 from orchestrator.config import from_dict, load
-from orchestrator.pickfile import PICK_CONFIG_FILE, PICK_FILE, config_from_spec, pick_and_write
+from orchestrator.release.pick import PICK_CONFIG_FILE, PICK_FILE, config_from_spec, pick_and_write
 from reports import store
 from reports.pick import choose
 from tests.test_report import INVALID_REASON, SIZES, make_run
@@ -208,9 +208,9 @@ def test_export_is_delegated_to_release(run_dir: Path, tmp_path: Path,
         calls.append((run, kw))
         return Result()
 
-    fake = types.ModuleType("orchestrator.release")
+    fake = types.ModuleType("orchestrator.release.export")
     fake.export_from_run = export_from_run  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "orchestrator.release", fake)
+    monkeypatch.setitem(sys.modules, "orchestrator.release.export", fake)
     text = _pick(run_dir, allow_replayable=True, export_to=tmp_path / "out")
     assert calls == [(run_dir, {"trial_id": "t13", "out": tmp_path / "out",
                                 "allow_replayable": True, "allow_invalid_dp": False})]
@@ -221,7 +221,7 @@ def test_export_is_delegated_to_release(run_dir: Path, tmp_path: Path,
 def test_config_reproduces_the_trial_spec(index: int) -> None:
     """Everything a spec takes from the config comes back from config_from_spec: method and
     its validated hyperparameters, sizes, batch, epochs, seed, randomness, budget."""
-    from orchestrator.trial import randomness_kind
+    from orchestrator.trial.plan import randomness_kind
     from tests.test_report import TRIALS, make_spec
 
     spec = make_spec(TRIALS[index], seed=index)

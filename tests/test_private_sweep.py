@@ -18,10 +18,10 @@ import optuna
 import pytest
 
 from orchestrator import config as config_mod
-from orchestrator.accounting import private_tuning
+from orchestrator.accounting.tuning import private as private_tuning
 from orchestrator.cli import main
-from orchestrator.pickfile import PICK_FILE
-from orchestrator.sweep import run_sweep
+from orchestrator.release.pick import PICK_FILE
+from orchestrator.sweep.driver import run_sweep
 from reports.store import read_results
 
 if sys.version_info >= (3, 11):
@@ -104,7 +104,7 @@ def test_pick_writes_the_noisy_score_and_no_noiseless_metric(
 
 def test_pick_export_states_the_end_to_end_epsilon_and_no_other_trial_leaves(
         run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from orchestrator.export import STATEMENT_JSON, round_up
+    from orchestrator.release.statement import STATEMENT_JSON, round_up
 
     assert main(["pick", str(run), "--export", str(tmp_path / "release")]) == 0
     statement = json.loads((tmp_path / "release" / STATEMENT_JSON).read_text())

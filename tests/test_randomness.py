@@ -12,7 +12,7 @@ import pytest
 import torch
 from scipy import stats
 
-from orchestrator.single import TRIAL_ID, train_single
+from orchestrator.trial.single import TRIAL_ID, train_single
 from tests.conftest import tiny_config
 from trainables import randomness
 from trainables.randomness import Randomness

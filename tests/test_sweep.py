@@ -3,7 +3,7 @@
 
 Everything here runs in-process on a SQLite Optuna storage in ``tmp_path``; the searcher is
 driven by hand the way Tune drives it (suggest, then on_trial_complete), with trial records
-written the way ``orchestrator.trial_runner`` writes them. The real CLI under faults is in
+written the way ``orchestrator.trial.runner`` writes them. The real CLI under faults is in
 ``tests/test_faults.py``.
 """
 
@@ -26,13 +26,15 @@ from optuna.trial import TrialState
 from core.storage import atomic_write_json
 from orchestrator import config as config_mod
 from orchestrator.config import Config
-from orchestrator.plans import epsilons, schedule_points, study_plans
-from orchestrator.studies import (
+from orchestrator.sweep.driver import _Driver
+from orchestrator.sweep.plans import epsilons, precompute_order, schedule_points, study_plans
+from orchestrator.sweep.raytune import SweepSearcher
+from orchestrator.sweep.signals import EXIT_SIGINT, EXIT_SIGTERM, Interrupted, _signals, _StopFlag
+from orchestrator.sweep.studies import (
     ID_ATTR,
     INTERRUPTED_ATTR,
     Outcome,
     StudyPlan,
-    SweepSearcher,
     Tally,
     make_sampler,
     open_study,
@@ -41,16 +43,7 @@ from orchestrator.studies import (
     slug,
     study_name,
 )
-from orchestrator.sweep import (
-    EXIT_SIGINT,
-    EXIT_SIGTERM,
-    Interrupted,
-    _Driver,
-    _signals,
-    _StopFlag,
-    precompute_order,
-)
-from orchestrator.sweep_tuning import open_plan_study
+from orchestrator.sweep.tuning import open_plan_study
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -367,8 +360,8 @@ def test_a_trial_reports_fast_epochs_to_tune_sparingly_and_slow_ones_each(
     """A report blocks the trial until the driver has handled it; digits epochs take a tenth
     of a second, so reporting each cost more than training it. Epochs as long as the interval
     (Fashion-MNIST's) are each reported, so Tune can still stop a trial between them."""
-    from orchestrator import trial_runner
-    from orchestrator.trial import plan_trial
+    from orchestrator.trial import runner as trial_runner
+    from orchestrator.trial.plan import plan_trial
 
     cfg = _config(methods=["dpsgd"], training={"epochs": 4})
     spec = plan_trial(cfg, method="dpsgd", trial_id="t0", cache_dir=tmp_path / "cache")
@@ -458,7 +451,7 @@ def test_an_interrupt_during_after_search_jobs_is_not_recorded_as_a_failed_job(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """``postsweep.run_jobs`` records a failing job and goes on; an interrupt raised while a
     finished job is recorded must end the loop instead (Ray replaced by a stand-in)."""
-    from orchestrator import postsweep
+    from orchestrator.sweep import jobs as postsweep
 
     fake = types.ModuleType("ray")
 
@@ -516,7 +509,7 @@ def test_front_ids_are_the_leader_and_the_trials_tied_with_it() -> None:
 
 
 def test_audit_settings_and_summary_inputs_follow_the_config() -> None:
-    from orchestrator.sweep import audit_settings
+    from orchestrator.sweep.driver import audit_settings
 
     on = audit_settings(_config(methods=["dpsgd"], audit=True))
     off = audit_settings(_config(methods=["dpsgd"], audit=False))
@@ -528,9 +521,10 @@ def test_the_after_sweep_audit_uses_the_run_cache_and_the_accountant_timeout(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The references' budgets of an after-sweep audit come from the run's own budget cache,
     under the config's accountant timeout (they were once computed with neither)."""
-    from orchestrator import audit as audit_mod
-    from orchestrator import postsweep, trial
+    from orchestrator.audit import membership as audit_mod
     from orchestrator.rundir import RunDir
+    from orchestrator.sweep import jobs as postsweep
+    from orchestrator.trial import plan as trial
     from reports import store
 
     cfg = _config(methods=["dpsgd"], audit=True,
@@ -676,8 +670,8 @@ def _summary_row(tid: str, study: str, *, status: str = "ok", repeat_of: str = "
 
 
 def test_adaptive_summary_counts_every_model_and_states_what_the_sampler_saw() -> None:
-    from orchestrator.accounting.adaptive import adaptive_statement
-    from orchestrator.sweep_tuning import adaptive_summary
+    from orchestrator.accounting.tuning.adaptive import adaptive_statement
+    from orchestrator.sweep.tuning import adaptive_summary
 
     cfg = _config(methods=["dpsgd", "lm_dpsgd:faithful"], eps=[1, 4])
     plans = study_plans(cfg)

@@ -21,8 +21,8 @@ from scipy import optimize, stats
 
 from core.errors import UserInputError
 from core.schedule import Phase, Schedule
-from orchestrator.accounting.adaptive import adaptive_statement
-from orchestrator.accounting.private_tuning import (
+from orchestrator.accounting.tuning.adaptive import adaptive_statement
+from orchestrator.accounting.tuning.private import (
     PLD_DISCRETIZATION,
     SIGMA_RANGE,
     WINDOW,
@@ -34,7 +34,7 @@ from orchestrator.accounting.private_tuning import (
     trial_event,
     tuning_event,
 )
-from orchestrator.studies import ATTACK_OBJECTIVE, NOISY_OBJECTIVE, VALIDATION_OBJECTIVE
+from orchestrator.sweep.studies import ATTACK_OBJECTIVE, NOISY_OBJECTIVE, VALIDATION_OBJECTIVE
 
 DELTA = 1e-5
 #: What an adaptive sampler can see: validation accuracy alone, or with the in-trial attack.

@@ -1,22 +1,35 @@
-"""What the config needs to know about the models without building one (no torch import).
+"""The model catalog: which models exist, what "auto" means, their input shapes and layer counts.
 
-``dpsweep config --check`` validates method settings against the model (e.g. DP-SGD-LF can
-freeze at most L - 1 of a model's L layers), so the layer counts live here, as data; a test
-builds every model and checks them.
+The one place these facts live, as data and without importing torch, so ``dpsweep config
+--check`` can validate method settings against a model (e.g. DP-SGD-LF can freeze at most
+L - 1 of a model's L layers) without building one. :func:`trainables.models.build_model`
+checks names and shapes against this table; a test builds every model and checks the counts.
 """
 
 from __future__ import annotations
 
-#: The model used when the config says ``model.name = "auto"``.
+#: Every model :func:`trainables.models.build_model` can build.
+MODEL_NAMES = ("digits_cnn", "cnn28", "cnn5", "resnet20_gn", "wrn16_4")
+#: The model a dataset gets when the config says ``model.name = "auto"``.
 DEFAULT_MODEL = {"digits": "digits_cnn", "fashion-mnist": "cnn28", "mnist": "cnn28",
                  "cifar10": "cnn5"}
+#: Input shapes (C, H, W) each model accepts.
+ACCEPTED_SHAPES: dict[str, frozenset[tuple[int, int, int]]] = {
+    "digits_cnn": frozenset({(1, 8, 8)}),
+    "cnn28": frozenset({(1, 28, 28)}),
+    "cnn5": frozenset({(1, 28, 28), (3, 28, 28), (1, 32, 32), (3, 32, 32)}),
+    "resnet20_gn": frozenset({(1, 28, 28), (3, 28, 28), (1, 32, 32), (3, 32, 32)}),
+    "wrn16_4": frozenset({(1, 28, 28), (3, 28, 28), (1, 32, 32), (3, 32, 32)}),
+}
 #: Named layers (blocks that own parameters) of each model.
 LAYER_COUNTS = {"digits_cnn": 4, "cnn28": 4, "cnn5": 5, "resnet20_gn": 11, "wrn16_4": 8}
 
 
 def model_for(*, model: str, dataset: str) -> str:
+    """The concrete model name: ``model`` itself, or the dataset's default for "auto"."""
     return DEFAULT_MODEL[dataset] if model == "auto" else model
 
 
 def layer_count(*, model: str, dataset: str) -> int:
+    """How many layers the (resolved) model has, without building it."""
     return LAYER_COUNTS[model_for(model=model, dataset=dataset)]

@@ -17,6 +17,8 @@ import torch
 from torch import nn
 
 from core.errors import UserInputError
+from trainables.catalog import ACCEPTED_SHAPES, MODEL_NAMES
+from trainables.catalog import DEFAULT_MODEL as DEFAULT_MODEL  # old path; the catalog owns it
 
 ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
@@ -260,24 +262,11 @@ def wrn16_4(*, in_channels: int = 3, num_classes: int = 10, act: str = "relu") -
     return LayeredModel(blocks, num_classes=num_classes)
 
 
-MODEL_NAMES = ("digits_cnn", "cnn28", "cnn5", "resnet20_gn", "wrn16_4")
-#: The model used when the config says ``model.name = "auto"``.
-DEFAULT_MODEL = {"digits": "digits_cnn", "fashion-mnist": "cnn28", "mnist": "cnn28",
-                 "cifar10": "cnn5"}
-#: Input shape (C, H, W) each model accepts.
-_ACCEPTS: dict[str, set[tuple[int, int, int]]] = {
-    "digits_cnn": {(1, 8, 8)},
-    "cnn28": {(1, 28, 28)},
-    "cnn5": {(1, 28, 28), (3, 28, 28), (1, 32, 32), (3, 32, 32)},
-    "resnet20_gn": {(1, 28, 28), (3, 28, 28), (1, 32, 32), (3, 32, 32)},
-    "wrn16_4": {(1, 28, 28), (3, 28, 28), (1, 32, 32), (3, 32, 32)},
-}
-
-
 def build_model(
     *, name: str, input_shape: tuple[int, int, int], num_classes: int, activation: str = "tanh"
 ) -> LayeredModel:
-    """Instantiate a model by name for the dataset's input shape (seed torch beforehand)."""
+    """Instantiate a model by concrete name for the dataset's input shape (seed torch
+    beforehand); "auto" is resolved first by :func:`trainables.catalog.model_for`."""
     if name not in MODEL_NAMES:
         raise UserInputError(field="model.name", value=name, allowed=f"one of {MODEL_NAMES}")
     if activation not in ACTIVATIONS:
@@ -285,11 +274,12 @@ def build_model(
             field="model.activation", value=activation, allowed=f"one of {tuple(ACTIVATIONS)}"
         )
     shape = tuple(input_shape)
-    if shape not in _ACCEPTS[name]:
+    if shape not in ACCEPTED_SHAPES[name]:
         raise UserInputError(
             field="model.name",
             value=name,
-            allowed=f"a model for inputs of shape {shape}; {name} takes {sorted(_ACCEPTS[name])}",
+            allowed=f"a model for inputs of shape {shape}; "
+                    f"{name} takes {sorted(ACCEPTED_SHAPES[name])}",
         )
     channels = shape[0]
     if name == "digits_cnn":

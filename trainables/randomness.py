@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from core.records import RANDOMNESS_KINDS
+
 #: Box–Muller samples summed per secure Gaussian coordinate (Opacus's secure_mode uses 4).
 SECURE_SUMMANDS = 4
 #: Bits of a float64 mantissa: uniforms are (k + 1/2) / 2^53 for a uniform 53-bit integer k.
@@ -67,7 +69,7 @@ class Randomness:
     checkpoint may keep.
     """
 
-    KINDS = ("secret", "reproducible", "secure")
+    KINDS = RANDOMNESS_KINDS
 
     def __init__(self, *, kind: str, device: torch.device, seed: int | None = None) -> None:
         if kind not in self.KINDS:

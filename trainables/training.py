@@ -22,12 +22,14 @@ import torch
 import torch.nn.functional as F
 
 from core.errors import PrivacyBoundViolation, TrialDiverged, UserInputError
+from core.records import MECHANISM, PrivacyRecord
 from core.schedule import Schedule
 from core.storage import atomic_write, atomic_write_json
+from trainables.catalog import model_for
 from trainables.data import DataSplits, SplitSizes, load_splits
 from trainables.dp_step import DEFAULT_PHYSICAL_BATCH, DPStep, PublicData
 from trainables.methods import get_method
-from trainables.models import DEFAULT_MODEL, LayeredModel, build_model
+from trainables.models import LayeredModel, build_model
 from trainables.randomness import Randomness, poisson_batches
 
 CHECKPOINT_FORMAT = "dpsweep-checkpoint"
@@ -108,11 +110,16 @@ class TrialSpec:
 class TrialResult:
     spec: TrialSpec
     history: list[dict[str, Any]]
-    privacy: dict[str, Any]
+    privacy_record: PrivacyRecord
     checkpoint_dir: Path | None
     seconds: float
     #: The trained model in memory (references are scored from it without a checkpoint).
     model: LayeredModel | None = None
+
+    @property
+    def privacy(self) -> dict[str, Any]:
+        """``privacy.json``'s content as a plain dict (a fresh copy), for dict readers."""
+        return self.privacy_record.to_dict()
 
     @property
     def test_accuracy(self) -> float:
@@ -164,8 +171,8 @@ def load_trial_data(spec: TrialSpec) -> DataSplits:
 
 
 def build_trial_model(spec: TrialSpec, data: DataSplits) -> LayeredModel:
-    name = DEFAULT_MODEL[data.name] if spec.model == "auto" else spec.model
-    return build_model(name=name, input_shape=data.input_shape, num_classes=data.num_classes,
+    return build_model(name=model_for(model=spec.model, dataset=data.name),
+                       input_shape=data.input_shape, num_classes=data.num_classes,
                        activation=spec.activation)
 
 
@@ -298,37 +305,38 @@ def verify_ledger(method: DPStep) -> None:
         steps += event["count"]
 
 
-def privacy_record(run: _Run) -> dict[str, Any]:
+def privacy_record(run: _Run) -> PrivacyRecord:
+    """The trial's privacy record, after checking every step was as noisy as certified."""
     cal = run.spec.calibration
     verify_ledger(run.method)
     bounds = cal["bounds"]
-    return {
-        "mechanism": "poisson_subsampled_gaussian",
-        "method": run.spec.method,
-        "mode": run.method.mode.name,
-        "dp_valid": run.method.dp_valid,
-        "validity_reason": run.method.validity_reason,
-        "randomness": run.spec.randomness,
-        "release_safe": run.spec.release_safe,
-        "sample_rate": cal["sample_rate"],
-        "steps": run.method.ledger.steps,
-        "noise_multiplier": cal["schedule"][0]["noise_multiplier"],
-        "noise_schedule": cal["schedule"],
-        "clip_norm": run.spec.clip_norm,
-        "delta": cal["delta"],
-        "target_epsilon": cal["target_epsilon"],
-        "epsilon_lower": bounds["lower"],
-        "epsilon_estimate": bounds["estimate"],
-        "epsilon_upper": bounds["upper"],
-        "accountant": cal["accountant"],
-        "accountant_fallback": cal["fallback_reason"],
-        "eps_error": cal["eps_error"],
-        "ledger": run.method.ledger.to_dict(),
-        "guard_capped": run.method.guard_capped,
-        "method_record": run.method.extra_record(),
-        "trajectories": run.method.trajectories(),
-        "versions": _versions(),
-    }
+    return PrivacyRecord(
+        mechanism=MECHANISM,
+        method=run.spec.method,
+        mode=run.method.mode.name,
+        dp_valid=run.method.dp_valid,
+        validity_reason=run.method.validity_reason,
+        randomness=run.spec.randomness,
+        release_safe=run.spec.release_safe,
+        sample_rate=cal["sample_rate"],
+        steps=run.method.ledger.steps,
+        noise_multiplier=cal["schedule"][0]["noise_multiplier"],
+        noise_schedule=Schedule.from_list(cal["schedule"]),
+        clip_norm=run.spec.clip_norm,
+        delta=cal["delta"],
+        target_epsilon=cal["target_epsilon"],
+        epsilon_lower=bounds["lower"],
+        epsilon_estimate=bounds["estimate"],
+        epsilon_upper=bounds["upper"],
+        accountant=cal["accountant"],
+        accountant_fallback=cal["fallback_reason"],
+        eps_error=cal["eps_error"],
+        ledger=run.method.ledger.to_dict(),
+        guard_capped=run.method.guard_capped,
+        method_record=run.method.extra_record(),
+        trajectories=run.method.trajectories(),
+        versions=_versions(),
+    )
 
 
 def train_trial(
@@ -367,27 +375,8 @@ def train_trial(
     last_dir: Path | None = resume_from
     while run.epoch < spec.epochs:
         t0 = time.perf_counter()
-        loss_sum, seen = 0.0, 0
-        run.model.train()
-        for idx in poisson_batches(n=len(y_train), rate=run.sample_rate,
-                                   steps=run.steps_per_epoch, randomness=run.randomness):
-            idx = idx.to(run.device)
-            losses = run.method.step(x_train[idx], y_train[idx])
-            loss_sum += float(losses.sum())
-            seen += int(losses.numel())
-        train_loss = loss_sum / max(seen, 1)
-        if not math.isfinite(train_loss):
-            raise TrialDiverged(f"train loss became {train_loss} in epoch {run.epoch + 1}")
-        run.model.eval()
-        scores: dict[str, float] = {}
-        if evaluate_epochs:
-            val_acc, val_loss = evaluate(run.model, *splits["validation"])
-            test_acc, test_loss = evaluate(run.model, *splits["test"])
-            if not (math.isfinite(val_loss) and math.isfinite(test_loss)):
-                raise TrialDiverged(f"evaluation loss became {val_loss} (validation), "
-                                    f"{test_loss} (test) in epoch {run.epoch + 1}")
-            scores = {"val_accuracy": val_acc, "val_loss": val_loss,
-                      "test_accuracy": test_acc, "test_loss": test_loss}
+        train_loss = _train_epoch(run, x_train, y_train)
+        scores = _evaluate_epoch(run, splits) if evaluate_epochs else {}
         run.epoch += 1
         metrics = {
             "epoch": run.epoch,
@@ -409,9 +398,44 @@ def train_trial(
             report(metrics, ckpt_dir)
     record = privacy_record(run)
     if checkpoint_root is not None:
-        final = Path(checkpoint_root)
-        atomic_write_json(final / "privacy.json", record)
-        atomic_write_json(final / "history.json", run.history)
-        atomic_write_json(final / "spec.json", spec.to_dict())
-    return TrialResult(spec=spec, history=run.history, privacy=record, checkpoint_dir=last_dir,
-                       seconds=time.perf_counter() - start, model=run.model)
+        _write_records(Path(checkpoint_root), record=record, run=run)
+    return TrialResult(spec=spec, history=run.history, privacy_record=record,
+                       checkpoint_dir=last_dir, seconds=time.perf_counter() - start,
+                       model=run.model)
+
+
+def _train_epoch(run: _Run, x_train: torch.Tensor, y_train: torch.Tensor) -> float:
+    """One epoch of Poisson-sampled steps; the mean non-private training loss (never released).
+    """
+    loss_sum, seen = 0.0, 0
+    run.model.train()
+    for idx in poisson_batches(n=len(y_train), rate=run.sample_rate,
+                               steps=run.steps_per_epoch, randomness=run.randomness):
+        idx = idx.to(run.device)
+        losses = run.method.step(x_train[idx], y_train[idx])
+        loss_sum += float(losses.sum())
+        seen += int(losses.numel())
+    train_loss = loss_sum / max(seen, 1)
+    if not math.isfinite(train_loss):
+        raise TrialDiverged(f"train loss became {train_loss} in epoch {run.epoch + 1}")
+    run.model.eval()
+    return train_loss
+
+
+def _evaluate_epoch(run: _Run, splits: dict[str, tuple[torch.Tensor, torch.Tensor]]
+                    ) -> dict[str, float]:
+    """Validation (what selection reads) and test (reported) accuracy and loss after an epoch."""
+    val_acc, val_loss = evaluate(run.model, *splits["validation"])
+    test_acc, test_loss = evaluate(run.model, *splits["test"])
+    if not (math.isfinite(val_loss) and math.isfinite(test_loss)):
+        raise TrialDiverged(f"evaluation loss became {val_loss} (validation), "
+                            f"{test_loss} (test) in epoch {run.epoch + 1}")
+    return {"val_accuracy": val_acc, "val_loss": val_loss,
+            "test_accuracy": test_acc, "test_loss": test_loss}
+
+
+def _write_records(directory: Path, *, record: PrivacyRecord, run: _Run) -> None:
+    """The trial's JSON records beside its checkpoint: privacy, history, spec."""
+    record.save(directory / "privacy.json")
+    atomic_write_json(directory / "history.json", run.history)
+    atomic_write_json(directory / "spec.json", run.spec.to_dict())

@@ -17,8 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from orchestrator.accounting.certificate import WINDOW
-from orchestrator.accounting.prv import prv_bounds
-from orchestrator.accounting.rdp import load_numpy, rdp_integer_epsilon
+from orchestrator.accounting.prv import load_numpy, prv_bounds, rdp_integer_epsilon
 from orchestrator.accounting.verify import dp_rdp_upper
 
 FINE_EPS_ERROR_CAP = 0.01

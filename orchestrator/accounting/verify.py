@@ -25,8 +25,9 @@ from core.events import (
     RepeatAndSelect,
 )
 from core.schedule import Phase, Schedule
-from orchestrator.accounting.certificate import Calibration, EpsilonBounds
-from orchestrator.accounting.limits import (
+from orchestrator.accounting.certificate import (
+    Calibration,
+    EpsilonBounds,
     as_schedule,
     check_delta,
     check_eps_error,

@@ -8,12 +8,13 @@
   decision threshold that does not use the target's membership.
 * :mod:`trainables.audit.references` — which data reference models train on (online / offline
   plans), how (dpsweep's DP loop or the non-private recipe), and their signals.
+* :mod:`trainables.audit.stats` — the statistics of attacks (intervals, corrected p-values) and
+  the one-run canary lower bound (:mod:`trainables.audit.canaries` makes its canaries).
 """
 
 from __future__ import annotations
 
 from trainables.audit.references import (
-    DEFAULT_REFERENCES,
     PLANS,
     AuditSignals,
     Budget,
@@ -29,7 +30,6 @@ from trainables.audit.references import (
 from trainables.audit.scores import ATTACKS, AttackScores, attack_signal
 from trainables.audit.signals import per_example_signals
 
-__all__ = ["ATTACKS", "DEFAULT_REFERENCES", "PLANS", "AttackScores", "AuditSignals", "Budget",
-           "NonPrivateRecipe", "ReferencePlan", "attack_signal", "collect_signals", "dp_trainer",
-           "nonprivate_trainer", "per_example_signals", "plan_references", "score_signals",
-           "train_nonprivate"]
+__all__ = ["ATTACKS", "PLANS", "AttackScores", "AuditSignals", "Budget", "NonPrivateRecipe",
+           "ReferencePlan", "attack_signal", "collect_signals", "dp_trainer", "nonprivate_trainer",
+           "per_example_signals", "plan_references", "score_signals", "train_nonprivate"]

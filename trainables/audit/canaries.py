@@ -3,11 +3,11 @@
 Steinke, Nasr & Jagielski, "Privacy Auditing with One (1) Training Run" (arXiv 2305.08846):
 m canaries are each included independently with probability 1/2 in ONE training run, the
 trained run is scored per canary, and the number of correct IN/OUT guesses becomes an epsilon
-lower bound (``reports.audit_stats.canary_audit``; the theorem lives there only). This module
-produces the scores and the secret membership; it never changes the method under audit: the
-canaries enter through :func:`trainables.training.train_trial`'s ``instrument`` hook, which
-wraps the built method's phases, so the method's own clipping, reweighting, noise and
-accounting act on them exactly as on its examples.
+lower bound (``trainables.audit.stats.onerun.canary_audit``; the theorem lives there only).
+This module produces the scores and the secret membership; it never changes the method under
+audit: the canaries enter through :func:`trainables.training.train_trial`'s ``instrument``
+hook, which wraps the built method's phases, so the method's own clipping, reweighting, noise
+and accounting act on them exactly as on its examples.
 
 * **White-box** (gradient canaries, the paper's strongest variant, spread over the layers):
   canary j is a gradient with one signed coordinate in *every* layer, of norm ``blocks[l]``
@@ -66,13 +66,13 @@ import numpy as np
 
 from core.errors import UserInputError
 from core.lazy import lazy_module
-from reports.audit_stats import (
-    DEFAULT_CONFIDENCE,
+from trainables.audit.stats.attacks import DEFAULT_CONFIDENCE
+from trainables.audit.stats.onerun import (
+    CanaryBound,
     canary_audit,
     default_guess_counts,
     epsilon_lower_bound,
 )
-from reports.audit_stats import CanaryAudit as CanaryBound
 
 if TYPE_CHECKING:
     import torch
@@ -572,7 +572,7 @@ class CanaryRun:
     design: dict[str, Any] = field(default_factory=dict)  # where the canaries are (public)
 
     def bound(self, *, confidence: float = DEFAULT_CONFIDENCE) -> CanaryBound:
-        """The epsilon lower bound at ``confidence`` (``reports.audit_stats.canary_audit``)."""
+        """The epsilon lower bound at ``confidence`` (``stats.onerun.canary_audit``)."""
         return canary_audit(scores=np.asarray(self.scores), is_member=np.asarray(self.is_member),
                             delta=self.delta, confidence=confidence,
                             guess_counts=guess_counts(m=self.m, delta=self.delta,

@@ -70,13 +70,13 @@ PLANS = ("online", "offline")
 #: Fewest references: a pooled variance needs two values on one side of some candidate, and
 #: an offline threshold a reference acting as the target with two others beside it.
 MIN_REFERENCES = 4
-#: Default number of references (``audit.reference_models``). Each costs about one target
-#: training (same recipe, same training-set size) plus its signals (~15% of a training on
-#: Fashion-MNIST). Mean TPR at 1% FPR over the layers' gradient-norm attacks, online RMIA /
-#: LiRA (bench/audit_fmnist.py): digits 4 -> 8 -> 16 references 0.087 / 0.074 -> 0.109 / 0.110
-#: -> 0.113 / 0.118 (most of the gain by 8); Fashion-MNIST 0.135 / 0.088 -> 0.131 / 0.122 ->
-#: 0.163 / 0.157 (16 buys +0.03 for twice the cost).
-DEFAULT_REFERENCES = 8
+# The number of references is the config's ``audit.reference_models`` (default 4, its floor
+# MIN_REFERENCES). Each costs about one target training (same recipe, same training-set size)
+# plus its signals (~15% of a training on Fashion-MNIST). Mean TPR at 1% FPR over the layers'
+# gradient-norm attacks, online RMIA / LiRA (bench/audit_fmnist.py): digits 4 -> 8 -> 16
+# references 0.087 / 0.074 -> 0.109 / 0.110 -> 0.113 / 0.118 (most of the gain by 8);
+# Fashion-MNIST 0.135 / 0.088 -> 0.131 / 0.122 -> 0.163 / 0.157 (16 buys +0.03 for twice the
+# cost).
 #: Public population samples z drawn from the shadow pool (RMIA's z, offline calibration).
 DEFAULT_POPULATION = 1000
 #: Separates this module's random streams from other users of the audit seed.
@@ -106,15 +106,16 @@ def train_nonprivate(*, data: DataSplits, recipe: NonPrivateRecipe, seed: int,
     ``threads`` sets torch's intra-op threads (None leaves them): one thread is several
     times faster than two for these small models on a shared machine.
     """
-    from trainables.models import DEFAULT_MODEL, build_model
+    from trainables.catalog import model_for
+    from trainables.models import build_model
     from trainables.optim import Update
 
     start = time.perf_counter()
     if threads is not None:
         torch.set_num_threads(threads)
     torch.manual_seed(seed)
-    name = DEFAULT_MODEL[data.name] if recipe.model == "auto" else recipe.model
-    model = build_model(name=name, input_shape=data.input_shape, num_classes=data.num_classes,
+    model = build_model(name=model_for(model=recipe.model, dataset=data.name),
+                        input_shape=data.input_shape, num_classes=data.num_classes,
                         activation=recipe.activation)
     optimizer = Update(model.named_parameters(), kind="adam", lr=recipe.lr)
     generator = torch.Generator().manual_seed(seed)

@@ -19,8 +19,8 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
 from core.errors import UserInputError
 from core.schedule import Schedule
-from orchestrator.accounting.limits import check_whole, loose_delta, loose_positive
-from orchestrator.accounting.private_tuning import PLD_DISCRETIZATION, training_event
+from orchestrator.accounting.certificate import check_whole, loose_delta, loose_positive
+from orchestrator.accounting.tuning.private import PLD_DISCRETIZATION, training_event
 
 __all__ = ["AdaptiveStatement", "adaptive_statement"]
 
@@ -59,7 +59,7 @@ class AdaptiveStatement:
 
 def _objectives(value: Any) -> tuple[str, ...]:
     """The adaptive sampler's objectives: validation accuracy, optionally the in-trial attack."""
-    from orchestrator.studies import ATTACK_OBJECTIVE, VALIDATION_OBJECTIVE
+    from orchestrator.sweep.studies import ATTACK_OBJECTIVE, VALIDATION_OBJECTIVE
 
     allowed = (f"({VALIDATION_OBJECTIVE!r},) or ({VALIDATION_OBJECTIVE!r}, "
                f"{ATTACK_OBJECTIVE!r}): what the adaptive sampler saw")

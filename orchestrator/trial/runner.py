@@ -9,7 +9,7 @@ finished trial is recognised even if the driver died before hearing about it.
 
 Heavy modules are imported once per worker process and the data splits are cached per process
 (``trainables.data``), so a reused actor starts its next trial without either cost; the raw data
-come from the driver through Ray's object store (``orchestrator.trial.data_pool``), read once
+come from the driver through Ray's object store (``orchestrator.trial.plan.data_pool``), read once
 per sweep.
 """
 
@@ -25,7 +25,7 @@ from typing import Any
 from core.errors import UserInputError, describe
 from core.storage import atomic_write_json
 from orchestrator.rundir import CHECKPOINT_DIR
-from orchestrator.studies import ERROR_FILE, RESULT_FILE
+from orchestrator.sweep.studies import ERROR_FILE, RESULT_FILE
 from trainables.training import (
     CHECKPOINT_FILE,
     TrialResult,
@@ -96,7 +96,7 @@ def execute(config: dict[str, Any], *,
         }
         tuning = config.get("tuning") or {}
         if tuning.get("score_noise") is not None:
-            from orchestrator.accounting.private_tuning import noisy_score
+            from orchestrator.accounting.tuning.private import noisy_score
 
             total = len(data.validation)
             record["noisy_val_score"] = noisy_score(
@@ -134,8 +134,9 @@ def _ray_node() -> str | None:
 
 
 def use_data_pool(shared: dict[str, Any] | None) -> None:
-    """Serve this worker's data splits from the driver's pool (``orchestrator.trial.data_pool``:
-    no scikit-learn import, no file read per worker); None leaves the worker to read the data."""
+    """Serve this worker's data splits from the driver's pool
+    (``orchestrator.trial.plan.data_pool``: no scikit-learn import, no file read per worker);
+    None leaves the worker to read the data."""
     if shared is not None:
         from trainables.data import share_pool
 

@@ -46,8 +46,8 @@ from dp_accounting.rdp import rdp_privacy_accountant
 
 from core.errors import UserInputError
 from core.schedule import Schedule
-from orchestrator.accounting.certificate import WINDOW  # a plan is matched within 1% too
-from orchestrator.accounting.limits import (
+from orchestrator.accounting.certificate import (
+    WINDOW,  # a plan is matched within 1% too
     check_whole,
     loose_delta,
     loose_finite,

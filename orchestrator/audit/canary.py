@@ -3,7 +3,7 @@
 The trial's exact configuration (its ``spec.json``, verified against the run's manifest) is
 trained once more with m canaries, each IN with probability 1/2 (Steinke, Nasr & Jagielski,
 "Privacy Auditing with One (1) Training Run", arXiv 2305.08846; canaries and scores in
-``trainables.audit.canaries``, the bound in ``reports.audit_stats``). The result goes to
+``trainables.audit.canaries``, the bound in ``trainables.audit.stats.onerun``). The result goes to
 ``trials/<id>/canary_audit_<kind>.json`` and into the trial's results row
 (``eps_lower_bound``, ``eps_lower_bound_kind``, ``canaries``, ``audit_contradicts``), so the
 report and ``export`` show it. The row holds the latest audit of the trial; each kind's file
@@ -28,7 +28,7 @@ from typing import Any
 from core.errors import UserInputError
 from core.storage import atomic_write_json
 from orchestrator.config import load as load_config
-from orchestrator.release import CANARY_CONFIDENCE
+from orchestrator.release.export import CANARY_CONFIDENCE
 from orchestrator.rundir import CONFIG, RESULTS, TRIALS, RunDir, check_trial_id
 from reports import store
 from trainables.audit.canaries import BLACK_BOX, CANARY_POOL, WHITE_BOX, CanaryRun

@@ -1,4 +1,4 @@
-"""The sweep's Optuna studies and the Ray Tune searcher that drives all of them.
+"""The sweep's Optuna studies: their plans, samplers, outcomes, and how a crash is reconciled.
 
 How series share trials: **one Optuna study per series (method, or method:mode) at each target
 epsilon, with equal trial budgets**. A fair comparison needs each series tuned with the same
@@ -9,10 +9,11 @@ with private tuning there is no first point: every trial is an independent draw 
 declared space by :func:`secret_random_sampler` (Papernot & Steinke's random search).
 
 One Ray Tune experiment runs the trials of every study (studies in order, a study's trials
-concurrently), through :class:`SweepSearcher`, so Tune's actors are reused across studies. The
-searcher owns the Optuna bookkeeping that Ray's stock ``OptunaSearch`` gets wrong for this use
-(errored trials recorded COMPLETE with a stale value; RUNNING zombies with two objectives): a
-trial is told COMPLETE only with every objective finite, FAIL otherwise, with its reason.
+concurrently), through ``orchestrator.sweep.raytune.SweepSearcher``, so Tune's actors are reused
+across studies. The searcher owns the Optuna bookkeeping that Ray's stock ``OptunaSearch`` gets
+wrong for this use (errored trials recorded COMPLETE with a stale value; RUNNING zombies with two
+objectives): a trial is told COMPLETE only with every objective finite, FAIL otherwise, with its
+reason.
 
 Trial ids are ``<study>-<index>`` in order of creation; a trial interrupted by a signal, a crash
 or a dead worker is re-run under the same id and the same hyperparameters (its Optuna trial is
@@ -27,7 +28,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -242,151 +242,3 @@ def reconcile(study: Any, plan: StudyPlan, *, storage: Any, trials_root: Path,
     waiting_ids -= done | failed
     return Tally(done=done, failed=failed, pending=len(waiting_ids),
                  next_index=max(indices) + 1)
-
-
-class SweepSearcher:
-    """A Ray Tune searcher over a list of studies (built lazily: Ray is imported only here).
-
-    ``jobs`` (name -> trial config with a ``"job"`` key) are work from outside the studies, the
-    non-private baseline, started first in the same experiment so that they share Tune's warm
-    workers and slots; ``on_job_done(name, last_result)`` hears each one end. They are not run
-    as Ray tasks beside Tune: anything holding a CPU outside Tune while it starts trials makes
-    it run them one at a time (measured with Ray 2.60: the 21 demo trials in one worker)."""
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        from ray.tune.search import Searcher
-
-        class _Searcher(Searcher):
-            def __init__(self, *, plans: list[StudyPlan], studies: dict[str, Any],
-                         tallies: dict[str, Tally], make_config: Callable[..., dict[str, Any]],
-                         on_outcome: Callable[..., None], trials_root: Path,
-                         jobs: dict[str, dict[str, Any]] | None = None,
-                         on_job_done: Callable[[str, dict | None], None] | None = None,
-                         ) -> None:
-                super().__init__()
-                self._plans = plans
-                self._studies = studies
-                self._tallies = tallies
-                self._make_config = make_config
-                self._on_outcome = on_outcome
-                self._trials_root = trials_root
-                self._jobs = dict(jobs or {})
-                self._on_job_done = on_job_done
-                self._live_jobs: dict[str, str] = {}
-                self._live: dict[str, tuple[StudyPlan, Any, str]] = {}
-                self._started: dict[str, int] = {p.name: 0 for p in plans}
-                self._lock = threading.Lock()
-
-            def __getstate__(self) -> dict[str, Any]:
-                """Tune pickles its searcher into its own experiment state, which dpsweep never
-                loads (state is rebuilt from the Optuna storage): an inert placeholder."""
-                return {"dpsweep": "not restorable: the Optuna storage holds the state"}
-
-            def __setstate__(self, state: dict[str, Any]) -> None:
-                self.__dict__.update(state)
-
-            def save(self, checkpoint_path: str) -> None:
-                del checkpoint_path
-
-            def restore(self, checkpoint_path: str) -> None:
-                del checkpoint_path
-
-            def _to_start(self, plan: StudyPlan) -> int:
-                tally = self._tallies[plan.name]
-                running = sum(1 for p, _, _ in self._live.values() if p.name == plan.name)
-                return tally.remaining(plan.n_trials) - running
-
-            def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
-                with self._lock:
-                    if self._jobs:
-                        name, config = next(iter(self._jobs.items()))
-                        del self._jobs[name]
-                        self._live_jobs[trial_id] = name
-                        return config
-                    for plan in self._plans:
-                        if self._to_start(plan) <= 0:
-                            continue
-                        study = self._studies[plan.name]
-                        ot = study.ask(plan.space.distributions)
-                        tid = ot.user_attrs.get(ID_ATTR)
-                        if tid is None:
-                            tally = self._tallies[plan.name]
-                            tid = plan.trial_id(tally.next_index)
-                            tally.next_index += 1
-                            ot.set_user_attr(ID_ATTR, tid)
-                        for key, value in (("series", plan.series), ("method", plan.method),
-                                           ("mode", plan.mode), ("epsilon", plan.epsilon)):
-                            ot.set_user_attr(key, value)
-                        try:
-                            config = self._make_config(plan, plan.space.decode(ot.params), tid)
-                        except Exception as exc:  # planning failed: the trial fails, not the run
-                            self._finish(plan, ot, tid, Outcome("failed", {}, describe(exc)))
-                            continue
-                        self._live[trial_id] = (plan, ot, tid)
-                        return config
-                    return None if self._live or self._live_jobs else Searcher.FINISHED
-
-            def on_trial_complete(self, trial_id: str, result: dict | None = None,
-                                  error: bool = False) -> None:
-                with self._lock:
-                    if trial_id in self._live_jobs:
-                        name = self._live_jobs.pop(trial_id)
-                        if self._on_job_done is not None:
-                            self._on_job_done(name, None if error else result)
-                        return
-                    entry = self._live.pop(trial_id, None)
-                    if entry is None:
-                        return
-                    plan, ot, tid = entry
-                    self._finish(plan, ot, tid, read_outcome(self._trials_root / tid))
-
-            def _finish(self, plan: StudyPlan, ot: Any, tid: str, outcome: Outcome) -> None:
-                from optuna.trial import TrialState
-
-                study = self._studies[plan.name]
-                tally = self._tallies[plan.name]
-                values = outcome.values(plan.objectives)
-                if values is not None:
-                    study.tell(ot, values)
-                    tally.done.add(tid)
-                elif outcome.status == "interrupted":
-                    # a dead worker or a stopped run: re-run it under the same id
-                    ot.set_user_attr(INTERRUPTED_ATTR, True)
-                    ot.set_user_attr("error", "interrupted (its worker stopped)")
-                    study.tell(ot, state=TrialState.FAIL)
-                    study.enqueue_trial(dict(ot.params),
-                                        user_attrs={ID_ATTR: tid, "rerun_of": ot.number})
-                    return
-                else:
-                    ot.set_user_attr("error", outcome.error or "a metric was missing or "
-                                                                "not finite")
-                    study.tell(ot, state=TrialState.FAIL)
-                    if outcome.status == "ok":
-                        tally.done.add(tid)
-                    else:
-                        tally.failed.add(tid)
-                self._on_outcome(plan, tid, outcome, ot)
-
-            def interrupt(self, reason: str) -> list[str]:
-                """Tell every live trial FAIL (interrupted) and enqueue its re-run."""
-                with self._lock:
-                    from optuna.trial import TrialState
-
-                    stopped = []
-                    for plan, ot, tid in self._live.values():
-                        outcome = read_outcome(self._trials_root / tid)
-                        if outcome.status != "interrupted":
-                            self._finish(plan, ot, tid, outcome)
-                            continue
-                        study = self._studies[plan.name]
-                        ot.set_user_attr(INTERRUPTED_ATTR, True)
-                        ot.set_user_attr("error", reason)
-                        study.tell(ot, state=TrialState.FAIL)
-                        study.enqueue_trial(dict(ot.params),
-                                            user_attrs={ID_ATTR: tid, "rerun_of": ot.number})
-                        stopped.append(tid)
-                    self._live.clear()
-                    self._live_jobs.clear()  # a job not finished on disk is run again on resume
-                    return stopped
-
-        return _Searcher(*args, **kwargs)

@@ -1,6 +1,6 @@
-"""The audit's statistics: every number a reviewer reads comes with its interval and significance.
+"""Attack statistics: every number a reviewer reads comes with its interval and significance.
 
-Pure numpy / scipy / statsmodels (no torch), so the audit and the report can both call it.
+Pure numpy / scipy / statsmodels (no torch), so it imports and tests without a model.
 
 * :func:`binomial_interval` — Clopper–Pearson ("beta") or Wilson intervals via statsmodels.
 * :func:`attack_statistics` — one attack on one layer: balanced accuracy with its interval, AUC
@@ -11,9 +11,8 @@ Pure numpy / scipy / statsmodels (no torch), so the audit and the report can bot
 * :func:`consistent_with_dp` — whether measured ROC points respect the hypothesis-testing
   characterisation of (epsilon, delta)-DP (Kairouz, Oh & Viswanath, "The composition theorem for
   differential privacy", arXiv 1311.0776), and the empirical epsilon they imply.
-* :func:`one_run_p_value`, :func:`epsilon_lower_bound`, :func:`canary_guesses`,
-  :func:`canary_audit` — the one-run canary audit of Steinke, Nasr & Jagielski, "Privacy auditing
-  with one (1) training run", arXiv 2305.08846.
+
+The one-run canary bound is in :mod:`trainables.audit.stats.onerun`.
 
 Conventions: labels are 1 for members and 0 for non-members; larger scores are more
 member-like; an example is predicted a member when its score is strictly greater than the
@@ -28,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy import special, stats
+from scipy import stats
 from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.proportion import proportion_confint
 
@@ -60,19 +59,10 @@ DEFAULT_SEED = 0
 INTERVAL_METHODS = ("beta", "wilson")
 #: Multiplicity correction of :func:`combine_attacks` (a statsmodels ``multipletests`` method).
 CORRECTION = "holm"
-#: Width at which the epsilon bisection stops (the bound returned is the bracket's low end).
-EPSILON_TOLERANCE = 1e-6
-#: First upper bracket of the epsilon search; doubled until the p-value reaches the level.
-EPSILON_FIRST_BRACKET = 1.0
-#: Doublings of the bracket before giving up: 2**12 exceeds any epsilon where the logistic
-#: function still differs from 1 in double precision (about 37).
-EPSILON_MAX_DOUBLINGS = 12
-#: Default canary guess counts of :func:`canary_audit`, as fractions of the m canaries guessed
-#: (half IN, half OUT).
-DEFAULT_GUESS_FRACTIONS = (0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 
 
-def _check_confidence(value: float, *, field: str = "confidence") -> float:
+def check_confidence(value: float, *, field: str = "confidence") -> float:
+    """The validated confidence (or level) strictly between 0 and 1; shared with ``onerun``."""
     if not isinstance(value, (int, float)) or not 0 < float(value) < 1:
         raise UserInputError(field=field, value=value, allowed="a number strictly between 0 and 1")
     return float(value)
@@ -95,10 +85,6 @@ class Interval:
     confidence: float
     method: str
 
-    @property
-    def half_width(self) -> float:
-        return (self.high - self.low) / 2
-
     def to_dict(self) -> dict[str, Any]:
         return {"low": self.low, "high": self.high, "confidence": self.confidence,
                 "method": self.method}
@@ -109,7 +95,7 @@ def binomial_interval(*, successes: int, trials: int, confidence: float = DEFAUL
     """Interval of k successes in n trials. Clopper–Pearson ("beta") is the default because it
     never under-covers, which a reviewer can rely on near 0 and 1 where strong attacks live;
     Wilson is shorter on average but only approximately covers."""
-    confidence = _check_confidence(confidence)
+    confidence = check_confidence(confidence)
     if method not in INTERVAL_METHODS:
         raise UserInputError(field="method", value=method, allowed=f"one of {INTERVAL_METHODS}")
     if not isinstance(trials, (int, np.integer)) or trials < 1:
@@ -341,6 +327,39 @@ def _tpr_at_fprs(members: np.ndarray, nonmembers: np.ndarray, *, fprs: Sequence[
                                        np.atleast_1d(highs), strict=True))
 
 
+def _check_attack_options(*, fprs: Sequence[float], n_resamples: int,
+                          max_roc_points: int) -> None:
+    """Reject options :func:`attack_statistics` cannot honour before any work is done."""
+    for alpha in fprs:
+        if not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
+            raise UserInputError(field="fprs", value=list(fprs),
+                                 allowed="false-positive rates strictly between 0 and 1")
+    if not isinstance(n_resamples, (int, np.integer)) or n_resamples < MIN_BOOTSTRAP_RESAMPLES:
+        raise UserInputError(field="n_resamples", value=n_resamples,
+                             allowed=f"an integer >= {MIN_BOOTSTRAP_RESAMPLES}")
+    if not isinstance(max_roc_points, (int, np.integer)) or max_roc_points < MIN_ROC_POINTS:
+        raise UserInputError(field="max_roc_points", value=max_roc_points,
+                             allowed=f"an integer >= {MIN_ROC_POINTS}")
+
+
+def _decision_threshold(given: float | None, *, tps: np.ndarray, fps: np.ndarray,
+                        thresholds: np.ndarray, n1: int, n0: int) -> tuple[float, bool, str]:
+    """(threshold, accuracy_is_optimistic, note): the given label-free threshold, or else the
+    accuracy-maximising one on the target's own labels, flagged as optimistic."""
+    if given is None:
+        # Balanced accuracy x 2 n1 n0 in integers, so equal accuracies tie exactly and the
+        # first (highest) threshold wins; the last point (all members) is 0.5 anyway.
+        twice = tps[:-1] * n0 + (n0 - fps[:-1]) * n1
+        best = int(np.argmax(twice))
+        return (float(thresholds[best]), True,
+                "threshold maximises accuracy on the target's own labels: the accuracy is "
+                "optimistic and its interval ignores that selection")
+    if not math.isfinite(given):
+        raise UserInputError(field="decision_threshold", value=given,
+                             allowed="a finite number or None")
+    return float(given), False, "threshold given without the target's labels"
+
+
 def attack_statistics(*, labels: Any, scores: Any, decision_threshold: float | None = None,
                       fprs: Sequence[float] = DEFAULT_FPRS,
                       confidence: float = DEFAULT_CONFIDENCE,
@@ -364,18 +383,9 @@ def attack_statistics(*, labels: Any, scores: Any, decision_threshold: float | N
     exact null distribution when a class has at most 8 examples and no ties, else the normal
     approximation with tie correction (the exact one takes a minute at 200 per class).
     """
-    confidence = _check_confidence(confidence)
+    confidence = check_confidence(confidence)
     y, s = _check_labels_scores(labels, scores)
-    for alpha in fprs:
-        if not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
-            raise UserInputError(field="fprs", value=list(fprs),
-                                 allowed="false-positive rates strictly between 0 and 1")
-    if not isinstance(n_resamples, (int, np.integer)) or n_resamples < MIN_BOOTSTRAP_RESAMPLES:
-        raise UserInputError(field="n_resamples", value=n_resamples,
-                             allowed=f"an integer >= {MIN_BOOTSTRAP_RESAMPLES}")
-    if not isinstance(max_roc_points, (int, np.integer)) or max_roc_points < MIN_ROC_POINTS:
-        raise UserInputError(field="max_roc_points", value=max_roc_points,
-                             allowed=f"an integer >= {MIN_ROC_POINTS}")
+    _check_attack_options(fprs=fprs, n_resamples=n_resamples, max_roc_points=max_roc_points)
     members, nonmembers = s[y], s[~y]
     n1, n0 = len(members), len(nonmembers)
     if min(n1, n0) < MIN_PER_CLASS:
@@ -384,22 +394,8 @@ def attack_statistics(*, labels: Any, scores: Any, decision_threshold: float | N
 
     tps, fps, thresholds = _roc_counts(y, s)
     fpr, tpr = fps / n0, tps / n1
-    if decision_threshold is None:
-        # Balanced accuracy x 2 n1 n0 in integers, so equal accuracies tie exactly and the
-        # first (highest) threshold wins; the last point (all members) is 0.5 anyway.
-        twice = tps[:-1] * n0 + (n0 - fps[:-1]) * n1
-        best = int(np.argmax(twice))
-        threshold = float(thresholds[best])
-        optimistic = True
-        note = ("threshold maximises accuracy on the target's own labels: the accuracy is "
-                "optimistic and its interval ignores that selection")
-    else:
-        if not math.isfinite(decision_threshold):
-            raise UserInputError(field="decision_threshold", value=decision_threshold,
-                                 allowed="a finite number or None")
-        threshold = float(decision_threshold)
-        optimistic = False
-        note = "threshold given without the target's labels"
+    threshold, optimistic, note = _decision_threshold(decision_threshold, tps=tps, fps=fps,
+                                                      thresholds=thresholds, n1=n1, n0=n0)
     tpr_t = np.count_nonzero(members > threshold) / n1
     tnr_t = np.count_nonzero(nonmembers <= threshold) / n0
     accuracy = float((tpr_t + tnr_t) / 2)
@@ -480,7 +476,7 @@ def combine_attacks(*, per_attack_stats: Mapping[tuple[str, str], AttackStatisti
     never larger, so fewer real leaks are called insignificant. The peak is chosen by accuracy
     (ties: smaller p-value); its adjusted p-value is reported beside the family's smallest.
     """
-    alpha = _check_confidence(alpha, field="alpha")
+    alpha = check_confidence(alpha, field="alpha")
     if not per_attack_stats:
         raise UserInputError(field="per_attack_stats", value="empty",
                              allowed="at least one (layer, attack) entry")
@@ -570,7 +566,7 @@ def consistent_with_dp(*, fpr: Any, tpr: Any, n_members: int, n_nonmembers: int,
     reported violation (and ``epsilon_lower``) holds at ``confidence`` even though the worst of
     many points is picked; pass few preselected points (e.g. the TPR-at-FPR points) for power.
     """
-    confidence = _check_confidence(confidence)
+    confidence = check_confidence(confidence)
     f = np.atleast_1d(np.asarray(fpr, dtype=float))
     t = np.atleast_1d(np.asarray(tpr, dtype=float))
     if f.shape != t.shape or f.ndim != 1 or len(f) == 0:
@@ -601,214 +597,3 @@ def consistent_with_dp(*, fpr: Any, tpr: Any, n_members: int, n_nonmembers: int,
         n_violations=int(np.count_nonzero(lower > epsilon)), worst_index=worst,
         worst_fpr=float(fp[worst] / n_nonmembers), worst_tpr=float(tp[worst] / n_members),
         worst_epsilon_estimate=float(max(estimate[worst], 0.0)), epsilon_lower=epsilon_lower)
-
-
-# --- one-run canary audit (Steinke, Nasr & Jagielski 2023) -------------------------------
-
-
-def _check_counts(m: int, r: int, v: int) -> None:
-    for name, value in (("m", m), ("r", r), ("v", v)):
-        if not isinstance(value, (int, np.integer)) or value < 0:
-            raise UserInputError(field=name, value=value, allowed="a non-negative integer")
-    if not 0 <= v <= r <= m or m < 1:
-        raise UserInputError(field="m, r, v", value=(int(m), int(r), int(v)),
-                             allowed="0 <= v <= r <= m and m >= 1")
-
-
-def _check_delta(delta: float) -> float:
-    if not isinstance(delta, (int, float)) or not 0 <= delta < 1:
-        raise UserInputError(field="delta", value=delta, allowed="a number in [0, 1)")
-    return float(delta)
-
-
-def _one_run_p(m: int, r: int, v: int, epsilon: float, delta: float) -> float:
-    q = float(special.expit(epsilon))  # e^eps / (1 + e^eps): eps-DP randomized response
-    tail = float(stats.binom.sf(v - 1, r, q))  # P[Binomial(r, q) >= v]
-    if delta == 0 or v == 0:
-        return min(tail, 1.0)
-    below = stats.binom.pmf(np.arange(v), r, q)[::-1]  # P[B = v-1], P[B = v-2], ...
-    slope = float(np.max(np.cumsum(below) / np.arange(1, v + 1)))
-    return min(tail + 2 * m * delta * slope, 1.0)
-
-
-def one_run_p_value(*, m: int, r: int, v: int, epsilon: float, delta: float) -> float:
-    """P-value of v correct guesses out of r (m canaries) under the null "(epsilon, delta)-DP".
-
-    Steinke, Nasr & Jagielski (arXiv 2305.08846), main theorem for approximate DP (Section 5;
-    the p-value computation of its Appendix D): each of the m canaries is included
-    independently with probability 1/2, the auditor guesses on r of them (abstaining on the
-    rest) and W counts the correct guesses. If the mechanism is (epsilon, delta)-DP, then for
-    every v, with f(v) = P[Binomial(r, e^eps / (1 + e^eps)) >= v],
-
-        P[W >= v] <= f(v) + 2 m delta max_{i = 1..v} (f(v - i) - f(v)) / i
-
-    (for i > v, f(v - i) = 1 and the ratio is at most its value at i = v, so the maximum over
-    1..m in the paper's statement equals this one). With delta = 0 the bound is the binomial
-    tail f(v) alone.
-    """
-    _check_counts(m, r, v)
-    delta = _check_delta(delta)
-    if not math.isfinite(epsilon) or epsilon < 0:
-        raise UserInputError(field="epsilon", value=epsilon, allowed="a finite number >= 0")
-    return _one_run_p(int(m), int(r), int(v), float(epsilon), delta)
-
-
-def epsilon_lower_bound(*, m: int, r: int, v: int, delta: float,
-                        confidence: float = DEFAULT_CONFIDENCE) -> float:
-    """Largest epsilon that v correct guesses of r reject at ``confidence`` (0 if none).
-
-    The null "(eps, delta)-DP" is rejected when :func:`one_run_p_value` < 1 - confidence; the
-    search doubles a bracket and bisects to ``EPSILON_TOLERANCE`` keeping that invariant at the
-    low end, so the value returned is always itself rejected (conservative by at most the
-    tolerance). Rejecting eps also rejects every smaller eps ((eps', delta)-DP with eps' < eps
-    implies (eps, delta)-DP), so the result is a lower bound on the mechanism's epsilon.
-    With delta = 0 it is logit of the one-sided Clopper–Pearson lower bound of v / r.
-    """
-    _check_counts(m, r, v)
-    delta = _check_delta(delta)
-    level = 1 - _check_confidence(confidence)
-    m, r, v = int(m), int(r), int(v)
-    if _one_run_p(m, r, v, 0.0, delta) >= level:
-        return 0.0
-    low, high = 0.0, EPSILON_FIRST_BRACKET
-    for _ in range(EPSILON_MAX_DOUBLINGS):
-        if _one_run_p(m, r, v, high, delta) >= level:
-            break
-        low, high = high, 2 * high
-    else:
-        return low
-    while high - low > EPSILON_TOLERANCE:
-        middle = (low + high) / 2
-        if _one_run_p(m, r, v, middle, delta) < level:
-            low = middle
-        else:
-            high = middle
-    return low
-
-
-@dataclass(frozen=True)
-class CanaryGuesses:
-    """The auditor's guesses: IN for the k_plus highest scores, OUT for the k_minus lowest."""
-
-    m: int
-    k_plus: int
-    k_minus: int
-    r: int
-    v: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"m": self.m, "k_plus": self.k_plus, "k_minus": self.k_minus, "r": self.r,
-                "v": self.v}
-
-
-def _check_canaries(scores: Any, is_member: Any) -> tuple[np.ndarray, np.ndarray]:
-    s = np.asarray(scores, dtype=float)
-    y = np.asarray(is_member)
-    if s.ndim != 1 or y.shape != s.shape or len(s) == 0:
-        raise UserInputError(field="scores/is_member", value=f"shapes {s.shape} and {y.shape}",
-                             allowed="two non-empty 1-d arrays of one length")
-    if not np.isin(y, (0, 1)).all() or not np.isfinite(s).all():
-        raise UserInputError(field="scores/is_member", value="non-binary or non-finite values",
-                             allowed="finite scores and 0/1 (or bool) membership")
-    return s, y.astype(bool)
-
-
-def _guess_order(scores: np.ndarray, seed: int) -> np.ndarray:
-    """Canary indices by increasing score, ties broken at random: a tie order that followed the
-    caller's indexing could correlate with membership and inflate v."""
-    tiebreak = np.random.default_rng(seed).permutation(len(scores))
-    return np.lexsort((tiebreak, scores))
-
-
-def _count_correct(order: np.ndarray, is_member: np.ndarray, k_plus: int, k_minus: int) -> int:
-    high = order[len(order) - k_plus:] if k_plus else order[:0]
-    low = order[:k_minus]
-    return int(np.count_nonzero(is_member[high]) + np.count_nonzero(~is_member[low]))
-
-
-def _check_k(k_plus: int, k_minus: int, m: int) -> None:
-    for name, k in (("k_plus", k_plus), ("k_minus", k_minus)):
-        if not isinstance(k, (int, np.integer)) or k < 0:
-            raise UserInputError(field=name, value=k, allowed="a non-negative integer")
-    if k_plus + k_minus > m or k_plus + k_minus == 0:
-        raise UserInputError(field="k_plus + k_minus", value=int(k_plus + k_minus),
-                             allowed=f"between 1 and the number of canaries ({m})")
-
-
-def canary_guesses(*, scores: Any, is_member: Any, k_plus: int, k_minus: int,
-                   seed: int = DEFAULT_SEED) -> CanaryGuesses:
-    """r = k_plus + k_minus guesses and v, how many are right. The canaries must have been
-    included independently with probability 1/2 each; the guesses may use the scores (computed
-    from the trained model) but never ``is_member``."""
-    s, y = _check_canaries(scores, is_member)
-    _check_k(k_plus, k_minus, len(s))
-    v = _count_correct(_guess_order(s, seed), y, int(k_plus), int(k_minus))
-    return CanaryGuesses(m=len(s), k_plus=int(k_plus), k_minus=int(k_minus),
-                         r=int(k_plus + k_minus), v=v)
-
-
-@dataclass(frozen=True)
-class CanaryAudit:
-    """The one-run epsilon lower bound, best over the tried guess counts (union-bounded)."""
-
-    m: int
-    delta: float
-    confidence: float
-    per_candidate_confidence: float
-    epsilon_lower: float
-    best: CanaryGuesses
-    candidates: tuple[tuple[CanaryGuesses, float], ...]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"m": self.m, "delta": self.delta, "confidence": self.confidence,
-                "per_candidate_confidence": self.per_candidate_confidence,
-                "epsilon_lower": self.epsilon_lower, "best": self.best.to_dict(),
-                "candidates": [{**g.to_dict(), "epsilon_lower": e}
-                               for g, e in self.candidates]}
-
-
-def default_guess_counts(*, m: int) -> tuple[tuple[int, int], ...]:
-    """(k_plus, k_minus) pairs guessing ``DEFAULT_GUESS_FRACTIONS`` of the m canaries, half
-    IN (highest scores) and half OUT (lowest)."""
-    pairs = {(max(1, round(f * m / 2)), max(1, round(f * m / 2))) for f in DEFAULT_GUESS_FRACTIONS}
-    return tuple(sorted(p for p in pairs if p[0] + p[1] <= m)) or ((1, 0),)
-
-
-def canary_audit(*, scores: Any, is_member: Any, delta: float,
-                 confidence: float = DEFAULT_CONFIDENCE,
-                 guess_counts: Sequence[tuple[int, int]] | None = None,
-                 seed: int = DEFAULT_SEED) -> CanaryAudit:
-    """Empirical epsilon lower bound from one training run's canary scores.
-
-    Trying several (k_plus, k_minus) and reporting the best is a choice made after seeing the
-    data, so each of the K candidates is tested at confidence 1 - (1 - confidence) / K (union
-    bound): the reported bound then holds at ``confidence``. (Taking the best of several
-    without this correction, as is common in experiments, overstates the confidence.) A single
-    candidate fixed in advance pays nothing.
-    """
-    s, y = _check_canaries(scores, is_member)
-    delta = _check_delta(delta)
-    confidence = _check_confidence(confidence)
-    m = len(s)
-    pairs = tuple(guess_counts) if guess_counts is not None else default_guess_counts(m=m)
-    if not pairs:
-        raise UserInputError(field="guess_counts", value=list(pairs),
-                             allowed="at least one (k_plus, k_minus) pair")
-    for k_plus, k_minus in pairs:
-        _check_k(k_plus, k_minus, m)
-    per_candidate = 1 - (1 - confidence) / len(pairs)
-    order = _guess_order(s, seed)
-    results = []
-    for k_plus, k_minus in pairs:
-        guesses = CanaryGuesses(m=m, k_plus=int(k_plus), k_minus=int(k_minus),
-                                r=int(k_plus + k_minus),
-                                v=_count_correct(order, y, int(k_plus), int(k_minus)))
-        bound = epsilon_lower_bound(m=m, r=guesses.r, v=guesses.v, delta=delta,
-                                    confidence=per_candidate)
-        results.append((guesses, bound))
-    # Ties (all zero, typically) go to the most guesses: the report then says how many guesses
-    # failed to bound epsilon, not that a handful did.
-    best_guesses, best_bound = max(results, key=lambda item: (item[1], item[0].r))
-    return CanaryAudit(m=m, delta=delta, confidence=confidence,
-                       per_candidate_confidence=per_candidate, epsilon_lower=best_bound,
-                       best=best_guesses, candidates=tuple(results))

@@ -12,7 +12,7 @@ from typing import Any
 
 from orchestrator.config import Config
 from orchestrator.rundir import CHECKPOINT_DIR, RESULTS, RunDir
-from orchestrator.trial import load_data, plan_trial
+from orchestrator.trial.plan import load_data, plan_trial
 from reports import store
 from trainables.data import NUM_CLASSES
 from trainables.training import TrialResult, train_trial

@@ -8,7 +8,7 @@ metric). This module does what the report floor
 cannot: it opens the run directory through its manifest and verifies every file it reads
 (results, config, the chosen trial's spec, privacy record and checkpoint) before reading it,
 rebuilds a config that retrains the trial (``config_from_spec``), optionally exports the
-trial's release (``orchestrator.release``), and writes both TOML files atomically, after
+trial's release (``orchestrator.release.export``), and writes both TOML files atomically, after
 everything else has succeeded, so bad input writes nothing.
 """
 
@@ -390,7 +390,7 @@ def pick_and_write(run_dir: Path, *, max_peak_mia: float | None, min_val_acc: fl
                              allowed=f"a spec that maps onto a valid config ({exc})") from None
     export_summary = ""
     if export_to is not None:
-        from orchestrator.release import export_from_run
+        from orchestrator.release.export import export_from_run
 
         result = export_from_run(run.path, trial_id=tid, out=Path(export_to),
                                  allow_replayable=allow_replayable,

@@ -12,7 +12,7 @@
 Each job is a Ray task with the trials' resources; at most ``sweep.max_concurrent_trials`` run
 at once. A failing job is recorded with its reason and the others go on. The baseline needs
 nothing from the search, so when there is a search it runs inside it, as the first entry of
-the Tune experiment (``studies.SweepSearcher``'s ``jobs``), in a warm worker and a slot the
+the Tune experiment (``raytune.SweepSearcher``'s ``jobs``), in a warm worker and a slot the
 trials would otherwise leave idle at the end; a Ray task beside Tune would serialise the trials.
 """
 
@@ -68,7 +68,7 @@ def run_jobs(jobs: list[Job], *, cpus: int, gpus: float, concurrency: int,
              stop: Callable[[], None] | None = None,
              data: dict[str, Any] | None = None) -> None:
     """Run ``jobs`` as Ray tasks, ``concurrency`` at a time; ``on_done(job, result, error)``.
-    ``data`` (``orchestrator.trial.data_pool``) is put in Ray's object store once and served to
+    ``data`` (``orchestrator.trial.plan.data_pool``) is put in Ray's object store once and served to
     every job's data splits.
 
     ``stop`` is polled every ``POLL_S`` and raises to end the loop (a signal is never raised
@@ -101,7 +101,7 @@ def run_jobs(jobs: list[Job], *, cpus: int, gpus: float, concurrency: int,
 
 def _call(fn: Callable[..., dict[str, Any]], kwargs: dict[str, Any],
           data: dict[str, Any] | None = None) -> dict[str, Any]:
-    from orchestrator.trial_runner import use_data_pool
+    from orchestrator.trial.runner import use_data_pool
 
     use_data_pool(data)
     return fn(**kwargs)
@@ -111,7 +111,7 @@ def _call(fn: Callable[..., dict[str, Any]], kwargs: dict[str, Any],
 def audit_job(*, trial_dir: str, spec: dict[str, Any], settings: dict[str, Any],
               budgets: dict[str, Any]) -> dict[str, Any]:
     """Audit one finished trial from its checkpoint; writes its audit.json."""
-    from orchestrator.audit import (
+    from orchestrator.audit.membership import (
         AUDIT_FILE,
         AuditSettings,
         audit_trial_model,
@@ -131,8 +131,8 @@ def audit_job(*, trial_dir: str, spec: dict[str, Any], settings: dict[str, Any],
 
 def rerun_job(*, config: dict[str, Any]) -> dict[str, Any]:
     """Train a trial configuration again (fresh noise, its own seed), audited if in_trial."""
-    from orchestrator.audit import audit_in_trial
-    from orchestrator.trial_runner import execute
+    from orchestrator.audit.membership import audit_in_trial
+    from orchestrator.trial.runner import execute
 
     return execute(config, audit=audit_in_trial)
 
@@ -140,8 +140,8 @@ def rerun_job(*, config: dict[str, Any]) -> dict[str, Any]:
 def baseline_job(*, run_dir: str, spec: dict[str, Any], settings: dict[str, Any],
                  audit: bool, lr: float) -> dict[str, Any]:
     """Train and audit the non-private baseline; writes trials/nonprivate/{result,audit}.json."""
-    from orchestrator.audit import AUDIT_FILE, AuditSettings, audit_model
-    from orchestrator.studies import RESULT_FILE
+    from orchestrator.audit.membership import AUDIT_FILE, AuditSettings, audit_model
+    from orchestrator.sweep.studies import RESULT_FILE
     from trainables.audit.references import (
         NonPrivateRecipe,
         nonprivate_trainer,

@@ -267,6 +267,34 @@ def privacy_statement(*, privacy: dict[str, Any], spec: dict[str, Any],
     (``PrivateTuningPlan.to_dict()``); ``audit_bound`` a canary audit's
     ``{"eps_lower_bound", "canaries", "confidence", "kind"?}``.
     """
+    record = _record_fields(privacy)
+    _check_same_trial(privacy, spec, mode=record["mode"])
+    epochs = _count(spec, "epochs", where="spec")
+    dataset = _text(spec, "dataset", where="spec")
+
+    tuning_info = _tuning(tuning, delta=record["delta"])
+    audit = _audit(audit_bound, claimed=record["epsilon_exact"])
+    contradicts = audit is not None and bool(audit["contradicts"])
+    selection_covered = bool(tuning_info and tuning_info["mode"] == "private")
+    failures = _failures(record, audit=audit, contradicts=contradicts)
+    eps_display = round_up(record["epsilon_exact"])
+    headline = _headline(failures, eps_display=eps_display, delta=record["delta"],
+                         tuning_info=tuning_info, selection_covered=selection_covered)
+
+    not_covered = list(NOT_COVERED_ALWAYS)
+    not_covered.append(NOT_COVERED_PRIVATE_K if selection_covered else NOT_COVERED_SELECTION)
+    return PrivacyStatement(
+        holds=not failures, headline=headline, epsilon=float(eps_display),
+        epsilon_display=eps_display, neighbouring=NEIGHBOURING, dataset=dataset,
+        mechanism=MECHANISM, epochs=epochs, tuning=tuning_info,
+        selection_covered=selection_covered, audit=audit, audit_contradicts=contradicts,
+        not_covered=tuple(not_covered), **record,
+    )
+
+
+def _record_fields(privacy: dict[str, Any]) -> dict[str, Any]:
+    """The privacy record's fields, each checked, as the statement's fields of the same meaning
+    (one UserInputError naming the first field that is missing or malformed)."""
     where = "privacy"
     method = _text(privacy, "method", where=where)
     mode = _text(privacy, "mode", where=where)
@@ -300,55 +328,48 @@ def privacy_statement(*, privacy: dict[str, Any], spec: dict[str, Any],
         raise _bad(f"{where}.method_record", type(method_record).__name__, "a JSON object")
     if not isinstance(versions, dict):
         raise _bad(f"{where}.versions", type(versions).__name__, "a JSON object")
+    clipping: dict[str, Any] = {"clip_norm": clip_norm}
+    clipping.update({k: method_record[k] for k in CLIPPING_RECORD_KEYS if k in method_record})
+    return dict(
+        epsilon_exact=upper, epsilon_lower=lower, epsilon_estimate=estimate,
+        target_epsilon=target, delta=delta, accountant=accountant,
+        accountant_description=ACCOUNTANTS[accountant], eps_error=eps_error,
+        accountant_fallback=fallback, sample_rate=q, steps=steps, noise_multiplier=sigma,
+        noise_schedule=tuple(schedule.to_list()), clipping=clipping, method=method, mode=mode,
+        dp_valid=dp_valid, validity_reason=reason, randomness=randomness,
+        randomness_note=RANDOMNESS_NOTES[randomness], release_safe=release_safe,
+        versions={str(k): str(v) for k, v in versions.items()},
+    )
 
-    _check_same_trial(privacy, spec, mode=mode)
-    epochs = _count(spec, "epochs", where="spec")
-    dataset = _text(spec, "dataset", where="spec")
 
-    tuning_info = _tuning(tuning, delta=delta)
-    audit = _audit(audit_bound, claimed=upper)
-    contradicts = audit is not None and bool(audit["contradicts"])
-    selection_covered = bool(tuning_info and tuning_info["mode"] == "private")
-
+def _failures(record: dict[str, Any], *, audit: dict[str, Any] | None,
+              contradicts: bool) -> list[str]:
+    """Why no differential-privacy guarantee holds for the release (empty when one does)."""
     failures = []
-    if not dp_valid:
-        failures.append(f"the method's mode is not differentially private ({reason})")
-    if not release_safe:
+    if not record["dp_valid"]:
+        failures.append(f"the method's mode is not differentially private "
+                        f"({record['validity_reason']})")
+    if not record["release_safe"]:
         failures.append("the noise is replayable from recorded seeds (reproducible randomness)")
     if audit is not None and contradicts:
         failures.append(f"a canary audit's empirical lower bound epsilon >= "
                         f"{audit['eps_lower_bound_display']} exceeds the claimed bound")
-    eps_display = round_up(upper)
-    if failures:
-        headline = ("NO differential-privacy guarantee holds for this release: "
-                    + "; ".join(failures) + f". The accountant's figure for the noise alone "
-                    f"is epsilon <= {eps_display} at delta {delta!r}.")
-    elif tuning_info is not None and selection_covered:
-        headline = (f"({tuning_info['end_to_end_epsilon_display']}, {tuning_info['delta']!r})-"
-                    f"differential privacy end to end for the released model and its selection "
-                    f"by private tuning; training alone is ({eps_display}, {delta!r})-DP.")
-    else:
-        headline = (f"({eps_display}, {delta!r})-differential privacy for the released model "
-                    f"weights; the selection of this trial is not covered.")
+    return failures
 
-    not_covered = list(NOT_COVERED_ALWAYS)
-    not_covered.append(NOT_COVERED_PRIVATE_K if selection_covered else NOT_COVERED_SELECTION)
-    clipping: dict[str, Any] = {"clip_norm": clip_norm}
-    clipping.update({k: method_record[k] for k in CLIPPING_RECORD_KEYS if k in method_record})
-    return PrivacyStatement(
-        holds=not failures, headline=headline, epsilon=float(eps_display),
-        epsilon_display=eps_display, epsilon_exact=upper, epsilon_lower=lower,
-        epsilon_estimate=estimate, target_epsilon=target, delta=delta,
-        neighbouring=NEIGHBOURING, dataset=dataset, accountant=accountant,
-        accountant_description=ACCOUNTANTS[accountant], eps_error=eps_error,
-        accountant_fallback=fallback, mechanism=MECHANISM, sample_rate=q, steps=steps,
-        epochs=epochs, noise_multiplier=sigma, noise_schedule=tuple(schedule.to_list()),
-        clipping=clipping, method=method, mode=mode, dp_valid=dp_valid, validity_reason=reason,
-        randomness=randomness, randomness_note=RANDOMNESS_NOTES[randomness],
-        release_safe=release_safe, tuning=tuning_info, selection_covered=selection_covered,
-        audit=audit, audit_contradicts=contradicts, not_covered=tuple(not_covered),
-        versions={str(k): str(v) for k, v in versions.items()},
-    )
+
+def _headline(failures: list[str], *, eps_display: str, delta: float,
+              tuning_info: dict[str, Any] | None, selection_covered: bool) -> str:
+    """The statement's first sentence: what holds for this release, or that nothing does."""
+    if failures:
+        return ("NO differential-privacy guarantee holds for this release: "
+                + "; ".join(failures) + f". The accountant's figure for the noise alone "
+                f"is epsilon <= {eps_display} at delta {delta!r}.")
+    if tuning_info is not None and selection_covered:
+        return (f"({tuning_info['end_to_end_epsilon_display']}, {tuning_info['delta']!r})-"
+                f"differential privacy end to end for the released model and its selection "
+                f"by private tuning; training alone is ({eps_display}, {delta!r})-DP.")
+    return (f"({eps_display}, {delta!r})-differential privacy for the released model "
+            f"weights; the selection of this trial is not covered.")
 
 
 def _check_same_trial(privacy: dict[str, Any], spec: dict[str, Any], *, mode: str) -> None:

@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.accounting.cache import default_cache_dir
-from orchestrator.accounting.calibration import calibrate
+from orchestrator.accounting.calibration import calibrate, epsilon_curve
 from orchestrator.accounting.certificate import Calibration
-from orchestrator.accounting.curve import epsilon_curve
 from orchestrator.config import Config
 from trainables.data import DataSplits, SplitSizes, load_pool, load_splits
 from trainables.methods import get_method
@@ -29,7 +28,7 @@ def load_data(cfg: Config) -> DataSplits:
 
 def data_pool(cfg: Config) -> dict[str, Any]:
     """The config's raw pool as workers receive it (Ray's object store: read once by the driver,
-    mapped once per node) for ``trial_runner.use_data_pool``."""
+    mapped once per node) for ``orchestrator.trial.runner.use_data_pool``."""
     data_dir = cfg.data.data_dir or None
     return {"pool": load_pool(dataset=cfg.data.dataset, data_dir=data_dir),
             "dataset": cfg.data.dataset, "data_dir": data_dir}

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import UserInputError
-from orchestrator.export import ExportResult, export_trial
+from orchestrator.release.statement import ExportResult, export_trial
 from orchestrator.rundir import RESULTS, RunDir, check_trial_id
 from reports import store
 
-#: Confidence of the canary audits' epsilon lower bounds (``orchestrator.canary``).
+#: Confidence of the canary audits' epsilon lower bounds (``orchestrator.audit.canary``).
 CANARY_CONFIDENCE = 0.95
 SUMMARY_FILE = "summary.json"
 

@@ -7,7 +7,7 @@ per-example signals of target and references (``trainables.audit.signals``: ever
 gradient norm, the logit-scaled confidence, the loss), the attacks that turn them into
 membership scores (``trainables.audit.scores``: LiRA online / offline, RMIA, the loss threshold;
 ``trainables.audit.classifier``: the pooled shadow classifier kept for comparison), and the
-statistics (``reports.audit_stats``: intervals, p-values, the Holm-corrected peak, its
+statistics (``trainables.audit.stats``: intervals, p-values, the Holm-corrected peak, its
 simultaneous upper bound). This module wires them for one model and writes ``audit.json``.
 
 Every attack's decision threshold is chosen without the target's membership labels, so the
@@ -86,9 +86,9 @@ def _layer_of(signal: str, layers: list[str]) -> tuple[str, int, str]:
 def audit_model(*, target: LayeredModel, data: DataSplits, settings: AuditSettings,
                 trainer: Any) -> dict[str, Any]:
     """Every attack on every layer of ``target`` with its statistics: the audit record."""
-    from reports.audit_stats import attack_statistics, combine_attacks
     from trainables.audit.classifier import THRESHOLD, ShadowClassifier
     from trainables.audit.references import collect_signals, score_signals
+    from trainables.audit.stats.attacks import attack_statistics, combine_attacks
 
     started = time.perf_counter()
     plan = reference_plan(data, settings)
@@ -185,7 +185,7 @@ def claim_check(record: Mapping[str, Any], *, epsilon: float,
     ``mia_pointwise_violations`` counts points whose own 95% intervals lie wholly outside the
     claimed region (a looser, per-point reading, reported so a reviewer sees both).
     """
-    from reports.audit_stats import consistent_with_dp
+    from trainables.audit.stats.attacks import consistent_with_dp
 
     fpr: list[float] = []
     tpr: list[float] = []
@@ -307,7 +307,7 @@ def reference_budgets(cfg: Any, *, method: str, params: Mapping[str, Any], epsil
                       data: DataSplits, cache_dir: Path | None) -> dict[str, dict[str, Any]]:
     """The references' budget: the trial's method and (epsilon, delta), matched for the
     references' own training-set size (their sampling rate differs from the target's)."""
-    from orchestrator.trial import match_budget
+    from orchestrator.trial.plan import match_budget
 
     size = reference_size(data, AuditSettings.from_config(cfg.audit))
     cal, curve = match_budget(method=method, params=dict(params), dataset_size=size,

@@ -3,7 +3,7 @@
 Two modes (``sweep.tuning``). **Adaptive**: each study's seeded sampler (TPE by default) starts
 from the paper preset and adapts to noiseless metrics; ``adaptive_summary`` states, per target,
 what the per-trial epsilon and the composition over every trained model cover given the
-objectives the sampler saw (``orchestrator.accounting.adaptive.adaptive_statement``).
+objectives the sampler saw (``orchestrator.accounting.tuning.adaptive.adaptive_statement``).
 **Private** (Papernot & Steinke 2022): random search from OS entropy with no fixed point, a
 secret number of trials drawn from the stated law, a noisy validation score, and release of the
 best noisy score only (``released_front``, ``reports.pick.choose_private``); the config admits
@@ -18,7 +18,7 @@ from typing import Any
 
 from core.errors import UserInputError
 from orchestrator.config import Config
-from orchestrator.studies import (
+from orchestrator.sweep.studies import (
     StudyPlan,
     make_sampler,
     open_study,
@@ -46,8 +46,8 @@ def private_tuning_plan(cfg: Config) -> Any:
 def _private_tuning_plan(cfg: Config) -> Any:
     import logging
 
-    from orchestrator.accounting.private_tuning import plan_private_tuning
-    from orchestrator.plans import schedule_points, study_plans
+    from orchestrator.accounting.tuning.private import plan_private_tuning
+    from orchestrator.sweep.plans import schedule_points, study_plans
     from trainables.methods import get_method
     from trainables.training import poisson_plan
 
@@ -81,7 +81,7 @@ def draw_counts(cfg: Config, plan: Any) -> dict[str, int]:
     """K ~ the plan's law (secret entropy), each trial's series uniformly at random."""
     import secrets
 
-    from orchestrator.accounting.private_tuning import draw_trial_count
+    from orchestrator.accounting.tuning.private import draw_trial_count
     from trainables.methods import series_name
 
     series = [series_name(m, mode) for m, mode in cfg.series()]
@@ -132,7 +132,7 @@ def adaptive_summary(cfg: Config, plans: list[StudyPlan],
     series with an invalid claim is not DP: no composition counts or covers it (each study's
     sampler sees only its own trials, so it does not reach the valid ones)."""
     from core.schedule import Schedule
-    from orchestrator.accounting.adaptive import adaptive_statement
+    from orchestrator.accounting.tuning.adaptive import adaptive_statement
 
     by_target: dict[str, dict[str, Any]] = {}
     for eps in dict.fromkeys(p.epsilon for p in plans):

@@ -2,17 +2,19 @@
 
 ``run_sweep`` validates everything before Ray starts (config, resources, ``--out``, data), then
 creates the run directory (``orchestrator.rundir``: manifest, exclusive lock), calibrates every
-budget the search can ask for (``precompute``), and runs one Ray Tune experiment over all studies
-(``orchestrator.studies``: one Optuna study per series and target epsilon). Objectives: with the
-audit inside the trial (default), validation accuracy (max) and peak MIA accuracy (min); else
-validation accuracy alone, the audit afterwards. Test accuracy is recorded, never used to choose.
-No ASHA or other early stopping: a stopped trial would enter the front as if complete.
+budget the search can ask for (``plans.precompute``), and runs one Ray Tune experiment over all
+studies (``studies``: one Optuna study per series and target epsilon; ``raytune``: the searcher
+and the trainable). Objectives: with the audit inside the trial (default), validation accuracy
+(max) and peak MIA accuracy (min); else validation accuracy alone, the audit afterwards. Test
+accuracy is recorded, never used to choose. No ASHA or other early stopping: a stopped trial
+would enter the front as if complete.
 
-Signals: SIGINT / SIGTERM stop the sweep within seconds: running trials stop, their Optuna trials
-are told FAIL (``interrupted``) and re-enqueued under the same ids, state is flushed, and the
-process exits 130 / 143 with a hint to resume. ``resume_sweep`` rebuilds the state from the config,
-the Optuna storage and the trial directories (``studies.reconcile``): after a ``kill -9`` of the
-driver or a worker, no finished trial is trained again, none is lost, none stays RUNNING.
+Signals (``signals``): SIGINT / SIGTERM stop the sweep within seconds: running trials stop, their
+Optuna trials are told FAIL (``interrupted``) and re-enqueued under the same ids, state is
+flushed, and the process exits 130 / 143 with a hint to resume. ``resume_sweep`` rebuilds the
+state from the config, the Optuna storage and the trial directories (``studies.reconcile``):
+after a ``kill -9`` of the driver or a worker, no finished trial is trained again, none is lost,
+none stays RUNNING.
 """
 
 from __future__ import annotations
@@ -23,10 +25,8 @@ import math
 import os
 import signal
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,16 +34,11 @@ from core.errors import UserInputError
 from core.storage import atomic_write_json
 from orchestrator import config as config_mod
 from orchestrator.config import Config
-from orchestrator.plans import at_epsilon, schedule_points, study_plans
 from orchestrator.rundir import RESULTS, RunDir, check_creatable
-from orchestrator.studies import (
-    Outcome,
-    StudyPlan,
-    SweepSearcher,
-    read_outcome,
-    reconcile,
-)
-from orchestrator.sweep_tuning import (
+from orchestrator.sweep.plans import at_epsilon, precompute, study_plans
+from orchestrator.sweep.signals import Interrupted, _signals, _StopFlag, progress
+from orchestrator.sweep.studies import Outcome, StudyPlan, read_outcome, reconcile
+from orchestrator.sweep.tuning import (
     PRIVATE_FILE,
     adaptive_summary,
     draw_counts,
@@ -51,29 +46,8 @@ from orchestrator.sweep_tuning import (
     private_tuning_plan,
     released_front,
 )
-from orchestrator.trial import data_pool, load_data, plan_trial
+from orchestrator.trial.plan import data_pool, load_data, plan_trial
 from reports import store
-
-#: Exit codes of a sweep stopped by a signal (128 + signal number, as shells report them).
-EXIT_SIGINT = 130
-EXIT_SIGTERM = 143
-
-
-class Interrupted(BaseException):
-    """The sweep was stopped by a signal; the run directory is consistent and resumable.
-
-    A ``BaseException``, like ``KeyboardInterrupt``: the ``except Exception`` that keeps a
-    failing trial's or job's reason must never turn a stop into a failure record."""
-
-    def __init__(self, signum: int, run_dir: Path | None = None) -> None:
-        self.signum = signum
-        self.run_dir = run_dir
-        name = signal.Signals(signum).name
-        super().__init__(f"interrupted by {name}")
-
-    @property
-    def exit_code(self) -> int:
-        return EXIT_SIGTERM if self.signum == signal.SIGTERM else EXIT_SIGINT
 
 
 @dataclasses.dataclass
@@ -83,179 +57,6 @@ class SweepSummary:
     failed: int
     seconds: float
     report: Path | None
-
-
-# ---- signals ----------------------------------------------------------------------------------
-class _StopFlag:
-    """Set by SIGINT/SIGTERM; Tune polls it through a Stopper, other phases raise at once."""
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-        self.signum: int | None = None
-        self.in_tune = False
-
-    def install(self) -> None:
-        """(Re)install the handlers: ``ray.init`` replaces SIGTERM's with ``sys.exit(15)``."""
-        if threading.current_thread() is threading.main_thread():
-            for s in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(s, self.handler)
-
-    def handler(self, signum: int, _frame: Any) -> None:
-        if self.event.is_set():  # a second signal: stop now
-            raise Interrupted(signum)
-        self.signum = signum
-        self.event.set()
-        if not self.in_tune:
-            raise Interrupted(signum)
-
-
-@contextmanager
-def _signals(flag: _StopFlag) -> Iterator[None]:
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    flag.install()
-    try:
-        yield
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-
-
-def _stopper(flag: _StopFlag) -> Any:
-    from ray.tune import Stopper
-
-    class InterruptStopper(Stopper):
-        def __call__(self, trial_id: str, result: dict) -> bool:
-            return False
-
-        def stop_all(self) -> bool:
-            return flag.event.is_set()
-
-        def __reduce__(self) -> tuple[Any, ...]:  # Tune pickles it; never restored
-            return (tuple, ())
-
-    return InterruptStopper()
-
-
-class _SilentReporter:
-    """A Tune progress reporter that reports nothing (the driver prints its own lines)."""
-
-    def __new__(cls) -> Any:
-        from ray.tune import ProgressReporter
-
-        class Silent(ProgressReporter):
-            def should_report(self, trials: list, done: bool = False) -> bool:
-                return False
-
-            def report(self, trials: list, done: bool, *sys_info: dict) -> None:
-                del trials, done, sys_info
-
-        return Silent()
-
-
-#: Threads that precompute budgets at once. Each PRV calibration runs in its own child process
-#: and a method's preparation (LM-DP-SGD's risk estimate) in torch, so two lanes keep both cores
-#: busy: the demo's cold precompute drops from 17-20 s to about 10 s on 2 cores.
-PRECOMPUTE_LANES = 2
-
-
-def precompute_order(plans: list[StudyPlan]) -> list[tuple[StudyPlan, dict[str, Any]]]:
-    """The (study, point) pairs in the order the lanes take them from one shared queue.
-
-    Methods with a once-per-sweep preparation go first (their first point carries it, the
-    longest single item: LM-DP-SGD's risk estimate), then the methods with the most points; a
-    method's points stay in order, so a budget the first caches serves the next. One queue,
-    not a fixed lane per method: the demo's six DP-AdamILG points alone took one lane 12.2 s
-    while the other idled from 8.7 s (balanced: about 10.5 s)."""
-    from trainables.dp_step import DPStep
-    from trainables.methods import get_method
-
-    by_method: dict[str, list[tuple[StudyPlan, dict[str, Any]]]] = {}
-    for plan in plans:
-        by_method.setdefault(plan.method, []).extend(
-            (plan, point) for point in schedule_points(plan))
-
-    def prepares(method: str) -> bool:
-        return get_method(method).prepare.__func__ is not DPStep.prepare.__func__
-
-    order = sorted(by_method, key=lambda m: (not prepares(m), -len(by_method[m]), m))
-    return [item for method in order for item in by_method[method]]
-
-
-def precompute(cfg: Config, *, run: RunDir, plans: list[StudyPlan], data: Any,
-               quiet: bool, calibration: Any = None) -> None:
-    """Budgets and once-per-sweep preparations for every schedule a study can produce, so
-    trials only ever hit the cache (and the shadow pool's risk estimate runs once).
-
-    ``PRECOMPUTE_LANES`` threads take (study, point) pairs from one queue in
-    :func:`precompute_order`. Two lanes may compute one budget at once (DP-AdamILG's k = 0 is
-    DP-SGD's schedule): the cache's writes are atomic and the two results identical.
-    """
-    from concurrent.futures import ThreadPoolExecutor
-
-    from orchestrator.accounting.sandbox import keep_interpreters
-    from orchestrator.audit import reference_budgets
-
-    order = precompute_order(plans)
-    queue = iter(order)
-    total = len(order)
-    with _progress(total=total, desc="budgets", quiet=quiet) as bar:
-        lock = threading.Lock()
-        stop = threading.Event()
-
-        def work() -> None:
-            while not stop.is_set():
-                with lock:
-                    item = next(queue, None)
-                if item is None:
-                    return
-                plan, point = item
-                spec = plan_trial(at_epsilon(cfg, plan.epsilon), method=plan.method,
-                                  params=plan.space.decode(point), cache_dir=run.cache_dir,
-                                  data=data, calibration=calibration)
-                if cfg.audit.enabled:
-                    eps = plan.epsilon if calibration is None else calibration.bounds.upper
-                    reference_budgets(cfg, method=plan.method, params=spec.method_params,
-                                      epsilon=eps, data=data, cache_dir=run.cache_dir)
-                with lock:
-                    bar.update(1)
-
-        pool = ThreadPoolExecutor(max_workers=PRECOMPUTE_LANES, thread_name_prefix="budgets")
-        try:
-            with keep_interpreters():
-                for future in [pool.submit(work) for _ in range(PRECOMPUTE_LANES)]:
-                    future.result()
-        finally:
-            stop.set()  # on an interrupt or an error, lanes stop after their current point
-            pool.shutdown(wait=True, cancel_futures=True)
-
-
-@contextmanager
-def _progress(*, total: int, desc: str, quiet: bool) -> Iterator[Any]:
-    """A progress bar with ETA on stderr (tqdm), or nothing with --quiet."""
-    if quiet or total == 0:
-        class _Null:
-            def update(self, n: int = 1) -> None:
-                del n
-
-            def set_postfix_str(self, text: str) -> None:
-                del text
-
-            def write(self, text: str) -> None:
-                del text
-
-        yield _Null()
-        return
-    from tqdm import tqdm
-
-    bar = tqdm(total=total, desc=desc, unit="trial" if desc == "trials" else "it",
-               dynamic_ncols=True, file=sys.stderr)
-    try:
-        yield bar
-    finally:
-        bar.close()
 
 
 # ---- the driver -----------------------------------------------------------------------------
@@ -332,7 +133,7 @@ class _Driver:
             study=plan.name, preset=self._preset(tid))
         audit_file = trial_dir / "audit.json"
         if audit_file.is_file():
-            from orchestrator.audit import row_audit_columns
+            from orchestrator.audit.membership import row_audit_columns
 
             row.update(row_audit_columns(_read_json(audit_file), row=row))
         row["audit_error"] = str(outcome.metrics.get("audit_error", "") or "")
@@ -398,7 +199,7 @@ class _Driver:
                           data=self.data, calibration=self.certified)
         audit = audit_settings(self.cfg)
         if audit["in_trial"]:
-            from orchestrator.audit import reference_budgets
+            from orchestrator.audit.membership import reference_budgets
 
             audit["budgets"] = reference_budgets(
                 self.cfg, method=plan.method, params=spec.method_params,
@@ -413,7 +214,7 @@ class _Driver:
         from ray import tune
         from ray.tune.logger import JsonLoggerCallback
 
-        from orchestrator import worker
+        from orchestrator.sweep import raytune
 
         to_run = sum(t.remaining(p.n_trials) for p, t in
                      ((p, tallies[p.name]) for p in self.plans))
@@ -421,20 +222,20 @@ class _Driver:
             return
         baseline = self.baseline_job()
         jobs = {} if baseline is None else {baseline.name: {
-            worker.JOB_KEY: baseline.kind.value, "kwargs": baseline.kwargs}}
+            raytune.JOB_KEY: baseline.kind.value, "kwargs": baseline.kwargs}}
 
         def job_done(name: str, result: dict | None) -> None:
             assert baseline is not None and name == baseline.name
             self.baseline_ran = True
             error = ("its worker stopped" if result is None
-                     else str(result.get(worker.JOB_ERROR, "")))
+                     else str(result.get(raytune.JOB_ERROR, "")))
             if error or not self._recover(baseline):
                 self._after(baseline, None, error or "it wrote no result.json")
 
-        searcher = SweepSearcher(plans=self.plans, studies=studies, tallies=tallies,
-                                 make_config=self.trial_config, on_outcome=self.record,
-                                 trials_root=self.run.path / "trials", jobs=jobs,
-                                 on_job_done=job_done)
+        searcher = raytune.SweepSearcher(plans=self.plans, studies=studies, tallies=tallies,
+                                         make_config=self.trial_config, on_outcome=self.record,
+                                         trials_root=self.run.path / "trials", jobs=jobs,
+                                         on_job_done=job_done)
         attempt = 1 + sum(1 for _ in self.run.tune_dir.glob("attempt-*"))
         resources = {"cpu": self.cfg.resources.cpus_per_trial,
                      "gpu": self.cfg.resources.gpus_per_trial}
@@ -442,7 +243,7 @@ class _Driver:
             resources["memory"] = self.cfg.resources.memory_per_trial_mb * 2**20
         shared = data_pool(self.cfg)
         tuner = tune.Tuner(
-            tune.with_resources(tune.with_parameters(worker.tune_trainable, data=shared),
+            tune.with_resources(tune.with_parameters(raytune.tune_trainable, data=shared),
                                 resources),
             tune_config=tune.TuneConfig(
                 search_alg=searcher, num_samples=4 * to_run + len(jobs) + 16,
@@ -450,9 +251,10 @@ class _Driver:
                 trial_name_creator=_tune_trial_name, trial_dirname_creator=_tune_trial_name),
             run_config=tune.RunConfig(
                 name=f"attempt-{attempt}", storage_path=str(self.run.tune_dir), verbose=0,
-                progress_reporter=_SilentReporter(), callbacks=[JsonLoggerCallback()],
-                stop=_stopper(flag), failure_config=tune.FailureConfig(max_failures=0)))
-        with _progress(total=to_run, desc="trials", quiet=self.quiet) as bar:
+                progress_reporter=raytune.SilentReporter(), callbacks=[JsonLoggerCallback()],
+                stop=raytune.InterruptStopper(flag),
+                failure_config=tune.FailureConfig(max_failures=0)))
+        with progress(total=to_run, desc="trials", quiet=self.quiet) as bar:
             self.bar = bar
             flag.in_tune = True
             try:
@@ -520,8 +322,8 @@ class _Driver:
 
     def post_sweep(self) -> None:
         """After-sweep audits, re-runs with fresh noise and the non-private baseline."""
-        from orchestrator import postsweep
-        from orchestrator.audit import reference_budgets
+        from orchestrator.audit.membership import reference_budgets
+        from orchestrator.sweep import jobs as postsweep
 
         cfg, jobs = self.cfg, []
         plans = {p.name: p for p in self.plans}
@@ -565,7 +367,7 @@ class _Driver:
             jobs.append(baseline)
         if not jobs:
             return
-        with _progress(total=len(jobs), desc="after the search",
+        with progress(total=len(jobs), desc="after the search",
                        quiet=self.quiet) as bar:
             self.bar, self.bar_counts_records = bar, False
 
@@ -593,7 +395,7 @@ class _Driver:
         """The non-private baseline's job, or None: off, already recorded, or finished on disk
         (then recorded now). Its spec is a trial's (model, data, epochs, batch size, seed) built
         from the first study's first point, so it can start before any trial finishes."""
-        from orchestrator import postsweep
+        from orchestrator.sweep import jobs as postsweep
 
         if not self.cfg.sweep.baseline or postsweep.BASELINE_ID in self.rows or self._recover(
                 postsweep.Job(postsweep.JobKind.BASELINE, postsweep.BASELINE_ID,
@@ -613,8 +415,8 @@ class _Driver:
     def _recover(self, job: Any) -> bool:
         """Record an after-search job that finished on disk but not in the results (the driver
         stopped in between), instead of running it again; True when there was one."""
-        from orchestrator import postsweep
-        from orchestrator.audit import AUDIT_FILE
+        from orchestrator.audit.membership import AUDIT_FILE
+        from orchestrator.sweep import jobs as postsweep
 
         trial_dir = self.run.trial_dir(job.trial_id)
         if job.kind is postsweep.JobKind.AUDIT:
@@ -634,8 +436,8 @@ class _Driver:
         return True
 
     def _after(self, job: Any, result: dict[str, Any] | None, error: str) -> None:
-        from orchestrator import postsweep
-        from orchestrator.audit import AUDIT_FILE, row_audit_columns
+        from orchestrator.audit.membership import AUDIT_FILE, row_audit_columns
+        from orchestrator.sweep import jobs as postsweep
         from trainables.data import NUM_CLASSES
 
         tid = job.trial_id
@@ -752,7 +554,7 @@ def _validate_before_ray(cfg: Config, *, out: Path | None) -> None:
                     max_concurrent=cfg.sweep.max_concurrent_trials, info=None)
     data = load_data(cfg)
     if cfg.audit.enabled:
-        from orchestrator.audit import AuditSettings, check_settings
+        from orchestrator.audit.membership import AuditSettings, check_settings
 
         check_settings(data, AuditSettings.from_config(cfg.audit))
     study_plans(cfg)
@@ -858,5 +660,5 @@ def _drive_and_release(run: RunDir, config: Callable[[], Config], *, address: st
 
 
 if __name__ == "__main__":  # pragma: no cover
-    raise UserInputError(field="module", value="orchestrator.sweep",
+    raise UserInputError(field="module", value="orchestrator.sweep.driver",
                          allowed="the dpsweep command")

@@ -1,0 +1,239 @@
+"""Ray Tune's side of the sweep: every class and function Tune calls back into.
+
+In the driver, :class:`SweepSearcher` feeds Tune the trials of every study (and the jobs from
+outside the studies), :class:`InterruptStopper` stops the experiment when the sweep's stop flag
+is set, and :class:`SilentReporter` keeps Tune's tables quiet (the driver prints its own lines).
+In the workers, :func:`tune_trainable` runs one trial of a study, or a job from outside the
+studies (the non-private baseline) in the same warm worker and a slot the trials would leave
+idle.
+
+This module subclasses Ray Tune's classes, so it imports Ray Tune: the driver imports it only
+when it runs Tune. The trainable sits above both the trial (``orchestrator.trial.runner``) and
+the after-search jobs (``orchestrator.sweep.jobs``), so neither imports the other's caller. A job
+is named in the Tune config by its kind (``jobs.JobKind``), never by a display name.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ray.tune import ProgressReporter, Stopper
+from ray.tune.search import Searcher
+
+from core.errors import describe
+from orchestrator.sweep import jobs
+from orchestrator.sweep.studies import (
+    ID_ATTR,
+    INTERRUPTED_ATTR,
+    Outcome,
+    StudyPlan,
+    Tally,
+    read_outcome,
+)
+from orchestrator.trial.runner import execute, use_data_pool
+
+if TYPE_CHECKING:
+    from orchestrator.sweep.signals import _StopFlag
+
+#: The key of a Tune config that names a job (its kind's value) instead of a trial.
+JOB_KEY = "job"
+#: What a job reports to Tune when it fails (its reason: the searcher passes it to the driver).
+JOB_ERROR = "job_error"
+#: The jobs a Tune experiment may run beside its trials, by kind.
+TUNE_JOBS: dict[str, Callable[..., dict[str, Any]]] = {
+    jobs.JobKind.BASELINE.value: jobs.baseline_job}
+
+
+def tune_trainable(config: dict[str, Any], data: dict[str, Any] | None = None) -> None:
+    """The Ray Tune function trainable: :func:`execute` with per-epoch reports to Tune, or a job
+    from outside the studies (``config[JOB_KEY]``) run in the same warm worker. ``data`` is the
+    driver's ``orchestrator.trial.plan.data_pool`` (``tune.with_parameters``)."""
+    from ray import tune
+
+    from orchestrator.audit.membership import audit_in_trial
+
+    use_data_pool(data)
+
+    if JOB_KEY in config:
+        try:
+            TUNE_JOBS[config[JOB_KEY]](**config["kwargs"])
+        except Exception as exc:  # its reason reaches the driver; the sweep goes on
+            tune.report({JOB_ERROR: describe(exc), "done": True})
+            return
+        tune.report({"done": True})
+        return
+
+    record = execute(config, report=tune.report, audit=audit_in_trial)
+    tune.report({k: v for k, v in record.items() if isinstance(v, (int, float))
+                 and not isinstance(v, bool)} | {"done": True})
+
+
+class SweepSearcher(Searcher):
+    """A Ray Tune searcher over a list of studies.
+
+    ``jobs`` (name -> trial config with a ``"job"`` key) are work from outside the studies, the
+    non-private baseline, started first in the same experiment so that they share Tune's warm
+    workers and slots; ``on_job_done(name, last_result)`` hears each one end. They are not run
+    as Ray tasks beside Tune: anything holding a CPU outside Tune while it starts trials makes
+    it run them one at a time (measured with Ray 2.60: the 21 demo trials in one worker)."""
+
+    def __init__(self, *, plans: list[StudyPlan], studies: dict[str, Any],
+                 tallies: dict[str, Tally], make_config: Callable[..., dict[str, Any]],
+                 on_outcome: Callable[..., None], trials_root: Path,
+                 jobs: dict[str, dict[str, Any]] | None = None,
+                 on_job_done: Callable[[str, dict | None], None] | None = None,
+                 ) -> None:
+        super().__init__()
+        self._plans = plans
+        self._studies = studies
+        self._tallies = tallies
+        self._make_config = make_config
+        self._on_outcome = on_outcome
+        self._trials_root = trials_root
+        self._jobs = dict(jobs or {})
+        self._on_job_done = on_job_done
+        self._live_jobs: dict[str, str] = {}
+        self._live: dict[str, tuple[StudyPlan, Any, str]] = {}
+        self._started: dict[str, int] = {p.name: 0 for p in plans}
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Tune pickles its searcher into its own experiment state, which dpsweep never
+        loads (state is rebuilt from the Optuna storage): an inert placeholder."""
+        return {"dpsweep": "not restorable: the Optuna storage holds the state"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def save(self, checkpoint_path: str) -> None:
+        del checkpoint_path
+
+    def restore(self, checkpoint_path: str) -> None:
+        del checkpoint_path
+
+    def _to_start(self, plan: StudyPlan) -> int:
+        tally = self._tallies[plan.name]
+        running = sum(1 for p, _, _ in self._live.values() if p.name == plan.name)
+        return tally.remaining(plan.n_trials) - running
+
+    def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
+        with self._lock:
+            if self._jobs:
+                name, config = next(iter(self._jobs.items()))
+                del self._jobs[name]
+                self._live_jobs[trial_id] = name
+                return config
+            for plan in self._plans:
+                if self._to_start(plan) <= 0:
+                    continue
+                study = self._studies[plan.name]
+                ot = study.ask(plan.space.distributions)
+                tid = ot.user_attrs.get(ID_ATTR)
+                if tid is None:
+                    tally = self._tallies[plan.name]
+                    tid = plan.trial_id(tally.next_index)
+                    tally.next_index += 1
+                    ot.set_user_attr(ID_ATTR, tid)
+                for key, value in (("series", plan.series), ("method", plan.method),
+                                   ("mode", plan.mode), ("epsilon", plan.epsilon)):
+                    ot.set_user_attr(key, value)
+                try:
+                    config = self._make_config(plan, plan.space.decode(ot.params), tid)
+                except Exception as exc:  # planning failed: the trial fails, not the run
+                    self._finish(plan, ot, tid, Outcome("failed", {}, describe(exc)))
+                    continue
+                self._live[trial_id] = (plan, ot, tid)
+                return config
+            return None if self._live or self._live_jobs else Searcher.FINISHED
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None,
+                          error: bool = False) -> None:
+        with self._lock:
+            if trial_id in self._live_jobs:
+                name = self._live_jobs.pop(trial_id)
+                if self._on_job_done is not None:
+                    self._on_job_done(name, None if error else result)
+                return
+            entry = self._live.pop(trial_id, None)
+            if entry is None:
+                return
+            plan, ot, tid = entry
+            self._finish(plan, ot, tid, read_outcome(self._trials_root / tid))
+
+    def _finish(self, plan: StudyPlan, ot: Any, tid: str, outcome: Outcome) -> None:
+        from optuna.trial import TrialState
+
+        study = self._studies[plan.name]
+        tally = self._tallies[plan.name]
+        values = outcome.values(plan.objectives)
+        if values is not None:
+            study.tell(ot, values)
+            tally.done.add(tid)
+        elif outcome.status == "interrupted":
+            # a dead worker or a stopped run: re-run it under the same id
+            ot.set_user_attr(INTERRUPTED_ATTR, True)
+            ot.set_user_attr("error", "interrupted (its worker stopped)")
+            study.tell(ot, state=TrialState.FAIL)
+            study.enqueue_trial(dict(ot.params),
+                                user_attrs={ID_ATTR: tid, "rerun_of": ot.number})
+            return
+        else:
+            ot.set_user_attr("error", outcome.error or "a metric was missing or "
+                                                        "not finite")
+            study.tell(ot, state=TrialState.FAIL)
+            if outcome.status == "ok":
+                tally.done.add(tid)
+            else:
+                tally.failed.add(tid)
+        self._on_outcome(plan, tid, outcome, ot)
+
+    def interrupt(self, reason: str) -> list[str]:
+        """Tell every live trial FAIL (interrupted) and enqueue its re-run."""
+        with self._lock:
+            from optuna.trial import TrialState
+
+            stopped = []
+            for plan, ot, tid in self._live.values():
+                outcome = read_outcome(self._trials_root / tid)
+                if outcome.status != "interrupted":
+                    self._finish(plan, ot, tid, outcome)
+                    continue
+                study = self._studies[plan.name]
+                ot.set_user_attr(INTERRUPTED_ATTR, True)
+                ot.set_user_attr("error", reason)
+                study.tell(ot, state=TrialState.FAIL)
+                study.enqueue_trial(dict(ot.params),
+                                    user_attrs={ID_ATTR: tid, "rerun_of": ot.number})
+                stopped.append(tid)
+            self._live.clear()
+            self._live_jobs.clear()  # a job not finished on disk is run again on resume
+            return stopped
+
+
+class InterruptStopper(Stopper):
+    """Stops the whole experiment once the sweep's stop flag is set (SIGINT / SIGTERM)."""
+
+    def __init__(self, flag: _StopFlag) -> None:
+        self._flag = flag
+
+    def __call__(self, trial_id: str, result: dict) -> bool:
+        return False
+
+    def stop_all(self) -> bool:
+        return self._flag.event.is_set()
+
+    def __reduce__(self) -> tuple[Any, ...]:  # Tune pickles it; never restored
+        return (tuple, ())
+
+
+class SilentReporter(ProgressReporter):
+    """A Tune progress reporter that reports nothing (the driver prints its own lines)."""
+
+    def should_report(self, trials: list, done: bool = False) -> bool:
+        return False
+
+    def report(self, trials: list, done: bool, *sys_info: dict) -> None:
+        del trials, done, sys_info

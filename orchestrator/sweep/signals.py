@@ -1,0 +1,106 @@
+"""How a sweep is stopped, and what it shows meanwhile.
+
+SIGINT / SIGTERM set a stop flag (``_StopFlag``): while Ray Tune runs, its stopper polls the flag
+(``orchestrator.sweep.raytune.InterruptStopper``) so running trials stop within seconds and are
+re-enqueued; in every other phase the handler raises :class:`Interrupted` at once. The driver then
+flushes its state and the command exits 130 / 143 with a hint to resume. Progress bars (tqdm, on
+stderr) report the budget precompute, the trials and the after-search jobs; ``--quiet`` turns them
+off.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+#: Exit codes of a sweep stopped by a signal (128 + signal number, as shells report them).
+EXIT_SIGINT = 130
+EXIT_SIGTERM = 143
+
+
+class Interrupted(BaseException):
+    """The sweep was stopped by a signal; the run directory is consistent and resumable.
+
+    A ``BaseException``, like ``KeyboardInterrupt``: the ``except Exception`` that keeps a
+    failing trial's or job's reason must never turn a stop into a failure record."""
+
+    def __init__(self, signum: int, run_dir: Path | None = None) -> None:
+        self.signum = signum
+        self.run_dir = run_dir
+        name = signal.Signals(signum).name
+        super().__init__(f"interrupted by {name}")
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_SIGTERM if self.signum == signal.SIGTERM else EXIT_SIGINT
+
+
+class _StopFlag:
+    """Set by SIGINT/SIGTERM; Tune polls it through a Stopper, other phases raise at once."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.signum: int | None = None
+        self.in_tune = False
+
+    def install(self) -> None:
+        """(Re)install the handlers: ``ray.init`` replaces SIGTERM's with ``sys.exit(15)``."""
+        if threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(s, self.handler)
+
+    def handler(self, signum: int, _frame: Any) -> None:
+        if self.event.is_set():  # a second signal: stop now
+            raise Interrupted(signum)
+        self.signum = signum
+        self.event.set()
+        if not self.in_tune:
+            raise Interrupted(signum)
+
+
+@contextmanager
+def _signals(flag: _StopFlag) -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    flag.install()
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+class _NullBar:
+    """What ``progress`` yields with --quiet: a bar that shows nothing."""
+
+    def update(self, n: int = 1) -> None:
+        del n
+
+    def set_postfix_str(self, text: str) -> None:
+        del text
+
+    def write(self, text: str) -> None:
+        del text
+
+
+@contextmanager
+def progress(*, total: int, desc: str, quiet: bool) -> Iterator[Any]:
+    """A progress bar with ETA on stderr (tqdm), or nothing with --quiet."""
+    if quiet or total == 0:
+        yield _NullBar()
+        return
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, desc=desc, unit="trial" if desc == "trials" else "it",
+               dynamic_ncols=True, file=sys.stderr)
+    try:
+        yield bar
+    finally:
+        bar.close()
