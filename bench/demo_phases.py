@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import write_results
+from core import layout
 from orchestrator.cli import demo_config
 from orchestrator.sweep.driver import run_sweep
 
@@ -29,7 +30,7 @@ from orchestrator.sweep.driver import run_sweep
 def _phases(run: Path, wall: float) -> dict[str, Any]:
     results = [json.loads(p.read_text()) for p in sorted(run.glob("trials/*/result.json"))]
     audits = [json.loads(p.read_text()) for p in sorted(run.glob("trials/*/audit.json"))]
-    summary = json.loads((run / "summary.json").read_text())
+    summary = json.loads((run / layout.SUMMARY).read_text())
     return {
         "wall_seconds": wall,
         "sweep_seconds": summary["wall_seconds"],

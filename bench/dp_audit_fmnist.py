@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import write_results
+from core import layout
 
 
 def _audit(run_dir: str, trial_id: str) -> dict[str, Any]:
@@ -40,18 +41,19 @@ def _audit(run_dir: str, trial_id: str) -> dict[str, Any]:
 
     torch.set_num_threads(1)
     run = Path(run_dir)
-    cfg = load(run / "config.toml")
-    raw = json.loads((run / "trials" / trial_id / "spec.json").read_text())
+    cfg = load(run / layout.CONFIG)
+    raw = json.loads((run / layout.TRIALS / trial_id / layout.SPEC).read_text())
     spec = TrialSpec.from_dict(raw)
-    privacy = json.loads((run / "trials" / trial_id / "privacy.json").read_text())
+    privacy = json.loads((run / layout.TRIALS / trial_id / layout.PRIVACY).read_text())
     data = load_trial_data(spec)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as cache:  # a copy: the run directory stays untouched
-        shutil.copytree(run / "cache", cache, dirs_exist_ok=True)
+        shutil.copytree(run / layout.CACHE, cache, dirs_exist_ok=True)
         budgets = reference_budgets(cfg, method=spec.method, params=raw["method_params"],
                                     epsilon=float(privacy["target_epsilon"]), data=data,
                                     cache_dir=Path(cache))
-    record = audit_trial_model(spec=spec, checkpoint=run / "trials" / trial_id / "checkpoint",
+    checkpoint = run / layout.TRIALS / trial_id / layout.CHECKPOINT_DIR
+    record = audit_trial_model(spec=spec, checkpoint=checkpoint,
                                data=data, settings=AuditSettings.from_config(
                                    {**audit_settings(cfg), "layer_probes": True}),
                                budgets=budgets_from_config(budgets))
@@ -83,7 +85,7 @@ def main() -> None:
     args = parser.parse_args()
     import pandas as pd
 
-    frame = pd.read_parquet(args.run_dir / "results.parquet")
+    frame = pd.read_parquet(args.run_dir / layout.RESULTS)
     ok = frame[(frame["status"] == "ok") & (frame["series"] == args.series)
                & (frame["repeat_of"].fillna("") == "")]
     leaders = [str(ok[ok["target_epsilon"] == eps].sort_values("val_accuracy")

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from bench.harness import write_results
+from core import layout
 from orchestrator import api
 from orchestrator.audit.membership import AUDIT_FILE, claim_check
 
@@ -61,7 +62,7 @@ def summarise(run_dir: Path) -> dict[str, Any]:
                         "peak_layer": a["peak_layer"], "peak_attack": a["peak_attack"],
                         "leak_detected": bool(a["leak_detected"]),
                         "leak_p": float(a["leak_p_value"])})
-            record = json.loads((run_dir / "trials" / a["trial_id"] / AUDIT_FILE).read_text())
+            record = json.loads((run_dir / layout.TRIALS / a["trial_id"] / AUDIT_FILE).read_text())
             row["claim_check"] = claim_check(record, epsilon=float(a["epsilon_upper"]),
                                              delta=float(a["delta"]))
             row["n_candidates"] = record["n_candidates"]

@@ -54,7 +54,8 @@ def resume(run_dir: str | Path, *, address: str | None = None,
 
 def results(run_dir: str | Path) -> pd.DataFrame:
     """The verified results store (columns: ``reports.store.COLUMNS``; docs/results.md)."""
-    from orchestrator.rundir import RESULTS, RunDir
+    from core.layout import RESULTS
+    from orchestrator.rundir import RunDir
     from reports.store import read_results
 
     run = RunDir.open(Path(run_dir), write=False)

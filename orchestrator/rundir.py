@@ -31,27 +31,27 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from core.errors import UserInputError
+from core.layout import (
+    CACHE,
+    CHECKPOINT_DIR,
+    CHECKPOINT_FILE,
+    CONFIG,
+    LOCK,
+    LOCK_INFO,
+    MANIFEST,
+    OPTUNA_DB,
+    REPORT,
+    TRIAL_FILES,
+    TRIALS,
+    TUNE,
+)
 from core.storage import TMP_PREFIX, atomic_write_json, atomic_write_text, sha256_file
 
 FORMAT = "dpsweep-run"
 VERSION = 1
-MANIFEST = "manifest.json"
-CONFIG = "config.toml"
-OPTUNA_DB = "optuna.db"
-LOCK = ".lock"
-LOCK_INFO = ".lock.json"
-CACHE = "cache"
-TRIALS = "trials"
-TUNE = "tune"
-REPORT = "report"
-RESULTS = "results.parquet"
 #: Files and folders that change outside the driver's control or are never read back: their
 #: contents are not hashed (Optuna validates its own storage; Tune's files are never loaded).
 UNHASHED = (OPTUNA_DB, LOCK, LOCK_INFO, TUNE, CACHE, REPORT)
-#: Per-trial files and the rolling checkpoint directory (``state.pt`` inside).
-TRIAL_FILES = ("spec.json", "history.json", "privacy.json", "audit.json", "result.json",
-               "error.json")
-CHECKPOINT_DIR = "checkpoint"
 _TRIAL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@+-]{0,199}$")
 
 
@@ -245,7 +245,7 @@ class RunDir:
         """Record a finished trial's files (records and checkpoint)."""
         base = self.trial_dir(trial_id)
         rels = [self.relative(base / name) for name in TRIAL_FILES if (base / name).is_file()]
-        ckpt = base / CHECKPOINT_DIR / "state.pt"
+        ckpt = base / CHECKPOINT_DIR / CHECKPOINT_FILE
         if ckpt.is_file():
             rels.append(self.relative(ckpt))
         self.record(rels)

@@ -28,11 +28,10 @@ from typing import Any
 
 import pandas as pd
 
+from core import layout
 from core.errors import UserInputError
+from core.layout import RESULTS as RESULTS_FILE
 from core.storage import atomic_write
-
-RESULTS_FILE = "results.parquet"
-TRIALS_DIR = "trials"
 
 
 @dataclass(frozen=True)
@@ -204,7 +203,7 @@ def row_from_trial(*, run_dir: Path, trial_dir: Path, checkpoint_dir: Path,
         "eps_lower_bound": math.nan, "eps_lower_bound_kind": "", "canaries": -1,
         "audit_contradicts": False, "repeat_of": repeat_of,
         "checkpoint": os.path.relpath(checkpoint_dir, run_dir),
-        "privacy_record": os.path.relpath(Path(trial_dir) / "privacy.json", run_dir),
+        "privacy_record": os.path.relpath(Path(trial_dir) / layout.PRIVACY, run_dir),
         "trajectories": _json(privacy.get("trajectories") or {}),
     }
     for key, value in params.items():

@@ -34,8 +34,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from core.layout import LOCK, LOCK_INFO, MANIFEST
 from orchestrator.cli import main
-from orchestrator.rundir import LOCK, LOCK_INFO, MANIFEST, RunDir
+from orchestrator.rundir import RunDir
 from orchestrator.trial.single import train_single
 from reports import store
 from tests.conftest import tiny_config

@@ -70,3 +70,20 @@ def test_no_six_line_block_is_repeated_outside_tests() -> None:
                 if len({p.split(':')[0] for p in places}) > 1 or len(places) > 1}
     assert not repeated, "\n".join(f"{places}: {w[0]} ..." for w, places in
                                    list(repeated.items())[:5])
+
+
+def test_every_run_directory_file_name_is_written_once() -> None:
+    """A run's and a trial's file names live in core/layout.py and nowhere else outside tests:
+    a reader and a writer cannot disagree on a name."""
+    from core import layout
+
+    names = {v for k, v in vars(layout).items() if k.isupper() and isinstance(v, str)
+             and "." in v}
+    assert {"privacy.json", "results.parquet", "state.pt"} <= names
+    where: dict[str, set[str]] = defaultdict(set)
+    for path in _modules() + sorted((ROOT / "bench").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in names:
+                where[node.value].add(str(path.relative_to(ROOT)))
+    assert {n: sorted(p) for n, p in where.items() if p != {"core/layout.py"}} == {}
+    assert set(where) == names

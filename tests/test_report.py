@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from core import layout
 from core.errors import UserInputError
 from orchestrator.config import Config, DataConfig, PrivacyConfig, SweepConfig
 from reports import html as report_html
@@ -223,7 +224,7 @@ def make_run(root: Path, *, audited: bool = True, summary: bool = True,
     rows: list[dict[str, Any]] = []
     try:
         for seed, t in enumerate(TRIALS):
-            trial = run.path / store.TRIALS_DIR / t.tid
+            trial = run.path / layout.TRIALS / t.tid
             checkpoint = trial / "checkpoint"
             checkpoint.mkdir(parents=True)
             (checkpoint / "state.pt").write_bytes(b"synthetic checkpoint " + t.tid.encode())

@@ -12,6 +12,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
+from core import layout
 from core.errors import UserInputError
 from reports import store
 from tests.conftest import tiny_config
@@ -58,7 +59,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     for tid, method, params, series in [("dpsgd-0", "dpsgd", {}, "dpsgd"),
                                         ("dpsgd_lf-0", "dpsgd_lf", {"m_f": 1}, "dpsgd_lf")]:
         spec = _spec(method, tid, **params)
-        trial_dir = path / store.TRIALS_DIR / tid
+        trial_dir = path / layout.TRIALS / tid
         result = train_trial(spec, checkpoint_root=trial_dir, rolling_checkpoint="checkpoint")
         results[tid] = result
         rows.append(store.row_from_trial(

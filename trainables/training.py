@@ -21,7 +21,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from core import layout
 from core.errors import PrivacyBoundViolation, TrialDiverged, UserInputError
+from core.layout import CHECKPOINT_FILE
 from core.records import MECHANISM, PrivacyRecord
 from core.schedule import Schedule
 from core.storage import atomic_write, atomic_write_json
@@ -35,7 +37,6 @@ from trainables.randomness import Randomness, poisson_batches
 CHECKPOINT_FORMAT = "dpsweep-checkpoint"
 #: 3: the optimizer state is ``trainables.optim.Update``'s (2 held torch.optim's).
 CHECKPOINT_VERSION = 4
-CHECKPOINT_FILE = "state.pt"
 #: Where the noise and the Poisson sampling come from (``trainables.randomness``).
 RANDOMNESS_KINDS = Randomness.KINDS
 
@@ -436,6 +437,6 @@ def _evaluate_epoch(run: _Run, splits: dict[str, tuple[torch.Tensor, torch.Tenso
 
 def _write_records(directory: Path, *, record: PrivacyRecord, run: _Run) -> None:
     """The trial's JSON records beside its checkpoint: privacy, history, spec."""
-    record.save(directory / "privacy.json")
-    atomic_write_json(directory / "history.json", run.history)
-    atomic_write_json(directory / "spec.json", run.spec.to_dict())
+    record.save(directory / layout.PRIVACY)
+    atomic_write_json(directory / layout.HISTORY, run.history)
+    atomic_write_json(directory / layout.SPEC, run.spec.to_dict())

@@ -26,10 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import UserInputError
+from core.layout import CONFIG, RESULTS, TRIALS
 from core.storage import atomic_write_json
 from orchestrator.config import load as load_config
 from orchestrator.release.export import CANARY_CONFIDENCE
-from orchestrator.rundir import CONFIG, RESULTS, TRIALS, RunDir, check_trial_id
+from orchestrator.rundir import RunDir, check_trial_id
 from reports import store
 from trainables.audit.canaries import BLACK_BOX, CANARY_POOL, WHITE_BOX, CanaryRun
 

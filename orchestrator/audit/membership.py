@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from core.errors import UserInputError
+from core.layout import AUDIT as AUDIT_FILE
 from core.storage import atomic_write_json
 
 if TYPE_CHECKING:
@@ -34,7 +35,6 @@ if TYPE_CHECKING:
     from trainables.models import LayeredModel
     from trainables.training import TrialResult, TrialSpec
 
-AUDIT_FILE = "audit.json"
 #: Row of the output-layer signals (logit confidence, loss) in the per-layer tables.
 OUTPUT = "output"
 SHADOW_CLASSIFIER = "shadow_classifier"
@@ -263,7 +263,7 @@ def audit_trial_model(*, spec: TrialSpec, checkpoint: Path, data: DataSplits,
 def audit_in_trial(*, spec: TrialSpec, result: TrialResult, trial_dir: Path,
                    config: Mapping[str, Any], data: DataSplits) -> dict[str, Any]:
     """The trial runner's audit hook: audit.json written, the objectives returned."""
-    from orchestrator.rundir import CHECKPOINT_DIR
+    from core.layout import CHECKPOINT_DIR
 
     del result
     settings = AuditSettings.from_config(config["audit"])

@@ -14,14 +14,16 @@ import math
 from pathlib import Path
 from typing import Any
 
+from core import layout
 from core.errors import UserInputError
+from core.layout import RESULTS
+from core.layout import SUMMARY as SUMMARY_FILE
 from orchestrator.release.statement import ExportResult, export_trial
-from orchestrator.rundir import RESULTS, RunDir, check_trial_id
+from orchestrator.rundir import RunDir, check_trial_id
 from reports import store
 
 #: Confidence of the canary audits' epsilon lower bounds (``orchestrator.audit.canary``).
 CANARY_CONFIDENCE = 0.95
-SUMMARY_FILE = "summary.json"
 
 
 def _row(run: RunDir, trial_id: str) -> dict[str, Any]:
@@ -84,7 +86,7 @@ def export_from_run(run_dir: Path, *, trial_id: str, out: Path, allow_replayable
                         allow_replayable=allow_replayable)
     privacy = json.loads(run.verify(str(row["privacy_record"])).read_text())
     checkpoint = run.path / str(row["checkpoint"])
-    run.verify(str(Path(str(row["checkpoint"])) / "state.pt"))
+    run.verify(str(Path(str(row["checkpoint"])) / layout.CHECKPOINT_FILE))
     return export_trial(checkpoint_dir=checkpoint, privacy=privacy, out=Path(out),
                         tuning=tuning,
                         audit_bound=audit_bound(row),

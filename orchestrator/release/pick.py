@@ -24,11 +24,15 @@ from typing import Any
 
 import tomli_w
 
+from core import layout
 from core.errors import UserInputError
+from core.layout import CONFIG, RESULTS
+from core.layout import PICK as PICK_FILE
+from core.layout import PICK_CONFIG as PICK_CONFIG_FILE
 from core.modes import INVALID_TAG
 from core.storage import atomic_write_text
 from orchestrator.config import Config, from_dict
-from orchestrator.rundir import CONFIG, RESULTS, RunDir
+from orchestrator.rundir import RunDir
 from reports import store
 from reports.pareto import ACC, ACC_HI, ACC_LO, MIA, MIA_UPPER
 from reports.pick import (
@@ -47,9 +51,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-PICK_FILE = "pick.toml"
 #: The config alone, ready for ``dpsweep train PICK_CONFIG --out DIR``.
-PICK_CONFIG_FILE = "pick_config.toml"
 TEST_NOTE = "reported, not used to choose"
 NOT_COVERED_NOTE = ("not covered by epsilon: computed on private data without noise; stays "
                     "with whoever ran the sweep")
@@ -182,7 +184,7 @@ def _checkpoint(run: RunDir, row: Mapping[str, Any]) -> Path:
 
 
 def _privacy(run: RunDir, row: Mapping[str, Any]) -> dict[str, Any]:
-    rel = str(row.get("privacy_record") or f"{store.TRIALS_DIR}/{row['trial_id']}/privacy.json")
+    rel = str(row.get("privacy_record") or f"{layout.TRIALS}/{row['trial_id']}/{layout.PRIVACY}")
     record = _verified_json(run, rel, what="privacy_record")
     out = {k: record[k] for k in PRIVACY_FIELDS if k in record}
     out["noise_schedule"] = list(record.get("noise_schedule") or [])
@@ -380,7 +382,7 @@ def pick_and_write(run_dir: Path, *, max_peak_mia: float | None, min_val_acc: fl
                         allow_invalid_dp=allow_invalid_dp, allow_replayable=allow_replayable)
     row = choice.trial
     tid = choice.trial_id
-    spec = _verified_json(run, f"{store.TRIALS_DIR}/{tid}/spec.json", what="spec")
+    spec = _verified_json(run, f"{layout.TRIALS}/{tid}/{layout.SPEC}", what="spec")
     privacy = _privacy(run, row)
     checkpoint = _checkpoint(run, row)
     try:
@@ -406,10 +408,10 @@ def pick_and_write(run_dir: Path, *, max_peak_mia: float | None, min_val_acc: fl
 def private_plan(run: RunDir) -> dict[str, Any] | None:
     """summary.json's private-tuning plan, verified; None for an adaptive run (or one that
     never finished: it states no end-to-end bound)."""
-    path = run.path / "summary.json"
+    path = run.path / layout.SUMMARY
     if not path.is_file():
         return None
-    tuning = _verified_json(run, "summary.json", what="summary").get("tuning") or {}
+    tuning = _verified_json(run, layout.SUMMARY, what="summary").get("tuning") or {}
     return dict(tuning) if isinstance(tuning, dict) and tuning.get("mode") == "private" else None
 
 

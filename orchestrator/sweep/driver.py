@@ -30,16 +30,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from core import layout
 from core.errors import UserInputError
+from core.layout import RESULTS
 from core.storage import atomic_write_json
 from orchestrator import config as config_mod
 from orchestrator.config import Config
-from orchestrator.rundir import RESULTS, RunDir, check_creatable
+from orchestrator.rundir import RunDir, check_creatable
 from orchestrator.sweep.plans import at_epsilon, precompute, study_plans
 from orchestrator.sweep.signals import Interrupted, _signals, _StopFlag, progress
 from orchestrator.sweep.studies import Outcome, StudyPlan, read_outcome, reconcile
 from orchestrator.sweep.tuning import (
-    PRIVATE_FILE,
     adaptive_summary,
     draw_counts,
     open_plan_study,
@@ -94,14 +95,14 @@ class _Driver:
         from orchestrator.accounting.calibration import certify
 
         plan = private_tuning_plan(self.cfg)
-        path = self.run.path / PRIVATE_FILE
+        path = self.run.path / layout.PRIVATE_TUNING
         if path.is_file():
-            counts = _read_json(self.run.verify(PRIVATE_FILE))["counts"]
+            counts = _read_json(self.run.verify(layout.PRIVATE_TUNING))["counts"]
         else:
             counts = draw_counts(self.cfg, plan)
             atomic_write_json(path, {"counts": counts, "note": "the secret number of trials "
                                      "per series: never exported"})
-            self.run.record([PRIVATE_FILE])
+            self.run.record([layout.PRIVATE_TUNING])
         self.certified = certify(schedule=plan.schedule, sample_rate=plan.sample_rate,
                                  delta=plan.delta)
         if not self.quiet:
@@ -117,21 +118,21 @@ class _Driver:
     def _row(self, plan: StudyPlan, tid: str, outcome: Outcome) -> dict[str, Any]:
         trial_dir = self.run.trial_dir(tid)
         if outcome.status != "ok":
-            spec = _read_json(trial_dir / "spec.json")
+            spec = _read_json(trial_dir / layout.SPEC)
             return store.failed_row(trial_id=tid, method=plan.method, series=plan.series,
                                     study=plan.name, error=outcome.error, spec=spec)
         from trainables.data import NUM_CLASSES
 
-        spec = _read_json(trial_dir / "spec.json")
-        history = _read_json(trial_dir / "history.json")
+        spec = _read_json(trial_dir / layout.SPEC)
+        history = _read_json(trial_dir / layout.HISTORY)
         row = store.row_from_trial(
             run_dir=self.run.path, trial_dir=trial_dir,
-            checkpoint_dir=trial_dir / "checkpoint", spec=spec,
-            privacy=_read_json(trial_dir / "privacy.json"), history=history,
+            checkpoint_dir=trial_dir / layout.CHECKPOINT_DIR, spec=spec,
+            privacy=_read_json(trial_dir / layout.PRIVACY), history=history,
             train_seconds=float(outcome.metrics.get("train_seconds", math.nan)),
             num_classes=NUM_CLASSES[self.cfg.data.dataset], series=plan.series,
             study=plan.name, preset=self._preset(tid))
-        audit_file = trial_dir / "audit.json"
+        audit_file = trial_dir / layout.AUDIT
         if audit_file.is_file():
             from orchestrator.audit.membership import row_audit_columns
 
@@ -234,7 +235,7 @@ class _Driver:
 
         searcher = raytune.SweepSearcher(plans=self.plans, studies=studies, tallies=tallies,
                                          make_config=self.trial_config, on_outcome=self.record,
-                                         trials_root=self.run.path / "trials", jobs=jobs,
+                                         trials_root=self.run.path / layout.TRIALS, jobs=jobs,
                                          on_job_done=job_done)
         attempt = 1 + sum(1 for _ in self.run.tune_dir.glob("attempt-*"))
         resources = {"cpu": self.cfg.resources.cpus_per_trial,
@@ -282,7 +283,7 @@ class _Driver:
             study = open_plan_study(self.cfg, plan, index=index, storage=storage,
                                     parallel=parallel)
             tallies[plan.name] = reconcile(
-                study, plan, storage=storage, trials_root=self.run.path / "trials",
+                study, plan, storage=storage, trials_root=self.run.path / layout.TRIALS,
                 on_finished=lambda tid, out, _t, plan=plan: (
                     None if tid in self.rows else self.record(plan, tid, out)))
             studies[plan.name] = study
@@ -491,8 +492,8 @@ class _Driver:
             "split_sizes": self.cfg.split_sizes(), "model": self.cfg.model.name,
             "tuning": tuning,
         }
-        atomic_write_json(self.run.path / "summary.json", summary)
-        self.run.record(["summary.json"])
+        atomic_write_json(self.run.path / layout.SUMMARY, summary)
+        self.run.record([layout.SUMMARY])
 
     def finish(self) -> SweepSummary:
         self.post_sweep()
@@ -636,7 +637,7 @@ def resume_sweep(run_dir: Path, *, address: str | None = None,
             raise UserInputError(field="RUN_DIR", value=str(run_dir),
                                  allowed=f"the run directory of a sweep (this one is a "
                                          f"{run.manifest.get('kind')!r} run: nothing to resume)")
-        cfg = config_mod.load(run.verify("config.toml"))
+        cfg = config_mod.load(run.verify(layout.CONFIG))
         _validate_before_ray(cfg, out=None)
         if not quiet:
             print(f"resuming {run.path}", flush=True)

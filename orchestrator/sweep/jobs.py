@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from core import layout
 from core.errors import describe
 from core.storage import atomic_write_json
 
@@ -111,13 +112,13 @@ def _call(fn: Callable[..., dict[str, Any]], kwargs: dict[str, Any],
 def audit_job(*, trial_dir: str, spec: dict[str, Any], settings: dict[str, Any],
               budgets: dict[str, Any]) -> dict[str, Any]:
     """Audit one finished trial from its checkpoint; writes its audit.json."""
+    from core.layout import CHECKPOINT_DIR
     from orchestrator.audit.membership import (
         AUDIT_FILE,
         AuditSettings,
         audit_trial_model,
         budgets_from_config,
     )
-    from orchestrator.rundir import CHECKPOINT_DIR
     from trainables.training import TrialSpec, load_trial_data
 
     trial_spec = TrialSpec.from_dict(spec)
@@ -157,7 +158,7 @@ def baseline_job(*, run_dir: str, spec: dict[str, Any], settings: dict[str, Any]
                               activation=trial_spec.activation)
     model, seconds = train_nonprivate(data=data, recipe=recipe, seed=trial_spec.seed,
                                       threads=trial_spec.threads)
-    out = Path(run_dir) / "trials" / BASELINE_ID
+    out = Path(run_dir) / layout.TRIALS / BASELINE_ID
     record: dict[str, Any] = {"status": "ok", "trial_id": BASELINE_ID, "train_seconds": seconds,
                               "recipe": dataclasses.asdict(recipe)}
     for split in ("validation", "test"):

@@ -35,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import describe
+from core.layout import ERROR as ERROR_FILE
+from core.layout import RESULT as RESULT_FILE
 from search_spaces import BuiltSpace
 
 #: The objectives a sampler can see: noiseless validation accuracy, the in-trial attack's peak
@@ -47,8 +49,6 @@ OBJECTIVES = {VALIDATION_OBJECTIVE: "maximize", ATTACK_OBJECTIVE: "minimize",
               NOISY_OBJECTIVE: "maximize"}
 ID_ATTR = "dpsweep_trial_id"
 INTERRUPTED_ATTR = "interrupted"
-RESULT_FILE = "result.json"
-ERROR_FILE = "error.json"
 
 
 def study_name(series: str, epsilon: float) -> str:

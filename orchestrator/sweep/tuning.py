@@ -25,9 +25,6 @@ from orchestrator.sweep.studies import (
     secret_random_sampler,
 )
 
-#: The secret number of trials per series, drawn once (kept for a resume, never exported).
-PRIVATE_FILE = "private_tuning.json"
-
 #: Plans already computed in this process, by config text: the sweep validates the plan before
 #: it creates anything, then uses it (the bisection takes seconds; the plan is a pure function
 #: of the config).

@@ -22,9 +22,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from core import layout
 from core.errors import UserInputError, describe
+from core.layout import CHECKPOINT_DIR
 from core.storage import atomic_write_json
-from orchestrator.rundir import CHECKPOINT_DIR
 from orchestrator.sweep.studies import ERROR_FILE, RESULT_FILE
 from trainables.training import (
     CHECKPOINT_FILE,
@@ -67,7 +68,7 @@ def execute(config: dict[str, Any], *,
     re-raises. ``audit(spec=, result=, trial_dir=, config=)`` returns the audit's summary; its
     failure keeps the trained trial and records ``audit_error``.
     """
-    trial_dir = Path(config["run_dir"]) / "trials" / config["trial_id"]
+    trial_dir = Path(config["run_dir"]) / layout.TRIALS / config["trial_id"]
     trial_dir.mkdir(parents=True, exist_ok=True)
     for stale in (RESULT_FILE, ERROR_FILE):
         (trial_dir / stale).unlink(missing_ok=True)

@@ -10,8 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from core.layout import CHECKPOINT_DIR, RESULTS
 from orchestrator.config import Config
-from orchestrator.rundir import CHECKPOINT_DIR, RESULTS, RunDir
+from orchestrator.rundir import RunDir
 from orchestrator.trial.plan import load_data, plan_trial
 from reports import store
 from trainables.data import NUM_CLASSES

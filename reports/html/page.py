@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from core.layout import REPORT as REPORT_DIR
 from core.storage import atomic_write_text
 from reports.html.attacks import (
     _canary_section,
@@ -46,7 +47,6 @@ from reports.html.validity import (
 )
 from reports.pareto import eligible, exclusions, fronts
 
-REPORT_DIR = "report"
 HTML_FILE = "report.html"
 #: The class of the one line a rebuild changes (the timestamp).
 STAMP_CLASS = "stamp"

@@ -15,7 +15,12 @@ from typing import Any
 
 import pandas as pd
 
+from core import layout
 from core.errors import UserInputError
+from core.layout import AUDIT as AUDIT_FILE
+from core.layout import CONFIG as CONFIG_FILE
+from core.layout import HISTORY as HISTORY_FILE
+from core.layout import SUMMARY as SUMMARY_FILE
 from reports.pareto import (
     DEFAULT_NUM_CLASSES,
     NONPRIVATE,
@@ -23,7 +28,7 @@ from reports.pareto import (
     parse_mia_layers,
     sort_trials,
 )
-from reports.store import COLUMNS, TRIALS_DIR, read_results
+from reports.store import COLUMNS, read_results
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -31,10 +36,6 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
-CONFIG_FILE = "config.toml"
-SUMMARY_FILE = "summary.json"
-HISTORY_FILE = "history.json"
-AUDIT_FILE = "audit.json"
 #: Classes per dataset (trainables.data.NUM_CLASSES; reports cannot import trainables, a test
 #: keeps the two equal). The hypervolume's chance accuracy is 1 / classes.
 DATASET_CLASSES = {"digits": 10, "fashion-mnist": 10, "mnist": 10, "cifar10": 10}
@@ -121,7 +122,7 @@ class RunData:
 def trial_dirs(run: Path, row: pd.Series) -> list[Path]:
     """Where a trial's records may be: trials/<trial_id>, beside its privacy record, or its
     checkpoint directory."""
-    out = [run / TRIALS_DIR / str(row["trial_id"])]
+    out = [run / layout.TRIALS / str(row["trial_id"])]
     record, checkpoint = row.get("privacy_record"), row.get("checkpoint")
     if isinstance(record, str) and record:
         out.append((run / record).parent)
@@ -175,7 +176,7 @@ def _run_info(run: Path, frame: pd.DataFrame, num_classes: int | None) -> RunInf
                  if k.endswith("_size") and _int_or_none(v)}
     if "validation" not in sizes:  # 0 in the config = dataset default: the spec has it
         for _, row in frame[frame["status"] == "ok"].iterrows():
-            path = _trial_file(run, row, "spec.json")
+            path = _trial_file(run, row, layout.SPEC)
             if path is not None:
                 spec = _read_json_file(path, what="spec")
                 spec_sizes = spec.get("sizes") if isinstance(spec, dict) else None

@@ -1,0 +1,51 @@
+"""The run directory's layout: every file name of a run and of a trial, written once.
+
+Training (``trainables``) writes a trial's records, the driver (``orchestrator``) the run's, the
+report (``reports``) reads both; each imports its names from here, so a name cannot drift
+between writer and reader. ``orchestrator.rundir.RunDir`` owns what is done with the files
+(manifest, hashes, lock); this module only names them.
+"""
+
+from __future__ import annotations
+
+# ---- the run -----------------------------------------------------------------------------------
+#: The sweep's configuration as given (verified against the manifest on every read).
+CONFIG = "config.toml"
+#: Every file dpsweep wrote, with its SHA-256.
+MANIFEST = "manifest.json"
+#: What the report's header and the export's tuning statement read.
+SUMMARY = "summary.json"
+#: One row per trial (Parquet).
+RESULTS = "results.parquet"
+#: Optuna's storage (SQLite).
+OPTUNA_DB = "optuna.db"
+#: The exclusive writer's lock and its holder.
+LOCK = ".lock"
+LOCK_INFO = ".lock.json"
+#: Budget calibrations cached for this run.
+CACHE = "cache"
+#: One folder per trial.
+TRIALS = "trials"
+#: Ray Tune's own experiment files (never loaded).
+TUNE = "tune"
+#: The HTML report and its figures and tables.
+REPORT = "report"
+#: Private tuning's plan and the secret trial count's draw.
+PRIVATE_TUNING = "private_tuning.json"
+#: What ``dpsweep pick`` chose, and the chosen trial's config.
+PICK = "pick.toml"
+PICK_CONFIG = "pick_config.toml"
+
+# ---- a trial (``trials/<id>/``) ----------------------------------------------------------------
+SPEC = "spec.json"
+HISTORY = "history.json"
+PRIVACY = "privacy.json"
+AUDIT = "audit.json"
+#: Written last: the trial finished (RESULT) or failed with its reason (ERROR).
+RESULT = "result.json"
+ERROR = "error.json"
+#: The rolling checkpoint: the last epoch's state is the final model.
+CHECKPOINT_DIR = "checkpoint"
+CHECKPOINT_FILE = "state.pt"
+#: A trial's record files, in the order training writes them.
+TRIAL_FILES = (SPEC, HISTORY, PRIVACY, AUDIT, RESULT, ERROR)
