@@ -54,8 +54,12 @@ def cmd_budget(args: argparse.Namespace) -> int:
     """
     from decimal import ROUND_CEILING, ROUND_FLOOR, ROUND_HALF_EVEN, Decimal
 
-    from orchestrator.accounting.calibration import DEFAULT_ACCOUNTANT_TIMEOUT_S, calibrate
-    from orchestrator.config import MAX_ACCOUNTANT_TIMEOUT_S, MAX_EPSILON
+    from orchestrator.accounting.calibration import calibrate
+    from orchestrator.config import (
+        DEFAULT_ACCOUNTANT_TIMEOUT_S,
+        MAX_ACCOUNTANT_TIMEOUT_S,
+        MAX_EPSILON,
+    )
 
     def need(ok: bool, flag: str, value: Any, allowed: str) -> None:
         if not ok:
@@ -128,7 +132,7 @@ def _out_dir(args: argparse.Namespace, *, stem: str) -> Path:
 
 
 def _print_trial(result: Any, out: Path) -> None:
-    p = result.privacy
+    p = result.privacy_record
     print(f"\n{'epoch':>5} {'val_acc':>8} {'test_acc':>8} {'train_loss*':>11} {'eps_spent':>9} "
           f"{'sec':>6}")
     for m in result.history:
@@ -136,13 +140,13 @@ def _print_trial(result: Any, out: Path) -> None:
               f"{m['train_loss_nonprivate']:>11.4f} {m['epsilon_spent']:>9.3f} "
               f"{m['epoch_seconds']:>6.2f}")
     print("* computed on private data without noise: not covered by epsilon, never exported")
-    print(f"\nmethod {p['method']} (mode {p['mode']})  validation accuracy "
+    print(f"\nmethod {p.method} (mode {p.mode})  validation accuracy "
           f"{result.val_accuracy:.4f}  test accuracy {result.test_accuracy:.4f}")
-    print(f"epsilon <= {_up(p['epsilon_upper'])} (target {p['target_epsilon']:g}, "
-          f"delta {p['delta']:g}, accountant {p['accountant']}), sigma "
-          f"{_up(p['noise_multiplier'])}, q {p['sample_rate']:.5g}, steps {p['steps']}")
-    validity = "valid" if p["dp_valid"] else p["validity_reason"]
-    release = "" if p["release_safe"] else "; REPLAYABLE (reproducible = true): not releasable"
+    print(f"epsilon <= {_up(p.epsilon_upper)} (target {p.target_epsilon:g}, "
+          f"delta {p.delta:g}, accountant {p.accountant}), sigma "
+          f"{_up(p.noise_multiplier)}, q {p.sample_rate:.5g}, steps {p.steps}")
+    validity = "valid" if p.dp_valid else p.validity_reason
+    release = "" if p.release_safe else "; REPLAYABLE (reproducible = true): not releasable"
     print(f"epsilon claim: {validity}{release}")
     print(f"wall time {result.seconds:.1f} s; run directory {out}")
 

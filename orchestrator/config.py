@@ -23,28 +23,24 @@ from typing import Any
 
 import tomli_w
 
+from core.datasets import POOLS
 from core.errors import UserInputError
 from core.modes import INVALID_TAG
 from core.params import Param, is_real
+from trainables.catalog import MODEL_NAMES, layer_count
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
-# Dataset sizes the static checks need before any data is read: (official train, official test);
-# digits has no official test split, so its whole pool is in the first number.
-DATASET_POOLS: dict[str, tuple[int, int]] = {
-    "digits": (1797, 0),
-    "fashion-mnist": (60000, 10000),
-    "mnist": (60000, 10000),
-    "cifar10": (50000, 10000),
-}
-#: Model names the config accepts (``trainables.models.MODEL_NAMES``; a test keeps them equal,
-#: so validating a config never imports torch).
-MODEL_CHOICES = ("auto", "digits_cnn", "cnn28", "cnn5", "resnet20_gn", "wrn16_4")
+#: Model names the config accepts: the catalog's (torch-free, so validating a config never
+#: imports torch), or "auto" for the dataset's default.
+MODEL_CHOICES = ("auto", *MODEL_NAMES)
 #: Longest sensible PRV time bound: beyond it a fallback to RDP is better than waiting.
 MAX_ACCOUNTANT_TIMEOUT_S = 3600.0
+#: The PRV time bound when the config does not set one (``dpsweep budget`` uses it too).
+DEFAULT_ACCOUNTANT_TIMEOUT_S = 120.0
 #: Largest epsilon any config may target: far beyond every meaningful claim, small enough that
 #: the accountants' discretisations stay within memory.
 MAX_EPSILON = 100.0
@@ -67,7 +63,7 @@ def field_param(section: str, f: dataclasses.Field) -> Param:
 
 @dataclass(frozen=True)
 class DataConfig:
-    dataset: str = _f("digits", "dataset name", choices=tuple(DATASET_POOLS))
+    dataset: str = _f("digits", "dataset name", choices=tuple(POOLS))
     data_dir: str = _f("", "directory with the dataset's files; '' = built-in lookup "
                            "(Debian's /usr/share/datasets for fashion-mnist, else download)")
     split_seed: int = _f(0, "seed of the train/validation/holdout/test/shadow split", low=0)
@@ -93,8 +89,8 @@ class PrivacyConfig:
                         high=MAX_EPSILON)
     delta: float = _f(1e-5, "target delta; must be below 1 / train_size", low=0.0, low_open=True,
                       high=1.0, high_open=True)
-    accountant_timeout_s: float = _f(120.0, "time bound of one PRV calibration before falling "
-                                            "back to RDP (recorded)", low=1.0,
+    accountant_timeout_s: float = _f(DEFAULT_ACCOUNTANT_TIMEOUT_S, "time bound of one PRV "
+                                     "calibration before falling back to RDP (recorded)", low=1.0,
                                      high=MAX_ACCOUNTANT_TIMEOUT_S)
 
 
@@ -369,8 +365,6 @@ def _cross_checks(cfg: Config) -> None:
                              allowed="distinct 'method' or 'method:mode' entries")
     in_play = sorted({cfg.training.method, *(m for m, _ in series)})
     _check_method_params(cfg, in_play)
-    from trainables.catalog import layer_count
-
     layers = layer_count(model=cfg.model.name, dataset=cfg.data.dataset)
     sizes = cfg.split_sizes()
     checks = [(cfg.training.method, cfg.trial_params())]  # the single-trial method, too
@@ -411,7 +405,7 @@ def _check_private(cfg: Config) -> None:
 
 def _check_sizes(cfg: Config) -> None:
     sizes = cfg.split_sizes()
-    pool, official_test = DATASET_POOLS[cfg.data.dataset]
+    pool, official_test = POOLS[cfg.data.dataset]
     private = ("train", "validation", "holdout", "shadow")
     if official_test:
         if sizes["test"] > official_test:

@@ -31,6 +31,7 @@ import pandas as pd
 from core import layout
 from core.errors import UserInputError
 from core.layout import RESULTS as RESULTS_FILE
+from core.records import PrivacyRecord
 from core.storage import atomic_write
 
 
@@ -166,33 +167,32 @@ def is_degenerate(val_accuracy: float, *, num_classes: int) -> bool:
 
 
 def row_from_trial(*, run_dir: Path, trial_dir: Path, checkpoint_dir: Path,
-                   spec: Mapping[str, Any],
-                   privacy: Mapping[str, Any], history: list[dict[str, Any]],
-                   train_seconds: float, num_classes: int, series: str = "", study: str = "",
-                   preset: str = "", repeat_of: str = "") -> dict[str, Any]:
+                   spec: Mapping[str, Any], privacy: PrivacyRecord,
+                   history: list[dict[str, Any]], train_seconds: float, num_classes: int,
+                   series: str = "", study: str = "", preset: str = "",
+                   repeat_of: str = "") -> dict[str, Any]:
     """A results row for a finished trial (MIA columns empty until the audit fills them)."""
     last = history[-1]
     params = dict(spec.get("method_params") or {})
     row: dict[str, Any] = {
         "trial_id": spec["trial_id"], "series": series or spec["method"], "study": study,
         "method": spec["method"], "mode": str(params.get("mode", "")), "preset": preset,
-        "status": "ok", "error": "", "dp_valid": bool(privacy["dp_valid"]),
-        "validity_reason": privacy["validity_reason"],
-        "randomness": str(privacy.get("randomness", spec.get("randomness", ""))),
-        "release_safe": bool(privacy.get("release_safe", False)), "seed": int(spec["seed"]),
+        "status": "ok", "error": "", "dp_valid": privacy.dp_valid,
+        "validity_reason": privacy.validity_reason, "randomness": privacy.randomness,
+        "release_safe": privacy.release_safe, "seed": int(spec["seed"]),
         "lr": float(params["lr"]), "clip_norm": float(params["clip_norm"]),
         "momentum": float(params.get("momentum", 0.0)), "batch_size": int(spec["batch_size"]),
         "epochs": int(spec["epochs"]),
         "method_params": _json({k: v for k, v in params.items() if k != "risk_meta"}),
-        "noise_multiplier": float(privacy["noise_multiplier"]),
-        "noise_schedule": _json(privacy["noise_schedule"]),
-        "sample_rate": float(privacy["sample_rate"]), "steps": int(privacy["steps"]),
-        "delta": float(privacy["delta"]), "target_epsilon": float(privacy["target_epsilon"]),
-        "epsilon_lower": _num(privacy["epsilon_lower"]),
-        "epsilon_estimate": _num(privacy["epsilon_estimate"]),
-        "epsilon_upper": float(privacy["epsilon_upper"]),
-        "accountant": privacy["accountant"],
-        "accountant_fallback": privacy.get("accountant_fallback") or "",
+        "noise_multiplier": float(privacy.noise_multiplier),
+        "noise_schedule": _json(privacy.noise_schedule.to_list()),
+        "sample_rate": float(privacy.sample_rate), "steps": privacy.steps,
+        "delta": float(privacy.delta), "target_epsilon": float(privacy.target_epsilon),
+        "epsilon_lower": _num(privacy.epsilon_lower),
+        "epsilon_estimate": _num(privacy.epsilon_estimate),
+        "epsilon_upper": float(privacy.epsilon_upper),
+        "accountant": privacy.accountant,
+        "accountant_fallback": privacy.accountant_fallback or "",
         "val_accuracy": float(last["val_accuracy"]), "val_loss": float(last["val_loss"]),
         "test_accuracy": float(last["test_accuracy"]), "test_loss": float(last["test_loss"]),
         "train_loss": float(last["train_loss_nonprivate"]),
@@ -204,7 +204,7 @@ def row_from_trial(*, run_dir: Path, trial_dir: Path, checkpoint_dir: Path,
         "audit_contradicts": False, "repeat_of": repeat_of,
         "checkpoint": os.path.relpath(checkpoint_dir, run_dir),
         "privacy_record": os.path.relpath(Path(trial_dir) / layout.PRIVACY, run_dir),
-        "trajectories": _json(privacy.get("trajectories") or {}),
+        "trajectories": _json(privacy.trajectories),
     }
     for key, value in params.items():
         if isinstance(value, (int, float, str, bool)):

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.config import MODEL_CHOICES
+from core.errors import UserInputError
+from orchestrator.config import MODEL_CHOICES, from_dict
+from orchestrator.sweep.plans import study_plans
+from tests.conftest import tiny_config
 from trainables import catalog
 from trainables.data import DATASET_NAMES, INPUT_SHAPES
 from trainables.models import build_model
@@ -28,3 +31,13 @@ def test_auto_resolves_to_a_model_that_takes_the_dataset() -> None:
         name = catalog.model_for(model="auto", dataset=dataset)
         assert INPUT_SHAPES[dataset] in catalog.ACCEPTED_SHAPES[name]
         assert catalog.model_for(model="cnn5", dataset=dataset) == "cnn5"
+
+
+def test_planning_refuses_a_model_that_does_not_take_the_dataset() -> None:
+    """Layer counts come from the catalog, so planning builds no model; it still refuses a
+    model the dataset's inputs do not fit, with build_model's message."""
+    raw = tiny_config().to_dict()  # digits: 1 x 8 x 8
+    raw["model"]["name"] = "cnn28"
+    with pytest.raises(UserInputError) as info:
+        study_plans(from_dict(raw))
+    assert info.value.field == "model.name" and "(1, 8, 8)" in str(info.value)

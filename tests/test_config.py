@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from core.datasets import POOLS
 from core.errors import UserInputError
 from orchestrator import config
 from trainables.methods import METHODS
@@ -35,7 +36,7 @@ def test_defaults_are_valid_and_round_trip(tmp_path: Path) -> None:
     assert cfg.data.dataset == "digits" and cfg.training.method == "dpsgd"
     assert cfg.split_sizes() == {"train": 500, "validation": 200, "holdout": 300, "test": 297,
                                  "shadow": 500}
-    assert sum(cfg.split_sizes().values()) == config.DATASET_POOLS["digits"][0]  # all of it
+    assert sum(cfg.split_sizes().values()) == POOLS["digits"][0]  # all of it
     assert _load(tmp_path, cfg.to_toml()) == cfg
     assert _load(tmp_path, "") == cfg
     assert cfg.method_params == {} and cfg.search == {}
@@ -100,15 +101,14 @@ def test_describe_method_is_the_declaration_table() -> None:
     assert err.value.field == "method"
 
 
-def test_model_and_dataset_tables_match_the_trainables() -> None:
-    """The config keeps its own copies so that validating never imports torch."""
-    from trainables.data import DATASET_NAMES, DEFAULT_SIZES, available_size
-    from trainables.models import MODEL_NAMES
+def test_dataset_pools_hold_the_default_splits() -> None:
+    """The torch-free dataset table (core/datasets.py) is true of the data: digits' pool is the
+    loaded data's size, and every dataset's default splits fit its pool."""
+    from core.datasets import POOLS
+    from trainables.data import DEFAULT_SIZES, available_size
 
-    assert config.MODEL_CHOICES == ("auto", *MODEL_NAMES)
-    assert tuple(config.DATASET_POOLS) == DATASET_NAMES
-    assert config.DATASET_POOLS["digits"] == (available_size("digits").pool, 0)
-    for name, (pool, test) in config.DATASET_POOLS.items():
+    assert POOLS["digits"] == (available_size("digits").pool, 0)
+    for name, (pool, test) in POOLS.items():
         sizes = DEFAULT_SIZES[name]
         private = sizes.train + sizes.validation + sizes.holdout + sizes.shadow
         assert private + (0 if test else sizes.test) <= pool, name

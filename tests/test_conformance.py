@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from core.events import events_from_list
 from core.modes import INVALID_TAG
 from core.schedule import Schedule
 from orchestrator.trial.plan import plan_trial
@@ -115,10 +116,11 @@ def test_accounting_matches_the_budget_by_an_independent_accountant(tmp_path: Pa
 
     spec = _spec(method, mode, reproducible=True)
     result = train_trial(spec, checkpoint_root=tmp_path)
-    p = result.privacy
+    p = result.privacy_record
     schedule = Schedule.from_list(spec.calibration["schedule"])
     expected = schedule_events(schedule, sample_rate=spec.calibration["sample_rate"])
-    ledger = [(e["noise_multiplier"], e["count"]) for e in p["ledger"]["events"]]
+    # the ledger speaks core.events' vocabulary: it reads back as accounting events
+    ledger = [(e.noise_multiplier, e.count) for e in events_from_list(p.ledger["events"])]
     phases = schedule.merged().phases
     # the ledger's multiplier is whitened over per-layer bounds (another code path than the
     # schedule's): equal to the last bits of the float, never below the certified one
@@ -126,10 +128,10 @@ def test_accounting_matches_the_budget_by_an_independent_accountant(tmp_path: Pa
     for (recorded, _), ph in zip(ledger, phases, strict=True):
         assert recorded >= ph.noise_multiplier * (1 - 1e-12)
         assert math.isclose(recorded, ph.noise_multiplier, rel_tol=1e-12)
-    independent = epsilon_of_events(expected, delta=p["delta"], accountant="pld")
-    assert independent <= p["target_epsilon"] * (1 + INDEPENDENT_SLACK)
-    assert independent >= p["epsilon_lower"] * (1 - INDEPENDENT_SLACK)
-    assert p["dp_valid"] is METHODS[method].mode_named(mode).dp_valid
+    independent = epsilon_of_events(expected, delta=p.delta, accountant="pld")
+    assert independent <= p.target_epsilon * (1 + INDEPENDENT_SLACK)
+    assert independent >= p.epsilon_lower * (1 - INDEPENDENT_SLACK)
+    assert p.dp_valid is METHODS[method].mode_named(mode).dp_valid
     assert result.history[0]["epsilon_spent"] < result.history[-1]["epsilon_spent"]
 
 
@@ -156,7 +158,7 @@ def test_checkpoint_round_trip_is_exact(tmp_path: Path, method: str, mode: str) 
     assert final_a.keys() == final_b.keys()
     for k in final_a:
         assert torch.equal(final_a[k], final_b[k]), k
-    assert resumed.privacy["ledger"] == straight.privacy["ledger"]
+    assert resumed.privacy_record.ledger == straight.privacy_record.ledger
 
 
 def test_every_method_has_prepared_params_that_validate() -> None:

@@ -16,6 +16,7 @@ import torch
 
 import trainables.randomness
 from core.errors import UserInputError
+from core.records import PrivacyRecord
 from orchestrator import __version__
 from orchestrator.accounting.tuning.adaptive import adaptive_statement
 from orchestrator.release.statement import (
@@ -88,7 +89,12 @@ class Trained:
         return self.root / FINAL
 
     def privacy(self) -> dict[str, Any]:
+        """privacy.json as written."""
         return json.loads((self.root / "privacy.json").read_text())
+
+    def record(self, **changes: Any) -> PrivacyRecord:
+        """The trial's privacy record, with ``changes`` to its fields (validated)."""
+        return PrivacyRecord.from_dict({**self.privacy(), **changes})
 
 
 def _train(base: Path, *, randomness: str) -> Trained:
@@ -121,7 +127,7 @@ def replayable(tmp_path_factory: pytest.TempPathFactory) -> Trained:
 @pytest.fixture(scope="module")
 def release(trained: Trained, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("releases") / "release"
-    result = export_trial(checkpoint_dir=trained.checkpoint, privacy=trained.privacy(), out=out)
+    result = export_trial(checkpoint_dir=trained.checkpoint, privacy=trained.record(), out=out)
     assert result.out == out and result.files == RELEASE_FILES
     return out
 
@@ -259,8 +265,8 @@ def _refused(tmp_path: Path, **kwargs: Any) -> UserInputError:
 
 def test_reproducible_trial_is_refused_unless_allowed(replayable: Trained, tmp_path: Path
                                                       ) -> None:
-    privacy = replayable.privacy()
-    assert privacy["release_safe"] is False
+    privacy = replayable.record()
+    assert privacy.release_safe is False
     out = tmp_path / "release"
     error = _refused(tmp_path, checkpoint_dir=replayable.checkpoint, privacy=privacy, out=out)
     assert "--allow-replayable" in str(error) and error.field == "randomness"
@@ -278,8 +284,8 @@ def test_reproducible_trial_is_refused_unless_allowed(replayable: Trained, tmp_p
 
 
 def test_invalid_dp_is_refused_unless_allowed(trained: Trained, tmp_path: Path) -> None:
-    privacy = trained.privacy()
-    privacy.update(dp_valid=False, validity_reason="epsilon claim invalid: thresholds private")
+    privacy = trained.record(dp_valid=False,
+                             validity_reason="epsilon claim invalid: thresholds private")
     out = tmp_path / "release"
     error = _refused(tmp_path, checkpoint_dir=trained.checkpoint, privacy=privacy, out=out)
     assert "--allow-invalid-dp" in str(error) and error.field == "dp_valid"
@@ -292,7 +298,7 @@ def test_invalid_dp_is_refused_unless_allowed(trained: Trained, tmp_path: Path) 
 
 
 def test_out_must_be_new_or_empty(trained: Trained, tmp_path: Path) -> None:
-    kwargs = {"checkpoint_dir": trained.checkpoint, "privacy": trained.privacy()}
+    kwargs = {"checkpoint_dir": trained.checkpoint, "privacy": trained.record()}
     busy = tmp_path / "busy"
     busy.mkdir()
     (busy / "keep.txt").write_text("mine")
@@ -315,21 +321,20 @@ def test_out_must_be_new_or_empty(trained: Trained, tmp_path: Path) -> None:
 
 
 def test_record_of_another_trial_is_refused(trained: Trained, tmp_path: Path) -> None:
-    privacy = trained.privacy()
-    privacy["epsilon_upper"] = 1.5
-    error = _refused(tmp_path, checkpoint_dir=trained.checkpoint, privacy=privacy,
+    error = _refused(tmp_path, checkpoint_dir=trained.checkpoint,
+                     privacy=trained.record(epsilon_upper=1.5),
                      out=tmp_path / "release")
     assert error.field == "privacy.epsilon_upper"
 
 
 def test_intermediate_checkpoint_is_refused(trained: Trained, tmp_path: Path) -> None:
     error = _refused(tmp_path, checkpoint_dir=trained.root / "epoch_001",
-                     privacy=trained.privacy(), out=tmp_path / "release")
+                     privacy=trained.record(), out=tmp_path / "release")
     assert error.field == "checkpoint" and "final checkpoint" in str(error)
 
 
 def test_missing_checkpoint_is_refused(trained: Trained, tmp_path: Path) -> None:
-    error = _refused(tmp_path, checkpoint_dir=tmp_path / "nowhere", privacy=trained.privacy(),
+    error = _refused(tmp_path, checkpoint_dir=tmp_path / "nowhere", privacy=trained.record(),
                      out=tmp_path / "release")
     assert error.field == "checkpoint"
 
@@ -341,7 +346,7 @@ def test_missing_checkpoint_is_refused(trained: Trained, tmp_path: Path) -> None
 def test_adaptive_tuning_is_stated_as_not_covering_selection(trained: Trained) -> None:
     adaptive = adaptive_statement(n_trials=12, per_trial_epsilon=EPSILON_UPPER, delta=DELTA,
                                   objectives=(VALIDATION_OBJECTIVE,))
-    s = privacy_statement(privacy=trained.privacy(), spec=trained.spec.to_dict(),
+    s = privacy_statement(privacy=trained.record(), spec=trained.spec.to_dict(),
                           tuning={"mode": "adaptive", **adaptive.to_dict()}, audit_bound=None)
     assert s.holds and not s.selection_covered
     assert s.tuning is not None and s.tuning["n_trials"] == 12
@@ -358,7 +363,7 @@ def test_a_sampler_that_saw_the_attack_gets_no_composed_bound_in_the_release(
     reader could take for a guarantee on the selected model, and says why."""
     adaptive = adaptive_statement(n_trials=12, per_trial_epsilon=EPSILON_UPPER, delta=DELTA,
                                   objectives=(VALIDATION_OBJECTIVE, ATTACK_OBJECTIVE))
-    s = privacy_statement(privacy=trained.privacy(), spec=trained.spec.to_dict(),
+    s = privacy_statement(privacy=trained.record(), spec=trained.spec.to_dict(),
                           tuning={"mode": "adaptive", **adaptive.to_dict()}, audit_bound=None)
     assert not s.selection_covered and NOT_COVERED_SELECTION in s.not_covered
     assert s.tuning is not None and "composed_epsilon" not in s.tuning
@@ -372,7 +377,7 @@ def test_private_tuning_covers_selection_and_keeps_the_trial_count_secret(
             "statement": "End-to-end guarantee: (5.123, 1e-05)-DP ...", "mean_trials": 10.0,
             "distribution": "poisson", "end_to_end_accountant": "rdp",
             "n_trials": 7}  # a careless caller's K: must not be copied
-    s = privacy_statement(privacy=trained.privacy(), spec=trained.spec.to_dict(), tuning=plan,
+    s = privacy_statement(privacy=trained.record(), spec=trained.spec.to_dict(), tuning=plan,
                           audit_bound=None)
     assert s.selection_covered and s.holds
     assert s.tuning is not None and "n_trials" not in s.tuning
@@ -384,7 +389,7 @@ def test_private_tuning_covers_selection_and_keeps_the_trial_count_secret(
 
 
 def test_audit_bound_is_reported_and_checked_against_the_claim(trained: Trained) -> None:
-    args = {"privacy": trained.privacy(), "spec": trained.spec.to_dict(), "tuning": None}
+    args = {"privacy": trained.record(), "spec": trained.spec.to_dict(), "tuning": None}
     ok = privacy_statement(**args, audit_bound={"eps_lower_bound": 0.51239, "canaries": 1000,
                                                 "confidence": 0.95, "kind": "black-box"})
     assert ok.audit is not None and ok.holds and not ok.audit_contradicts
@@ -403,9 +408,9 @@ def test_audit_bound_is_reported_and_checked_against_the_claim(trained: Trained)
 
 
 def test_clipping_keeps_only_clipping_records(trained: Trained) -> None:
-    privacy = trained.privacy()
-    privacy["method_record"] = {"thresholds": [0.6, 0.8], "clip_norm_bounds": [0.1, 2.0],
-                                "cache_file": "abc123.json", "identity": {"seed": SPEC_SEED}}
+    privacy = trained.record(method_record={
+        "thresholds": [0.6, 0.8], "clip_norm_bounds": [0.1, 2.0], "cache_file": "abc123.json",
+        "identity": {"seed": SPEC_SEED}})
     s = privacy_statement(privacy=privacy, spec=trained.spec.to_dict(), tuning=None,
                           audit_bound=None)
     assert s.clipping == {"clip_norm": 1.0, "thresholds": [0.6, 0.8],
@@ -414,9 +419,9 @@ def test_clipping_keeps_only_clipping_records(trained: Trained) -> None:
 
 
 def test_rdp_fallback_is_stated(trained: Trained) -> None:
-    privacy, spec = trained.privacy(), copy.deepcopy(trained.spec.to_dict())
-    privacy.update(accountant="rdp", accountant_fallback="PRV timed out after 60 s",
-                   epsilon_lower=None, epsilon_estimate=None)
+    spec = copy.deepcopy(trained.spec.to_dict())
+    privacy = trained.record(accountant="rdp", accountant_fallback="PRV timed out after 60 s",
+                             epsilon_lower=None, epsilon_estimate=None)
     s = privacy_statement(privacy=privacy, spec=spec, tuning=None, audit_bound=None)
     assert (s.accountant, s.epsilon_lower, s.epsilon_estimate) == ("rdp", None, None)
     md = s.to_markdown()
@@ -426,20 +431,25 @@ def test_rdp_fallback_is_stated(trained: Trained) -> None:
 
 
 def test_malformed_records_are_refused(trained: Trained) -> None:
+    """By the record (each field on its own) or by the statement's own rules (a schedule that
+    adds up to the steps, no negative lower bound or estimate)."""
     spec = trained.spec.to_dict()
     missing = trained.privacy()
     del missing["delta"]
     with pytest.raises(UserInputError) as info:
-        privacy_statement(privacy=missing, spec=spec, tuning=None, audit_bound=None)
+        PrivacyRecord.from_dict(missing)
     assert info.value.field == "privacy.delta"
-    for key, value in (("sample_rate", 1.5), ("epsilon_upper", float("nan")),
-                       ("randomness", "dice"), ("steps", 19)):
-        privacy = trained.privacy()
-        privacy[key] = value
-        with pytest.raises(UserInputError):
-            privacy_statement(privacy=privacy, spec=spec, tuning=None, audit_bound=None)
+    for key, value, field in (("sample_rate", 1.5, "sample_rate"),
+                              ("epsilon_upper", float("nan"), "epsilon_upper"),
+                              ("randomness", "dice", "randomness"),
+                              ("steps", 19, "noise_schedule"),
+                              ("epsilon_lower", -0.01, "epsilon_lower")):
+        with pytest.raises(UserInputError) as info:
+            privacy_statement(privacy=trained.record(**{key: value}), spec=spec, tuning=None,
+                              audit_bound=None)
+        assert info.value.field == f"privacy.{field}", key
     with pytest.raises(UserInputError) as info:
-        privacy_statement(privacy=trained.privacy(), spec=spec,
+        privacy_statement(privacy=trained.record(), spec=spec,
                           tuning={"mode": "greedy", "statement": ""}, audit_bound=None)
     assert info.value.field == "tuning.mode"
 

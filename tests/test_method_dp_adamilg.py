@@ -292,17 +292,17 @@ def test_trial_ledger_decays_by_epoch_and_meets_the_budget(tmp_path: Path) -> No
     spec = plan_trial(tiny_config(epochs=3), method="dp_adamilg",
                       params={"lr": 0.01, "clip_norm": 1.0, "mode": "public", "k": K})
     result = train_trial(spec, checkpoint_root=tmp_path)
-    p = result.privacy
-    assert p["epsilon_upper"] <= p["target_epsilon"]
-    events = p["ledger"]["events"]
+    p = result.privacy_record
+    assert p.epsilon_upper <= p.target_epsilon
+    events = p.ledger["events"]
     assert [e["count"] for e in events] == [10, 10, 10]
     sigma_0 = events[0]["noise_multiplier"]
     assert [e["noise_multiplier"] / sigma_0 for e in events] == pytest.approx(
         [1.0, 1 / (1 + K), 1 / (1 + 2 * K)], rel=1e-9)
-    assert [ph["noise_multiplier"] for ph in p["noise_schedule"]] == pytest.approx(
+    assert [ph["noise_multiplier"] for ph in p.noise_schedule.to_list()] == pytest.approx(
         [e["noise_multiplier"] for e in events], rel=1e-9)
     assert [m["sigma_t"] for m in result.history] == pytest.approx(
         [e["noise_multiplier"] for e in events])
-    record = p["method_record"]
-    assert p["mode"] == "public" and record["k"] == K
+    record = p.method_record
+    assert p.mode == "public" and record["k"] == K
     assert record["sigma_floor_absolute"] == pytest.approx(record["sigma_floor"] * sigma_0)

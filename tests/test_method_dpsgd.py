@@ -8,12 +8,19 @@ coordinate, the sum divided by the *expected* batch size, one SGD update.
 
 from __future__ import annotations
 
+import math
+from types import SimpleNamespace
+
 import pytest
 import torch
 
+from core.errors import PrivacyBoundViolation, UserInputError
+from core.events import PoissonSubsampledGaussian, events_from_list
 from tests.conformance import build_step, digits
+from trainables.dp_step import Ledger
 from trainables.methods.dpsgd import DPSGD
 from trainables.randomness import Randomness
+from trainables.training import verify_ledger
 
 SIGMA = 1.3
 LR = 0.1
@@ -68,7 +75,7 @@ def test_one_step_equals_the_hand_computed_dp_sgd_update() -> None:
     for n, p in model.named_parameters():
         expected = before[n] - LR * (total[n] + SIGMA * clip * z[n]) / EXPECTED_BATCH
         assert torch.allclose(p.detach(), expected, atol=1e-6, rtol=1e-5), n
-    assert step.ledger.events == [{"event": "poisson_subsampled_gaussian",
+    assert step.ledger.events == [{"kind": "poisson_subsampled_gaussian",
                                    "sampling_probability": 0.1,
                                    "noise_multiplier": pytest.approx(SIGMA), "count": 1}]
 
@@ -84,6 +91,30 @@ def test_an_empty_poisson_batch_still_releases_noise() -> None:
         assert torch.allclose(p.detach(), before[n] - LR * SIGMA * z[n] / EXPECTED_BATCH,
                               atol=1e-7), n
     assert step.ledger.steps == 1 and step.step_count == 1
+
+
+def test_the_ledger_speaks_core_events_and_counts_steps_no_event_takes() -> None:
+    """Runs of equal steps are ``PoissonSubsampledGaussian.to_dict()``; a step with no live
+    layer (multiplier inf: nothing released) or no noise (0: a broken method) has no such
+    event but is counted in the same form, and the trial's check refuses the 0."""
+    ledger = Ledger(sample_rate=0.1)
+    for multiplier in (SIGMA, SIGMA, math.inf, SIGMA):
+        ledger.add(multiplier)
+    assert events_from_list(ledger.events[:1]) == [PoissonSubsampledGaussian(
+        sampling_probability=0.1, noise_multiplier=SIGMA, count=2)]
+    assert ledger.events[1] == {**ledger.events[0], "noise_multiplier": math.inf, "count": 1}
+    assert ledger.steps == 4 and Ledger.from_dict(ledger.to_dict()) == ledger
+    verify_ledger(SimpleNamespace(ledger=ledger, sigma_at=lambda step: SIGMA))
+    for broken in (0.0, math.nan):
+        ledger.add(broken)
+        with pytest.raises(PrivacyBoundViolation):
+            verify_ledger(SimpleNamespace(ledger=ledger, sigma_at=lambda step: SIGMA))
+        ledger.events.pop()
+    old = {"event": "poisson_subsampled_gaussian", "sampling_probability": 0.1,
+           "noise_multiplier": SIGMA, "count": 1}  # the form before core.events
+    with pytest.raises(UserInputError) as info:
+        Ledger.from_dict({"sample_rate": 0.1, "events": [old]})
+    assert info.value.field == "checkpoint.ledger"
 
 
 def test_declaration_is_the_shared_sgd_one() -> None:

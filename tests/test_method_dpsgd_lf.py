@@ -47,7 +47,7 @@ def test_frozen_layers_stay_bit_identical_from_t_f(momentum: float) -> None:
         assert moved_before, f"{name} should train before t_f"
         assert moved_after is not name.startswith(FROZEN), name
     # freezing changes no accounting: every step is a sigma-step of the Gaussian mechanism
-    assert step.ledger.events == [{"event": "poisson_subsampled_gaussian",
+    assert step.ledger.events == [{"kind": "poisson_subsampled_gaussian",
                                    "sampling_probability": 0.1, "noise_multiplier": 2.0,
                                    "count": 20}]
 
@@ -101,7 +101,7 @@ def test_trial_freezes_at_t_f_and_records_it(tmp_path: Path) -> None:
     spec = plan_trial(tiny_config(reproducible=True), method="dpsgd_lf",
                       params={"lr": 1.0, "clip_norm": 1.0, "t_f_fraction": 0.5, "m_f": 0})
     result = train_trial(spec, checkpoint_root=tmp_path)
-    record = result.privacy["method_record"]
+    record = result.privacy_record.method_record
     assert record == {"t_f": 10, "t_f_fraction": 0.5, "m_f": 2,
                       "frozen_layers": ["conv1", "conv2"]}
     at_tf = load_checkpoint_state(tmp_path / "epoch_001")["model"]
@@ -109,4 +109,4 @@ def test_trial_freezes_at_t_f_and_records_it(tmp_path: Path) -> None:
     for name in at_tf:
         assert torch.equal(at_tf[name], end[name]) is name.startswith(FROZEN), name
     assert [m["frozen_layers"] for m in result.history] == [2.0, 2.0]
-    assert result.privacy["ledger"]["events"][0]["count"] == 20
+    assert result.privacy_record.ledger["events"][0]["count"] == 20

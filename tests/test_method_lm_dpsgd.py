@@ -385,12 +385,12 @@ def test_trial_record_carries_the_risk_vector() -> None:
     spec = plan_trial(tiny_config(epochs=1), method="lm_dpsgd",
                       params={"lr": 1.0, "clip_norm": 1.0, "mode": "public", "u_every": 3})
     result = train_trial(spec)
-    rec = result.privacy["method_record"]
+    rec = result.privacy_record.method_record
     assert (rec["weights"], rec["r"], rec["u_every"]) == ("risk", 3.0, 3)
     assert len(rec["risk"]) == NUM_LAYERS == len(rec["risk_meta"]["attack_accuracy"])
     assert rec["risk"] == spec.method_params["risk"]
     assert rec["risk_meta"]["identity"]["dataset"] == "digits"
-    assert result.privacy["mode"] == "public" and result.privacy["dp_valid"] is True
+    assert result.privacy_record.mode == "public" and result.privacy_record.dp_valid is True
     history = result.history[-1]
     w = [history[f"lm_w_{name}"] for name in ("conv1", "conv2", "fc1", "fc2")]
     assert w == rec["final_weights"]

@@ -241,7 +241,7 @@ def test_checkpointed_controller_state_is_restored(monkeypatch: pytest.MonkeyPat
 # ---- trials: logging, records, resume (through plan_trial and the training loop) -----------
 def test_trial_logs_the_trajectories(tmp_path: Path) -> None:
     result = train_trial(_spec(), checkpoint_root=tmp_path)
-    traj = result.privacy["trajectories"]
+    traj = result.privacy_record.trajectories
     assert traj["step"] == [3, 6, 9, 12, 15, 18]
     assert set(traj) == {"step", "clip_norm", "zeta_hat", "zeta", "clamp", "zeta:fc1"}
     assert all(len(v) == 6 for v in traj.values())
@@ -252,8 +252,8 @@ def test_trial_logs_the_trajectories(tmp_path: Path) -> None:
                                                         traj["clip_norm"][5]]
     assert [m["zeta_hat"] for m in result.history] == [traj["zeta_hat"][2],
                                                        traj["zeta_hat"][5]]
-    assert result.privacy["clip_norm"] == 1.0  # C_0
-    record = result.privacy["method_record"]
+    assert result.privacy_record.clip_norm == 1.0  # C_0
+    record = result.privacy_record.method_record
     assert record["probe_layers"] == ["fc1"] and record["probes"] == 6
     assert json.loads((tmp_path / "privacy.json").read_text())["trajectories"] == traj
 
@@ -263,7 +263,7 @@ def test_resume_continues_the_same_trajectory(tmp_path: Path) -> None:
     straight = train_trial(spec, checkpoint_root=tmp_path / "a")
     resumed = train_trial(spec, checkpoint_root=tmp_path / "b",
                           resume_from=tmp_path / "a" / "epoch_001")
-    assert resumed.privacy["trajectories"] == straight.privacy["trajectories"]
+    assert resumed.privacy_record.trajectories == straight.privacy_record.trajectories
     assert resumed.history == [{**m, "epoch_seconds": n["epoch_seconds"]}
                                for m, n in zip(straight.history, resumed.history, strict=True)]
 

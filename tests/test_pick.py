@@ -16,7 +16,8 @@ import pytest
 from core.errors import UserInputError
 from orchestrator.cli import main
 from orchestrator.config import from_dict, load
-from orchestrator.release.pick import PICK_CONFIG_FILE, PICK_FILE, config_from_spec, pick_and_write
+from orchestrator.release.pick import PICK_CONFIG_FILE, PICK_FILE, pick_and_write
+from orchestrator.trial.plan import config_from_spec
 from reports import store
 from reports.pick import choose
 from tests.test_report import INVALID_REASON, SIZES, make_run

@@ -27,6 +27,8 @@ import pytest
 
 from core import layout
 from core.errors import UserInputError
+from core.events import PoissonSubsampledGaussian, events_to_list
+from core.records import PrivacyRecord
 from orchestrator.config import Config, DataConfig, PrivacyConfig, SweepConfig
 from reports import html as report_html
 from reports import store
@@ -186,6 +188,28 @@ SUMMARY = {"started": "2025-01-01T10:00:00+00:00", "finished": "2025-01-01T11:02
                       "end_to_end_epsilon": None}}
 
 
+def _privacy_record(t: T, spec: dict[str, Any], seed: int) -> PrivacyRecord:
+    """What training would have recorded for ``t`` (its ledger: one event per phase)."""
+    schedule = _schedule(t.method)
+    reason = INVALID_REASON if not t.valid else (
+        "noise calibrated to clipped per-example gradients; post-processing only")
+    events = [PoissonSubsampledGaussian(sampling_probability=0.02, count=p["steps"],
+                                        noise_multiplier=p["noise_multiplier"])
+              for p in schedule]
+    return PrivacyRecord.from_dict({
+        "mechanism": "poisson_subsampled_gaussian", "method": t.method,
+        "mode": spec["method_params"]["mode"], "dp_valid": t.valid, "validity_reason": reason,
+        "randomness": spec["randomness"], "release_safe": not t.reproducible,
+        "sample_rate": 0.02, "steps": 100, "noise_multiplier": schedule[0]["noise_multiplier"],
+        "noise_schedule": schedule, "clip_norm": 1.0, "delta": 1e-5, "target_epsilon": t.eps,
+        "epsilon_lower": t.eps * 0.97, "epsilon_estimate": t.eps * 0.98,
+        "epsilon_upper": t.eps * 0.997, "accountant": "prv", "accountant_fallback": None,
+        "eps_error": 0.01, "ledger": {"sample_rate": 0.02, "events": events_to_list(events)},
+        "guard_capped": 0, "method_record": {},
+        "trajectories": _trajectories(seed) if t.method == "ww_dpsgd" else {},
+        "versions": {"dpsweep": "0.2.0", "torch": "2.4.0"}})
+
+
 def _write_json(path: Path, value: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(value))
@@ -229,25 +253,13 @@ def make_run(root: Path, *, audited: bool = True, summary: bool = True,
             checkpoint.mkdir(parents=True)
             (checkpoint / "state.pt").write_bytes(b"synthetic checkpoint " + t.tid.encode())
             spec = make_spec(t, seed)
-            schedule = _schedule(t.method)
-            reason = INVALID_REASON if not t.valid else (
-                "noise calibrated to clipped per-example gradients; post-processing only")
-            privacy = {"mechanism": "poisson_subsampled_gaussian", "method": t.method,
-                       "mode": spec["method_params"]["mode"], "dp_valid": t.valid,
-                       "validity_reason": reason, "randomness": spec["randomness"],
-                       "release_safe": not t.reproducible, "sample_rate": 0.02, "steps": 100,
-                       "noise_multiplier": schedule[0]["noise_multiplier"],
-                       "noise_schedule": schedule, "clip_norm": 1.0, "delta": 1e-5,
-                       "target_epsilon": t.eps, "epsilon_lower": t.eps * 0.97,
-                       "epsilon_estimate": t.eps * 0.98, "epsilon_upper": t.eps * 0.997,
-                       "accountant": "prv", "accountant_fallback": None, "eps_error": 0.01,
-                       "trajectories": _trajectories(seed) if t.method == "ww_dpsgd" else {}}
+            privacy = _privacy_record(t, spec, seed)
             history = [{"epoch": e, "val_accuracy": t.val * f, "val_loss": 0.5 / f,
                         "test_accuracy": t.test * f, "test_loss": 0.5 / f,
                         "train_loss_nonprivate": 0.6 / f, "epsilon_spent": t.eps * f,
                         "epoch_seconds": 1.0} for e, f in ((1, 0.9), (2, 1.0))]
             _write_json(trial / "spec.json", spec)
-            _write_json(trial / "privacy.json", privacy)
+            _write_json(trial / "privacy.json", privacy.to_dict())
             _write_json(trial / "history.json", history)
             row = store.row_from_trial(
                 run_dir=run.path, trial_dir=trial, checkpoint_dir=checkpoint, spec=spec,
@@ -440,12 +452,6 @@ def test_adaptive_tuning_text_follows_what_the_sampler_saw() -> None:
     assert "composition" not in old
     for page in (alone, attack, old):
         assert "Adaptive hyperparameter search over private metrics is not covered" in page
-
-
-def test_dataset_classes_match_trainables() -> None:
-    from trainables.data import NUM_CLASSES
-
-    assert report_html.DATASET_CLASSES == dict(NUM_CLASSES)
 
 
 def test_corrupt_inputs_are_one_user_error_and_write_nothing(tmp_path: Path) -> None:

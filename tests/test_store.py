@@ -64,7 +64,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
         results[tid] = result
         rows.append(store.row_from_trial(
             run_dir=path, trial_dir=trial_dir, checkpoint_dir=trial_dir / "checkpoint",
-            spec=spec.to_dict(), privacy=result.privacy, history=result.history,
+            spec=spec.to_dict(), privacy=result.privacy_record, history=result.history,
             train_seconds=1.5, num_classes=10, series=series, study=f"{series}@eps3"))
     return Run(path=path, results=results, rows=rows)
 
@@ -72,12 +72,12 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
 def test_row_from_a_finished_trial(run: Run) -> None:
     row = run.rows[0]
     result = run.results["dpsgd-0"]
-    p, last = result.privacy, result.history[-1]
+    p, last = result.privacy_record, result.history[-1]
     assert set(store.COLUMNS) <= set(row)
     assert (row["trial_id"], row["method"], row["mode"], row["series"], row["status"]) == (
         "dpsgd-0", "dpsgd", "standard", "dpsgd", "ok")
     assert row["study"] == "dpsgd@eps3" and row["error"] == ""
-    assert row["dp_valid"] is True and row["validity_reason"] == p["validity_reason"]
+    assert row["dp_valid"] is True and row["validity_reason"] == p.validity_reason
     assert (row["randomness"], row["release_safe"]) == ("secret", True)
     assert (row["lr"], row["clip_norm"], row["momentum"]) == (1.0, 1.0, 0.0)
     assert (row["batch_size"], row["epochs"], row["seed"], row["steps"]) == (50, 2, 4, 20)

@@ -8,6 +8,8 @@ checks names and shapes against this table; a test builds every model and checks
 
 from __future__ import annotations
 
+from core.errors import UserInputError
+
 #: Every model :func:`trainables.models.build_model` can build.
 MODEL_NAMES = ("digits_cnn", "cnn28", "cnn5", "resnet20_gn", "wrn16_4")
 #: The model a dataset gets when the config says ``model.name = "auto"``.
@@ -33,3 +35,13 @@ def model_for(*, model: str, dataset: str) -> str:
 def layer_count(*, model: str, dataset: str) -> int:
     """How many layers the (resolved) model has, without building it."""
     return LAYER_COUNTS[model_for(model=model, dataset=dataset)]
+
+
+def check_input_shape(*, model: str, input_shape: tuple[int, ...]) -> None:
+    """Refuse a concrete model that does not take ``input_shape``: one message for building a
+    model and for planning a sweep, which counts layers without building one."""
+    shape = tuple(input_shape)
+    if shape not in ACCEPTED_SHAPES[model]:
+        raise UserInputError(field="model.name", value=model,
+                             allowed=f"a model for inputs of shape {shape}; "
+                                     f"{model} takes {sorted(ACCEPTED_SHAPES[model])}")

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from core.datasets import DATASET_NAMES, INPUT_SHAPES, NUM_CLASSES
 from core.errors import UserInputError
 from core.lazy import lazy_module
 
@@ -34,8 +35,6 @@ if TYPE_CHECKING:
     import torch
 else:
     torch = lazy_module("torch")
-
-DATASET_NAMES: tuple[str, ...] = ("digits", "fashion-mnist", "mnist", "cifar10")
 
 DEBIAN_FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 """Where Debian's ``dataset-fashion-mnist`` package installs the IDX files."""
@@ -71,15 +70,6 @@ NORMALIZATION: dict[str, Normalization] = {
         max_value=255.0, mean=(0.4914, 0.4822, 0.4465), std=(0.2470, 0.2435, 0.2616)
     ),
 }
-
-INPUT_SHAPES: dict[str, tuple[int, int, int]] = {
-    "digits": (1, 8, 8),
-    "fashion-mnist": (1, 28, 28),
-    "mnist": (1, 28, 28),
-    "cifar10": (3, 32, 32),
-}
-
-NUM_CLASSES: dict[str, int] = {name: 10 for name in DATASET_NAMES}
 
 _SIZE_FIELDS: dict[str, str] = {
     "train": "data.train_size",

@@ -22,10 +22,11 @@ for each statistic it computes, where the statistic comes from), and its privacy
 Config validation, the search space's encoding, the trial spec, ``dpsweep config --method``,
 the README tables, ``dp_valid`` and its reason all derive from that declaration.
 
-Privacy bookkeeping: every step appends one Poisson-subsampled Gaussian event with the step's
-*whitened* noise multiplier (noise std over sensitivity, taken per layer where the method bounds
-each layer separately) to ``ledger``; the trial checks the ledger against the calibrated schedule
-the accountant certified, so a method cannot silently spend more than it was granted.
+Privacy bookkeeping: every step appends one Poisson-subsampled Gaussian event (in
+``core.events``' form) with the step's *whitened* noise multiplier (noise std over sensitivity,
+taken per layer where the method bounds each layer separately) to ``ledger``; the trial checks
+the ledger against the calibrated schedule the accountant certified, so a method cannot
+silently spend more than it was granted.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from core.errors import UserInputError
+from core.events import PoissonSubsampledGaussian
 from core.lazy import lazy_module
 from core.modes import Mode
 from core.params import Param, ParamSet
@@ -64,6 +66,9 @@ MAX_COEFFICIENT = 2.0 ** 100
 GUARD_ROUNDING = 1e-9
 #: Examples per per-example-gradient chunk unless the config says otherwise (memory bound).
 DEFAULT_PHYSICAL_BATCH = 512
+#: A ledger event's keys: those of ``core.events``' Poisson-subsampled Gaussian.
+_EVENT_KEYS = tuple(PoissonSubsampledGaussian(sampling_probability=1.0, noise_multiplier=1.0)
+                    .to_dict())
 
 # ---- hyperparameters every SGD-family method shares -------------------------------------------
 LR = Param("lr", 0.5, "learning rate", low=0.0, low_open=True, high=100.0, log=True)
@@ -124,9 +129,29 @@ def bound_coefficients(coef: torch.Tensor, norms: torch.Tensor, *, sensitivity: 
     return c * torch.where(ratio > 1, 1 / ratio, 1.0).unsqueeze(1), ratio
 
 
+def ledger_event(*, sample_rate: float, noise_multiplier: float, count: int = 1
+                 ) -> dict[str, Any]:
+    """``count`` steps at one multiplier in ``core.events``' form: a finite positive multiplier
+    is built (and so checked) as a :class:`PoissonSubsampledGaussian`.
+
+    A step may have a multiplier no accounting event takes, and the ledger must still count it
+    so that :func:`trainables.training.verify_ledger` compares every step with the certified
+    schedule: inf (no live layer: the step released nothing, and passes) or 0 (no noise on a
+    bounded sum: a broken method, which that check refuses; so is a negative or NaN one). Such
+    a step gets the same keys, the event of a unit multiplier with its own written in.
+    """
+    m = float(noise_multiplier)
+    if 0.0 < m < math.inf:
+        return PoissonSubsampledGaussian(sampling_probability=sample_rate, noise_multiplier=m,
+                                         count=count).to_dict()
+    return {**PoissonSubsampledGaussian(sampling_probability=sample_rate, noise_multiplier=1.0,
+                                        count=count).to_dict(), "noise_multiplier": m}
+
+
 @dataclass
 class Ledger:
-    """Serialisable record of accounting events: runs of identical subsampled Gaussian steps."""
+    """Serialisable record of accounting events: runs of identical subsampled Gaussian steps,
+    each ``PoissonSubsampledGaussian.to_dict()`` (see :func:`ledger_event`)."""
 
     sample_rate: float
     events: list[dict[str, Any]] = field(default_factory=list)
@@ -137,9 +162,8 @@ class Ledger:
                                              rel_tol=1e-9):
             last["count"] += 1
         else:
-            self.events.append({"event": "poisson_subsampled_gaussian",
-                                "sampling_probability": self.sample_rate,
-                                "noise_multiplier": noise_multiplier, "count": 1})
+            self.events.append(ledger_event(sample_rate=self.sample_rate,
+                                            noise_multiplier=noise_multiplier))
 
     @property
     def steps(self) -> int:
@@ -150,7 +174,18 @@ class Ledger:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Ledger:
-        return cls(sample_rate=float(d["sample_rate"]), events=[dict(e) for e in d["events"]])
+        """Inverse of :meth:`to_dict`; every event is rebuilt, so one in any other form (a
+        checkpoint written before the ledger used ``core.events``) is refused by name."""
+        events = []
+        for e in d["events"]:
+            if not isinstance(e, Mapping) or e.get("kind") != PoissonSubsampledGaussian.kind \
+                    or set(e) != set(_EVENT_KEYS):
+                raise UserInputError(field="checkpoint.ledger", value=repr(e)[:200],
+                                     allowed=f"events with the keys {_EVENT_KEYS} "
+                                             "(core.events.PoissonSubsampledGaussian)")
+            events.append(ledger_event(sample_rate=e["sampling_probability"],
+                                       noise_multiplier=e["noise_multiplier"], count=e["count"]))
+        return cls(sample_rate=float(d["sample_rate"]), events=events)
 
 
 @dataclass(frozen=True)

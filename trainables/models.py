@@ -17,8 +17,7 @@ import torch
 from torch import nn
 
 from core.errors import UserInputError
-from trainables.catalog import ACCEPTED_SHAPES, MODEL_NAMES
-from trainables.catalog import DEFAULT_MODEL as DEFAULT_MODEL  # old path; the catalog owns it
+from trainables.catalog import MODEL_NAMES, check_input_shape
 
 ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
@@ -274,13 +273,7 @@ def build_model(
             field="model.activation", value=activation, allowed=f"one of {tuple(ACTIVATIONS)}"
         )
     shape = tuple(input_shape)
-    if shape not in ACCEPTED_SHAPES[name]:
-        raise UserInputError(
-            field="model.name",
-            value=name,
-            allowed=f"a model for inputs of shape {shape}; "
-                    f"{name} takes {sorted(ACCEPTED_SHAPES[name])}",
-        )
+    check_input_shape(model=name, input_shape=shape)
     channels = shape[0]
     if name == "digits_cnn":
         return digits_cnn(in_channels=channels, num_classes=num_classes, act=activation)

@@ -37,8 +37,6 @@ from trainables.randomness import Randomness, poisson_batches
 CHECKPOINT_FORMAT = "dpsweep-checkpoint"
 #: 3: the optimizer state is ``trainables.optim.Update``'s (2 held torch.optim's).
 CHECKPOINT_VERSION = 4
-#: Where the noise and the Poisson sampling come from (``trainables.randomness``).
-RANDOMNESS_KINDS = Randomness.KINDS
 
 __all__ = ["TrialDiverged", "TrialResult", "TrialSpec", "evaluate", "load_checkpoint_state",
            "load_model", "poisson_plan", "train_trial"]
@@ -116,11 +114,6 @@ class TrialResult:
     seconds: float
     #: The trained model in memory (references are scored from it without a checkpoint).
     model: LayeredModel | None = None
-
-    @property
-    def privacy(self) -> dict[str, Any]:
-        """``privacy.json``'s content as a plain dict (a fresh copy), for dict readers."""
-        return self.privacy_record.to_dict()
 
     @property
     def test_accuracy(self) -> float:
@@ -294,12 +287,13 @@ def _versions() -> dict[str, str]:
 
 
 def verify_ledger(method: DPStep) -> None:
-    """Every step must have been at least as noisy as the schedule the accountant certified."""
+    """Every step must have been at least as noisy as the schedule the accountant certified
+    (a NaN multiplier, which compares false either way, is refused too)."""
     steps = 0
     for event in method.ledger.events:
         for k in range(event["count"]):
             granted = method.sigma_at(steps + k)
-            if event["noise_multiplier"] < granted * (1 - 1e-9):
+            if not event["noise_multiplier"] >= granted * (1 - 1e-9):
                 raise PrivacyBoundViolation(
                     f"step {steps + k}: noise multiplier {event['noise_multiplier']} below the "
                     f"certified {granted}; the epsilon claim would not hold")

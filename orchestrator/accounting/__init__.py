@@ -13,12 +13,7 @@ sandbox from forking; import it from its module.
 """
 
 from orchestrator.accounting.cache import default_cache_dir
-from orchestrator.accounting.calibration import (
-    DEFAULT_ACCOUNTANT_TIMEOUT_S,
-    calibrate,
-    certify,
-    epsilon_curve,
-)
+from orchestrator.accounting.calibration import calibrate, certify, epsilon_curve
 from orchestrator.accounting.certificate import WINDOW, Calibration, EpsilonBounds
 from orchestrator.accounting.prv import prv_epsilon
 from orchestrator.accounting.sandbox import keep_interpreters
@@ -31,7 +26,6 @@ from orchestrator.accounting.verify import (
 )
 
 __all__ = [
-    "DEFAULT_ACCOUNTANT_TIMEOUT_S",
     "WINDOW",
     "Calibration",
     "EpsilonBounds",

@@ -48,10 +48,10 @@ from orchestrator.accounting.search import (
     rdp_calibrate,
     scaled_sigmas,
 )
+from orchestrator.config import DEFAULT_ACCOUNTANT_TIMEOUT_S
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_ACCOUNTANT_TIMEOUT_S = 120.0
 """Time bound of one PRV calibration (``privacy.accountant_timeout_s``) before RDP takes over."""
 
 

@@ -18,6 +18,7 @@ from core import layout
 from core.errors import UserInputError
 from core.layout import RESULTS
 from core.layout import SUMMARY as SUMMARY_FILE
+from core.records import PrivacyRecord
 from orchestrator.release.statement import ExportResult, export_trial
 from orchestrator.rundir import RunDir, check_trial_id
 from reports import store
@@ -84,7 +85,7 @@ def export_from_run(run_dir: Path, *, trial_id: str, out: Path, allow_replayable
     if tuning is not None and tuning.get("mode") == "private":
         _check_selected(run, trial_id, allow_invalid_dp=allow_invalid_dp,
                         allow_replayable=allow_replayable)
-    privacy = json.loads(run.verify(str(row["privacy_record"])).read_text())
+    privacy = PrivacyRecord.load(run.verify(str(row["privacy_record"])))
     checkpoint = run.path / str(row["checkpoint"])
     run.verify(str(Path(str(row["checkpoint"])) / layout.CHECKPOINT_FILE))
     return export_trial(checkpoint_dir=checkpoint, privacy=privacy, out=Path(out),

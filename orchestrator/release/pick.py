@@ -4,12 +4,12 @@
 Selection itself is pure and lives in ``reports.pick`` (validation accuracy only; the rule, the
 constraints and the tie rule are documented there; a private-tuning run is chosen by its noisy
 score alone, and its pick.toml holds that score and the end-to-end statement, no noiseless
-metric). This module does what the report floor
-cannot: it opens the run directory through its manifest and verifies every file it reads
-(results, config, the chosen trial's spec, privacy record and checkpoint) before reading it,
-rebuilds a config that retrains the trial (``config_from_spec``), optionally exports the
-trial's release (``orchestrator.release.export``), and writes both TOML files atomically, after
-everything else has succeeded, so bad input writes nothing.
+metric). This module does what the report floor cannot: it opens the run directory through its
+manifest and verifies every file it reads (results, config, the chosen trial's spec, privacy
+record and checkpoint) before reading it, rebuilds a config that retrains the trial
+(``orchestrator.trial.plan.config_from_spec``), optionally exports the trial's release
+(``orchestrator.release.export``), and writes both TOML files atomically, after everything else
+has succeeded, so bad input writes nothing.
 """
 
 from __future__ import annotations
@@ -30,9 +30,11 @@ from core.layout import CONFIG, RESULTS
 from core.layout import PICK as PICK_FILE
 from core.layout import PICK_CONFIG as PICK_CONFIG_FILE
 from core.modes import INVALID_TAG
+from core.records import PrivacyRecord
 from core.storage import atomic_write_text
-from orchestrator.config import Config, from_dict
+from orchestrator.config import Config
 from orchestrator.rundir import RunDir
+from orchestrator.trial.plan import config_from_spec
 from reports import store
 from reports.pareto import ACC, ACC_HI, ACC_LO, MIA, MIA_UPPER
 from reports.pick import (
@@ -55,7 +57,8 @@ else:  # pragma: no cover
 TEST_NOTE = "reported, not used to choose"
 NOT_COVERED_NOTE = ("not covered by epsilon: computed on private data without noise; stays "
                     "with whoever ran the sweep")
-#: Scalar fields of the privacy record copied into pick.toml's [privacy] table.
+#: Fields of the privacy record (``core.records.PrivacyRecord``) copied into pick.toml's
+#: [privacy] table: the scalars a reader of the pick needs (not the ledger or the counts).
 PRIVACY_FIELDS = ("mechanism", "method", "mode", "dp_valid", "validity_reason", "randomness",
                   "release_safe", "sample_rate", "steps", "noise_multiplier", "clip_norm",
                   "delta", "target_epsilon", "epsilon_lower", "epsilon_estimate",
@@ -84,53 +87,6 @@ class Pick:
     export_summary: str
     #: summary.json's private-tuning plan (None for an adaptive run).
     private: dict[str, Any] | None = None
-
-
-# ---- the config ------------------------------------------------------------------------------
-def config_from_spec(spec: Mapping[str, Any]) -> Config:
-    """A full, validated config that retrains the trial described by ``spec``.
-
-    Method hyperparameters (lr, clip_norm, momentum, mode, ...) go to ``[method_params]``, only
-    those the method declares and not its prepared ones (``ParamSet.prepared``: LM-DP-SGD's
-    risk vector), which a rerun recomputes. The preset is resolved already (its values are in
-    the spec), so it is left empty; the randomness kind maps back onto ``reproducible`` and
-    ``secure_mode``.
-    """
-    from trainables.methods import METHODS, series_name
-
-    method = str(spec.get("method"))
-    cls = METHODS.get(method)
-    if cls is None:
-        raise UserInputError(field="spec.method", value=method,
-                             allowed=f"a registered method: {sorted(METHODS)}")
-    declared = cls.declaration()
-    params = {k: v for k, v in (spec.get("method_params") or {}).items()
-              if k in declared and k not in declared.prepared()}
-    sizes = spec.get("sizes") or {}
-    cal = spec["calibration"]
-    device = str(spec.get("device", "auto"))
-    randomness = str(spec.get("randomness", "secret"))
-    mode = str(params.get("mode", cls.modes[0].name))
-    raw = {
-        "data": {"dataset": spec["dataset"], "data_dir": spec.get("data_dir") or "",
-                 "split_seed": int(spec.get("split_seed", 0)),
-                 **{f"{name}_size": int(sizes.get(name, 0))
-                    for name in ("train", "validation", "holdout", "test", "shadow")}},
-        "model": {"name": spec.get("model", "auto"), "activation": spec.get("activation", "tanh")},
-        "privacy": {"epsilon": float(cal["target_epsilon"]), "delta": float(cal["delta"])},
-        "training": {"method": method, "preset": "", "batch_size": int(spec["batch_size"]),
-                     "epochs": int(spec["epochs"]),
-                     "max_physical_batch": int(spec.get("max_physical_batch", 512)),
-                     "seed": int(spec.get("seed", 0)),
-                     "reproducible": randomness == "reproducible",
-                     "secure_mode": randomness == "secure"},
-        "resources": {"cpus_per_trial": int(spec.get("threads", 1)),
-                      "gpus_per_trial": 1.0 if device == "cuda" else 0.0, "device": device},
-        # a sweep of this series alone; `dpsweep train` on this config retrains the trial
-        "sweep": {"methods": [series_name(method, mode)], "trials_per_method": 1},
-        "method_params": params,
-    }
-    return from_dict(raw)
 
 
 # ---- reading, verified -----------------------------------------------------------------------
@@ -184,10 +140,11 @@ def _checkpoint(run: RunDir, row: Mapping[str, Any]) -> Path:
 
 
 def _privacy(run: RunDir, row: Mapping[str, Any]) -> dict[str, Any]:
+    """pick.toml's [privacy] table: the verified record's scalar fields, its schedule, its path."""
     rel = str(row.get("privacy_record") or f"{layout.TRIALS}/{row['trial_id']}/{layout.PRIVACY}")
-    record = _verified_json(run, rel, what="privacy_record")
-    out = {k: record[k] for k in PRIVACY_FIELDS if k in record}
-    out["noise_schedule"] = list(record.get("noise_schedule") or [])
+    record = PrivacyRecord.from_dict(_verified_json(run, rel, what="privacy_record"), where=rel)
+    out: dict[str, Any] = {k: getattr(record, k) for k in PRIVACY_FIELDS}
+    out["noise_schedule"] = record.noise_schedule.to_list()
     out["record"] = rel
     return out
 

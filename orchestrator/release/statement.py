@@ -34,13 +34,14 @@ import safetensors.torch
 import torch
 
 from core.errors import UserInputError
-from core.schedule import Schedule
+from core.records import PrivacyRecord
 from core.storage import TMP_PREFIX, atomic_write_bytes
 from orchestrator import __version__
 from orchestrator.rundir import check_creatable
+from trainables.catalog import model_for
 from trainables.data import INPUT_SHAPES, NORMALIZATION, NUM_CLASSES
-from trainables.models import DEFAULT_MODEL, LayeredModel, build_model
-from trainables.training import RANDOMNESS_KINDS, load_checkpoint_state
+from trainables.models import LayeredModel, build_model
+from trainables.training import load_checkpoint_state
 
 __all__ = [
     "RELEASE_FILES",
@@ -146,13 +147,6 @@ def _number(record: dict[str, Any], key: str, *, where: str, low: float = 0.0,
     return x
 
 
-def _maybe_number(record: dict[str, Any], key: str, *, where: str) -> float | None:
-    """A number >= 0 or null (RDP has no lower bound or estimate)."""
-    if _get(record, key, where=where) is None:
-        return None
-    return _number(record, key, where=where, low_open=False)
-
-
 def _text(record: dict[str, Any], key: str, *, where: str, optional: bool = False
           ) -> str | None:
     value = _get(record, key, where=where)
@@ -160,13 +154,6 @@ def _text(record: dict[str, Any], key: str, *, where: str, optional: bool = Fals
         return None
     if not isinstance(value, str):
         raise _bad(f"{where}.{key}", value, "a string")
-    return value
-
-
-def _flag(record: dict[str, Any], key: str, *, where: str) -> bool:
-    value = _get(record, key, where=where)
-    if not isinstance(value, bool):
-        raise _bad(f"{where}.{key}", value, "true or false")
     return value
 
 
@@ -255,7 +242,7 @@ class PrivacyStatement:
         return _markdown(self)
 
 
-def privacy_statement(*, privacy: dict[str, Any], spec: dict[str, Any],
+def privacy_statement(*, privacy: PrivacyRecord, spec: dict[str, Any],
                       tuning: dict[str, Any] | None, audit_bound: dict[str, Any] | None
                       ) -> PrivacyStatement:
     """The statement for one trial from its privacy record and spec (``TrialSpec.to_dict()``).
@@ -268,7 +255,7 @@ def privacy_statement(*, privacy: dict[str, Any], spec: dict[str, Any],
     ``{"eps_lower_bound", "canaries", "confidence", "kind"?}``.
     """
     record = _record_fields(privacy)
-    _check_same_trial(privacy, spec, mode=record["mode"])
+    _check_same_trial(privacy, spec)
     epochs = _count(spec, "epochs", where="spec")
     dataset = _text(spec, "dataset", where="spec")
 
@@ -292,53 +279,39 @@ def privacy_statement(*, privacy: dict[str, Any], spec: dict[str, Any],
     )
 
 
-def _record_fields(privacy: dict[str, Any]) -> dict[str, Any]:
-    """The privacy record's fields, each checked, as the statement's fields of the same meaning
-    (one UserInputError naming the first field that is missing or malformed)."""
-    where = "privacy"
-    method = _text(privacy, "method", where=where)
-    mode = _text(privacy, "mode", where=where)
-    dp_valid = _flag(privacy, "dp_valid", where=where)
-    reason = _text(privacy, "validity_reason", where=where)
-    randomness = _text(privacy, "randomness", where=where)
-    if randomness not in RANDOMNESS_KINDS:
-        raise _bad(f"{where}.randomness", randomness, f"one of {RANDOMNESS_KINDS}")
-    release_safe = _flag(privacy, "release_safe", where=where) and randomness != "reproducible"
-    q = _number(privacy, "sample_rate", where=where, high=1.0)
-    steps = _count(privacy, "steps", where=where)
-    schedule = Schedule.from_list(_get(privacy, "noise_schedule", where=where))
+def _record_fields(privacy: PrivacyRecord) -> dict[str, Any]:
+    """The record's fields as the statement's fields of the same meaning.
+
+    The record has checked each field on its own (types and ranges, delta <= 1 included);
+    a statement adds rules of its own: the schedule's phases add up to the recorded steps, and
+    a lower bound or estimate it states is >= 0 (the record admits a PRV lower bound a little
+    below 0, its error).
+    """
+    schedule, steps = privacy.noise_schedule, privacy.steps
     if schedule.steps != steps:
-        raise _bad(f"{where}.noise_schedule", schedule.to_list()[:8],
+        raise _bad("privacy.noise_schedule", schedule.to_list()[:8],
                    f"phases that add up to the record's {steps} steps")
-    sigma = _number(privacy, "noise_multiplier", where=where)
-    clip_norm = _number(privacy, "clip_norm", where=where)
-    delta = _number(privacy, "delta", where=where, high=1.0)
-    target = _number(privacy, "target_epsilon", where=where)
-    upper = _number(privacy, "epsilon_upper", where=where)
-    lower = _maybe_number(privacy, "epsilon_lower", where=where)
-    estimate = _maybe_number(privacy, "epsilon_estimate", where=where)
-    accountant = _text(privacy, "accountant", where=where)
-    if accountant not in ACCOUNTANTS:
-        raise _bad(f"{where}.accountant", accountant, f"one of {tuple(ACCOUNTANTS)}")
-    eps_error = _maybe_number(privacy, "eps_error", where=where)
-    fallback = _text(privacy, "accountant_fallback", where=where, optional=True)
-    method_record = _get(privacy, "method_record", where=where)
-    versions = _get(privacy, "versions", where=where)
-    if not isinstance(method_record, dict):
-        raise _bad(f"{where}.method_record", type(method_record).__name__, "a JSON object")
-    if not isinstance(versions, dict):
-        raise _bad(f"{where}.versions", type(versions).__name__, "a JSON object")
-    clipping: dict[str, Any] = {"clip_norm": clip_norm}
-    clipping.update({k: method_record[k] for k in CLIPPING_RECORD_KEYS if k in method_record})
+    for key in ("epsilon_lower", "epsilon_estimate"):
+        value = getattr(privacy, key)
+        if value is not None and value < 0:
+            raise _bad(f"privacy.{key}", value, "a finite number in [0, inf]")
+    clipping: dict[str, Any] = {"clip_norm": float(privacy.clip_norm)}
+    clipping.update({k: privacy.method_record[k] for k in CLIPPING_RECORD_KEYS
+                     if k in privacy.method_record})
+    optional = {k: None if getattr(privacy, k) is None else float(getattr(privacy, k))
+                for k in ("epsilon_lower", "epsilon_estimate", "eps_error")}
     return dict(
-        epsilon_exact=upper, epsilon_lower=lower, epsilon_estimate=estimate,
-        target_epsilon=target, delta=delta, accountant=accountant,
-        accountant_description=ACCOUNTANTS[accountant], eps_error=eps_error,
-        accountant_fallback=fallback, sample_rate=q, steps=steps, noise_multiplier=sigma,
-        noise_schedule=tuple(schedule.to_list()), clipping=clipping, method=method, mode=mode,
-        dp_valid=dp_valid, validity_reason=reason, randomness=randomness,
-        randomness_note=RANDOMNESS_NOTES[randomness], release_safe=release_safe,
-        versions={str(k): str(v) for k, v in versions.items()},
+        epsilon_exact=float(privacy.epsilon_upper), **optional,
+        target_epsilon=float(privacy.target_epsilon), delta=float(privacy.delta),
+        accountant=privacy.accountant, accountant_description=ACCOUNTANTS[privacy.accountant],
+        accountant_fallback=privacy.accountant_fallback,
+        sample_rate=float(privacy.sample_rate), steps=steps,
+        noise_multiplier=float(privacy.noise_multiplier),
+        noise_schedule=tuple(schedule.to_list()), clipping=clipping, method=privacy.method,
+        mode=privacy.mode, dp_valid=privacy.dp_valid, validity_reason=privacy.validity_reason,
+        randomness=privacy.randomness, randomness_note=RANDOMNESS_NOTES[privacy.randomness],
+        release_safe=privacy.release_safe and privacy.randomness != "reproducible",
+        versions=dict(privacy.versions),
     )
 
 
@@ -372,7 +345,7 @@ def _headline(failures: list[str], *, eps_display: str, delta: float,
             f"weights; the selection of this trial is not covered.")
 
 
-def _check_same_trial(privacy: dict[str, Any], spec: dict[str, Any], *, mode: str) -> None:
+def _check_same_trial(privacy: PrivacyRecord, spec: dict[str, Any]) -> None:
     """The record must be this spec's: a statement about another trial would be false."""
     cal = _get(spec, "calibration", where="spec")
     params = _get(spec, "method_params", where="spec")
@@ -380,14 +353,14 @@ def _check_same_trial(privacy: dict[str, Any], spec: dict[str, Any], *, mode: st
         raise _bad("spec", "method_params/calibration", "a TrialSpec.to_dict()")
     bounds = _get(cal, "bounds", where="spec.calibration")
     pairs = {
-        "method": (privacy["method"], _get(spec, "method", where="spec")),
-        "mode": (mode, params.get("mode")),
-        "randomness": (privacy["randomness"], _get(spec, "randomness", where="spec")),
-        "sample_rate": (privacy["sample_rate"], _get(cal, "sample_rate", where="spec.calibration")),
-        "noise_schedule": (privacy["noise_schedule"],
+        "method": (privacy.method, _get(spec, "method", where="spec")),
+        "mode": (privacy.mode, params.get("mode")),
+        "randomness": (privacy.randomness, _get(spec, "randomness", where="spec")),
+        "sample_rate": (privacy.sample_rate, _get(cal, "sample_rate", where="spec.calibration")),
+        "noise_schedule": (privacy.noise_schedule.to_list(),
                            _get(cal, "schedule", where="spec.calibration")),
-        "delta": (privacy["delta"], _get(cal, "delta", where="spec.calibration")),
-        "epsilon_upper": (privacy["epsilon_upper"], _get(bounds, "upper", where="spec.bounds")),
+        "delta": (privacy.delta, _get(cal, "delta", where="spec.calibration")),
+        "epsilon_upper": (privacy.epsilon_upper, _get(bounds, "upper", where="spec.bounds")),
     }
     for key, (recorded, specified) in pairs.items():
         if recorded != specified:
@@ -522,8 +495,7 @@ def model_description(spec: dict[str, Any]) -> dict[str, Any]:
     dataset = _text(spec, "dataset", where="spec")
     if dataset not in INPUT_SHAPES:
         raise _bad("spec.dataset", dataset, f"one of {tuple(INPUT_SHAPES)}")
-    name = _text(spec, "model", where="spec")
-    architecture = DEFAULT_MODEL[dataset] if name == "auto" else name
+    architecture = model_for(model=_text(spec, "model", where="spec"), dataset=dataset)
     norm = NORMALIZATION[dataset]
     return {"format": MODEL_FORMAT, "version": MODEL_VERSION, "architecture": architecture,
             "input_shape": list(INPUT_SHAPES[dataset]), "num_classes": NUM_CLASSES[dataset],
@@ -554,7 +526,7 @@ class ExportResult:
         return (f"exported {self.out}: {', '.join(self.files)}\n{self.statement.headline}")
 
 
-def export_trial(*, checkpoint_dir: Path, privacy: dict[str, Any], out: Path,
+def export_trial(*, checkpoint_dir: Path, privacy: PrivacyRecord, out: Path,
                  tuning: dict[str, Any] | None = None,
                  audit_bound: dict[str, Any] | None = None, allow_replayable: bool = False,
                  allow_invalid_dp: bool = False) -> ExportResult:
@@ -565,18 +537,18 @@ def export_trial(*, checkpoint_dir: Path, privacy: dict[str, Any], out: Path,
     directory, and the privacy record must match the checkpoint's trial and step count.
     """
     out = Path(out)
-    if not isinstance(privacy, dict):
-        raise _bad("privacy", type(privacy).__name__, "the trial's privacy record (a dict)")
-    randomness = _text(privacy, "randomness", where="privacy")
-    release_safe = _flag(privacy, "release_safe", where="privacy")
-    if (not release_safe or randomness == "reproducible") and not allow_replayable:
-        raise _bad("randomness", randomness,
+    if not isinstance(privacy, PrivacyRecord):
+        raise _bad("privacy", type(privacy).__name__,
+                   "the trial's privacy record (a core.records.PrivacyRecord)")
+    if (not privacy.release_safe or privacy.randomness == "reproducible") \
+            and not allow_replayable:
+        raise _bad("randomness", privacy.randomness,
                    f"a release-safe trial (secret or secure randomness): a reproducible trial's "
                    f"noise can be replayed from recorded seeds, so no epsilon holds for its "
                    f"release; pass {ALLOW_REPLAYABLE_FLAG} to export it anyway")
-    if not _flag(privacy, "dp_valid", where="privacy") and not allow_invalid_dp:
+    if not privacy.dp_valid and not allow_invalid_dp:
         raise _bad("dp_valid", False,
-                   f"a trial whose epsilon claim holds ({privacy.get('validity_reason')}); "
+                   f"a trial whose epsilon claim holds ({privacy.validity_reason}); "
                    f"pass {ALLOW_INVALID_FLAG} to export it anyway")
     _check_out(out)
 

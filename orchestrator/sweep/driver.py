@@ -33,6 +33,7 @@ from typing import Any
 from core import layout
 from core.errors import UserInputError
 from core.layout import RESULTS
+from core.records import PrivacyRecord
 from core.storage import atomic_write_json
 from orchestrator import config as config_mod
 from orchestrator.config import Config
@@ -125,10 +126,12 @@ class _Driver:
 
         spec = _read_json(trial_dir / layout.SPEC)
         history = _read_json(trial_dir / layout.HISTORY)
+        privacy = trial_dir / layout.PRIVACY
         row = store.row_from_trial(
             run_dir=self.run.path, trial_dir=trial_dir,
             checkpoint_dir=trial_dir / layout.CHECKPOINT_DIR, spec=spec,
-            privacy=_read_json(trial_dir / layout.PRIVACY), history=history,
+            privacy=PrivacyRecord.from_dict(_read_json(privacy), where=str(privacy)),
+            history=history,
             train_seconds=float(outcome.metrics.get("train_seconds", math.nan)),
             num_classes=NUM_CLASSES[self.cfg.data.dataset], series=plan.series,
             study=plan.name, preset=self._preset(tid))

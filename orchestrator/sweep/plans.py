@@ -11,6 +11,7 @@ import dataclasses
 import threading
 from typing import TYPE_CHECKING, Any
 
+from core.datasets import INPUT_SHAPES
 from orchestrator.config import Config
 from orchestrator.sweep.signals import progress
 from orchestrator.sweep.studies import (
@@ -21,6 +22,7 @@ from orchestrator.sweep.studies import (
     study_name,
 )
 from search_spaces import build_space
+from trainables import catalog
 
 if TYPE_CHECKING:
     from orchestrator.rundir import RunDir
@@ -34,9 +36,11 @@ def epsilons(cfg: Config) -> list[float]:
 
 
 def _num_layers(cfg: Config) -> int:
-    from orchestrator.trial.plan import _model_factory
-
-    return len(_model_factory(cfg).layer_names)
+    """The model's layer count from the catalog (no model built, no torch). A model that does
+    not take the dataset's inputs is refused here, before Ray starts, as building it was."""
+    name = catalog.model_for(model=cfg.model.name, dataset=cfg.data.dataset)
+    catalog.check_input_shape(model=name, input_shape=INPUT_SHAPES[cfg.data.dataset])
+    return catalog.layer_count(model=name, dataset=cfg.data.dataset)
 
 
 def study_plans(cfg: Config, *, counts: dict[str, int] | None = None) -> list[StudyPlan]:

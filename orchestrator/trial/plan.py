@@ -1,22 +1,28 @@
-"""From a validated config to one trial's spec: the budget is matched here, not in the trial.
+"""From a validated config to one trial's spec, and back: the budget is matched here, not in
+the trial.
 
 Keeping calibration in the orchestrator means a sweep asks the accountant once per distinct
 question (cached on disk) and every trial receives the exact schedule it must train with.
+:func:`config_from_spec` is :func:`plan_trial`'s inverse (what ``dpsweep pick`` writes to
+retrain a trial); the two live side by side so a field added to one is seen in the other.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from core.errors import UserInputError
 from orchestrator.accounting.cache import default_cache_dir
 from orchestrator.accounting.calibration import calibrate, epsilon_curve
 from orchestrator.accounting.certificate import Calibration
-from orchestrator.config import Config
+from orchestrator.config import Config, from_dict
+from trainables.catalog import model_for
 from trainables.data import DataSplits, SplitSizes, load_pool, load_splits
-from trainables.methods import get_method
-from trainables.models import DEFAULT_MODEL, LayeredModel, build_model
+from trainables.methods import METHODS, get_method, series_name
+from trainables.models import LayeredModel, build_model
 from trainables.training import TrialSpec, poisson_plan
 
 
@@ -114,6 +120,50 @@ def randomness_kind(cfg: Config) -> str:
     return "secure" if cfg.training.secure_mode else "secret"
 
 
+def config_from_spec(spec: Mapping[str, Any]) -> Config:
+    """A full, validated config that retrains the trial described by ``spec``.
+
+    Method hyperparameters (lr, clip_norm, momentum, mode, ...) go to ``[method_params]``, only
+    those the method declares and not its prepared ones (``ParamSet.prepared``: LM-DP-SGD's
+    risk vector), which a rerun recomputes. The preset is resolved already (its values are in
+    the spec), so it is left empty; the randomness kind maps back onto ``reproducible`` and
+    ``secure_mode``.
+    """
+    method = str(spec.get("method"))
+    cls = METHODS.get(method)
+    if cls is None:
+        raise UserInputError(field="spec.method", value=method,
+                             allowed=f"a registered method: {sorted(METHODS)}")
+    declared = cls.declaration()
+    params = {k: v for k, v in (spec.get("method_params") or {}).items()
+              if k in declared and k not in declared.prepared()}
+    sizes = spec.get("sizes") or {}
+    cal = spec["calibration"]
+    device = str(spec.get("device", "auto"))
+    randomness = str(spec.get("randomness", "secret"))
+    mode = str(params.get("mode", cls.modes[0].name))
+    raw = {
+        "data": {"dataset": spec["dataset"], "data_dir": spec.get("data_dir") or "",
+                 "split_seed": int(spec.get("split_seed", 0)),
+                 **{f"{name}_size": int(sizes.get(name, 0))
+                    for name in ("train", "validation", "holdout", "test", "shadow")}},
+        "model": {"name": spec.get("model", "auto"), "activation": spec.get("activation", "tanh")},
+        "privacy": {"epsilon": float(cal["target_epsilon"]), "delta": float(cal["delta"])},
+        "training": {"method": method, "preset": "", "batch_size": int(spec["batch_size"]),
+                     "epochs": int(spec["epochs"]),
+                     "max_physical_batch": int(spec.get("max_physical_batch", 512)),
+                     "seed": int(spec.get("seed", 0)),
+                     "reproducible": randomness == "reproducible",
+                     "secure_mode": randomness == "secure"},
+        "resources": {"cpus_per_trial": int(spec.get("threads", 1)),
+                      "gpus_per_trial": 1.0 if device == "cuda" else 0.0, "device": device},
+        # a sweep of this series alone; `dpsweep train` on this config retrains the trial
+        "sweep": {"methods": [series_name(method, mode)], "trials_per_method": 1},
+        "method_params": params,
+    }
+    return from_dict(raw)
+
+
 class _lazy_data:
     """Loads the splits only if a method's preparation actually reads them."""
 
@@ -130,7 +180,7 @@ class _lazy_data:
 def _model_factory(cfg: Config) -> LayeredModel:
     from trainables.data import INPUT_SHAPES, NUM_CLASSES
 
-    name = DEFAULT_MODEL[cfg.data.dataset] if cfg.model.name == "auto" else cfg.model.name
+    name = model_for(model=cfg.model.name, dataset=cfg.data.dataset)
     return build_model(name=name, input_shape=INPUT_SHAPES[cfg.data.dataset],
                        num_classes=NUM_CLASSES[cfg.data.dataset],
                        activation=cfg.model.activation)

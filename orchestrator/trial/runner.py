@@ -91,7 +91,7 @@ def execute(config: dict[str, Any], *,
         record: dict[str, Any] = {
             "status": "ok", "trial_id": spec.trial_id, "node": _ray_node(), "pid": os.getpid(),
             "val_accuracy": result.val_accuracy, "test_accuracy": result.test_accuracy,
-            "epsilon_upper": result.privacy["epsilon_upper"],
+            "epsilon_upper": result.privacy_record.epsilon_upper,
             "train_seconds": sum(m["epoch_seconds"] for m in result.history),
             "audit_error": "",
         }

@@ -39,7 +39,7 @@ def train_single(cfg: Config, *, out: Path,
                              report=(lambda m, _c: progress(m)) if progress else None)
         row = store.row_from_trial(
             run_dir=run.path, trial_dir=trial_dir, checkpoint_dir=trial_dir / CHECKPOINT_DIR,
-            spec=spec.to_dict(), privacy=result.privacy, history=result.history,
+            spec=spec.to_dict(), privacy=result.privacy_record, history=result.history,
             train_seconds=sum(m["epoch_seconds"] for m in result.history),
             num_classes=NUM_CLASSES[cfg.data.dataset], study="single",
             preset=cfg.training.preset)

@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 
 from core import layout
+from core.datasets import NUM_CLASSES
 from core.errors import UserInputError
 from core.layout import AUDIT as AUDIT_FILE
 from core.layout import CONFIG as CONFIG_FILE
@@ -36,9 +37,6 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
-#: Classes per dataset (trainables.data.NUM_CLASSES; reports cannot import trainables, a test
-#: keeps the two equal). The hypervolume's chance accuracy is 1 / classes.
-DATASET_CLASSES = {"digits": 10, "fashion-mnist": 10, "mnist": 10, "cifar10": 10}
 
 
 def _parse_json_cell(value: Any, *, column: str, trial_id: str,
@@ -189,7 +187,7 @@ def _run_info(run: Path, frame: pd.DataFrame, num_classes: int | None) -> RunInf
     budget = config.get("budget") if isinstance(config.get("budget"), dict) else {}
     targets = {float(e) for e in budget.get("epsilons", []) if math.isfinite(_float(e))}
     targets |= {float(e) for e in frame["target_epsilon"] if math.isfinite(e)}
-    classes = num_classes or DATASET_CLASSES.get(dataset, DEFAULT_NUM_CLASSES)
+    classes = num_classes or NUM_CLASSES.get(dataset, DEFAULT_NUM_CLASSES)
     return RunInfo(config=config, summary=summary, dataset=dataset, num_classes=classes,
                    split_sizes=sizes, validation_size=sizes.get("validation"),
                    targets=tuple(sorted(targets)))

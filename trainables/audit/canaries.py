@@ -594,8 +594,8 @@ def _finish(*, kind: str, spec: TrialSpec, result: Any, scores: np.ndarray,
     cal = spec.calibration
     return CanaryRun(kind=kind, m=len(scores), scores=tuple(float(s) for s in scores),
                      is_member=tuple(bool(b) for b in is_member), delta=float(cal["delta"]),
-                     claimed_epsilon=float(result.privacy["epsilon_upper"]),
-                     dp_valid=bool(result.privacy["dp_valid"]), steps=counts.steps,
+                     claimed_epsilon=float(result.privacy_record.epsilon_upper),
+                     dp_valid=result.privacy_record.dp_valid, steps=counts.steps,
                      joins=counts.joins, dropped_joins=counts.dropped,
                      test_accuracy=float(result.test_accuracy),
                      seconds=time.perf_counter() - start, design=design)

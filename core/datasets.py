@@ -1,0 +1,25 @@
+"""The built-in datasets as plain data: names, class counts, input shapes and pool sizes.
+
+One table that the data loader (``trainables.data``), config validation
+(``orchestrator.config``, which must not import torch) and the report (``reports``, which sits
+below ``trainables``) all read, instead of copies kept equal by tests.
+"""
+
+from __future__ import annotations
+
+DATASET_NAMES: tuple[str, ...] = ("digits", "fashion-mnist", "mnist", "cifar10")
+INPUT_SHAPES: dict[str, tuple[int, int, int]] = {
+    "digits": (1, 8, 8),
+    "fashion-mnist": (1, 28, 28),
+    "mnist": (1, 28, 28),
+    "cifar10": (3, 32, 32),
+}
+NUM_CLASSES: dict[str, int] = {name: 10 for name in DATASET_NAMES}
+#: Examples in each dataset's pool and in its official test split (0: none, the test split is
+#: cut from the pool). ``tests/test_config.py`` checks digits' against the loaded data.
+POOLS: dict[str, tuple[int, int]] = {
+    "digits": (1797, 0),
+    "fashion-mnist": (60000, 10000),
+    "mnist": (60000, 10000),
+    "cifar10": (50000, 10000),
+}
