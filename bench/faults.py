@@ -1,14 +1,14 @@
 """Repeated ``kill -9`` of the sweep driver and ``resume``, on the real CLI: what each crash costs.
 
 Writes a small sweep config (two methods, audit off, the non-private baseline on: the shape of
-``tests/test_faults.py``'s CONFIG, with enough trials per method for every kill to land while
+``tests/system/test_faults.py``'s CONFIG, with enough trials per method for every kill to land while
 trials remain), starts ``dpsweep run`` on it and then, for ``--kills`` cycles: waits until at
 least one more trial has finished (a new ``trials/*/result.json``), sends SIGKILL to the driver's
 pid alone (as ``kill -9 PID`` would; its Ray processes must go by themselves, by Ray's fate
 sharing), gives them ``KILL_GRACE`` seconds, kills and records whatever else of the command is
 still alive, and starts ``dpsweep resume RUN_DIR``. The last resume runs to the end.
 
-After every cycle, from the run directory alone (the helpers are ``tests/test_faults.py``'s):
+After every cycle, from the run directory alone (the helpers are ``tests/system/test_faults.py``'s):
 
 * finished: trial ids with a ``result.json``;
 * redone: trials whose ``result.json`` changed after it was first seen (a finished trial trained
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import load_average, write_results
-from tests.test_faults import (
+from tests.system.test_faults import (
     KILL_GRACE,
     STAGE_TIMEOUT,
     Proc,
@@ -54,7 +54,7 @@ from tests.test_faults import (
 METHODS = ("dpsgd", "auto_s")
 EPOCHS = 3
 CONCURRENT = 2
-#: Trials per method at least (``tests/test_faults.py``'s size).
+#: Trials per method at least (``tests/system/test_faults.py``'s size).
 MIN_TRIALS_PER_METHOD = 4
 #: Lines of a failed command's stderr shown.
 ERROR_TAIL_LINES = 30

@@ -16,7 +16,8 @@ INPUT_SHAPES: dict[str, tuple[int, int, int]] = {
 }
 NUM_CLASSES: dict[str, int] = {name: 10 for name in DATASET_NAMES}
 #: Examples in each dataset's pool and in its official test split (0: none, the test split is
-#: cut from the pool). ``tests/test_config.py`` checks digits' against the loaded data.
+#: cut from the pool). ``tests/unit/orchestrator/test_config.py`` checks digits' against the
+#: loaded data.
 POOLS: dict[str, tuple[int, int]] = {
     "digits": (1797, 0),
     "fashion-mnist": (60000, 10000),

@@ -40,3 +40,13 @@ def ray_local():
     cluster.start_local(num_cpus=2, num_gpus=None, quiet=True)
     yield
     cluster.shutdown()
+
+
+def leaves(value: object, path: str = "") -> list[tuple[str, object]]:
+    """Every (dotted path, value) at the leaves of nested dicts and lists: what a test reads
+    when it must see every value a file holds."""
+    if isinstance(value, dict):
+        return [x for k, v in value.items() for x in leaves(v, f"{path}.{k}")]
+    if isinstance(value, list):
+        return [x for v in value for x in leaves(v, path)]
+    return [(path, value)]

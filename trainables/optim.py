@@ -5,7 +5,8 @@ constructor) import ``torch._dynamo`` on first use, 2-4 s on this 2-core machine
 process: each Ray worker's first trial, each after-search task, the driver's LM-DP-SGD risk
 estimate. The functional forms (``torch.optim.sgd.sgd``, ``torch.optim.adam.adam``) are the very
 arithmetic the classes call, with the same defaults (no foreach on CPU, foreach on CUDA), so the
-updates are bit-identical (``tests/test_optim.py`` checks against the classes) and nothing of
+updates are bit-identical (``tests/unit/trainables/test_optim.py`` checks against the classes) and
+nothing of
 the arithmetic is written here.
 
 As with the classes, a parameter whose ``grad`` is None is skipped: its value and its state stay

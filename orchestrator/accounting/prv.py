@@ -5,7 +5,8 @@
 mesh, Theorem 5.5; its mean-preserving cell-centred discretisation; Fourier self-composition;
 its epsilon bounds) computed in float64 with numpy's FFT on a 5-smooth grid length, instead of in
 long double on whatever length the domain gives. That is ~10x faster and agrees with
-prv-accountant to ~1e-8 in epsilon (``tests/test_budget.py`` checks it against the library), and
+prv-accountant to ~1e-8 in epsilon (``tests/unit/orchestrator/test_budget.py`` checks it against
+the library), and
 it needs only numpy and ``scipy.special``: importing prv-accountant pulls in ``scipy.signal`` and
 ``scipy.stats``, which alone cost more than the whole ``dpsweep budget`` command may take.
 

@@ -12,7 +12,6 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any
 
 import optuna
 import pytest
@@ -23,6 +22,7 @@ from orchestrator.cli import main
 from orchestrator.release.pick import PICK_FILE
 from orchestrator.sweep.driver import run_sweep
 from reports.store import read_results
+from tests.conftest import leaves
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -53,14 +53,6 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     finally:
         patch.undo()
     return out
-
-
-def _leaves(value: Any, path: str = "") -> list[tuple[str, Any]]:
-    if isinstance(value, dict):
-        return [x for k, v in value.items() for x in _leaves(v, f"{path}.{k}")]
-    if isinstance(value, list):
-        return [x for v in value for x in _leaves(v, path)]
-    return [(path, value)]
 
 
 def test_the_study_holds_only_random_draws(run: Path) -> None:
@@ -96,13 +88,13 @@ def test_pick_writes_the_noisy_score_and_no_noiseless_metric(
         history = json.loads((run / "trials" / tid / "history.json").read_text())
         noiseless |= {float(v) for epoch in history for k, v in epoch.items()
                       if "accuracy" in k or "loss" in k}
-    leaves = _leaves(doc)
-    assert not [p for p, _ in leaves if p.rsplit(".", 1)[-1] in NOISELESS_KEYS]
-    assert not [(p, v) for p, v in leaves if isinstance(v, float) and v in noiseless]
+    values = leaves(doc)
+    assert not [p for p, _ in values if p.rsplit(".", 1)[-1] in NOISELESS_KEYS]
+    assert not [(p, v) for p, v in values if isinstance(v, float) and v in noiseless]
     assert f"{float(best['val_accuracy']):.4f}" not in out
 
 
-def test_pick_export_states_the_end_to_end_epsilon_and_no_other_trial_leaves(
+def test_pick_export_states_the_end_to_end_epsilon_and_no_other_trialleaves(
         run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from orchestrator.release.statement import STATEMENT_JSON, round_up
 

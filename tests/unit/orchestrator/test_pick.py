@@ -20,7 +20,8 @@ from orchestrator.release.pick import PICK_CONFIG_FILE, PICK_FILE, pick_and_writ
 from orchestrator.trial.plan import config_from_spec
 from reports import store
 from reports.pick import choose
-from tests.test_report import INVALID_REASON, SIZES, make_run
+from tests.conftest import leaves
+from tests.unit.reports.test_report import INVALID_REASON, SIZES, make_run
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -223,7 +224,7 @@ def test_config_reproduces_the_trial_spec(index: int) -> None:
     """Everything a spec takes from the config comes back from config_from_spec: method and
     its validated hyperparameters, sizes, batch, epochs, seed, randomness, budget."""
     from orchestrator.trial.plan import randomness_kind
-    from tests.test_report import TRIALS, make_spec
+    from tests.unit.reports.test_report import TRIALS, make_spec
 
     spec = make_spec(TRIALS[index], seed=index)
     cfg = config_from_spec(json.loads(json.dumps(spec)))
@@ -243,7 +244,7 @@ def test_config_reproduces_the_trial_spec(index: int) -> None:
 
 
 def test_prepared_parameters_are_not_written_as_hyperparameters() -> None:
-    from tests.test_report import TRIALS, make_spec
+    from tests.unit.reports.test_report import TRIALS, make_spec
     from trainables.methods import get_method
 
     spec = make_spec(TRIALS[0], 0)
@@ -285,14 +286,6 @@ def _private_run(root: Path) -> Path:
     with RunDir.open(run, write=True) as opened:
         opened.record(["summary.json"])
     return run
-
-
-def _leaves(value: Any, path: str = "") -> list[tuple[str, Any]]:
-    if isinstance(value, dict):
-        return [x for k, v in value.items() for x in _leaves(v, f"{path}.{k}")]
-    if isinstance(value, list):
-        return [x for v in value for x in _leaves(v, path)]
-    return [(path, value)]
 
 
 def test_private_choice_reads_the_noisy_score_only() -> None:
@@ -341,9 +334,9 @@ def test_private_pick_writes_the_noisy_score_and_the_statement_only(
     history = json.loads((run / "trials/t14/history.json").read_text())
     noiseless |= {float(v) for epoch in history for k, v in epoch.items()
                   if "accuracy" in k or "loss" in k}
-    leaves = _leaves(doc)
-    assert leaves and not [p for p, _ in leaves if p.rsplit(".", 1)[-1] in NOISELESS_KEYS]
-    assert not [(p, v) for p, v in leaves if isinstance(v, float) and v in noiseless]
+    values = leaves(doc)
+    assert values and not [p for p, _ in values if p.rsplit(".", 1)[-1] in NOISELESS_KEYS]
+    assert not [(p, v) for p, v in values if isinstance(v, float) and v in noiseless]
     assert "expected_trials" not in doc["tuning"] and "n_trials" not in doc["tuning"]
     assert load(run / PICK_CONFIG_FILE).training.method == "dpsgd"
     # the only selection covered: no constraint, admitted flags move the choice by the score

@@ -10,8 +10,8 @@ import torch
 
 from core.errors import UserInputError
 from orchestrator.trial.plan import plan_trial
-from tests.conformance import build_step, digits
 from tests.conftest import tiny_config
+from tests.contract.conformance import build_step, digits
 from trainables.methods.dpsgd_lf import DPSGDLayerFreeze
 from trainables.randomness import Randomness, poisson_batches
 from trainables.training import load_checkpoint_state, train_trial

@@ -18,7 +18,8 @@ from core.modes import INVALID_TAG
 from core.schedule import Schedule
 from orchestrator.trial.plan import plan_trial
 from search_spaces import SPACES, build_space
-from tests.conformance import (
+from tests.conftest import tiny_config
+from tests.contract.conformance import (
     SIGMA,
     check_release,
     digits,
@@ -27,7 +28,6 @@ from tests.conformance import (
     make_method,
     prepared_params,
 )
-from tests.conftest import tiny_config
 from trainables.dp_step import PUBLIC_SHARE, PublicData
 from trainables.methods import METHODS
 from trainables.training import load_checkpoint_state, train_trial

@@ -12,7 +12,7 @@ import torch
 from core.errors import UserInputError
 from trainables.optim import Update
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 STEPS = 6
 
 
@@ -113,7 +113,7 @@ def test_training_never_imports_torch_dynamo() -> None:
     first call: 2-4 s in every fresh Ray worker on this machine)."""
     code = """
 import sys
-from tests import conformance
+from tests.contract import conformance
 from trainables.methods import METHODS
 from trainables.audit.references import NonPrivateRecipe, train_nonprivate
 for name, cls in sorted(METHODS.items()):

@@ -1,7 +1,7 @@
 """DP-AdamILG: the whitened-multiplier identity (= sigma_t for any thresholds), the threshold
 normalisation and where thresholds come from in each mode, the paper's faithful clipping, and
 the epoch-wise decaying schedule. The generic checks (release bound over a lifecycle per mode,
-accounting, round trip) are in tests/test_conformance.py."""
+accounting, round trip) are in tests/contract/test_conformance.py."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import torch
 from core.errors import UserInputError
 from core.modes import Source
 from orchestrator.trial.plan import plan_trial
-from tests.conformance import NUM_LAYERS, adversarial_view, build_step, make_method
 from tests.conftest import tiny_config
+from tests.contract.conformance import NUM_LAYERS, adversarial_view, build_step, make_method
 from trainables.methods.dp_adamilg import (
     _THRESHOLDS_FROM,
     MIN_SHARE,

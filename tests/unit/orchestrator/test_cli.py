@@ -1,6 +1,6 @@
 """The command line: the budget command's numbers, the other commands end to end (train into a
 run directory, config, version), bad input -> one line and exit 2. The table of bad inputs over
-every command is tests/test_bad_input.py."""
+every command is tests/contract/test_bad_input.py."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 from orchestrator.cli import main
 
 BIN = Path(sys.executable).parent / "dpsweep"
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FLOORS = ("orchestrator", "search_spaces", "trainables", "reports", "core")
 #: Lines a repeated block must span to count (the review tool's threshold).
 BLOCK = 6

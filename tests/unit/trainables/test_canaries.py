@@ -41,7 +41,8 @@ from orchestrator.rundir import RunDir
 from orchestrator.trial.plan import plan_trial
 from orchestrator.trial.single import TRIAL_ID, train_single
 from reports import store
-from tests.conformance import (
+from tests.conftest import tiny_config
+from tests.contract.conformance import (
     SIGMA,
     STEPS_PER_EPOCH,
     build_step,
@@ -49,7 +50,6 @@ from tests.conformance import (
     lifecycle_params,
     make_method,
 )
-from tests.conftest import tiny_config
 from trainables.audit.canaries import (
     CANARY_NORM_FACTOR,
     CanaryView,

@@ -1,7 +1,8 @@
 """DP-SGD, the baseline: the base phases are exactly Abadi et al.'s step.
 
 The generic checks (sensitivity over a lifecycle, accounting, determinism, round trip) run for
-every method in ``tests/test_conformance.py``; this file checks DP-SGD's own arithmetic against
+every method in ``tests/contract/test_conformance.py``; this file checks DP-SGD's own arithmetic
+against
 a step computed by hand: flat per-example clipping at C, one N(0, sigma^2 C^2) draw per
 coordinate, the sum divided by the *expected* batch size, one SGD update.
 """
@@ -16,7 +17,7 @@ import torch
 
 from core.errors import PrivacyBoundViolation, UserInputError
 from core.events import PoissonSubsampledGaussian, events_from_list
-from tests.conformance import build_step, digits
+from tests.contract.conformance import build_step, digits
 from trainables.dp_step import Ledger
 from trainables.methods.dpsgd import DPSGD
 from trainables.randomness import Randomness

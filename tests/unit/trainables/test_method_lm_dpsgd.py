@@ -1,7 +1,7 @@
 """LM-DP-SGD: the weight formulas (risk, bias-optimal), where u comes from in each mode (public
 batch, released gradient, the private batch itself), the per-example norm identity, and stage 1
 (the risk vector and its cache). The generic checks (release bound over a lifecycle per mode,
-accounting, round trip) are in tests/test_conformance.py."""
+accounting, round trip) are in tests/contract/test_conformance.py."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from core.errors import UserInputError
 from core.modes import Source
 from core.storage import JsonCache
 from orchestrator.trial.plan import plan_trial
-from tests.conformance import NUM_LAYERS, adversarial_view, build_step
 from tests.conftest import tiny_config
+from tests.contract.conformance import NUM_LAYERS, adversarial_view, build_step
 from trainables.data import load_splits
 from trainables.engine import MaterializedGrads
 from trainables.methods import get_method

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from orchestrator.docgen import stale
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _python_block() -> str:

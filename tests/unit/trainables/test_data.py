@@ -551,7 +551,7 @@ for split in (splits.train, splits.validation, splits.test):
     assert (split.y.numpy() == pool.y[split.indices]).all()
 print("ok")
 """
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[3]
     proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]

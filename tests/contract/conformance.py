@@ -1,6 +1,6 @@
 """The conformance suite every DP method and mode passes (like scikit-learn's estimator checks).
 
-``tests/test_conformance.py`` parametrises it over the registry, so a new method is tested
+``tests/contract/test_conformance.py`` parametrises it over the registry, so a new method is tested
 without writing a test file. Nothing in it trusts the method's own claims, and no check has
 slack beyond floating-point rounding:
 

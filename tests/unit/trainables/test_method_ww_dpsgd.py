@@ -1,6 +1,7 @@
 """WW-DP-SGD: the spectral-feedback controller (its equations, timing and clamps), noise that
 follows C_t, and the trajectories a trial records. The generic checks (the release bound over a
-lifecycle that includes probes, accounting, round trip) are in tests/test_conformance.py."""
+lifecycle that includes probes, accounting, round trip) are in
+tests/contract/test_conformance.py."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ import torch
 
 from core.errors import UserInputError
 from orchestrator.trial.plan import plan_trial
-from tests.conformance import build_step
 from tests.conftest import tiny_config
+from tests.contract.conformance import build_step
 from trainables.methods import ww_dpsgd
 from trainables.methods.ww_dpsgd import WWDPSGD
 from trainables.randomness import Randomness

@@ -41,7 +41,7 @@ from orchestrator.trial.single import train_single
 from reports import store
 from tests.conftest import tiny_config
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DPSWEEP = Path(sys.executable).parent / "dpsweep"
 TRIAL = "trial-000"  # orchestrator.trial.single.TRIAL_ID
 STATE = f"trials/{TRIAL}/checkpoint/state.pt"

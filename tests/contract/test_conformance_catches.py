@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
-from tests.conformance import (
+from tests.contract.conformance import (
     NOISE_STEPS,
     RESUME_AT,
     check_noise,

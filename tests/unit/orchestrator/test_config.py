@@ -17,7 +17,7 @@ from core.errors import UserInputError
 from orchestrator import config
 from trainables.methods import METHODS
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _load(tmp_path: Path, text: str) -> config.Config:

@@ -25,7 +25,7 @@ from orchestrator import cluster
 
 ray = pytest.importorskip("ray")
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FAST_S = 5.0  # refusals must come this quickly (Ray alone would hang or retry for minutes)
 GONE_S = 20.0  # Ray's processes are gone this long after shutdown()
 TCP_LISTEN = "0A"

@@ -4,7 +4,7 @@
 Everything here runs in-process on a SQLite Optuna storage in ``tmp_path``; the searcher is
 driven by hand the way Tune drives it (suggest, then on_trial_complete), with trial records
 written the way ``orchestrator.trial.runner`` writes them. The real CLI under faults is in
-``tests/test_faults.py``.
+``tests/system/test_faults.py``.
 """
 
 from __future__ import annotations

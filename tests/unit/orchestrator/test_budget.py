@@ -49,7 +49,7 @@ from orchestrator.accounting.verify import (
     verify_calibration,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 Q, T, DELTA = 0.004267, 2344, 1e-5
 #: sigma of the acceptance question whose fine PRV upper bound is the window's centre, found by
 #: bisection on prv_epsilon (eps_error 0.006): printed rounded up, it reads 0.6952.

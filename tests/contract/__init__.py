@@ -1,0 +1,1 @@
+"""Contract suites: what every method, mode and input must satisfy."""

@@ -1,0 +1,1 @@
+"""System tests: whole sweeps, faults and clusters, end to end."""
