@@ -16,37 +16,15 @@ best result is released.
 
 from __future__ import annotations
 
-import math
-import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from core.checks import number, whole
 from core.errors import UserInputError
 
 #: Smallest mean number of repetitions dp_accounting's repeat-and-select analysis accepts.
 MIN_REPETITION_MEAN = 1.0
-
-
-def _number(value: Any, *, field: str, allowed: str, low: float, high: float = math.inf,
-            low_open: bool = True, high_open: bool = False) -> float:
-    ok = not isinstance(value, bool) and isinstance(value, (int, float))
-    x = float(value) if ok else math.nan
-    ok = ok and math.isfinite(x) and (x > low if low_open else x >= low)
-    ok = ok and (x < high if high_open else x <= high)
-    if not ok:
-        raise UserInputError(field=field, value=value, allowed=allowed)
-    return x
-
-
-def _count(value: Any, *, field: str) -> int:
-    try:
-        n = operator.index(value) if not isinstance(value, bool) else 0
-    except TypeError:
-        n = 0
-    if n < 1:
-        raise UserInputError(field=field, value=value, allowed="an integer >= 1")
-    return n
 
 
 @dataclass(frozen=True)
@@ -61,13 +39,12 @@ class PoissonSubsampledGaussian:
     kind: ClassVar[str] = "poisson_subsampled_gaussian"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "sampling_probability", _number(
+        object.__setattr__(self, "sampling_probability", number(
             self.sampling_probability, field="event.sampling_probability",
-            allowed="a number in (0, 1]", low=0.0, high=1.0))
-        object.__setattr__(self, "noise_multiplier", _number(
-            self.noise_multiplier, field="event.noise_multiplier", allowed="a finite number > 0",
-            low=0.0))
-        object.__setattr__(self, "count", _count(self.count, field="event.count"))
+            allowed="a number in (0, 1]", low=0.0, low_open=True, high=1.0))
+        object.__setattr__(self, "noise_multiplier", number(
+            self.noise_multiplier, field="event.noise_multiplier", low=0.0, low_open=True))
+        object.__setattr__(self, "count", whole(self.count, field="event.count", low=1))
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "sampling_probability": self.sampling_probability,
@@ -84,10 +61,9 @@ class Gaussian:
     kind: ClassVar[str] = "gaussian"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "noise_multiplier", _number(
-            self.noise_multiplier, field="event.noise_multiplier", allowed="a finite number > 0",
-            low=0.0))
-        object.__setattr__(self, "count", _count(self.count, field="event.count"))
+        object.__setattr__(self, "noise_multiplier", number(
+            self.noise_multiplier, field="event.noise_multiplier", low=0.0, low_open=True))
+        object.__setattr__(self, "count", whole(self.count, field="event.count", low=1))
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "noise_multiplier": self.noise_multiplier,
@@ -131,13 +107,12 @@ class RepeatAndSelect:
         if not isinstance(self.event, EVENT_TYPES):
             raise UserInputError(field="event.event", value=repr(self.event)[:200],
                                  allowed="an accounting event")
-        object.__setattr__(self, "mean", _number(
-            self.mean, field="event.mean", allowed=f"a finite number >= {MIN_REPETITION_MEAN:g}",
-            low=MIN_REPETITION_MEAN, low_open=False))
+        object.__setattr__(self, "mean", number(
+            self.mean, field="event.mean", low=MIN_REPETITION_MEAN))
         if self.shape is not None:
-            object.__setattr__(self, "shape", _number(
+            object.__setattr__(self, "shape", number(
                 self.shape, field="event.shape",
-                allowed="None (Poisson) or a finite number >= 0", low=0.0, low_open=False))
+                allowed="None (Poisson) or a finite number >= 0", low=0.0))
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "event": self.event.to_dict(), "mean": self.mean,

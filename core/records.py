@@ -17,6 +17,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from core.checks import number, number_range, whole
 from core.errors import UserInputError
 from core.schedule import Schedule
 from core.storage import atomic_write_json
@@ -30,24 +31,35 @@ ACCOUNTANTS = ("prv", "rdp")
 
 
 def _is_number(value: Any) -> bool:
+    """A plain JSON number: the record keeps values as given, so numpy scalars stay out."""
     return not isinstance(value, bool) and isinstance(value, (int, float))
+
+
+def _passes(check: Callable[[], Any]) -> bool:
+    try:
+        check()
+    except UserInputError:
+        return False
+    return True
 
 
 def _number(*, low: float, low_open: bool = True, high: float = math.inf,
             optional: bool = False) -> tuple[Callable[[Any], bool], str]:
-    """A finite-number rule in (low, high] or [low, high], None allowed when ``optional``."""
+    """core.checks.number in (low, high] or [low, high] as a rule; None allowed when
+    ``optional``."""
+    bounds = {"low": low, "low_open": low_open, "high": high}
+
     def ok(value: Any) -> bool:
         if value is None:
             return optional
-        return (_is_number(value) and math.isfinite(value)
-                and (value > low if low_open else value >= low) and value <= high)
-    if low == -math.inf:
-        allowed = "a finite number"
-    elif high == math.inf:
-        allowed = f"a finite number {'>' if low_open else '>='} {low:g}"
-    else:
-        allowed = f"a finite number in {'(' if low_open else '['}{low:g}, {high:g}]"
-    return ok, allowed + (" or null" if optional else "")
+        return _is_number(value) and _passes(lambda: number(value, field="", **bounds))
+    return ok, number_range(**bounds) + (" or null" if optional else "")
+
+
+def _whole(*, low: int) -> tuple[Callable[[Any], bool], str]:
+    """core.checks.whole (>= low) as a rule, for a plain JSON integer."""
+    return ((lambda v: isinstance(v, int) and _passes(lambda: whole(v, field="", low=low))),
+            f"an integer >= {low}")
 
 
 def _one_of(options: tuple[str, ...]) -> tuple[Callable[[Any], bool], str]:
@@ -71,8 +83,7 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "randomness": _one_of(RANDOMNESS_KINDS),
     "release_safe": _FLAG,
     "sample_rate": _number(low=0.0, high=1.0),
-    "steps": ((lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1),
-              "an integer >= 1"),
+    "steps": _whole(low=1),
     "noise_multiplier": _number(low=0.0),
     "noise_schedule": ((lambda v: isinstance(v, Schedule)),
                        "a list of {noise_multiplier, steps}"),
@@ -91,8 +102,7 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
                 and isinstance(v.get("events"), list)
                 and all(isinstance(e, dict) for e in v["events"])),
                "a ledger {sample_rate, events: [...]}"),
-    "guard_capped": ((lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0),
-                     "an integer >= 0"),
+    "guard_capped": _whole(low=0),
     "method_record": _OBJECT,
     "trajectories": ((lambda v: _str_map(v) and all(isinstance(s, list) for s in v.values())),
                      "a JSON object of lists"),

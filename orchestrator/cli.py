@@ -35,15 +35,6 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_USAGE)
 
 
-def _positive(name: str, value: float, *, upper: float | None = None,
-              upper_open: bool = False) -> None:
-    if not (math.isfinite(value) and value > 0):
-        raise UserInputError(field=name, value=value, allowed="a finite number > 0")
-    if upper is not None and (value > upper or (upper_open and value >= upper)):
-        raise UserInputError(field=name, value=value,
-                             allowed=f"a number in (0, {upper}{')' if upper_open else ']'}")
-
-
 def cmd_budget(args: argparse.Namespace) -> int:
     """The calibrated noise for a budget, light enough to answer in about a second.
 
@@ -54,53 +45,48 @@ def cmd_budget(args: argparse.Namespace) -> int:
     """
     from decimal import ROUND_CEILING, ROUND_FLOOR, ROUND_HALF_EVEN, Decimal
 
+    from core.checks import number, whole
     from orchestrator.accounting.calibration import calibrate
-    from orchestrator.config import (
-        DEFAULT_ACCOUNTANT_TIMEOUT_S,
-        MAX_ACCOUNTANT_TIMEOUT_S,
-        MAX_EPSILON,
-    )
+    from orchestrator.accounting.certificate import check_delta, check_epsilon, check_sample_rate
+    from orchestrator.config import DEFAULT_ACCOUNTANT_TIMEOUT_S, MAX_ACCOUNTANT_TIMEOUT_S
 
     def need(ok: bool, flag: str, value: Any, allowed: str) -> None:
+        """For the flag combinations; numbers go through core.checks."""
         if not ok:
             raise UserInputError(field=flag, value=value, allowed=allowed)
 
-    eps, delta, timeout = args.epsilon, args.delta, args.accountant_timeout_s
-    if timeout is None:
-        timeout = DEFAULT_ACCOUNTANT_TIMEOUT_S
-    need(math.isfinite(eps) and 0 < eps <= MAX_EPSILON, "--epsilon (privacy.epsilon)", eps,
-         f"a number in (0, {MAX_EPSILON:g}]")
-    need(math.isfinite(delta) and 0 < delta < 1, "--delta (privacy.delta)", delta,
-         "a number in (0, 1)")
-    need(math.isfinite(timeout) and 1 <= timeout <= MAX_ACCOUNTANT_TIMEOUT_S,
-         "--accountant-timeout-s (privacy.accountant_timeout_s)", timeout,
-         f"a number in [1, {MAX_ACCOUNTANT_TIMEOUT_S:g}]")
+    eps = check_epsilon(args.epsilon, field="--epsilon (privacy.epsilon)")
+    delta = check_delta(args.delta, field="--delta (privacy.delta)")
+    timeout = number(
+        DEFAULT_ACCOUNTANT_TIMEOUT_S if args.accountant_timeout_s is None
+        else args.accountant_timeout_s,
+        field="--accountant-timeout-s (privacy.accountant_timeout_s)",
+        low=1.0, high=MAX_ACCOUNTANT_TIMEOUT_S,
+        allowed=f"a number in [1, {MAX_ACCOUNTANT_TIMEOUT_S:g}]")
     if args.sample_rate is not None:
         need(args.batch_size is None and args.train_size is None, "--sample-rate",
              args.sample_rate, "either --sample-rate or --batch-size with --train-size, not both")
-        q = args.sample_rate
-        need(math.isfinite(q) and 0 < q <= 1, "--sample-rate", q, "a number in (0, 1]")
+        q = check_sample_rate(args.sample_rate, field="--sample-rate")
         steps_per_epoch = max(1, round(1.0 / q))
     else:
         need(args.batch_size is not None and args.train_size is not None,
              "--batch-size/--train-size", (args.batch_size, args.train_size),
              "both given (or --sample-rate instead)")
-        need(args.train_size >= 1, "--train-size (data.train_size)", args.train_size,
-             "an integer >= 1")
-        need(1 <= args.batch_size <= args.train_size, "--batch-size (training.batch_size)",
-             args.batch_size, f"an integer in [1, --train-size={args.train_size}]")
-        steps_per_epoch = math.ceil(args.train_size / args.batch_size)
+        train_size = whole(args.train_size, field="--train-size (data.train_size)", low=1)
+        batch_size = whole(args.batch_size, field="--batch-size (training.batch_size)", low=1,
+                           high=train_size,
+                           allowed=f"an integer in [1, --train-size={train_size}]")
+        steps_per_epoch = math.ceil(train_size / batch_size)
         q = 1.0 / steps_per_epoch
     need((args.steps is None) != (args.epochs is None), "--steps/--epochs",
          (args.steps, args.epochs), "exactly one of them")
     if args.steps is not None:
-        need(args.steps >= 1, "--steps", args.steps, "an integer >= 1")
+        steps = whole(args.steps, field="--steps", low=1)
     else:
-        need(args.epochs >= 1, "--epochs (training.epochs)", args.epochs, "an integer >= 1")
+        steps = whole(args.epochs, field="--epochs (training.epochs)", low=1) * steps_per_epoch
     if args.train_size is not None:
         need(delta < 1.0 / args.train_size, "--delta (privacy.delta)", delta,
              f"< 1/--train-size = {1.0 / args.train_size:.3g}")
-    steps = args.steps if args.steps is not None else args.epochs * steps_per_epoch
     cal = calibrate(target_epsilon=eps, delta=delta, sample_rate=q, steps=steps,
                     timeout_s=timeout, use_cache=False)
     if args.json:

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from core.checks import number, whole
 from core.errors import UserInputError
 
 LOOPBACK_V4 = "127.0.0.1"
@@ -500,14 +501,11 @@ def check_resources(*, cpus_per_trial: float, gpus_per_trial: float,
     nodes: Sequence[NodeResources] = info.nodes if info is not None else (machine_resources(),)
     where = ("this machine" if info is None else
              "one node of this cluster" if not info.local else "the local Ray")
-    _check_number("resources.cpus_per_trial", cpus_per_trial, low=0.0)
-    _check_number("resources.gpus_per_trial", gpus_per_trial, low=0.0)
+    number(cpus_per_trial, field="resources.cpus_per_trial", low=0.0)
+    number(gpus_per_trial, field="resources.gpus_per_trial", low=0.0)
     if memory_per_trial_mb is not None:
-        _check_number("resources.memory_per_trial_mb", memory_per_trial_mb, low=0.0)
-    if isinstance(max_concurrent, bool) or not isinstance(max_concurrent, int) \
-            or max_concurrent < 1:
-        raise UserInputError(field="sweep.max_concurrent_trials", value=max_concurrent,
-                             allowed="an integer >= 1")
+        number(memory_per_trial_mb, field="resources.memory_per_trial_mb", low=0.0)
+    whole(max_concurrent, field="sweep.max_concurrent_trials", low=1)
     if gpus_per_trial > 1 and gpus_per_trial != int(gpus_per_trial):
         raise UserInputError(field="resources.gpus_per_trial", value=gpus_per_trial,
                              allowed="a fraction below 1 or a whole number (Ray's rule)")
@@ -548,12 +546,6 @@ def _fits(node: NodeResources, *, cpus: float, gpus: float, memory_mb: float) ->
     counts = [math.floor(have / want + 1e-9) for have, want in
               ((node.cpus, cpus), (node.gpus, gpus), (node.memory_mb, memory_mb)) if want > 0]
     return min(counts) if counts else sys.maxsize  # asks for nothing: max_concurrent limits
-
-
-def _check_number(field: str, value: object, *, low: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or not math.isfinite(value) or value < low:
-        raise UserInputError(field=field, value=value, allowed=f"a finite number >= {low:g}")
 
 
 def _listing(nodes: Sequence[NodeResources], *keys: str) -> str:

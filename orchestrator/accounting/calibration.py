@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from core.checks import whole
 from core.errors import UserInputError
 from core.schedule import Phase, Schedule
 from orchestrator.accounting.cache import cache_for, calibration_key, lookup, store
@@ -31,7 +32,6 @@ from orchestrator.accounting.certificate import (
     check_epsilon,
     check_sample_rate,
     check_timeout,
-    check_whole,
 )
 from orchestrator.accounting.prv import (
     DEFAULT_PRV_EPS_ERROR,
@@ -113,7 +113,7 @@ def _shape(steps: Any, shape: Any) -> Schedule:
                              allowed="exactly one of steps (constant noise) or shape "
                                      "(a schedule of relative noise multipliers)")
     if steps is not None:
-        n = check_whole(steps, field="steps", low=1, allowed="an integer >= 1")
+        n = whole(steps, field="steps", low=1)
         return Schedule.constant(noise_multiplier=1.0, steps=n)
     return as_schedule(shape, field="shape")
 
@@ -192,11 +192,8 @@ def epsilon_curve(calibration: Calibration, *, at_steps: Sequence[int]) -> list[
     if isinstance(at_steps, (str, bytes)):
         raise UserInputError(field="at_steps", value=at_steps,
                              allowed=f"a sequence of integers in [1, {total}]")
-    ks = [check_whole(k, field="at_steps", low=1, allowed=f"integers in [1, {total}]")
+    ks = [whole(k, field="at_steps", low=1, high=total, allowed=f"integers in [1, {total}]")
           for k in at_steps]
-    for k in ks:
-        if k > total:
-            raise UserInputError(field="at_steps", value=k, allowed=f"integers in [1, {total}]")
     if not ks:
         return []
     unique = sorted(set(ks))

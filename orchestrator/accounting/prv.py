@@ -29,7 +29,7 @@ from orchestrator.accounting.certificate import (
     EpsilonBounds,
     as_schedule,
     check_delta,
-    check_eps_error,
+    check_positive,
     check_sample_rate,
 )
 
@@ -410,7 +410,8 @@ def prv_epsilon(*, schedule: Schedule | Sequence[Phase], sample_rate: float, del
     sched = as_schedule(schedule)
     q = check_sample_rate(sample_rate)
     d = check_delta(delta)
-    err = DEFAULT_PRV_EPS_ERROR if eps_error is None else check_eps_error(eps_error)
+    err = (DEFAULT_PRV_EPS_ERROR if eps_error is None
+           else check_positive(eps_error, field="eps_error"))
     lo, est, up = prv_bounds(sigmas=[p.noise_multiplier for p in sched.phases],
                              steps=[p.steps for p in sched.phases], sample_rate=q, delta=d,
                              eps_error=err)

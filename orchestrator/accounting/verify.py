@@ -30,7 +30,7 @@ from orchestrator.accounting.certificate import (
     EpsilonBounds,
     as_schedule,
     check_delta,
-    check_eps_error,
+    check_positive,
     check_sample_rate,
 )
 from orchestrator.accounting.prv import MAX_PRV_LOSS
@@ -137,8 +137,8 @@ def epsilon_of_events(events: Event | Sequence[Event], *, delta: float,
                                  allowed="'rdp' for repeat-and-select events (dp_accounting's "
                                          "PLD accountant does not support them)")
         interval = (DEFAULT_PLD_INTERVAL if value_discretization_interval is None else
-                    check_eps_error(value_discretization_interval,
-                                    field="value_discretization_interval"))
+                    check_positive(value_discretization_interval,
+                                   field="value_discretization_interval"))
         from dp_accounting.pld import pld_privacy_accountant
 
         acc: Any = pld_privacy_accountant.PLDAccountant(value_discretization_interval=interval)

@@ -33,6 +33,7 @@ from typing import Any
 import safetensors.torch
 import torch
 
+from core.checks import number, whole
 from core.errors import UserInputError
 from core.records import PrivacyRecord
 from core.storage import TMP_PREFIX, atomic_write_bytes
@@ -137,14 +138,8 @@ def _get(record: dict[str, Any], key: str, *, where: str) -> Any:
 
 def _number(record: dict[str, Any], key: str, *, where: str, low: float = 0.0,
             low_open: bool = True, high: float = math.inf) -> float:
-    value = _get(record, key, where=where)
-    allowed = f"a finite number in {'(' if low_open else '['}{low:g}, {high:g}]"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _bad(f"{where}.{key}", value, allowed)
-    x = float(value)
-    if not (math.isfinite(x) and (x > low if low_open else x >= low) and x <= high):
-        raise _bad(f"{where}.{key}", value, allowed)
-    return x
+    return number(_get(record, key, where=where), field=f"{where}.{key}", low=low,
+                  low_open=low_open, high=high)
 
 
 def _text(record: dict[str, Any], key: str, *, where: str, optional: bool = False
@@ -158,10 +153,7 @@ def _text(record: dict[str, Any], key: str, *, where: str, optional: bool = Fals
 
 
 def _count(record: dict[str, Any], key: str, *, where: str) -> int:
-    value = _get(record, key, where=where)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise _bad(f"{where}.{key}", value, "an integer >= 1")
-    return value
+    return whole(_get(record, key, where=where), field=f"{where}.{key}", low=1)
 
 
 def round_up(value: float) -> str:

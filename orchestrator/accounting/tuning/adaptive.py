@@ -17,9 +17,10 @@ from dp_accounting.pld import common as pld_common
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
+from core.checks import whole
 from core.errors import UserInputError
 from core.schedule import Schedule
-from orchestrator.accounting.certificate import check_whole, loose_delta, loose_positive
+from orchestrator.accounting.certificate import check_delta, check_positive
 from orchestrator.accounting.tuning.private import PLD_DISCRETIZATION, training_event
 
 __all__ = ["AdaptiveStatement", "adaptive_statement"]
@@ -163,10 +164,10 @@ def adaptive_statement(*, n_trials: int, per_trial_epsilon: float, delta: float,
     failure probability plus delta of slack. With ``sample_rate`` and ``schedule`` (every model
     the same DP-SGD run) the N runs are composed exactly at ``delta``.
     """
-    n = check_whole(n_trials, field="n_trials", low=1, allowed="an integer >= 1")
-    r = check_whole(reruns, field="reruns", low=0, allowed="an integer >= 0")
-    eps = loose_positive(per_trial_epsilon, field="privacy.epsilon")
-    d = loose_delta(delta)
+    n = whole(n_trials, field="n_trials", low=1)
+    r = whole(reruns, field="reruns", low=0)
+    eps = check_positive(per_trial_epsilon, field="privacy.epsilon")
+    d = check_delta(delta)
     seen = _objectives(objectives)
     if (sample_rate is None) != (schedule is None):
         raise UserInputError(field="schedule", value=repr(schedule)[:200],

@@ -44,15 +44,14 @@ from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
+from core.checks import number, whole
 from core.errors import UserInputError
 from core.schedule import Schedule
 from orchestrator.accounting.certificate import (
     WINDOW,  # a plan is matched within 1% too
-    check_whole,
-    loose_delta,
-    loose_finite,
-    loose_positive,
-    loose_sample_rate,
+    check_delta,
+    check_positive,
+    check_sample_rate,
 )
 
 __all__ = [
@@ -102,7 +101,7 @@ _F_SCORE = "sweep.score_noise"
 
 
 # --------------------------------------------------------------------------------------------
-# Validation (the checks shared with adaptive statements are in limits)
+# Validation (the checks shared with the other accountants are in certificate and core.checks)
 
 
 def _schedule(value: Any, *, field: str = "schedule") -> Schedule:
@@ -116,9 +115,8 @@ def _trial_count(mean_trials: Any, distribution: Any, shape_eta: Any) -> tuple[f
                                                                               float | None]:
     """Validated (mean, distribution, eta): mu >= 1 and eta >= 0 are what dp_accounting takes."""
     allowed_mean = f"a number in [1, {MAX_EXPECTED_TRIALS:g}] (the mean number of trials)"
-    mean = loose_finite(mean_trials, field=_F_MEAN, allowed=allowed_mean)
-    if not 1 <= mean <= MAX_EXPECTED_TRIALS:
-        raise UserInputError(field=_F_MEAN, value=mean_trials, allowed=allowed_mean)
+    mean = number(mean_trials, field=_F_MEAN, low=1.0, high=MAX_EXPECTED_TRIALS,
+                  allowed=allowed_mean)
     if distribution not in DISTRIBUTIONS:
         raise UserInputError(field=_F_DISTRIBUTION, value=distribution,
                              allowed=" or ".join(repr(d) for d in DISTRIBUTIONS))
@@ -134,9 +132,7 @@ def _trial_count(mean_trials: Any, distribution: Any, shape_eta: Any) -> tuple[f
                    "implements eta >= 0: 0 logarithmic, 1 geometric)")
     if shape_eta is None:
         raise UserInputError(field=_F_SHAPE, value=None, allowed=allowed_eta)
-    eta = loose_finite(shape_eta, field=_F_SHAPE, allowed=allowed_eta)
-    if eta < 0:
-        raise UserInputError(field=_F_SHAPE, value=shape_eta, allowed=allowed_eta)
+    eta = number(shape_eta, field=_F_SHAPE, low=0.0, allowed=allowed_eta)
     return mean, distribution, eta
 
 
@@ -147,7 +143,7 @@ def _trial_count(mean_trials: Any, distribution: Any, shape_eta: Any) -> tuple[f
 def training_event(*, schedule: Schedule, sample_rate: float) -> dp_event.DpEvent:
     """DP-SGD as a dp_accounting event: one self-composed subsampled Gaussian per phase."""
     schedule = _schedule(schedule)
-    q = loose_sample_rate(sample_rate)
+    q = check_sample_rate(sample_rate)
     phases = [dp_event.SelfComposedDpEvent(
         dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(p.noise_multiplier)),
         p.steps) for p in schedule.merged().phases]
@@ -161,7 +157,7 @@ def trial_event(*, schedule: Schedule, sample_rate: float,
     Composition, not the tighter maximum, although validation and training are disjoint: see
     the module docstring.
     """
-    sigma_s = loose_positive(score_noise_multiplier, field=_F_SCORE)
+    sigma_s = check_positive(score_noise_multiplier, field=_F_SCORE)
     return dp_event.ComposedDpEvent([training_event(schedule=schedule, sample_rate=sample_rate),
                                      dp_event.GaussianDpEvent(sigma_s)])
 
@@ -192,7 +188,7 @@ def end_to_end_epsilon(*, schedule: Schedule, sample_rate: float,
                        shape_eta: float | None = None) -> float:
     """Epsilon at ``delta`` of the released (selected) model: dp_accounting RDP, the only
     dp_accounting accountant that supports ``RepeatAndSelectDpEvent``."""
-    d = loose_delta(delta)
+    d = check_delta(delta)
     event = tuning_event(schedule=schedule, sample_rate=sample_rate,
                          score_noise_multiplier=score_noise_multiplier,
                          mean_trials=mean_trials, distribution=distribution, shape_eta=shape_eta)
@@ -389,10 +385,10 @@ def plan_private_tuning(*, target_epsilon: float, delta: float, sample_rate: flo
     noise reaches the target.
     """
     start = time.perf_counter()
-    target = loose_positive(target_epsilon, field=_F_EPSILON)
-    d = loose_delta(delta)
-    q = loose_sample_rate(sample_rate)
-    sigma_s = loose_positive(score_noise_multiplier, field=_F_SCORE)
+    target = check_positive(target_epsilon, field=_F_EPSILON)
+    d = check_delta(delta)
+    q = check_sample_rate(sample_rate)
+    sigma_s = check_positive(score_noise_multiplier, field=_F_SCORE)
     mean, distribution, eta = _trial_count(mean_trials, distribution, shape_eta)
     shape = _plan_shape(steps, shape)
     lo, hi = _factor_range(shape)
@@ -432,7 +428,7 @@ def _plan_shape(steps: Any, shape: Any) -> Schedule:
         raise UserInputError(field="steps", value={"steps": steps, "shape": repr(shape)},
                              allowed="exactly one of steps or shape")
     if shape is None:
-        n = check_whole(steps, field="steps", low=1, allowed="an integer >= 1")
+        n = whole(steps, field="steps", low=1)
         shape = Schedule.constant(noise_multiplier=1.0, steps=n)
     return _schedule(shape, field="shape")
 
@@ -540,10 +536,8 @@ def noisy_score(*, correct: int, total: int, noise_multiplier: float) -> float:
     sensitivity of the numerator is 1 and the division is post-processing. Not hardened
     against floating-point side channels of the Gaussian sampler.
     """
-    n = check_whole(total, field="total", low=1, allowed="an integer >= 1 (validation size)")
-    c = check_whole(correct, field="correct", low=0, allowed=f"an integer in [0, {n}]")
-    if c > n:
-        raise UserInputError(field="correct", value=correct, allowed=f"an integer in [0, {n}]")
-    sigma = loose_positive(noise_multiplier, field=_F_SCORE)
+    n = whole(total, field="total", low=1, allowed="an integer >= 1 (validation size)")
+    c = whole(correct, field="correct", low=0, high=n)
+    sigma = check_positive(noise_multiplier, field=_F_SCORE)
     rng = np.random.default_rng(secrets.randbits(128))
     return (c + float(rng.normal(0.0, sigma))) / n
