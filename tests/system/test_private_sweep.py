@@ -94,7 +94,7 @@ def test_pick_writes_the_noisy_score_and_no_noiseless_metric(
     assert f"{float(best['val_accuracy']):.4f}" not in out
 
 
-def test_pick_export_states_the_end_to_end_epsilon_and_no_other_trialleaves(
+def test_pick_export_states_the_end_to_end_epsilon_and_no_other_trial_leaves(
         run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from orchestrator.release.statement import STATEMENT_JSON, round_up
 
