@@ -20,7 +20,7 @@ from typing import Any
 from bench.harness import write_results
 from orchestrator.config import Config
 from orchestrator.sweep.plans import at_epsilon, study_plans
-from orchestrator.trial.plan import load_data, plan_trial
+from orchestrator.trial.plan import plan_trial
 from search_spaces import STEP
 from trainables.training import train_trial
 
@@ -39,7 +39,7 @@ def main() -> None:
     torch.set_num_threads(1)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     cfg = Config()
-    data = load_data(cfg)
+    data = cfg.data_splits()
     rows: list[dict[str, Any]] = []
     for plan in study_plans(cfg):
         study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=args.seed),

@@ -24,3 +24,6 @@ POOLS: dict[str, tuple[int, int]] = {
     "mnist": (60000, 10000),
     "cifar10": (50000, 10000),
 }
+#: The ``[data] dataset`` of a user's own data (a file or a factory: ``trainables.datafiles``);
+#: its shapes, classes and sizes come from the data itself.
+FILE_DATASET = "file"

@@ -186,6 +186,37 @@ class Constraint:
     allowed: str
 
 
+class ValidatedParams(dict):
+    """Values already checked against one owner's declaration (a method's ``ParamSet``).
+
+    Read-only, so a layer handed one trusts it instead of checking again: validation happens
+    once where values enter (the config, the searcher's draw, a spec read from disk or the
+    wire) and nowhere after. A ``dict`` otherwise (JSON, TOML and ``dataclasses.asdict`` see
+    plain data); a copy built by ``asdict`` has no owner, so it is checked again if used.
+    """
+
+    def __init__(self, values: Any = (), *, owner: str = "") -> None:
+        super().__init__(values)
+        self.owner = owner
+
+    def _read_only(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("validated parameters are read-only: validate a changed copy instead")
+
+    __setitem__ = __delitem__ = _read_only  # type: ignore[assignment]
+    clear = pop = popitem = setdefault = update = _read_only  # type: ignore[assignment]
+    __ior__ = _read_only  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_validated, (dict(self), self.owner))
+
+    def __repr__(self) -> str:
+        return f"ValidatedParams({dict(self)!r}, owner={self.owner!r})"
+
+
+def _validated(values: dict[str, Any], owner: str) -> ValidatedParams:
+    return ValidatedParams(values, owner=owner)
+
+
 @dataclass(frozen=True)
 class ParamSet:
     """An ordered set of declarations with one validator for all of them."""

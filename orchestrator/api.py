@@ -15,11 +15,13 @@ against its manifest before they are read.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from core.errors import UserInputError
-from orchestrator.config import Config, from_dict, load
+from orchestrator.config import Config, load, read_toml
+from orchestrator.config import from_dict as config_from_dict
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -31,17 +33,45 @@ __all__ = ["Config", "UserInputError", "export", "from_dict", "load_config", "pi
            "results", "resume", "run"]
 
 
-def load_config(path: str | Path) -> Config:
-    """A validated config from a TOML file (``dpsweep config`` lists every key)."""
-    return load(path)
+def load_config(path: str | Path, *, model: Callable[..., Any] | None = None) -> Config:
+    """A validated config from a TOML file (``dpsweep config`` lists every key); ``model`` is
+    your network's factory as a callable (see :func:`run`), set before validation."""
+    if model is None:
+        return load(path)
+    return from_dict(read_toml(path), base_dir=Path(path).resolve().parent, model=model)
 
 
-def run(cfg: Config, *, out: str | Path, address: str | None = None,
-        quiet: bool = True) -> SweepSummary:
-    """Run a sweep into the new directory ``out`` (local Ray on loopback, or ``address``)."""
+def from_dict(raw: Mapping[str, Any], *, base_dir: str | Path | None = None,
+              model: Callable[..., Any] | None = None) -> Config:
+    """A validated config from a dict shaped like the TOML file; ``model`` as in :func:`run`."""
+    return config_from_dict(raw if model is None else _with_model(raw, model),
+                            base_dir=base_dir)
+
+
+def run(cfg: Config, *, out: str | Path, address: str | None = None, quiet: bool = True,
+        model: Callable[..., Any] | None = None) -> SweepSummary:
+    """Run a sweep into the new directory ``out`` (local Ray on loopback, or ``address``).
+
+    ``model`` is your network's factory, called as ``model(input_shape=..., num_classes=...,
+    **cfg.model.args)``; it must be defined at the top level of a module file, since workers,
+    ``resume`` and ``export`` import it by name (its folder ships to every worker).
+    """
     from orchestrator.sweep.driver import run_sweep
 
+    if model is not None:
+        cfg = config_from_dict(_with_model(cfg.to_dict(), model))
     return run_sweep(cfg, run_dir=Path(out), address=address, quiet=quiet)
+
+
+def _with_model(raw: Mapping[str, Any], model: Callable[..., Any]) -> dict[str, Any]:
+    """``raw`` with ``[model] factory`` and ``code_dir`` naming the callable ``model``."""
+    from trainables.model_source import source_of_callable
+
+    section = dict(raw.get("model") or {})
+    source = source_of_callable(model, args=section.get("args"),
+                                layers=tuple(section.get("layers") or ()))
+    return {**raw, "model": {**section, "factory": source.factory,
+                             "code_dir": source.code_dir}}
 
 
 def resume(run_dir: str | Path, *, address: str | None = None,

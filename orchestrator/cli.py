@@ -272,7 +272,8 @@ def cmd_config(args: argparse.Namespace) -> int:
         cfg = config_mod.load(args.check)
         from trainables.data import check_available
 
-        where = check_available(dataset=cfg.data.dataset, data_dir=cfg.data.data_dir or None)
+        where = check_available(dataset=cfg.data.dataset, data_dir=cfg.data.data_dir or None,
+                                source=cfg.file_source())
         print(f"{args.check}: valid; {cfg.data.dataset} data: {where}")
         return 0
     print(config_mod.describe())

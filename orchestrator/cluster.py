@@ -25,6 +25,7 @@ Ray's processes through the environment, never written to disk or put on a comma
 from __future__ import annotations
 
 import atexit
+import json
 import math
 import os
 import secrets
@@ -117,7 +118,8 @@ _state = _State()
 # --------------------------------------------------------------------------- local Ray
 
 
-def start_local(*, num_cpus: int | None, num_gpus: float | None, quiet: bool) -> ClusterInfo:
+def start_local(*, num_cpus: int | None, num_gpus: float | None, quiet: bool,
+                runtime_env: dict[str, Any] | None = None) -> ClusterInfo:
     """Start a private Ray on this machine whose every listening socket is on 127.0.0.1.
 
     ``num_cpus=None`` gives Ray the CPUs this process may use (affinity and cgroup quota, which
@@ -146,7 +148,7 @@ def start_local(*, num_cpus: int | None, num_gpus: float | None, quiet: bool) ->
         with _loopback_node_address():
             ray.init(address="local", num_cpus=num_cpus or _usable_cpus(), num_gpus=num_gpus,
                      include_dashboard=False, _temp_dir=str(_private_temp_dir()),
-                     **_init_kwargs(quiet=quiet))
+                     **_init_kwargs(quiet=quiet, runtime_env=runtime_env))
         info = _describe(local=True, token_auth=token_auth)
         outside = [n.address for n in info.nodes if n.address != LOOPBACK_V4]
         if outside:  # Ray changed how it picks the node address: refuse rather than expose it
@@ -192,7 +194,8 @@ def _shutdown_at_exit() -> None:
 # --------------------------------------------------------------------------- existing cluster
 
 
-def connect(address: str, *, quiet: bool) -> ClusterInfo:
+def connect(address: str, *, quiet: bool,
+            runtime_env: dict[str, Any] | None = None) -> ClusterInfo:
     """Join a running cluster (``--address`` / RAY_ADDRESS): ``host:port``, ``auto`` or ``ray://``.
 
     Every failure is one :class:`UserInputError` naming ``--address``, within seconds: the
@@ -208,7 +211,7 @@ def connect(address: str, *, quiet: bool) -> ClusterInfo:
         raise RuntimeError("Ray is already initialised in this process; call "
                            "orchestrator.cluster.shutdown() (or ray.shutdown()) first")
     if text.startswith(CLIENT_SCHEME):
-        return _connect_client(text, quiet=quiet)
+        return _connect_client(text, quiet=quiet, runtime_env=runtime_env)
     if text == AUTO_ADDRESS:
         text = _resolve_auto(address)
     host, port = _split_host_port(text, original=address, ports=GCS_PORT_RANGE)
@@ -221,7 +224,8 @@ def connect(address: str, *, quiet: bool) -> ClusterInfo:
     _state.owner = "cluster"
     try:
         with _loopback_node_address(enabled=host in LOOPBACK_HOSTS):
-            ray.init(address=f"{_bracket(host)}:{port}", **_init_kwargs(quiet=quiet))
+            ray.init(address=f"{_bracket(host)}:{port}",
+                     **_init_kwargs(quiet=quiet, runtime_env=runtime_env))
     except Exception as exc:
         shutdown()
         raise _connect_failure(address, exc) from None
@@ -257,7 +261,8 @@ def _resolve_loopback(host: str) -> str:
     return "[::1]" if host == "::1" else LOOPBACK_V4 if host in LOOPBACK_HOSTS else _bracket(host)
 
 
-def _connect_client(text: str, *, quiet: bool) -> ClusterInfo:
+def _connect_client(text: str, *, quiet: bool,
+                    runtime_env: dict[str, Any] | None = None) -> ClusterInfo:
     """A Ray Client address: needs ``ray[client]`` (grpcio), which dpsweep does not require."""
     from ray._private.utils import get_ray_client_dependency_error
 
@@ -272,7 +277,8 @@ def _connect_client(text: str, *, quiet: bool) -> ClusterInfo:
     _register_atexit()
     _state.owner = "cluster"
     try:
-        ray.init(address=text, logging_level="ERROR" if quiet else "WARNING")
+        ray.init(address=text, logging_level="ERROR" if quiet else "WARNING",
+                 **({"runtime_env": runtime_env} if runtime_env else {}))
     except Exception as exc:
         shutdown()
         raise _connect_failure(text, exc) from None
@@ -359,9 +365,58 @@ def _address_error(value: Any, allowed: str) -> UserInputError:
 # --------------------------------------------------------------------------- Ray plumbing
 
 
-def _init_kwargs(*, quiet: bool) -> dict[str, Any]:
-    return {"log_to_driver": False, "configure_logging": True,
-            "logging_level": "ERROR" if quiet else "WARNING"}
+def _init_kwargs(*, quiet: bool, runtime_env: dict[str, Any] | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"log_to_driver": False, "configure_logging": True,
+                           "logging_level": "ERROR" if quiet else "WARNING"}
+    if runtime_env:
+        out["runtime_env"] = runtime_env
+    return out
+
+
+#: What a user's code folder ships to workers without: data, environments, caches and runs
+#: (Ray's ``excludes`` patterns); the folder's Python files are what workers import.
+CODE_EXCLUDES = (".git", ".venv", "venv", "__pycache__", "*.npz", "*.npy", "*.parquet", "*.csv",
+                 "*.pt", "*.safetensors", "*.gz", "*.zip", "*.tar", "*.png", "*.jpg", "*.jpeg")
+
+
+#: Set by Ray's job manager for a ``ray job submit`` driver: the job's runtime environment.
+JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+
+
+def _job_working_dir() -> bool:
+    """Whether this driver runs inside a Ray job that ships a working directory already."""
+    raw = os.environ.get(JOB_CONFIG_ENV)
+    if not raw:
+        return False
+    try:
+        env = (json.loads(raw).get("runtime_env") or {})
+    except (ValueError, AttributeError):
+        return False
+    return bool(isinstance(env, dict) and env.get("working_dir"))
+
+
+def code_runtime_env(code_dir: str, *, skip: list[Path]) -> dict[str, Any] | None:
+    """Ray's runtime environment that puts the user's code folder on every worker (uploaded
+    once; each worker imports from its copy). ``skip`` are folders inside it not to upload (the
+    run directory itself).
+
+    Inside a ``ray job submit --working-dir`` job the job's working directory already reaches
+    every worker (and Ray refuses a second one): the code folder must then be that directory,
+    which is where the job runs."""
+    root = Path(code_dir).resolve()
+    if _job_working_dir():
+        if root != Path.cwd().resolve():
+            raise UserInputError(field="model.code_dir", value=str(root),
+                                 allowed="the job's --working-dir (inside `ray job submit` only "
+                                         "that folder reaches the workers: put your module "
+                                         "and the config at its top)")
+        return None
+    excludes = list(CODE_EXCLUDES)
+    for folder in skip:
+        folder = folder.resolve()
+        if folder != root and root in folder.parents:
+            excludes.append("/" + str(folder.relative_to(root)))
+    return {"working_dir": str(root), "excludes": excludes}
 
 
 @contextmanager

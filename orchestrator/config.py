@@ -15,19 +15,26 @@ apply to every method that declares them (in a sweep they are then fixed, not se
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tomli_w
 
-from core.datasets import POOLS
+from core.datasets import FILE_DATASET, INPUT_SHAPES, NUM_CLASSES, POOLS
 from core.errors import UserInputError
 from core.modes import INVALID_TAG
 from core.params import Param, is_real
-from trainables.catalog import MODEL_NAMES, layer_count
+from trainables.catalog import MODEL_NAMES, check_input_shape, layer_count, model_for
+
+if TYPE_CHECKING:
+    from trainables.data import DataSplits
+    from trainables.datafiles import FileSource
+    from trainables.model_source import ModelSource
+    from trainables.models import LayeredModel
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -52,6 +59,8 @@ def _f(default: Any, doc: str, **rules: Any) -> Any:
     meta = {"doc": doc, "rules": rules}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
+    if isinstance(default, dict):
+        return field(default_factory=lambda: dict(default), metadata=meta)
     return field(default=default, metadata=meta)
 
 
@@ -61,9 +70,22 @@ def field_param(section: str, f: dataclasses.Field) -> Param:
     return Param(f.name, default, f.metadata["doc"], **f.metadata["rules"])
 
 
+def _names(value: Any) -> list[str]:
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
+        raise ValueError
+    return list(value)
+
+
+def _numbers(value: Any) -> list[float]:
+    if not isinstance(value, (list, tuple)) or not all(is_real(v) for v in value):
+        raise ValueError
+    return [float(v) for v in value]
+
+
 @dataclass(frozen=True)
 class DataConfig:
-    dataset: str = _f("digits", "dataset name", choices=tuple(POOLS))
+    dataset: str = _f("digits", "dataset name; 'file' = your own data (path or factory)",
+                      choices=(*POOLS, FILE_DATASET))
     data_dir: str = _f("", "directory with the dataset's files; '' = built-in lookup "
                            "(Debian's /usr/share/datasets for fashion-mnist, else download)")
     split_seed: int = _f(0, "seed of the train/validation/holdout/test/shadow split", low=0)
@@ -74,6 +96,24 @@ class DataConfig:
     test_size: int = _f(0, "test examples (reported, never used to choose); 0 = dataset default",
                         low=0)
     shadow_size: int = _f(0, "public shadow pool; 0 = dataset default", low=0)
+    path: str = _f("", "dataset = 'file': an .npz (x, y), a .parquet or .csv table, or a "
+                       "class-per-folder image directory (relative to the config file)")
+    factory: str = _f("", "dataset = 'file': 'package.module:function' returning (x, y), a dict "
+                          "or a torch Dataset (imported from model.code_dir)")
+    label_column: str = _f("label", "tables: the label column")
+    feature_columns: list = _f([], "tables: feature columns; [] = every other column",  # noqa: RUF009
+                               kind="list", rule=_names, allowed_text="a list of column names")
+    split_column: str = _f("", "tables: a column of train/validation/holdout/test/shadow "
+                               "(your splits instead of the seeded ones); '' = seeded splits")
+    public_path: str = _f("", "a file of the same kind holding public examples: the shadow pool "
+                              "(normalisation statistics come from it)")
+    mean: list = _f([], "normalisation constants (per channel or feature); [] = from the public "  # noqa: RUF009
+                        "pool", kind="list", rule=_numbers, allowed_text="a list of numbers")
+    std: list = _f([], "normalisation constants, > 0; [] = from the public pool",  # noqa: RUF009
+                   kind="list", rule=_numbers, allowed_text="a list of numbers")
+    num_classes: int = _f(0, "dataset = 'file': number of classes; 0 = largest label + 1", low=0)
+    inputs: str = _f("features", "dataset = 'file': 'features' (floats, normalised) or 'tokens' "
+                                 "(integer ids, never normalised)", choices=("features", "tokens"))
 
 
 @dataclass(frozen=True)
@@ -81,6 +121,15 @@ class ModelConfig:
     name: str = _f("auto", "model; 'auto' = digits_cnn for digits, cnn28 for 28x28, cnn5 for "
                            "cifar10", choices=MODEL_CHOICES)
     activation: str = _f("tanh", "hidden activation", choices=("tanh", "relu"))
+    factory: str = _f("", "your model: 'package.module:function' called as function("
+                          "input_shape=..., num_classes=..., **args), returning an nn.Module; "
+                          "'' = the built-in [model] name")
+    args: dict = _f({}, "keyword arguments for model.factory", kind="table")  # noqa: RUF009
+    layers: list = _f([], "module names (dotted paths) that are the layers of model.factory's "  # noqa: RUF009
+                          "network; [] = each top-level child with parameters", kind="list",
+                      rule=_names, allowed_text="a list of module names")
+    code_dir: str = _f("", "folder your factory modules are imported from (shipped to every Ray "
+                           "worker); '' = the config file's folder")
 
 
 @dataclass(frozen=True)
@@ -268,11 +317,88 @@ class Config:
             values["mode"] = mode
         return cls.validate_params(values)
 
+    @property
+    def user_data(self) -> bool:
+        return self.data.dataset == FILE_DATASET
+
+    def model_source(self) -> ModelSource:
+        """The network every trial of this config trains (``trainables.model_source``)."""
+        from trainables.model_source import ModelSource
+
+        m = self.model
+        return ModelSource(name=m.name, activation=m.activation, factory=m.factory,
+                           args=m.args, layers=tuple(m.layers), code_dir=m.code_dir)
+
+    def file_source(self) -> FileSource | None:
+        """The user's data (``dataset = 'file'``), else None."""
+        if not self.user_data:
+            return None
+        from trainables.datafiles import FileSource
+
+        d = self.data
+        return FileSource(path=d.path, factory=d.factory, code_dir=self.model.code_dir,
+                          label_column=d.label_column, feature_columns=tuple(d.feature_columns),
+                          split_column=d.split_column, public_path=d.public_path,
+                          mean=tuple(d.mean), std=tuple(d.std), num_classes=d.num_classes,
+                          inputs=d.inputs)
+
+    @functools.cached_property
+    def num_layers(self) -> int:
+        """How many layers the trials' network has; a user's network is built and checked
+        (``trainables.validator``) the first time this is read, during validation."""
+        if not self.model.factory and not self.user_data:
+            name = model_for(model=self.model.name, dataset=self.data.dataset)
+            check_input_shape(model=name, input_shape=INPUT_SHAPES[self.data.dataset])
+            return layer_count(model=name, dataset=self.data.dataset)
+        return len(self.build_network().layer_names)
+
+    def data_splits(self) -> DataSplits:
+        """The config's splits (the pool is cached in-process); bad data raise UserInputError."""
+        from trainables.data import SplitSizes, load_splits
+
+        return load_splits(dataset=self.data.dataset, seed=self.data.split_seed,
+                           sizes=SplitSizes(**self.split_sizes()),
+                           data_dir=self.data.data_dir or None, source=self.file_source())
+
+    def build_network(self, data: DataSplits | None = None) -> LayeredModel:
+        """A fresh network of the config's architecture for its data (seed torch first): a
+        user's is checked on two real public examples (the shadow split's)."""
+        source = self.model_source()
+        if self.user_data or data is not None:
+            data = self.data_splits() if data is None else data
+            return source.build(input_shape=data.input_shape, num_classes=data.num_classes,
+                                dataset=data.name, sample=data.shadow.x[:2])
+        return source.build(input_shape=INPUT_SHAPES[self.data.dataset],
+                            num_classes=NUM_CLASSES[self.data.dataset], dataset=self.data.dataset)
+
+    @functools.cached_property
+    def num_classes(self) -> int:
+        """Classes of the config's data (a user's data is read for it)."""
+        if not self.user_data:
+            return NUM_CLASSES[self.data.dataset]
+        from trainables.data import load_pool
+
+        return load_pool(dataset=FILE_DATASET, source=self.file_source()).num_classes
+
+    def input_fingerprints(self) -> dict[str, str]:
+        """SHA-256 of the user's model code and data files (empty for built-ins only)."""
+        out: dict[str, str] = {}
+        if self.model.factory or self.data.factory:
+            out.update(self.model_source().fingerprint())
+            if not out and self.model.code_dir:
+                from trainables.usercode import tree_sha256
+
+                out["model_code"] = tree_sha256(self.model.code_dir)
+        source = self.file_source()
+        if source is not None:
+            out.update(source.fingerprint())
+        return out
+
     def split_sizes(self) -> dict[str, int]:
         """Split sizes with dataset defaults filled in."""
         from trainables.data import DEFAULT_SIZES
 
-        d = DEFAULT_SIZES[self.data.dataset]
+        d = _file_sizes(self) if self.user_data else DEFAULT_SIZES[self.data.dataset]
         return {name: getattr(self.data, f"{name}_size") or getattr(d, name)
                 for name in ("train", "validation", "holdout", "test", "shadow")}
 
@@ -300,8 +426,9 @@ def _section(section: str, raw: Any) -> Any:
                   for k, v in raw.items()})
 
 
-def from_dict(raw: Mapping[str, Any]) -> Config:
-    """Build and fully validate a config from parsed TOML."""
+def from_dict(raw: Mapping[str, Any], *, base_dir: str | Path | None = None) -> Config:
+    """Build and fully validate a config from parsed TOML; relative paths (data files, the
+    code folder) are resolved against ``base_dir`` (default: the working directory)."""
     raw = dict(raw)
     method_params = raw.pop("method_params", {})
     search = raw.pop("search", {})
@@ -317,19 +444,39 @@ def from_dict(raw: Mapping[str, Any]) -> Config:
                                          "(unknown section)")
     cfg = Config(**{k: _section(k, v) for k, v in raw.items()}, method_params=method_params,
                  search=search)
+    cfg = _resolve_paths(cfg, Path.cwd() if base_dir is None else Path(base_dir))
     _cross_checks(cfg)
     return cfg
 
 
-def load(path: str | Path) -> Config:
+def _resolve_paths(cfg: Config, base: Path) -> Config:
+    """Absolute data paths and code folder, so a run directory's config means the same files
+    wherever it is resumed from; the code folder defaults to ``base`` when a factory is set."""
+    def absolute(value: str) -> str:
+        return str((base / Path(value).expanduser()).resolve()) if value else value
+
+    code_dir = cfg.model.code_dir or (str(base.resolve())
+                                      if cfg.model.factory or cfg.data.factory else "")
+    return dataclasses.replace(
+        cfg, data=dataclasses.replace(cfg.data, path=absolute(cfg.data.path),
+                                      public_path=absolute(cfg.data.public_path)),
+        model=dataclasses.replace(cfg.model, code_dir=absolute(code_dir)))
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """The parsed TOML of a config file, not yet validated."""
     p = Path(path)
     if not p.is_file():
         raise UserInputError(field="CONFIG", value=str(p), allowed="an existing TOML file")
     try:
-        raw = tomllib.loads(p.read_text())
+        return tomllib.loads(p.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise UserInputError(field="CONFIG", value=str(p), allowed=f"valid TOML ({exc})") from None
-    return from_dict(raw)
+
+
+def load(path: str | Path) -> Config:
+    """A validated config from a TOML file; relative paths are the file's folder's."""
+    return from_dict(read_toml(path), base_dir=Path(path).resolve().parent)
 
 
 def _check_method_params(cfg: Config, methods: list[str]) -> None:
@@ -365,7 +512,9 @@ def _cross_checks(cfg: Config) -> None:
                              allowed="distinct 'method' or 'method:mode' entries")
     in_play = sorted({cfg.training.method, *(m for m, _ in series)})
     _check_method_params(cfg, in_play)
-    layers = layer_count(model=cfg.model.name, dataset=cfg.data.dataset)
+    _check_data_keys(cfg)
+    _check_sizes(cfg)
+    layers = cfg.num_layers
     sizes = cfg.split_sizes()
     checks = [(cfg.training.method, cfg.trial_params())]  # the single-trial method, too
     checks += [(method, cfg.trial_params(method, mode=mode)) for method, mode in series]
@@ -374,11 +523,32 @@ def _cross_checks(cfg: Config) -> None:
     from search_spaces import check_overrides
 
     check_overrides(cfg.search, methods=[m for m, _ in series])
-    _check_sizes(cfg)
     _check_private(cfg)
     if cfg.resources.device == "cuda" and cfg.resources.gpus_per_trial == 0:
         raise UserInputError(field="resources.gpus_per_trial", value=0.0,
                              allowed="> 0 when resources.device = 'cuda'")
+
+
+#: ``[data]`` keys that describe a user's data, with their defaults: set with a built-in dataset
+#: they would be ignored, so they are refused.
+_FILE_KEYS = ("path", "factory", "feature_columns", "split_column", "public_path", "mean", "std",
+              "num_classes", "inputs")
+
+
+def _check_data_keys(cfg: Config) -> None:
+    if cfg.user_data:
+        cfg.file_source()  # validates every field of the user's data description
+        if not cfg.model.factory and cfg.model.name == "auto":
+            raise UserInputError(field="model.factory", value="",
+                                 allowed="your model ('package.module:function') for dataset = "
+                                         "'file', or a built-in [model] name that fits its inputs")
+        return
+    defaults = DataConfig()
+    for key in _FILE_KEYS:
+        if getattr(cfg.data, key) != getattr(defaults, key):
+            raise UserInputError(field=f"data.{key}", value=getattr(cfg.data, key),
+                                 allowed=f"unset unless data.dataset = '{FILE_DATASET}'")
+    cfg.model_source()  # the factory reference, args and layers, checked
 
 
 def _check_private(cfg: Config) -> None:
@@ -403,9 +573,42 @@ def _check_private(cfg: Config) -> None:
                                      "the released trial, outside the end-to-end bound")
 
 
+def _file_sizes(cfg: Config) -> Any:
+    """A user's data: its own split assignment's counts, else shares of its rows."""
+    from trainables.data import available_size, default_file_sizes
+
+    avail = available_size(FILE_DATASET, source=cfg.file_source())
+    if avail.assigned is not None:
+        return avail.assigned
+    return default_file_sizes(avail.pool, has_public=avail.public is not None,
+                              public_n=avail.public or 0)
+
+
+def _check_file_sizes(cfg: Config, sizes: dict[str, int]) -> int:
+    """Sizes a user's data can serve; returns the rows the pool check below counts against."""
+    from trainables.data import available_size
+
+    avail = available_size(FILE_DATASET, source=cfg.file_source())
+    if avail.assigned is not None:
+        for name, count in vars(avail.assigned).items():
+            if sizes[name] != count:
+                raise UserInputError(field=f"data.{name}_size", value=sizes[name],
+                                     allowed=f"0 or {count} (the split column assigns {count})")
+        return sum(sizes.values())
+    if avail.public is not None:
+        if sizes["shadow"] > avail.public:
+            raise UserInputError(field="data.shadow_size", value=sizes["shadow"],
+                                 allowed=f"<= {avail.public} (rows of data.public_path)")
+        return avail.pool + sizes["shadow"]
+    return avail.pool
+
+
 def _check_sizes(cfg: Config) -> None:
     sizes = cfg.split_sizes()
-    pool, official_test = POOLS[cfg.data.dataset]
+    if cfg.user_data:
+        pool, official_test = _check_file_sizes(cfg, sizes), 0
+    else:
+        pool, official_test = POOLS[cfg.data.dataset]
     private = ("train", "validation", "holdout", "shadow")
     if official_test:
         if sizes["test"] > official_test:
@@ -443,6 +646,8 @@ def describe(method: str | None = None) -> str:
             p = field_param(section, f)
             if isinstance(p.default, list):
                 value = "[" + ", ".join(f'"{v}"' for v in p.default) + "]"
+            elif isinstance(p.default, dict):
+                value = "{}"
             else:
                 value = tomli_w.dumps({"x": p.default}).split("=", 1)[1].strip()
             lines.append(f"{f.name} = {value:<12} # {p.doc} ({p.allowed()})")

@@ -128,15 +128,19 @@ class RunDir:
 
     # ---- opening ---------------------------------------------------------------------------
     @classmethod
-    def create(cls, path: Path, *, config_text: str, kind: str = "sweep") -> RunDir:
-        """Make a new run directory, take its lock, write the config and the manifest."""
+    def create(cls, path: Path, *, config_text: str, kind: str = "sweep",
+               inputs: dict[str, str] | None = None) -> RunDir:
+        """Make a new run directory, take its lock, write the config and the manifest.
+
+        ``inputs`` are the SHA-256 of the user's code and data files the run reads
+        (:meth:`check_inputs` compares them when the run is resumed)."""
         path = check_creatable(Path(path))
         path.mkdir(parents=True, exist_ok=True)
         run = cls(path=path.resolve())
         run._acquire()
         run.manifest = {"format": FORMAT, "version": VERSION, "kind": kind,
                         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(),
-                        "files": {}}
+                        "files": {}, "inputs": dict(inputs or {})}
         atomic_write_text(run.path / CONFIG, config_text)
         run.record([CONFIG])
         return run
@@ -267,6 +271,17 @@ class RunDir:
                                  allowed=f"the file dpsweep wrote (its SHA-256 differs from "
                                          f"{MANIFEST}: modified or replaced)")
         return path
+
+    def check_inputs(self, current: dict[str, str]) -> None:
+        """Refuse to continue a run whose model code or data files changed since it started:
+        its finished trials and the new ones would not describe one experiment."""
+        recorded = self.manifest.get("inputs") or {}
+        for name in sorted(set(recorded) | set(current)):
+            if recorded.get(name) != current.get(name):
+                raise UserInputError(
+                    field=f"{MANIFEST}.inputs.{name}", value=current.get(name, "missing"),
+                    allowed=f"the code and data the run started with (SHA-256 "
+                            f"{recorded.get(name, 'none')}): restore them, or start a new run")
 
     def verify_all(self) -> None:
         for rel in sorted(self.manifest.get("files", {})):

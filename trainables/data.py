@@ -10,7 +10,9 @@ rather than trusted.
 
 Normalisation uses constants fixed in this file, never statistics of the loaded data: a
 mean or standard deviation computed over the private examples would itself be an
-unaccounted release of them.
+unaccounted release of them. The ``file`` dataset (:mod:`trainables.datafiles`: any .npz,
+table, image folder or factory) takes its constants from the user, else from the public pool,
+else from the shadow split, which is public by the design.
 """
 
 from __future__ import annotations
@@ -21,15 +23,24 @@ import math
 import os
 import struct
 import zlib
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from core.datasets import DATASET_NAMES, INPUT_SHAPES, NUM_CLASSES
+from core.datasets import DATASET_NAMES, FILE_DATASET, INPUT_SHAPES, NUM_CLASSES
 from core.errors import UserInputError
 from core.lazy import lazy_module
+from trainables.datafiles import (
+    SPLIT_NAMES,
+    FileSource,
+    pixel_scale,
+    public_stats,
+    read_source,
+    stat_signature,
+    user_stats,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -114,8 +125,9 @@ DEFAULT_SIZES: dict[str, SplitSizes] = {
 
 @dataclass(frozen=True, eq=False)
 class Split:
-    """One split: normalised float32 inputs ``[N, C, H, W]``, int64 labels, and the pool
-    indices they came from (for provenance and the no-overlap check)."""
+    """One split: normalised float32 inputs ``[N, C, H, W]`` (``file`` data: ``[N, *shape]``,
+    int64 for token ids), int64 labels, and the pool indices they came from (for provenance
+    and the no-overlap check)."""
 
     x: torch.Tensor
     y: torch.Tensor
@@ -135,7 +147,10 @@ class Split:
 @dataclass(frozen=True, eq=False)
 class DataSplits:
     """The five disjoint splits of one dataset for one seed, plus what a model needs to know
-    about them. ``source`` records where the raw data was read from."""
+    about them. ``source`` records where the raw data was read from; ``input_shape`` is one
+    example's shape (``(C, H, W)`` for images, ``(D,)`` for tables, ``(T,)`` for tokens) and
+    ``normalization`` the constants the inputs were normalised with (None: token ids), which
+    a model needs again at inference."""
 
     name: str
     train: Split
@@ -144,9 +159,10 @@ class DataSplits:
     test: Split
     shadow: Split
     num_classes: int
-    input_shape: tuple[int, int, int]
+    input_shape: tuple[int, ...]
     source: str
     seed: int
+    normalization: Normalization | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -168,13 +184,37 @@ class RawPool:
         return len(self.y) - self.n_train
 
 
+@dataclass(frozen=True, eq=False)
+class FilePool(RawPool):
+    """A ``file`` dataset's rows: the private rows, then ``n_public`` public-pool rows (the
+    shadow split's source when given), so split indices address both. ``assignment`` is the
+    user's split per private row (codes into ``SPLIT_NAMES``) or None; ``n_train`` is every
+    row (no official test set)."""
+
+    n_public: int = 0
+    assignment: np.ndarray | None = None
+    num_classes: int = 0
+    tokens: bool = False
+
+    @property
+    def n_private(self) -> int:
+        return len(self.y) - self.n_public
+
+
 @dataclass(frozen=True)
 class Available:
     """How many examples a dataset offers: ``pool`` feeds train, holdout and shadow (and test
-    too when ``test`` is None, i.e. the dataset has no official test set)."""
+    too when ``test`` is None, i.e. the dataset has no official test set).
+
+    For ``file`` data ``pool`` counts the private rows; ``public`` the public pool's rows (it
+    then feeds the shadow split instead of ``pool``); ``assigned`` the split sizes a user's
+    split assignment fixes (configured sizes must equal them or be left at their defaults).
+    """
 
     pool: int
     test: int | None
+    public: int | None = None
+    assigned: SplitSizes | None = None
 
 
 def load_splits(
@@ -183,6 +223,7 @@ def load_splits(
     seed: int = 0,
     sizes: SplitSizes | None = None,
     data_dir: str | os.PathLike[str] | None = None,
+    source: FileSource | None = None,
 ) -> DataSplits:
     """Load ``dataset`` and cut the five disjoint splits for ``seed``.
 
@@ -190,10 +231,13 @@ def load_splits(
     permutation of it, and train/validation/holdout/shadow are consecutive slices of a seeded
     permutation of the official train set. Without one (digits), all five are consecutive
     slices of a single permutation. ``data_dir`` is ignored for digits (bundled with
-    scikit-learn), so one configured data directory can serve every dataset.
+    scikit-learn), so one configured data directory can serve every dataset. ``"file"``
+    reads ``source`` instead (see :func:`_file_split_indices`); named datasets ignore it.
     """
     _check_dataset(dataset)
     _check_seed(seed)
+    if dataset == FILE_DATASET:
+        return _file_splits(source=_need_source(source), seed=seed, sizes=sizes)
     sizes = DEFAULT_SIZES[dataset] if sizes is None else sizes
     pool = load_pool(dataset=dataset, data_dir=data_dir)
     index_sets = _split_indices(dataset=dataset, pool=pool, sizes=sizes, seed=seed)
@@ -216,23 +260,33 @@ def load_splits(
         input_shape=INPUT_SHAPES[dataset],
         source=pool.source,
         seed=seed,
+        normalization=NORMALIZATION[dataset],
     )
 
 
-def available_size(dataset: str, data_dir: str | os.PathLike[str] | None = None) -> Available:
+def available_size(dataset: str, data_dir: str | os.PathLike[str] | None = None, *,
+                   source: FileSource | None = None) -> Available:
     """How many examples ``dataset`` offers, so callers can validate sizes up front."""
     _check_dataset(dataset)
+    if dataset == FILE_DATASET:
+        pool = _file_pool_of(source)
+        return Available(pool=pool.n_private, test=None, public=pool.n_public or None,
+                         assigned=_assigned_sizes(pool))
     pool = load_pool(dataset=dataset, data_dir=data_dir)
     return Available(pool=pool.n_train, test=pool.n_test if pool.n_test else None)
 
 
-def check_available(*, dataset: str, data_dir: str | os.PathLike[str] | None = None) -> str:
+def check_available(*, dataset: str, data_dir: str | os.PathLike[str] | None = None,
+                    source: FileSource | None = None) -> str:
     """Where the dataset's files are, without downloading anything; UserInputError if nowhere.
 
     ``dpsweep config --check`` calls this so a config is not declared runnable on a machine
     without its data (torchvision would only try to download it when the first trial starts).
+    ``file`` data is read and checked in full here, so bad rows fail the check, not a trial.
     """
     _check_dataset(dataset)
+    if dataset == FILE_DATASET:
+        return _file_pool_of(source).source
     if dataset == "digits":
         return "bundled with scikit-learn"
     if dataset == "fashion-mnist":
@@ -253,31 +307,42 @@ def check_available(*, dataset: str, data_dir: str | os.PathLike[str] | None = N
 
 
 #: Pools handed to this process by whoever read them (a sweep's driver, through Ray's object
-#: store: read once per sweep, mapped once per node), by (dataset, data directory).
+#: store: read once per sweep, mapped once per node), by (dataset, data directory), or for
+#: ``file`` data by (``"file"``, the source's identity: its fields as sorted JSON).
 _SHARED: dict[tuple[str, str | None], RawPool] = {}
 
 
-def _pool_key(dataset: str, data_dir: str | os.PathLike[str] | None) -> tuple[str, str | None]:
+def _pool_key(dataset: str, data_dir: str | os.PathLike[str] | None,
+              source: FileSource | None = None) -> tuple[str, str | None]:
+    if dataset == FILE_DATASET:
+        return dataset, _need_source(source).identity()
     return dataset, None if data_dir is None or dataset == "digits" else str(data_dir)
 
 
 def share_pool(pool: RawPool, *, dataset: str,
-               data_dir: str | os.PathLike[str] | None = None) -> None:
+               data_dir: str | os.PathLike[str] | None = None,
+               source: FileSource | None = None) -> None:
     """Serve ``dataset`` from ``pool`` in this process instead of reading it again (a worker
     then needs neither scikit-learn nor the files). The pool must be one :func:`load_pool`
     returned for the same arguments in another process of this run."""
     _check_dataset(dataset)
-    if not isinstance(pool, RawPool):
-        raise TypeError(f"expected a RawPool, got {type(pool).__name__}")
-    _SHARED[_pool_key(dataset, data_dir)] = pool
+    expected = FilePool if dataset == FILE_DATASET else RawPool
+    if not isinstance(pool, expected):
+        raise TypeError(f"expected a {expected.__name__}, got {type(pool).__name__}")
+    _SHARED[_pool_key(dataset, data_dir, source)] = pool
 
 
-def load_pool(*, dataset: str, data_dir: str | os.PathLike[str] | None = None) -> RawPool:
-    """The raw pooled examples of ``dataset``, from the in-process cache when already read."""
+def load_pool(*, dataset: str, data_dir: str | os.PathLike[str] | None = None,
+              source: FileSource | None = None) -> RawPool:
+    """The raw pooled examples of ``dataset``, from the in-process cache when already read
+    (a :class:`FilePool` for ``"file"``: read from ``source`` and checked)."""
     _check_dataset(dataset)
-    shared = _SHARED.get(_pool_key(dataset, data_dir))
+    shared = _SHARED.get(_pool_key(dataset, data_dir, source))
     if shared is not None:
         return shared
+    if dataset == FILE_DATASET:
+        assert source is not None  # _pool_key refused None
+        return _file_pool(source, stat_signature(source))
     if dataset == "digits":
         return _digits_pool()
     if dataset == "fashion-mnist":
@@ -288,13 +353,20 @@ def load_pool(*, dataset: str, data_dir: str | os.PathLike[str] | None = None) -
     return _torchvision_pool(dataset, str(root.resolve()))
 
 
-def normalise(x_raw: np.ndarray, *, dataset: str) -> torch.Tensor:
-    """Raw uint8 ``[N, C, H, W]`` pixels to float32 with the dataset's fixed constants."""
+def normalise(x_raw: np.ndarray, *, dataset: str,
+              normalization: Normalization | None = None) -> torch.Tensor:
+    """Raw inputs to float32 with the dataset's fixed constants, per index of axis 1 (the
+    channel of ``[N, C, H, W]`` pixels, the feature of ``[N, D]`` rows). ``file`` data has no
+    fixed constants: pass its ``DataSplits.normalization``."""
     _check_dataset(dataset)
-    norm = NORMALIZATION[dataset]
+    norm = normalization or NORMALIZATION.get(dataset)
+    if norm is None:
+        raise ValueError(f"{dataset!r} data has no fixed constants: pass the normalization "
+                         f"its DataSplits carry")
     x = x_raw.astype(np.float32) / np.float32(norm.max_value)
-    mean = np.asarray(norm.mean, dtype=np.float32).reshape(1, -1, 1, 1)
-    std = np.asarray(norm.std, dtype=np.float32).reshape(1, -1, 1, 1)
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    mean = np.asarray(norm.mean, dtype=np.float32).reshape(shape)
+    std = np.asarray(norm.std, dtype=np.float32).reshape(shape)
     return torch.from_numpy(np.ascontiguousarray((x - mean) / std))
 
 
@@ -302,12 +374,20 @@ def normalise(x_raw: np.ndarray, *, dataset: str) -> torch.Tensor:
 
 
 def _check_dataset(dataset: object) -> None:
-    if dataset not in DATASET_NAMES:
+    if dataset not in DATASET_NAMES and dataset != FILE_DATASET:
         raise UserInputError(
             field="data.dataset",
             value=dataset,
-            allowed="one of " + ", ".join(repr(name) for name in DATASET_NAMES),
+            allowed="one of " + ", ".join(repr(name) for name in (*DATASET_NAMES, FILE_DATASET)),
         )
+
+
+def _need_source(source: FileSource | None) -> FileSource:
+    if not isinstance(source, FileSource):
+        raise UserInputError(field="data.path", value=None if source is None else source,
+                             allowed=f"a data file, folder or factory for dataset "
+                                     f"{FILE_DATASET!r}")
+    return source
 
 
 def _check_seed(seed: object) -> None:
@@ -356,6 +436,143 @@ def _split_indices(
             np.int64
         )
     return result
+
+
+# --- file data --------------------------------------------------------------------------
+
+
+def default_file_sizes(n: int, *, has_public: bool, public_n: int) -> SplitSizes:
+    """Sizes for ``n`` private rows: 40/10/15/15/20 % for train/validation/holdout/test/shadow
+    (train takes the rounding), or with a public pool 50/12.5/18.75/18.75 % and the whole
+    public pool as shadow (the shadow share then goes to the private splits, pro rata)."""
+    shares = {"validation": 0.10, "holdout": 0.15, "test": 0.15}
+    if not has_public:
+        shares["shadow"] = 0.20
+    scale = 1.0 if not has_public else 1.0 / 0.8
+    counts = {name: max(1, int(n * share * scale)) for name, share in shares.items()}
+    train = n - sum(counts.values())
+    if train < 1 or (has_public and public_n < 1):
+        raise UserInputError(
+            field="data.path", value=n,
+            allowed=f"enough rows to split: at least {4 if has_public else 5} private rows"
+                    + (" and one public row" if has_public else "")
+                    + (f" (the public pool has {public_n})" if has_public else ""))
+    return SplitSizes(train=train, shadow=public_n if has_public else counts["shadow"],
+                      validation=counts["validation"], holdout=counts["holdout"],
+                      test=counts["test"])
+
+
+def _file_pool_of(source: FileSource | None) -> FilePool:
+    pool = load_pool(dataset=FILE_DATASET, source=_need_source(source))
+    if not isinstance(pool, FilePool):
+        raise TypeError(f"a 'file' pool must be a FilePool, got {type(pool).__name__}")
+    return pool
+
+
+@functools.lru_cache(maxsize=4)
+def _file_pool(source: FileSource, signature: tuple[tuple[str, int, int], ...]) -> FilePool:
+    """Read and check ``source`` once per process (``signature``: its files' stat)."""
+    del signature  # part of the cache key only
+    data = read_source(source)
+    parts_x = [data.x] if data.public_x is None else [data.x, data.public_x]
+    parts_y = [data.y] if data.public_y is None else [data.y, data.public_y]
+    x = np.ascontiguousarray(np.concatenate(parts_x))
+    y = np.ascontiguousarray(np.concatenate(parts_y))
+    for array in (x, y, data.split):
+        if array is not None:
+            array.setflags(write=False)
+    return FilePool(x=x, y=y, n_train=len(y), source=data.source,
+                    n_public=0 if data.public_x is None else len(data.public_x),
+                    assignment=data.split, num_classes=data.num_classes,
+                    tokens=source.inputs == "tokens")
+
+
+def _assigned_sizes(pool: FilePool) -> SplitSizes | None:
+    """The sizes a user's split assignment fixes (shadow: the public pool when given)."""
+    if pool.assignment is None:
+        return None
+    counts = np.bincount(pool.assignment, minlength=len(SPLIT_NAMES))
+    sizes = {name: int(counts[code]) for code, name in enumerate(SPLIT_NAMES)}
+    if pool.n_public:
+        sizes["shadow"] = pool.n_public
+    return SplitSizes(**sizes)
+
+
+def _file_split_indices(pool: FilePool, sizes: SplitSizes | None,
+                        seed: int) -> dict[str, np.ndarray]:
+    """Pool indices per split. A user's assignment is used as given, in file order (``sizes``
+    must then be None or equal its counts); otherwise consecutive slices of one seeded
+    permutation of the private rows. A public pool is the shadow split (a seeded sample of
+    ``sizes.shadow`` of it when smaller), indexed after the private rows."""
+    n_private, public = pool.n_private, np.arange(pool.n_private, len(pool.y), dtype=np.int64)
+    assigned = _assigned_sizes(pool)
+    if pool.assignment is not None and assigned is not None:
+        if sizes is not None and sizes != assigned:
+            raise UserInputError(field="data.sizes", value=asdict(sizes),
+                                 allowed=f"the split assignment's counts {asdict(assigned)} "
+                                         f"(or the sizes left at their defaults)")
+        given = {name: np.flatnonzero(pool.assignment == code).astype(np.int64)
+                 for code, name in enumerate(SPLIT_NAMES)}
+        if pool.n_public:
+            given["shadow"] = public
+        return given
+    if sizes is None:
+        sizes = default_file_sizes(n_private, has_public=pool.n_public > 0,
+                                   public_n=pool.n_public)
+    from_private = SPLIT_NAMES[:4] if pool.n_public else SPLIT_NAMES
+    wanted = sum(getattr(sizes, name) for name in from_private)
+    if wanted > n_private:
+        raise UserInputError(
+            field="data.sizes", value={name: getattr(sizes, name) for name in from_private},
+            allowed=f"{' + '.join(from_private)} <= {n_private}, the number of private rows "
+                    f"(asked for {wanted})")
+    if pool.n_public and sizes.shadow > pool.n_public:
+        raise UserInputError(field="data.shadow_size", value=sizes.shadow,
+                             allowed=f"at most {pool.n_public}, the rows of the public pool")
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(n_private)
+    result: dict[str, np.ndarray] = {}
+    start = 0
+    for name in from_private:
+        result[name] = order[start:start + getattr(sizes, name)].astype(np.int64)
+        start += getattr(sizes, name)
+    if pool.n_public:
+        result["shadow"] = public[rng.permutation(pool.n_public)[:sizes.shadow]]
+    return result
+
+
+def _file_normalization(source: FileSource, pool: FilePool,
+                        shadow: np.ndarray) -> Normalization | None:
+    """Constants by the rule in :mod:`trainables.datafiles`: the user's, else the whole public
+    pool's, else the shadow split's (public by the design); None for token ids."""
+    if pool.tokens:
+        return None
+    scale = pixel_scale(pool.x)
+    if source.mean:
+        mean, std = user_stats(source, pool.x.shape[1])
+    elif pool.n_public:
+        mean, std = public_stats(pool.x[pool.n_private:], scale)
+    else:
+        mean, std = public_stats(pool.x[shadow], scale)
+    return Normalization(max_value=scale, mean=mean, std=std)
+
+
+def _file_splits(*, source: FileSource, seed: int, sizes: SplitSizes | None) -> DataSplits:
+    pool = _file_pool_of(source)
+    index_sets = _file_split_indices(pool, sizes, seed)
+    norm = _file_normalization(source, pool, index_sets["shadow"])
+    splits: dict[str, Split] = {}
+    for name, indices in index_sets.items():
+        rows = pool.x[indices]
+        x = (torch.from_numpy(rows.astype(np.int64)) if norm is None
+             else normalise(rows, dataset=FILE_DATASET, normalization=norm))
+        splits[name] = Split(x=x, y=torch.from_numpy(pool.y[indices].astype(np.int64)),
+                             indices=indices)
+    return DataSplits(
+        name=FILE_DATASET, train=splits["train"], validation=splits["validation"],
+        holdout=splits["holdout"], test=splits["test"], shadow=splits["shadow"],
+        num_classes=pool.num_classes, input_shape=tuple(int(d) for d in pool.x.shape[1:]),
+        source=pool.source, seed=seed, normalization=norm)
 
 
 # --- sources ----------------------------------------------------------------------------

@@ -40,7 +40,7 @@ from core.errors import UserInputError
 from core.events import PoissonSubsampledGaussian
 from core.lazy import lazy_module
 from core.modes import Mode
-from core.params import Param, ParamSet
+from core.params import Param, ParamSet, ValidatedParams
 from core.schedule import Schedule
 from trainables.engine import GradEngine, PerExampleView
 from trainables.norms import scaled_sq_norms
@@ -242,9 +242,16 @@ class DPStep:
         return ParamSet((mode, *cls.params.params), cls.params.constraints)
 
     @classmethod
-    def validate_params(cls, params: Mapping[str, Any]) -> dict[str, Any]:
-        """Defaults filled, every value checked against its declaration (one message format)."""
-        return cls.declaration().validate(params, prefix="method_params", mode_param="mode")
+    def validate_params(cls, params: Mapping[str, Any]) -> ValidatedParams:
+        """Defaults filled, every value checked against its declaration (one message format).
+
+        Values this method validated already pass through unchanged: each layer may call this
+        on what it is handed, and the check itself runs once where the values came in.
+        """
+        if isinstance(params, ValidatedParams) and params.owner == cls.name:
+            return params
+        return ValidatedParams(cls.declaration().validate(
+            params, prefix="method_params", mode_param="mode"), owner=cls.name)
 
     @classmethod
     def presets(cls) -> dict[str, dict[str, Any]]:

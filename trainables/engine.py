@@ -49,6 +49,15 @@ sum_i coef[i, l] * g_i for every parameter. ``torch.func.vmap(grad)`` materialis
                         stride-2 3x3 conv into 16x16 materialise (dropped); other 16x16 and
                         all 8x8 convs, stage-3 shortcut and fc ghost
 
+* ``nn.Conv1d`` runs as a Conv2d of height 1 (the same kernels, costs and choice).
+* ``nn.Embedding``: ``a`` is the token ids (one-hot rows of width V), so a_i^T b_i adds each
+  output-gradient row b_t into vocabulary row id_t. Ghost norm: the sum over position pairs
+  holding the same token of <b_t, b_t'> (T^2 p, no V-sized tensor); materialise: a dense
+  V x p block per example; the weighted sum is the native embedding backward (T p). ``auto``
+  picks ghost unless T^2 (p + 1) exceeds about 2 V p. Positions holding ``padding_idx`` get no
+  gradient, as in PyTorch. ``max_norm`` (rewrites the weight in forward), ``scale_grad_by_freq``
+  (each example's gradient depends on the batch's token counts) and ``sparse`` (no
+  ``torch.func`` form) are refused at construction, in a fallback block too.
 * ``nn.GroupNorm`` / ``nn.LayerNorm``: per-example grads of weight and bias are [B, C]-sized
   (sum over positions of b * x_hat, x_hat recomputed from the kept input): always kept.
 * Any other module that owns parameters makes its whole block fall back to ``torch.func``: the
@@ -104,6 +113,13 @@ else:
     torch = lazy_module("torch")
 
 STRATEGIES = ("auto", "ghost", "materialize", "vmap")
+#: The per-example paths a model can take, as a trial's record states them: the engine's
+#: algebra throughout; the engine with ``torch.func`` for layers it has no algebra for (block
+#: by block); ``torch.func`` over the whole model (a user model whose unhandled layer takes more
+#: than one tensor or runs more than once per forward).
+ENGINE_PATH = "engine"
+BLOCK_EXACT_PATH = "engine+torch.func blocks"
+WHOLE_EXACT_PATH = "torch.func (whole model)"
 
 
 # ---- the gradient view ------------------------------------------------------------------------
@@ -308,7 +324,8 @@ class GradEngine:
     """Per-example norms and weighted sums for a ``LayeredModel``; see the module docstring.
 
     ``strategy``: "auto" (cheapest algorithm per module), "ghost" or "materialize" (forced on
-    every Linear / Conv2d), "vmap" (``torch.func`` over the whole model, the reference).
+    every module the engine has algebra for), "vmap" (``torch.func`` over the whole model, the
+    reference).
     """
 
     def __init__(self, model: LayeredModel, *, strategy: str = "auto",
@@ -320,7 +337,10 @@ class GradEngine:
             raise UserInputError(field="max_physical_batch", value=max_physical_batch,
                                  allowed="a positive integer")
         self.model = model
-        self.strategy = strategy
+        #: A user model whose unhandled layers cannot be differentiated block by block
+        #: (``trainables.validator``) takes the exact path over the whole model.
+        whole = getattr(model, "per_example_path", ENGINE_PATH) == WHOLE_EXACT_PATH
+        self.strategy = "vmap" if whole else strategy
         self.max_physical_batch = max_physical_batch
         self.layer_names = model.layer_names
         self.num_layers = len(self.layer_names)
@@ -337,6 +357,15 @@ class GradEngine:
                 self._units.append(BlockFallback(block, qualname=qual[block], layer=index))
 
     # -- introspection
+    @property
+    def path(self) -> str:
+        """Which per-example path this engine takes (``ENGINE_PATH`` and the two exact ones)."""
+        if self.strategy == "vmap":
+            return WHOLE_EXACT_PATH
+        if any(isinstance(u, BlockFallback) for u in self._units):
+            return BLOCK_EXACT_PATH
+        return ENGINE_PATH
+
     def live_parameters(self, live: Sequence[bool]) -> list[str]:
         return [n for n, _ in self.model.named_parameters() if live[self.layer_of[n]]]
 

@@ -11,7 +11,7 @@ No BatchNorm anywhere: it mixes examples in a batch and breaks per-example gradi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -23,7 +23,13 @@ ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {"tanh": nn.Tanh, "relu": nn.R
 
 
 class LayeredModel(nn.Module):
-    """A feed-forward stack of named blocks; ``blocks[name]`` is one layer."""
+    """A network whose parameters are grouped into named layers, numbered from the input.
+
+    Built-in models are feed-forward stacks of named blocks (``blocks[name]`` is one layer);
+    :class:`WrappedModel` gives any ``nn.Module`` the same interface. Everything downstream
+    (the DP methods, the engine, the audit) reads only ``layer_names``, ``blocks``,
+    ``layer_of_parameter`` and ``forward_with_irs``.
+    """
 
     def __init__(self, blocks: Sequence[tuple[str, nn.Module]], *, num_classes: int) -> None:
         super().__init__()
@@ -35,10 +41,20 @@ class LayeredModel(nn.Module):
         """Layer names in order from the input."""
         return list(self.blocks.keys())
 
+    def layer_paths(self) -> dict[str, str]:
+        """Layer name -> the qualified name (in ``named_modules``) of the module it is."""
+        return {name: f"blocks.{name}" for name in self.blocks}
+
     def layer_of_parameter(self) -> dict[str, int]:
         """Parameter name (as in ``named_parameters``) -> index of the layer that owns it."""
-        index = {name: i for i, name in enumerate(self.layer_names)}
-        return {pname: index[pname.split(".")[1]] for pname, _ in self.named_parameters()}
+        prefixes = [(path + ".", i) for i, path in enumerate(self.layer_paths().values())]
+        out: dict[str, int] = {}
+        for pname, _ in self.named_parameters():
+            owners = [i for prefix, i in prefixes if pname.startswith(prefix)]
+            if len(owners) != 1:
+                raise ValueError(f"parameter {pname!r} is in {len(owners)} layers, not one")
+            out[pname] = owners[0]
+        return out
 
     def layer_sizes(self) -> list[int]:
         """Number of parameters per layer, in layer order."""
@@ -53,22 +69,91 @@ class LayeredModel(nn.Module):
             x = block(x)
         return x
 
-    def forward_with_irs(
-        self, x: torch.Tensor, layers: Sequence[str] | None = None
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Logits and the outputs of the requested layers (all layers by default)."""
+    def _wanted(self, layers: Sequence[str] | None) -> set[str]:
         wanted = set(self.layer_names if layers is None else layers)
         unknown = wanted - set(self.layer_names)
         if unknown:
             raise UserInputError(
                 field="layers", value=sorted(unknown), allowed=f"names in {self.layer_names}"
             )
+        return wanted
+
+    def forward_with_irs(
+        self, x: torch.Tensor, layers: Sequence[str] | None = None
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Logits and the outputs of the requested layers (all layers by default)."""
+        wanted = self._wanted(layers)
         irs: dict[str, torch.Tensor] = {}
         for name, block in self.blocks.items():
             x = block(x)
             if name in wanted:
                 irs[name] = x
         return x, irs
+
+
+class WrappedModel(LayeredModel):
+    """A user's ``nn.Module`` (``net``) with layers named by module paths inside it.
+
+    The user's own ``forward`` runs unchanged; each layer's output is captured by a forward
+    hook (the last call's, for a module called more than once), so the audit sees the same
+    representations whatever the forward does. ``layers`` maps layer name -> module path in
+    ``net`` (``trainables.validator`` checks the map before this is built).
+    """
+
+    def __init__(self, net: nn.Module, *, layers: Mapping[str, str], num_classes: int) -> None:
+        nn.Module.__init__(self)
+        self.net = net
+        self.num_classes = num_classes
+        self._paths = dict(layers)
+        modules = dict(net.named_modules())
+        self._modules_of = {name: modules[path] for name, path in self._paths.items()}
+
+    @property
+    def layer_names(self) -> list[str]:
+        return list(self._paths)
+
+    @property
+    def blocks(self) -> dict[str, nn.Module]:  # type: ignore[override]
+        """Layer name -> its module (read-only view; the modules live inside ``net``)."""
+        return dict(self._modules_of)
+
+    def layer_paths(self) -> dict[str, str]:
+        return {name: f"net.{path}" for name, path in self._paths.items()}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def forward_with_irs(
+        self, x: torch.Tensor, layers: Sequence[str] | None = None
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        wanted = self._wanted(layers)
+        irs: dict[str, torch.Tensor] = {}
+
+        def keep(name: str) -> Callable[..., None]:
+            def hook(module: nn.Module, inputs: tuple[object, ...], output: object) -> None:
+                del module, inputs
+                irs[name] = first_tensor(output)
+            return hook
+
+        handles = [self._modules_of[n].register_forward_hook(keep(n)) for n in wanted]
+        try:
+            out = self.net(x)
+        finally:
+            for h in handles:
+                h.remove()
+        return out, {n: irs[n] for n in self.layer_names if n in wanted}
+
+
+def first_tensor(output: object) -> torch.Tensor:
+    """A module's output as one tensor: itself, or the first tensor of a tuple/list (an RNN's
+    ``(output, state)``)."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, tuple | list):
+        for item in output:
+            if isinstance(item, torch.Tensor):
+                return item
+    raise TypeError(f"a layer returned {type(output).__name__}, not a tensor")
 
 
 def _conv_block(

@@ -1,9 +1,11 @@
 """Per-module per-example gradient algebra for :mod:`trainables.engine`.
 
-One handler per parameterised module type (Linear, Conv2d, GroupNorm, LayerNorm) turns a
-module's kept input ``a`` and output gradient ``b`` into per-example squared norms (ghost or
-materialised, chosen by :func:`choose`) and coefficient-weighted sums; any other module makes
-its block fall back to ``torch.func`` (:class:`BlockFallback`). The costs and the reasons for
+One handler per parameterised module type (Linear, Conv1d, Conv2d, Embedding, GroupNorm,
+LayerNorm) turns a module's kept input ``a`` and output gradient ``b`` into per-example squared
+norms (ghost or materialised, chosen by :func:`choose`) and coefficient-weighted sums; any other
+module makes its block fall back to ``torch.func`` (:class:`BlockFallback`). An Embedding whose
+forward or backward is not a per-example linear map (``max_norm``, ``scale_grad_by_freq``,
+``sparse``) is refused wherever it sits (:func:`check_embedding`). The costs and the reasons for
 each choice are in the engine's docstring; this module holds the algebra so the engine file
 holds the passes.
 """
@@ -51,6 +53,9 @@ class Geometry:
     #: Conv2d: kernel taps K (fan_in = channels per group * K) and padded input positions.
     taps: int = 1
     padded_positions: int = 0
+    #: Embedding: the input is a token index (a one-hot row of width fan_in), so its Gram is
+    #: T^2 comparisons and a^T b is a scatter of the T output-gradient rows (T p, not T p d).
+    index_input: bool = False
 
     @property
     def shifted_gram(self) -> bool:
@@ -60,6 +65,8 @@ class Geometry:
     def input_gram_cost(self) -> int:
         """Multiply-adds per example and group of the input Gram a_i a_i^T (T x T)."""
         t = self.positions
+        if self.index_input:
+            return t * t
         if self.shifted_gram:
             return self.fan_in // self.taps * self.padded_positions ** 2 + self.taps * t * t
         return self.fan_in * t * t
@@ -73,9 +80,16 @@ def choose(geometry: Geometry, *, strategy: str) -> tuple[str, bool]:
         return "ghost", False
     if strategy == "materialize":
         return "materialize", keep
-    wgrad = g * t * p * d
-    ghost = g * (geometry.input_gram_cost() + t * t * p) + wgrad
-    materialize = MATERIALIZE_COST * wgrad + (g * p * d if keep else wgrad)
+    if geometry.index_input:
+        # a^T b is a scatter (T p); materialising fills and norms a dense V x p block per
+        # example, so ghost wins unless T^2 (p + 1) exceeds about 2 V p
+        scatter = g * t * p
+        ghost = g * (geometry.input_gram_cost() + t * t * p) + scatter
+        materialize = 2 * g * p * d + scatter + (g * p * d if keep else scatter)
+    else:
+        wgrad = g * t * p * d
+        ghost = g * (geometry.input_gram_cost() + t * t * p) + wgrad
+        materialize = MATERIALIZE_COST * wgrad + (g * p * d if keep else wgrad)
     return ("ghost", False) if ghost < materialize else ("materialize", keep)
 
 
@@ -194,7 +208,12 @@ class LinearHandler(Handler):
 
 
 class Conv2dHandler(Handler):
-    """``nn.Conv2d`` (any stride, padding, padding mode, dilation, groups; bias optional)."""
+    """``nn.Conv2d`` (any stride, padding, padding mode, dilation, groups; bias optional).
+
+    The geometry is read once into 2-D tuples (``kernel_size``, ``stride``, ``dilation``,
+    ``padding``, ``kernel_shape``) so :class:`Conv1dHandler` reuses every kernel as a Conv2d
+    of height 1.
+    """
 
     kind = "Conv2d"
 
@@ -203,7 +222,22 @@ class Conv2dHandler(Handler):
         m = module
         # non-zero padding modes and string paddings: pad the kept input once, then pad 0
         self._explicit_pad = m.padding_mode != "zeros" or isinstance(m.padding, str)
-        self.padding = (0, 0) if self._explicit_pad else tuple(m.padding)
+        self.kernel_size = self._2d(m.kernel_size, 1)
+        self.stride = self._2d(m.stride, 1)
+        self.dilation = self._2d(m.dilation, 1)
+        self.padding = (0, 0) if self._explicit_pad else self._2d(m.padding, 0)
+        self.kernel_shape = (m.out_channels, m.in_channels // m.groups, *self.kernel_size)
+
+    @staticmethod
+    def _2d(value: tuple[int, ...], fill: int) -> tuple[int, int]:
+        """A per-dimension setting as (height, width); a 1-D one gets height ``fill``."""
+        h, w = (fill, *value) if len(value) == 1 else value
+        return int(h), int(w)
+
+    @staticmethod
+    def _4d(b: torch.Tensor) -> torch.Tensor:
+        """An output gradient as [n, C, H, W] (a Conv1d's [n, C, L] as height 1)."""
+        return b if b.dim() == 4 else b.unsqueeze(2)
 
     def prepare(self, a: torch.Tensor) -> torch.Tensor:
         a = a.detach()
@@ -215,7 +249,7 @@ class Conv2dHandler(Handler):
 
     def geometry(self, a: torch.Tensor, b: torch.Tensor) -> Geometry:
         m = self.module
-        kh, kw = m.kernel_size
+        kh, kw = self.kernel_size
         del b  # the output shape follows from the input's
         ph, pw = self.padding
         out = self._output_shape(a)
@@ -240,13 +274,13 @@ class Conv2dHandler(Handler):
         positions (C (H W)^2 work) gathered at K shifted index sets, instead of unfolding the
         K-times larger patches (C K T^2 work); used when cheaper (stride-1 convolutions).
         """
-        m = self.module
-        n, g = a.shape[0], m.groups
+        n, g = a.shape[0], self.module.groups
+        (kh, kw), (sh, sw), (dh, dw) = self.kernel_size, self.stride, self.dilation
         if shifted is None:
             shifted = self.geometry(a, a).shifted_gram
         if not shifted:
-            u = torch.nn.functional.unfold(a, m.kernel_size, dilation=m.dilation,
-                                           padding=self.padding, stride=m.stride)
+            u = torch.nn.functional.unfold(a, self.kernel_size, dilation=self.dilation,
+                                           padding=self.padding, stride=self.stride)
             u = u.view(n, g, -1, u.shape[-1])  # [n, g, d, T]
             return torch.matmul(u.transpose(2, 3), u)
         ph, pw = self.padding
@@ -256,39 +290,36 @@ class Conv2dHandler(Handler):
         positions = torch.matmul(flat.transpose(2, 3), flat).view(n, g, hp, wp, hp, wp)
         out = self._output_shape(a)
         gram = positions.new_zeros(n, g, out[2], out[3], out[2], out[3])
-        for i in range(m.kernel_size[0]):
-            rows = slice(i * m.dilation[0], i * m.dilation[0] + m.stride[0] * (out[2] - 1) + 1,
-                         m.stride[0])
-            for j in range(m.kernel_size[1]):
-                cols = slice(j * m.dilation[1],
-                             j * m.dilation[1] + m.stride[1] * (out[3] - 1) + 1, m.stride[1])
+        for i in range(kh):
+            rows = slice(i * dh, i * dh + sh * (out[2] - 1) + 1, sh)
+            for j in range(kw):
+                cols = slice(j * dw, j * dw + sw * (out[3] - 1) + 1, sw)
                 gram += positions[:, :, rows, cols, rows, cols]  # tap (i, j): a strided view
         return gram.view(n, g, out[2] * out[3], out[2] * out[3])
 
     def _output_shape(self, a: torch.Tensor) -> torch.Size:
-        m = self.module
-        size = [(a.shape[2 + i] + 2 * self.padding[i] - m.dilation[i] * (m.kernel_size[i] - 1)
-                 - 1) // m.stride[i] + 1 for i in range(2)]
-        return torch.Size([a.shape[0], m.out_channels, *size])
+        size = [(a.shape[2 + i] + 2 * self.padding[i]
+                 - self.dilation[i] * (self.kernel_size[i] - 1) - 1) // self.stride[i] + 1
+                for i in range(2)]
+        return torch.Size([a.shape[0], self.module.out_channels, *size])
 
     def _weight_grad(self, a: torch.Tensor, b: torch.Tensor, groups: int,
                      shape: tuple[int, ...]) -> torch.Tensor:
-        m = self.module
         weight = b.new_empty(1).expand(shape)  # the kernel reads only the weight's shape
         return torch.ops.aten.convolution_backward(
-            b, a, weight, None, list(m.stride), list(self.padding), list(m.dilation), False,
-            [0, 0], groups, [False, True, False])[1]
+            b, a, weight, None, list(self.stride), list(self.padding), list(self.dilation),
+            False, [0, 0], groups, [False, True, False])[1]
 
     def weight_per_example(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         m = self.module
-        n = a.shape[0]
+        n, b = a.shape[0], self._4d(b)
         a1 = a.reshape(1, n * a.shape[1], *a.shape[2:])
         b1 = b.reshape(1, n * b.shape[1], *b.shape[2:])
-        shape = (n * m.out_channels, *m.weight.shape[1:])
+        shape = (n * m.out_channels, *self.kernel_shape[1:])
         return self._weight_grad(a1, b1, n * m.groups, shape).view(n, *m.weight.shape)
 
     def bias_per_example(self, b: torch.Tensor) -> torch.Tensor:
-        return b.sum((2, 3))
+        return b.sum(tuple(range(2, b.dim())))
 
     def weight_ghost_sq(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         n, g = a.shape[0], self.module.groups
@@ -299,7 +330,20 @@ class Conv2dHandler(Handler):
         return (gram_a * gram_b).sum((1, 2, 3)).double() * (sa * sb).square()
 
     def weight_sum(self, a: torch.Tensor, bc: torch.Tensor) -> torch.Tensor:
-        return self._weight_grad(a, bc, self.module.groups, tuple(self.module.weight.shape))
+        m = self.module
+        return self._weight_grad(a, self._4d(bc), m.groups, self.kernel_shape).view(
+            m.weight.shape)
+
+
+class Conv1dHandler(Conv2dHandler):
+    """``nn.Conv1d`` on [B, C, L] as a Conv2d of height 1 on [B, C, 1, L]: the same kernels,
+    strides, dilations, groups and padding modes, with every 2-D setting's height 1 (padding 0),
+    so the ghost and materialised paths and their costs are the 2-D ones, unchanged."""
+
+    kind = "Conv1d"
+
+    def prepare(self, a: torch.Tensor) -> torch.Tensor:
+        return super().prepare(a).unsqueeze(2)  # padded over L first, as the module pads
 
 
 class NormHandler(Handler):
@@ -355,16 +399,106 @@ class LayerNormHandler(NormHandler):
         return tuple(range(1, a.dim() - len(self.module.normalized_shape)))
 
 
+def check_embedding(module: nn.Module, qualname: str) -> None:
+    """Refuse an Embedding whose gradient is not a per-example linear map of its output
+    gradient, wherever it sits (handled, or in a block that falls back to ``torch.func``).
+
+    Refused rather than left to the fallback, which would not make them sound:
+
+    * ``max_norm``: forward renormalises the looked-up rows *in place*, so the weights change
+      with the private batch's tokens outside the noised update (an unnoised release), and a
+      chunked view's recomputed forward would see other weights.
+    * ``scale_grad_by_freq``: backward divides each row by the token's count in the whole
+      batch, so one example's gradient depends on the others and adding an example rescales
+      everyone's contribution: clipping no longer bounds one example's influence.
+    * ``sparse``: only the layout of autograd's ``.grad``; the engine's sums are dense and the
+      noised gradient is dense in every row anyway, while ``torch.func`` (the fallback and the
+      reference) cannot differentiate it. ``sparse=False`` computes the same values.
+    """
+    reasons = [why for flag, why in (
+        (module.max_norm is not None, "max_norm rewrites the weight inside forward"),
+        (module.scale_grad_by_freq, "scale_grad_by_freq makes each example's gradient depend "
+                                    "on the batch's token counts"),
+        (module.sparse, "sparse gradients have no per-example form in torch.func"))
+        if flag]
+    if reasons:
+        from core.errors import UserInputError
+
+        raise UserInputError(field=f"model.{qualname}", value=type(module).__name__,
+                             allowed=f"an Embedding with max_norm=None, "
+                                     f"scale_grad_by_freq=False and sparse=False "
+                                     f"({'; '.join(reasons)})")
+
+
+class EmbeddingHandler(Handler):
+    """``nn.Embedding`` on token ids [B] or [B, *] (T positions per example).
+
+    Its weight gradient is a^T b with a the one-hot ids: example i's gradient adds output
+    gradient row b_t into vocabulary row id_t. Ghost norm: ||g_i||^2 = sum over position pairs
+    with the same token of <b_t, b_t'> (T^2 p, no V-sized tensor); materialised: a dense
+    [V, p] scatter per example. Positions holding ``padding_idx`` get no gradient, as in
+    PyTorch (their b rows are zeroed before either path).
+    """
+
+    kind = "Embedding"
+
+    def __init__(self, module: nn.Module, *, qualname: str, layer: int) -> None:
+        check_embedding(module, qualname)
+        super().__init__(module, qualname=qualname, layer=layer)
+
+    def prepare(self, a: torch.Tensor) -> torch.Tensor:
+        return a.detach().reshape(a.shape[0], -1).long()  # [B, T]
+
+    def _rows(self, ids: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """[B, T, p] output gradient, zero at padding positions."""
+        b3 = b.reshape(ids.shape[0], ids.shape[1], b.shape[-1])
+        pad = self.module.padding_idx
+        return b3 if pad is None else b3.masked_fill((ids == pad).unsqueeze(-1), 0.0)
+
+    def geometry(self, a: torch.Tensor, b: torch.Tensor) -> Geometry:
+        del b
+        m = self.module
+        return Geometry(positions=a.shape[1], fan_in=m.num_embeddings, fan_out=m.embedding_dim,
+                        index_input=True)
+
+    def transient(self, geometry: Geometry, *, ghost: bool) -> int:
+        t, d, p = geometry.positions, geometry.fan_in, geometry.fan_out
+        return 2 * t * t + t * p if ghost else d * p
+
+    def weight_per_example(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        n, v = a.shape[0], self.module.num_embeddings
+        b3 = self._rows(a, b)
+        rows = (a + v * torch.arange(n, device=a.device).unsqueeze(1)).reshape(-1)
+        out = b3.new_zeros(n * v, b3.shape[-1])
+        return out.index_add_(0, rows, b3.reshape(-1, b3.shape[-1])).view(n, v, -1)
+
+    def weight_ghost_sq(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        ub, sb = row_scale(self._rows(a, b))
+        same = (a.unsqueeze(2) == a.unsqueeze(1)).to(ub.dtype)  # [B, T, T]
+        unit = (torch.bmm(ub, ub.transpose(1, 2)) * same).sum((1, 2))
+        return unit.double() * sb.square()
+
+    def weight_sum(self, a: torch.Tensor, bc: torch.Tensor) -> torch.Tensor:
+        m = self.module
+        pad = -1 if m.padding_idx is None else m.padding_idx
+        return torch.ops.aten.embedding_dense_backward(
+            bc.reshape(-1, bc.shape[-1]), a.reshape(-1), m.num_embeddings, pad, False)
+
+
 def handler_types() -> dict[type, type[Handler]]:
     nn_ = torch.nn
-    return {nn_.Linear: LinearHandler, nn_.Conv2d: Conv2dHandler,
-            nn_.GroupNorm: GroupNormHandler, nn_.LayerNorm: LayerNormHandler}
+    return {nn_.Linear: LinearHandler, nn_.Conv1d: Conv1dHandler, nn_.Conv2d: Conv2dHandler,
+            nn_.Embedding: EmbeddingHandler, nn_.GroupNorm: GroupNormHandler,
+            nn_.LayerNorm: LayerNormHandler}
 
 
 class BlockFallback:
     """A block with a module the engine has no algebra for: per-example grads by torch.func."""
 
     def __init__(self, block: nn.Module, *, qualname: str, layer: int) -> None:
+        for name, module in block.named_modules():
+            if isinstance(module, torch.nn.Embedding):
+                check_embedding(module, f"{qualname}.{name}" if name else qualname)
         self.module = block
         self.layer = layer
         self.local = [n for n, _ in block.named_parameters()]

@@ -12,7 +12,7 @@ import math
 import platform
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,11 +27,12 @@ from core.layout import CHECKPOINT_FILE
 from core.records import MECHANISM, PrivacyRecord
 from core.schedule import Schedule
 from core.storage import atomic_write, atomic_write_json
-from trainables.catalog import model_for
 from trainables.data import DataSplits, SplitSizes, load_splits
+from trainables.datafiles import FileSource
 from trainables.dp_step import DEFAULT_PHYSICAL_BATCH, DPStep, PublicData
 from trainables.methods import get_method
-from trainables.models import LayeredModel, build_model
+from trainables.model_source import ModelSource
+from trainables.models import LayeredModel
 from trainables.randomness import Randomness, poisson_batches
 
 CHECKPOINT_FORMAT = "dpsweep-checkpoint"
@@ -62,7 +63,7 @@ class TrialSpec:
     """
 
     method: str
-    method_params: dict[str, Any]
+    method_params: Mapping[str, Any]
     epochs: int
     batch_size: int
     calibration: dict[str, Any]  # orchestrator.accounting.certificate.Calibration.to_dict()
@@ -75,11 +76,33 @@ class TrialSpec:
     sizes: dict[str, int] | None = None
     model: str = "auto"
     activation: str = "tanh"
+    #: A user's network (``ModelSource.to_dict()``) instead of the built-in ``model``.
+    user_model: dict[str, Any] | None = None
+    #: A user's data (``FileSource.to_dict()``) when ``dataset`` is "file".
+    data_source: dict[str, Any] | None = None
     device: str = "auto"
     threads: int = 1
     max_physical_batch: int = DEFAULT_PHYSICAL_BATCH
     trial_id: str = "trial"
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # The one check of a spec's hyperparameters on the training side: a spec arrives as
+        # plain data (Ray, spec.json, a checkpoint); a planner's already validated values pass.
+        object.__setattr__(self, "method_params",
+                           get_method(self.method).validate_params(self.method_params))
+
+    @property
+    def model_source(self) -> ModelSource:
+        if self.user_model:
+            return ModelSource.from_dict(self.user_model)
+        return ModelSource(name=self.model, activation=self.activation)
+
+    @property
+    def file_source(self) -> FileSource | None:
+        # Files are read only where no pool was shared (a worker may lack them).
+        return (None if self.data_source is None
+                else FileSource.from_dict(self.data_source, check_files=False))
 
     @property
     def lr(self) -> float:
@@ -98,7 +121,8 @@ class TrialSpec:
         return self.randomness != "reproducible"
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Plain, mutable data (what Ray ships and ``spec.json`` holds)."""
+        return {**asdict(self), "method_params": dict(self.method_params)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrialSpec:
@@ -129,11 +153,22 @@ Reporter = Callable[[dict[str, Any], Path | None], None]
 
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise UserInputError(field="resources.device", value=name,
                              allowed="'cpu' or 'auto' (no CUDA device is visible)")
+    if name.startswith("cuda"):
+        full_float32()
     return torch.device(name)
+
+
+def full_float32() -> None:
+    """No TF32 on the GPU: its 10-bit mantissa in cuDNN convolutions made a weighted sum differ
+    from the float32 norms it was clipped by about 1e-4 relative (measured on an H200), so a
+    release could exceed its sensitivity bound. Every float32 kernel keeps full precision."""
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
 
 
 def _derived_seeds(seed: int) -> tuple[int, int]:
@@ -159,15 +194,14 @@ class _Run:
 
 
 def load_trial_data(spec: TrialSpec) -> DataSplits:
-    sizes = SplitSizes(**spec.sizes) if spec.sizes else None
-    return load_splits(dataset=spec.dataset, seed=spec.split_seed, sizes=sizes,
-                       data_dir=spec.data_dir)
+    return load_splits(dataset=spec.dataset, seed=spec.split_seed,
+                       sizes=SplitSizes(**spec.sizes) if spec.sizes else None,
+                       data_dir=spec.data_dir, source=spec.file_source)
 
 
 def build_trial_model(spec: TrialSpec, data: DataSplits) -> LayeredModel:
-    return build_model(name=model_for(model=spec.model, dataset=data.name),
-                       input_shape=data.input_shape, num_classes=data.num_classes,
-                       activation=spec.activation)
+    return spec.model_source.build(input_shape=data.input_shape, num_classes=data.num_classes,
+                                   dataset=data.name, sample=data.shadow.x[:2])
 
 
 def _build(spec: TrialSpec, data: DataSplits | None) -> _Run:
@@ -328,7 +362,7 @@ def privacy_record(run: _Run) -> PrivacyRecord:
         eps_error=cal["eps_error"],
         ledger=run.method.ledger.to_dict(),
         guard_capped=run.method.guard_capped,
-        method_record=run.method.extra_record(),
+        method_record={**run.method.extra_record(), "per_example_path": run.method.engine.path},
         trajectories=run.method.trajectories(),
         versions=_versions(),
     )

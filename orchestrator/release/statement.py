@@ -37,11 +37,9 @@ from core.checks import number, whole
 from core.errors import UserInputError
 from core.records import PrivacyRecord
 from core.storage import TMP_PREFIX, atomic_write_bytes
-from orchestrator import __version__
+from orchestrator.release.model_card import fresh_model, load_instructions, model_description
 from orchestrator.rundir import check_creatable
-from trainables.catalog import model_for
-from trainables.data import INPUT_SHAPES, NORMALIZATION, NUM_CLASSES
-from trainables.models import LayeredModel, build_model
+from trainables.models import WrappedModel
 from trainables.training import load_checkpoint_state
 
 __all__ = [
@@ -49,7 +47,6 @@ __all__ = [
     "ExportResult",
     "PrivacyStatement",
     "export_trial",
-    "model_description",
     "privacy_statement",
 ]
 
@@ -63,8 +60,6 @@ RELEASE_FILES = (WEIGHTS_FILE, SAFETENSORS_FILE, MODEL_FILE, STATEMENT_JSON, STA
 
 STATEMENT_FORMAT = "dpsweep-privacy-statement"
 STATEMENT_VERSION = 1
-MODEL_FORMAT = "dpsweep-model"
-MODEL_VERSION = 1
 #: Decimals of displayed privacy figures. Upper bounds round up and lower bounds round down,
 #: so a displayed figure never overstates the protection.
 DISPLAY_DECIMALS = 4
@@ -479,31 +474,6 @@ def _markdown(s: PrivacyStatement) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# The model description
-
-
-def model_description(spec: dict[str, Any]) -> dict[str, Any]:
-    """How to rebuild the model, from the spec without loading any data."""
-    dataset = _text(spec, "dataset", where="spec")
-    if dataset not in INPUT_SHAPES:
-        raise _bad("spec.dataset", dataset, f"one of {tuple(INPUT_SHAPES)}")
-    architecture = model_for(model=_text(spec, "model", where="spec"), dataset=dataset)
-    norm = NORMALIZATION[dataset]
-    return {"format": MODEL_FORMAT, "version": MODEL_VERSION, "architecture": architecture,
-            "input_shape": list(INPUT_SHAPES[dataset]), "num_classes": NUM_CLASSES[dataset],
-            "activation": _text(spec, "activation", where="spec"),
-            "input_normalization": {"max_value": norm.max_value, "mean": list(norm.mean),
-                                    "std": list(norm.std),
-                                    "rule": "x / max_value, then (x - mean) / std per channel"},
-            "dpsweep_version": __version__}
-
-
-def _fresh_model(info: dict[str, Any]) -> LayeredModel:
-    return build_model(name=info["architecture"], input_shape=tuple(info["input_shape"]),
-                       num_classes=info["num_classes"], activation=info["activation"])
-
-
-# --------------------------------------------------------------------------------------------
 # The export
 
 
@@ -559,21 +529,22 @@ def export_trial(*, checkpoint_dir: Path, privacy: PrivacyRecord, out: Path,
                    f"{done} steps)")
 
     info = model_description(spec)
-    model = _fresh_model(info)
+    model = fresh_model(info)
     try:
         model.load_state_dict(state["model"], strict=True)
     except (RuntimeError, KeyError, TypeError) as exc:
         raise _bad("checkpoint", str(checkpoint_dir),
                    f"weights of a {info['architecture']} model "
                    f"({' '.join(str(exc).split())[:200]})") from None
-    tensors = {k: v.detach().cpu().clone().contiguous() for k, v in model.state_dict().items()}
+    # A user's weights are their own module's (no wrapper prefix): they load into what the
+    # factory returns.
+    released = model.net if isinstance(model, WrappedModel) else model
+    tensors = {k: v.detach().cpu().clone().contiguous()
+               for k, v in released.state_dict().items()}
     info.update({"layers": model.layer_names, "layer_parameters": model.layer_sizes(),
                  "parameters": sum(p.numel() for p in model.parameters()),
                  "weights": {"torch": WEIGHTS_FILE, "safetensors": SAFETENSORS_FILE},
-                 "load": (f"model = trainables.models.build_model(name=architecture, "
-                          f"input_shape=input_shape, num_classes=num_classes, "
-                          f"activation=activation); model.load_state_dict(torch.load("
-                          f"'{WEIGHTS_FILE}', weights_only=True))")})
+                 "load": load_instructions(info, weights=WEIGHTS_FILE)})
 
     buffer = io.BytesIO()
     torch.save(tensors, buffer)

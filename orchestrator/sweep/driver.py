@@ -48,7 +48,7 @@ from orchestrator.sweep.tuning import (
     private_tuning_plan,
     released_front,
 )
-from orchestrator.trial.plan import data_pool, load_data, plan_trial
+from orchestrator.trial.plan import data_pool, plan_trial
 from reports import store
 
 
@@ -79,7 +79,7 @@ class _Driver:
         if cfg.sweep.tuning == "private":
             self.private, counts = self._private_setup()
         self.plans = study_plans(cfg, counts=counts)
-        self.data = load_data(cfg)
+        self.data = cfg.data_splits()
         self.rows: dict[str, dict[str, Any]] = {
             r["trial_id"]: r for r in store.read_results(run.path, allow_empty=True)
             .to_dict("records")}
@@ -122,7 +122,6 @@ class _Driver:
             spec = _read_json(trial_dir / layout.SPEC)
             return store.failed_row(trial_id=tid, method=plan.method, series=plan.series,
                                     study=plan.name, error=outcome.error, spec=spec)
-        from trainables.data import NUM_CLASSES
 
         spec = _read_json(trial_dir / layout.SPEC)
         history = _read_json(trial_dir / layout.HISTORY)
@@ -133,7 +132,7 @@ class _Driver:
             privacy=PrivacyRecord.from_dict(_read_json(privacy), where=str(privacy)),
             history=history,
             train_seconds=float(outcome.metrics.get("train_seconds", math.nan)),
-            num_classes=NUM_CLASSES[self.cfg.data.dataset], series=plan.series,
+            num_classes=self.cfg.num_classes, series=plan.series,
             study=plan.name, preset=self._preset(tid))
         audit_file = trial_dir / layout.AUDIT
         if audit_file.is_file():
@@ -442,7 +441,6 @@ class _Driver:
     def _after(self, job: Any, result: dict[str, Any] | None, error: str) -> None:
         from orchestrator.audit.membership import AUDIT_FILE, row_audit_columns
         from orchestrator.sweep import jobs as postsweep
-        from trainables.data import NUM_CLASSES
 
         tid = job.trial_id
         line = f"[{job.name}] " + ("FAILED: " + error if error else "done")
@@ -464,7 +462,7 @@ class _Driver:
             self.rows[tid]["repeat_of"] = base
             self._write(tid)
         elif job.kind is postsweep.JobKind.BASELINE and result is not None:
-            row = postsweep.baseline_row(result, num_classes=NUM_CLASSES[self.cfg.data.dataset])
+            row = postsweep.baseline_row(result, num_classes=self.cfg.num_classes)
             audit_file = self.run.trial_dir(postsweep.BASELINE_ID) / AUDIT_FILE
             if audit_file.is_file():
                 row.update(row_audit_columns(_read_json(audit_file), row=row))
@@ -492,8 +490,9 @@ class _Driver:
             "versions": {"dpsweep": __version__, "python": platform.python_version(),
                          **_library_versions()},
             "accountant": "prv (upper bound; RDP fallback recorded per trial)",
-            "split_sizes": self.cfg.split_sizes(), "model": self.cfg.model.name,
-            "tuning": tuning,
+            "split_sizes": self.cfg.split_sizes(),
+            "model": self.cfg.model.factory or self.cfg.model.name,
+            "num_classes": self.cfg.num_classes, "tuning": tuning,
         }
         atomic_write_json(self.run.path / layout.SUMMARY, summary)
         self.run.record([layout.SUMMARY])
@@ -548,15 +547,17 @@ def _read_json(path: Path) -> Any:
 
 def _validate_before_ray(cfg: Config, *, out: Path | None) -> None:
     """Everything that can be checked without Ray: resources, --out, data, search spaces."""
-    from orchestrator.cluster import check_resources
+    from orchestrator.cluster import check_resources, code_runtime_env
 
     if out is not None:
         check_creatable(out)
+    if cfg.model.code_dir:  # where the user's code must be for the workers to import it
+        code_runtime_env(cfg.model.code_dir, skip=[])
     check_resources(cpus_per_trial=cfg.resources.cpus_per_trial,
                     gpus_per_trial=cfg.resources.gpus_per_trial,
                     memory_per_trial_mb=cfg.resources.memory_per_trial_mb or None,
                     max_concurrent=cfg.sweep.max_concurrent_trials, info=None)
-    data = load_data(cfg)
+    data = cfg.data_splits()
     if cfg.audit.enabled:
         from orchestrator.audit.membership import AuditSettings, check_settings
 
@@ -600,8 +601,11 @@ def _drive(cfg: Config, run: RunDir, *, address: str | None, quiet: bool) -> Swe
     flag = _StopFlag()
     with _signals(flag):
         try:
-            info = (cluster.connect(address, quiet=quiet) if address
-                    else cluster.start_local(num_cpus=None, num_gpus=None, quiet=quiet))
+            env = (cluster.code_runtime_env(cfg.model.code_dir, skip=[run.path])
+                   if cfg.model.code_dir else None)
+            info = (cluster.connect(address, quiet=quiet, runtime_env=env) if address
+                    else cluster.start_local(num_cpus=None, num_gpus=None, quiet=quiet,
+                                             runtime_env=env))
             flag.install()
             if address:
                 cluster.check_resources(cpus_per_trial=cfg.resources.cpus_per_trial,
@@ -626,7 +630,8 @@ def run_sweep(cfg: Config, *, run_dir: Path, address: str | None = None,
               quiet: bool = False) -> SweepSummary:
     """A new sweep into a new (or empty) RUN_DIR."""
     _validate_before_ray(cfg, out=Path(run_dir))
-    run = RunDir.create(Path(run_dir), config_text=cfg.to_toml())
+    run = RunDir.create(Path(run_dir), config_text=cfg.to_toml(),
+                        inputs=cfg.input_fingerprints())
     return _drive_and_release(run, lambda: cfg, address=address, quiet=quiet)
 
 
@@ -641,6 +646,7 @@ def resume_sweep(run_dir: Path, *, address: str | None = None,
                                  allowed=f"the run directory of a sweep (this one is a "
                                          f"{run.manifest.get('kind')!r} run: nothing to resume)")
         cfg = config_mod.load(run.verify(layout.CONFIG))
+        run.check_inputs(cfg.input_fingerprints())
         _validate_before_ray(cfg, out=None)
         if not quiet:
             print(f"resuming {run.path}", flush=True)

@@ -154,8 +154,8 @@ def baseline_job(*, run_dir: str, spec: dict[str, Any], settings: dict[str, Any]
     trial_spec = TrialSpec.from_dict(spec)
     data = load_trial_data(trial_spec)
     recipe = NonPrivateRecipe(epochs=trial_spec.epochs, lr=lr,
-                              batch_size=trial_spec.batch_size, model=trial_spec.model,
-                              activation=trial_spec.activation)
+                              batch_size=trial_spec.batch_size,
+                              model_source=trial_spec.model_source.to_dict())
     model, seconds = train_nonprivate(data=data, recipe=recipe, seed=trial_spec.seed,
                                       threads=trial_spec.threads)
     out = Path(run_dir) / layout.TRIALS / BASELINE_ID

@@ -11,7 +11,6 @@ import dataclasses
 import threading
 from typing import TYPE_CHECKING, Any
 
-from core.datasets import INPUT_SHAPES
 from orchestrator.config import Config
 from orchestrator.sweep.signals import progress
 from orchestrator.sweep.studies import (
@@ -22,7 +21,6 @@ from orchestrator.sweep.studies import (
     study_name,
 )
 from search_spaces import build_space
-from trainables import catalog
 
 if TYPE_CHECKING:
     from orchestrator.rundir import RunDir
@@ -35,21 +33,13 @@ def epsilons(cfg: Config) -> list[float]:
     return list(cfg.budget.epsilons) or [cfg.privacy.epsilon]
 
 
-def _num_layers(cfg: Config) -> int:
-    """The model's layer count from the catalog (no model built, no torch). A model that does
-    not take the dataset's inputs is refused here, before Ray starts, as building it was."""
-    name = catalog.model_for(model=cfg.model.name, dataset=cfg.data.dataset)
-    catalog.check_input_shape(model=name, input_shape=INPUT_SHAPES[cfg.data.dataset])
-    return catalog.layer_count(model=name, dataset=cfg.data.dataset)
-
-
 def study_plans(cfg: Config, *, counts: dict[str, int] | None = None) -> list[StudyPlan]:
     """Every (series, target) study with its space: fixed values from [method_params] are not
     searched, user ranges from [search.<method>] replace the defaults. ``counts`` (private
     tuning) gives each series its share of the secretly drawn number of trials."""
     from trainables.methods import series_name
 
-    layers = _num_layers(cfg)
+    layers = cfg.num_layers
     two = cfg.audit.enabled and cfg.audit.in_trial
     if cfg.sweep.tuning == "private":
         objectives: tuple[str, ...] = (NOISY_OBJECTIVE,)

@@ -9,7 +9,6 @@ retrain a trial); the two live side by side so a field added to one is seen in t
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -19,25 +18,19 @@ from orchestrator.accounting.cache import default_cache_dir
 from orchestrator.accounting.calibration import calibrate, epsilon_curve
 from orchestrator.accounting.certificate import Calibration
 from orchestrator.config import Config, from_dict
-from trainables.catalog import model_for
-from trainables.data import DataSplits, SplitSizes, load_pool, load_splits
+from trainables.data import DataSplits, load_pool
 from trainables.methods import METHODS, get_method, series_name
-from trainables.models import LayeredModel, build_model
 from trainables.training import TrialSpec, poisson_plan
-
-
-def load_data(cfg: Config) -> DataSplits:
-    """The config's splits (cached in-process); bad data dirs or files raise UserInputError."""
-    return load_splits(dataset=cfg.data.dataset, seed=cfg.data.split_seed,
-                       sizes=SplitSizes(**cfg.split_sizes()), data_dir=cfg.data.data_dir or None)
 
 
 def data_pool(cfg: Config) -> dict[str, Any]:
     """The config's raw pool as workers receive it (Ray's object store: read once by the driver,
     mapped once per node) for ``orchestrator.trial.runner.use_data_pool``."""
     data_dir = cfg.data.data_dir or None
-    return {"pool": load_pool(dataset=cfg.data.dataset, data_dir=data_dir),
-            "dataset": cfg.data.dataset, "data_dir": data_dir}
+    source = cfg.file_source()
+    return {"pool": load_pool(dataset=cfg.data.dataset, data_dir=data_dir, source=source),
+            "dataset": cfg.data.dataset, "data_dir": data_dir,
+            "source": None if source is None else source.to_dict()}
 
 
 def match_budget(*, method: str, params: dict, dataset_size: int, batch_size: int,
@@ -58,7 +51,7 @@ def match_budget(*, method: str, params: dict, dataset_size: int, batch_size: in
     return cal, [b.upper for b in curve]
 
 
-def plan_trial(cfg: Config, *, method: str | None = None, params: dict[str, Any] | None = None,
+def plan_trial(cfg: Config, *, method: str | None = None, params: Mapping[str, Any] | None = None,
                trial_id: str = "trial", cache_dir: Path | None = None,
                data: DataSplits | None = None,
                calibration: Calibration | None = None) -> TrialSpec:
@@ -88,9 +81,11 @@ def plan_trial(cfg: Config, *, method: str | None = None, params: dict[str, Any]
             cal, at_steps=[steps_per_epoch * (e + 1) for e in range(epochs)])]
     prepared = method_cls.prepare(
         data=data if data is not None else _lazy_data(cfg),
-        model_factory=functools.partial(_model_factory, cfg),
+        model_factory=cfg.build_network,
         params=params, seed=cfg.training.seed, cache_dir=cache_dir or default_cache_dir())
-    params = method_cls.validate_params({**params, **prepared})
+    if prepared:  # new values (computed, or read from the preparation cache): checked once
+        params = method_cls.validate_params({**params, **prepared})
+    source = cfg.file_source()
     return TrialSpec(
         method=name,
         method_params=params,
@@ -106,6 +101,8 @@ def plan_trial(cfg: Config, *, method: str | None = None, params: dict[str, Any]
         sizes=sizes,
         model=cfg.model.name,
         activation=cfg.model.activation,
+        user_model=cfg.model_source().to_dict() if cfg.model.factory else None,
+        data_source=None if source is None else source.to_dict(),
         device=cfg.resources.device,
         threads=cfg.resources.cpus_per_trial,
         max_physical_batch=cfg.training.max_physical_batch,
@@ -161,6 +158,13 @@ def config_from_spec(spec: Mapping[str, Any]) -> Config:
         "sweep": {"methods": [series_name(method, mode)], "trials_per_method": 1},
         "method_params": params,
     }
+    user_model, data_source = spec.get("user_model"), spec.get("data_source")
+    if user_model:  # ModelSource.to_dict(): the [model] keys of the same names
+        raw["model"].update({k: user_model[k] for k in ("factory", "args", "layers",
+                                                         "code_dir")})
+    if data_source:  # FileSource.to_dict(): [data] keys, and the code folder of its factory
+        raw["data"].update({k: v for k, v in data_source.items() if k != "code_dir"})
+        raw["model"]["code_dir"] = raw["model"].get("code_dir") or data_source["code_dir"]
     return from_dict(raw)
 
 
@@ -173,14 +177,5 @@ class _lazy_data:
 
     def __getattr__(self, name: str) -> object:
         if self._data is None:
-            self._data = load_data(self._cfg)
+            self._data = self._cfg.data_splits()
         return getattr(self._data, name)
-
-
-def _model_factory(cfg: Config) -> LayeredModel:
-    from trainables.data import INPUT_SHAPES, NUM_CLASSES
-
-    name = model_for(model=cfg.model.name, dataset=cfg.data.dataset)
-    return build_model(name=name, input_shape=INPUT_SHAPES[cfg.data.dataset],
-                       num_classes=NUM_CLASSES[cfg.data.dataset],
-                       activation=cfg.model.activation)

@@ -140,5 +140,9 @@ def use_data_pool(shared: dict[str, Any] | None) -> None:
     None leaves the worker to read the data."""
     if shared is not None:
         from trainables.data import share_pool
+        from trainables.datafiles import FileSource
 
-        share_pool(shared["pool"], dataset=shared["dataset"], data_dir=shared["data_dir"])
+        raw = shared.get("source")  # the pool travels with it: the files need not be here
+        source = None if raw is None else FileSource.from_dict(raw, check_files=False)
+        share_pool(shared["pool"], dataset=shared["dataset"], data_dir=shared["data_dir"],
+                   source=source)

@@ -13,9 +13,8 @@ from typing import Any
 from core.layout import CHECKPOINT_DIR, RESULTS
 from orchestrator.config import Config
 from orchestrator.rundir import RunDir
-from orchestrator.trial.plan import load_data, plan_trial
+from orchestrator.trial.plan import plan_trial
 from reports import store
-from trainables.data import NUM_CLASSES
 from trainables.training import TrialResult, train_trial
 
 TRIAL_ID = "trial-000"
@@ -27,11 +26,12 @@ def train_single(cfg: Config, *, out: Path,
     from orchestrator.rundir import check_creatable
 
     check_creatable(Path(out))
-    data = load_data(cfg)  # validates data_dir and files before anything is written
+    data = cfg.data_splits()  # validates data_dir and files before anything is written
     # planned before the run directory exists (budgets in the user's cache): a setting that
     # cannot work leaves nothing behind
     spec = plan_trial(cfg, trial_id=TRIAL_ID, data=data)
-    run = RunDir.create(Path(out), config_text=cfg.to_toml(), kind="trial")
+    run = RunDir.create(Path(out), config_text=cfg.to_toml(), kind="trial",
+                        inputs=cfg.input_fingerprints())
     try:
         trial_dir = run.trial_dir(TRIAL_ID)
         result = train_trial(spec, data=data, checkpoint_root=trial_dir,
@@ -41,7 +41,7 @@ def train_single(cfg: Config, *, out: Path,
             run_dir=run.path, trial_dir=trial_dir, checkpoint_dir=trial_dir / CHECKPOINT_DIR,
             spec=spec.to_dict(), privacy=result.privacy_record, history=result.history,
             train_seconds=sum(m["epoch_seconds"] for m in result.history),
-            num_classes=NUM_CLASSES[cfg.data.dataset], study="single",
+            num_classes=cfg.num_classes, study="single",
             preset=cfg.training.preset)
         store.write_results(run.path, [row])
         run.record_trial(TRIAL_ID)

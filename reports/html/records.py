@@ -187,7 +187,9 @@ def _run_info(run: Path, frame: pd.DataFrame, num_classes: int | None) -> RunInf
     budget = config.get("budget") if isinstance(config.get("budget"), dict) else {}
     targets = {float(e) for e in budget.get("epsilons", []) if math.isfinite(_float(e))}
     targets |= {float(e) for e in frame["target_epsilon"] if math.isfinite(e)}
-    classes = num_classes or NUM_CLASSES.get(dataset, DEFAULT_NUM_CLASSES)
+    recorded = summary.get("num_classes")
+    classes = (num_classes or (recorded if _int_or_none(recorded) else None)
+               or NUM_CLASSES.get(dataset, DEFAULT_NUM_CLASSES))
     return RunInfo(config=config, summary=summary, dataset=dataset, num_classes=classes,
                    split_sizes=sizes, validation_size=sizes.get("validation"),
                    targets=tuple(sorted(targets)))

@@ -25,7 +25,9 @@ slack beyond floating-point rounding:
   1% shortfall is 14 standard errors past it.
 
 Both run at every step of a short lifecycle (warm-up, controller and schedule changes, freezing)
-and after a checkpoint resume into a fresh instance, in float32 and in float64.
+and after a checkpoint resume into a fresh instance, in float32 and in float64. The default
+workload is digits_cnn on digits; a :class:`Workload` runs the same checks on another model and
+data (token ids included), any number of layers, and any engine strategy.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import copy
 import functools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -42,7 +44,7 @@ import torch
 from core.schedule import Schedule
 from trainables.data import load_splits
 from trainables.dp_step import DPStep, PublicData
-from trainables.engine import MaterializedGrads
+from trainables.engine import GradEngine, MaterializedGrads
 from trainables.methods import get_method
 from trainables.models import LayeredModel, build_model
 from trainables.randomness import Randomness, poisson_batches
@@ -108,13 +110,36 @@ def prepared_params(method: str) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted(out.items()))
 
 
-def lifecycle_params(cls: type[DPStep], mode: str,
-                     extra: dict[str, Any] | None = None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Workload:
+    """What a conformance run trains on instead of digits_cnn on digits: the model, the
+    private pool (Poisson-sampled), the public pool, the crafted batch of the engine views,
+    the engine's strategy, and per method the parameters its once-per-sweep preparation would
+    give for this model (its preparation runs on digits only; a method missing here gets
+    none, and fails loudly if it needs them)."""
+
+    model: Callable[[], LayeredModel]
+    train: tuple[torch.Tensor, torch.Tensor]
+    public: tuple[torch.Tensor, torch.Tensor]
+    crafted: tuple[torch.Tensor, torch.Tensor]
+    strategy: str = "auto"
+    prepared: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def _as_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Floating inputs in the model's dtype; token ids stay integers."""
+    return x.to(dtype) if x.is_floating_point() else x
+
+
+def lifecycle_params(cls: type[DPStep], mode: str, extra: dict[str, Any] | None = None, *,
+                     workload: Workload | None = None) -> dict[str, Any]:
     """The method's fast_lifecycle settings that its mode reads, plus preparation and extras."""
     decl = cls.declaration()
     fast = {k: v for k, v in cls.fast_lifecycle.items()
             if not decl[k].modes or mode in decl[k].modes}
-    return {**fast, **dict(prepared_params(cls.name)), "mode": mode, **(extra or {})}
+    prepared = (dict(prepared_params(cls.name)) if workload is None
+                else dict(workload.prepared.get(cls.name, {})))
+    return {**fast, **prepared, "mode": mode, **(extra or {})}
 
 
 def norm_model() -> LayeredModel:
@@ -130,21 +155,110 @@ def norm_model() -> LayeredModel:
     ], num_classes=10)
 
 
+#: The token task of ``every_module_model``: vocabulary (0 = padding), positions, classes.
+VOCAB, POSITIONS, TOKEN_CLASSES = 16, 8, 4
+
+
+class ToChannels(torch.nn.Module):
+    """[B, T, D] -> [B, D, T]: a sequence's features as Conv1d channels."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.transpose(1, 2)
+
+
+class ToColumn(torch.nn.Module):
+    """[B, C, T] -> [B, C, T, 1]: a sequence as a one-pixel-wide image for Conv2d."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.unsqueeze(-1)
+
+
+class Gate(torch.nn.Module):
+    """A parameterised module the engine has no algebra for (parameters used elementwise), so
+    its block takes the exact ``torch.func`` path."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.linspace(-0.5, 0.5, channels).unsqueeze(1))
+        self.shift = torch.nn.Parameter(torch.zeros(channels, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * (1 + torch.tanh(self.scale)) + self.shift
+
+
+def every_module_model(*, gate: bool = False) -> LayeredModel:
+    """Token ids [B, T] through every module the engine handles: Embedding (with padding_idx)
+    + LayerNorm, Conv1d (grouped) + GroupNorm, Conv2d (strided, over the sequence as a
+    column), Linear; with ``gate``, a fifth layer the engine has no algebra for."""
+    nn = torch.nn
+    blocks: list[tuple[str, nn.Module]] = [
+        ("embed", nn.Sequential(nn.Embedding(VOCAB, 8, padding_idx=0), nn.LayerNorm(8),
+                                ToChannels())),
+        ("conv1d", nn.Sequential(nn.Conv1d(8, 8, 3, padding=1, groups=2), nn.GroupNorm(2, 8),
+                                 nn.Tanh())),
+        ("conv2d", nn.Sequential(ToColumn(), nn.Conv2d(8, 8, (3, 1), stride=(2, 1),
+                                                       padding=(1, 0)), nn.Tanh())),
+        ("head", nn.Sequential(nn.AdaptiveAvgPool2d((2, 1)), nn.Flatten(),
+                               nn.Linear(16, TOKEN_CLASSES))),
+    ]
+    if gate:
+        blocks.insert(2, ("gate", Gate(8)))
+    return LayeredModel(blocks, num_classes=TOKEN_CLASSES)
+
+
+def token_task(n: int, *, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A learnable token task: ids [n, POSITIONS] in 1..VOCAB-1 where class k's marker token
+    k + 1 appears two to four times (so tokens repeat within an example), and a padded tail
+    (id 0) on every other example."""
+    gen = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, TOKEN_CLASSES, (n,), generator=gen)
+    x = torch.randint(TOKEN_CLASSES + 1, VOCAB, (n, POSITIONS), generator=gen)
+    for i in range(n):
+        spots = torch.randperm(POSITIONS - 2, generator=gen)[:2 + i % 3]
+        x[i, spots] = int(y[i]) + 1
+        if i % 2:
+            x[i, POSITIONS - 2:] = 0
+    return x, y
+
+
+def token_workload(*, gate: bool = False, strategy: str = "auto") -> Workload:
+    """``every_module_model`` on ``token_task`` (500 private, 500 public examples), with a
+    per-layer risk vector for lm_dpsgd in place of its digits-only preparation."""
+    layers = 5 if gate else 4
+    x, y = token_task(500, seed=11)
+    return Workload(model=functools.partial(every_module_model, gate=gate), train=(x, y),
+                    public=token_task(500, seed=12), crafted=(x[:4], y[:4]), strategy=strategy,
+                    prepared={"lm_dpsgd": {"risk": [0.45 - 0.05 * i for i in range(layers)]}})
+
+
 def make_method(cls: type[DPStep], *, params: dict[str, Any], schedule: Schedule,
                 seed: int = 0, expected_batch_size: float = 50.0,
-                dtype: torch.dtype = torch.float32, model: str = "digits_cnn") -> DPStep:
-    """The method on digits_cnn (or ``norm_model``) in ``dtype`` with reproducible randomness
-    and the public pool."""
-    data = digits()
+                dtype: torch.dtype = torch.float32, model: str = "digits_cnn",
+                workload: Workload | None = None) -> DPStep:
+    """The method on digits_cnn (or ``norm_model``, or the workload's model, engine strategy
+    and public pool) in ``dtype`` with reproducible randomness and the public pool."""
+    if workload is None:
+        data = digits()
+        px, py = data.shadow.x, data.shadow.y
+    else:
+        px, py = workload.public
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        net = norm_model() if model == "norm" else build_model(
-            name=model, input_shape=(1, 8, 8), num_classes=10)
-    return cls(model=net.to(dtype), params=params, noise_schedule=schedule, sample_rate=0.1,
-               expected_batch_size=expected_batch_size, steps_per_epoch=STEPS_PER_EPOCH,
-               randomness=Randomness(kind="reproducible", device=torch.device("cpu"), seed=seed),
-               public=PublicData(x=data.shadow.x.to(dtype), y=data.shadow.y,
-                                 generator=torch.Generator().manual_seed(seed + 7)))
+        if workload is not None:
+            net = workload.model()
+        else:
+            net = norm_model() if model == "norm" else build_model(
+                name=model, input_shape=(1, 8, 8), num_classes=10)
+    method = cls(model=net.to(dtype), params=params, noise_schedule=schedule, sample_rate=0.1,
+                 expected_batch_size=expected_batch_size, steps_per_epoch=STEPS_PER_EPOCH,
+                 randomness=Randomness(kind="reproducible", device=torch.device("cpu"),
+                                       seed=seed),
+                 public=PublicData(x=_as_dtype(px, dtype), y=py,
+                                   generator=torch.Generator().manual_seed(seed + 7)))
+    if workload is not None and workload.strategy != method.engine.strategy:
+        method.engine = GradEngine(method.model, strategy=workload.strategy,
+                                   max_physical_batch=method.max_physical_batch)
+    return method
 
 
 def _dtype(method: DPStep) -> torch.dtype:
@@ -180,12 +294,16 @@ def aligned_view(method: DPStep) -> MaterializedGrads:
                           if live[method.layer_of[n]]})
 
 
-def engine_views(method: DPStep) -> list[tuple[str, DPStep, Any]]:
-    """(label, probe, view): the real engine's views of a crafted batch on copies of the model
-    whose last layer is scaled by each of ``ENGINE_SCALES``, plus inputs scaled by 1e15."""
-    data = digits()
+def engine_views(method: DPStep, crafted: tuple[torch.Tensor, torch.Tensor] | None = None
+                 ) -> list[tuple[str, DPStep, Any]]:
+    """(label, probe, view): the real engine's views of a crafted batch (digits' first four
+    training examples unless given) on copies of the model whose last layer is scaled by each
+    of ``ENGINE_SCALES``, plus inputs scaled by 1e15 (token ids: the first layer's parameters,
+    which scales every later layer's input alike)."""
     dtype = _dtype(method)
-    x, y = data.train.x[:4].to(dtype), data.train.y[:4]
+    if crafted is None:
+        crafted = (digits().train.x[:4], digits().train.y[:4])
+    x, y = _as_dtype(crafted[0], dtype), crafted[1]
     out = []
     for scale in ENGINE_SCALES:
         probe = copy.deepcopy(method)
@@ -194,7 +312,13 @@ def engine_views(method: DPStep) -> list[tuple[str, DPStep, Any]]:
                 p.mul_(scale)
         out.append((f"engine:last*{scale:g}", probe, probe.gradients(x, y)))
     probe = copy.deepcopy(method)
-    out.append(("engine:x*1e15", probe, probe.gradients(x * 1e15, y)))
+    if x.is_floating_point():
+        out.append(("engine:x*1e15", probe, probe.gradients(x * 1e15, y)))
+        return out
+    with torch.no_grad():
+        for p in next(iter(probe.model.blocks.values())).parameters():
+            p.mul_(1e15)
+    out.append(("engine:first*1e15", probe, probe.gradients(x, y)))
     return out
 
 
@@ -310,17 +434,28 @@ def _badness(c: ReleaseCheck) -> float:
     return max(c.excess, c.rule_excess, c.granted / c.effective if c.effective else math.inf)
 
 
-def check_release(method: DPStep, *, engine: bool = False) -> ReleaseCheck:
+def pattern_norms(pattern: Callable[[float, float], list[list[float]]], *, tiny: float,
+                  big: float, num_layers: int) -> torch.Tensor:
+    """A pattern's [B, L] block norms for an L-layer model: its ``NUM_LAYERS`` columns,
+    repeated cyclically (unchanged for L = ``NUM_LAYERS``)."""
+    rows = pattern(tiny, big)
+    return torch.tensor([[row[j % len(row)] for j in range(num_layers)] for row in rows],
+                        dtype=torch.float64)
+
+
+def check_release(method: DPStep, *, engine: bool = False,
+                  crafted: tuple[torch.Tensor, torch.Tensor] | None = None) -> ReleaseCheck:
     """The worst example over the adversarial patterns (and, with ``engine``, the real
-    engine's views of crafted batches) at the method's current state (begin_step applied)."""
+    engine's views of ``crafted``, see :func:`engine_views`) at the method's current state
+    (begin_step applied)."""
     info = torch.finfo(_dtype(method))
     views: list[tuple[str, DPStep, Any]] = [
-        (name, method, adversarial_view(method, torch.tensor(pattern(info.tiny, info.max),
-                                                             dtype=torch.float64)))
+        (name, method, adversarial_view(method, pattern_norms(
+            pattern, tiny=info.tiny, big=info.max, num_layers=method.num_layers)))
         for name, pattern in PATTERNS.items()]
     views.append(("aligned", method, aligned_view(method)))
     if engine:
-        views += engine_views(method)
+        views += engine_views(method, crafted)
     checks = [_check_view(state, name, view) for name, state, view in views]
     return max(checks, key=_badness)
 
@@ -363,11 +498,12 @@ def check_noise(method: DPStep) -> NoiseCheck:
                       measured=tuple(measured), mean_z=tuple(mean_z))
 
 
-def restored(method: DPStep, *, params: dict[str, Any], schedule: Schedule) -> DPStep:
+def restored(method: DPStep, *, params: dict[str, Any], schedule: Schedule,
+             workload: Workload | None = None) -> DPStep:
     """A fresh instance loaded from the method's checkpointable state (as a resume does)."""
     state = copy.deepcopy({"model": method.model.state_dict(), "method": method.state_dict()})
     fresh = make_method(type(method), params=params, schedule=schedule, seed=99,
-                        dtype=_dtype(method))
+                        dtype=_dtype(method), workload=workload)
     fresh.model.load_state_dict(state["model"])
     fresh.load_state_dict(state["method"])
     return fresh
@@ -384,29 +520,34 @@ class Lifecycle:
 def lifecycle(cls: type[DPStep], mode: str, *, extra: dict[str, Any] | None = None,
               steps: int = LIFECYCLE_STEPS, resume_at: int = RESUME_AT,
               schedule: Schedule | None = None,
-              dtype: torch.dtype = torch.float32) -> Lifecycle:
-    """Train on digits in ``dtype`` for ``steps`` Poisson steps, checking the release before
-    every step (with the real engine's views at ``ENGINE_STEPS``) and the noise phase at
-    ``NOISE_STEPS``; at ``resume_at`` continue in a fresh instance restored from the
+              dtype: torch.dtype = torch.float32, workload: Workload | None = None,
+              engine_steps: tuple[int, ...] = ENGINE_STEPS,
+              noise_steps: tuple[int, ...] = NOISE_STEPS) -> Lifecycle:
+    """Train on digits (or the workload) in ``dtype`` for ``steps`` Poisson steps, checking the
+    release before every step (with the real engine's views at ``engine_steps``) and the noise
+    phase at ``noise_steps``; at ``resume_at`` continue in a fresh instance restored from the
     checkpointable state."""
-    params = lifecycle_params(cls, mode, extra)
+    params = lifecycle_params(cls, mode, extra, workload=workload)
     if schedule is None:
         shape = cls.noise_shape(epochs=math.ceil(steps / STEPS_PER_EPOCH),
                                 steps_per_epoch=STEPS_PER_EPOCH, params=params)
         schedule = shape.scaled(SIGMA)
-    method = make_method(cls, params=params, schedule=schedule, dtype=dtype)
-    data = digits()
-    x, y = data.train.x[:500].to(dtype), data.train.y[:500]
+    method = make_method(cls, params=params, schedule=schedule, dtype=dtype, workload=workload)
+    if workload is None:
+        x, y = digits().train.x[:500].to(dtype), digits().train.y[:500]
+    else:
+        x, y = _as_dtype(workload.train[0], dtype), workload.train[1]
+    crafted = None if workload is None else workload.crafted
     batches = poisson_batches(n=len(y), rate=0.1, steps=steps, randomness=Randomness(
         kind="reproducible", device=torch.device("cpu"), seed=5))
     releases, noises = [], []
     for t, idx in enumerate(batches):
         if t == resume_at:
-            method = restored(method, params=params, schedule=schedule)
+            method = restored(method, params=params, schedule=schedule, workload=workload)
         probe = copy.deepcopy(method)
         probe.begin_step(probe.step_count)
-        releases.append(check_release(probe, engine=t in ENGINE_STEPS))
-        if t in NOISE_STEPS:
+        releases.append(check_release(probe, engine=t in engine_steps, crafted=crafted))
+        if t in noise_steps:
             noises.append(check_noise(probe))
         method.step(x[idx], y[idx])
     return Lifecycle(releases=releases, noises=noises)

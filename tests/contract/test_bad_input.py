@@ -165,6 +165,92 @@ def _mnist_not_downloaded(ctx: Ctx) -> list[str]:
     return ["config", "--check", ctx.config("[data]\ndataset = 'mnist'\n")]
 
 
+#: A user's module with every case's factory: each builds a small network for 8x8 digits.
+USER_MODULE = """\
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self, extra=False):
+        super().__init__()
+        self.body = nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.Tanh())
+        self.head = nn.Linear(16, 10)
+        if extra:
+            self.scale = nn.Parameter(nn.init.ones_(nn.Linear(1, 1).weight))
+
+    def forward(self, x):
+        return self.head(self.body(x)) * (self.scale if hasattr(self, "scale") else 1.0)
+
+
+def good(input_shape, num_classes):
+    return Net()
+
+
+def batchnorm(input_shape, num_classes):
+    return nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.BatchNorm2d(8), nn.Tanh(),
+                         nn.Flatten(), nn.Linear(8 * 64, num_classes))
+
+
+def stray(input_shape, num_classes):
+    return Net(extra=True)
+
+
+def frozen(input_shape, num_classes):
+    net = Net()
+    net.head.bias.requires_grad_(False)
+    return net
+
+
+def raises(input_shape, num_classes):
+    raise RuntimeError("no such width")
+
+
+def not_a_module(input_shape, num_classes):
+    return "Net"
+"""
+
+
+def _user(model: str = "", data: str = "", rows: Callable[..., object] | None = None,
+          command: str = "check", table: bool = False,
+          layers: str = "") -> Callable[[Ctx], list[str]]:
+    """A user's project: ``user_net.py`` next to the config, and the digits as ``digits.npz``
+    (or ``digits.csv`` with ``table``), damaged by ``rows(x, y)`` first."""
+    def argv(ctx: Ctx) -> list[str]:
+        import numpy as np
+        from sklearn.datasets import load_digits
+
+        (ctx.tmp / "user_net.py").write_text(USER_MODULE)
+        digits = load_digits()
+        x, y = digits.images.reshape(-1, 1, 8, 8).astype(np.float32), digits.target.copy()
+        if rows is not None:
+            rows(x, y)
+        if table:
+            frame = pd.DataFrame(x.reshape(len(x), -1), columns=[f"p{i}" for i in range(64)])
+            frame["label"] = y
+            frame.to_csv(ctx.tmp / "digits.csv", index=False)
+            source = "path = 'digits.csv'"
+        else:
+            np.savez(ctx.tmp / "digits.npz", x=x, y=y)
+            source = "path = 'digits.npz'"
+        text = (f"[data]\ndataset = 'file'\n{source}\n{data}\n"
+                f"[model]\nfactory = 'user_net:{model or 'good'}'\n"
+                + (f"layers = {layers}\n" if layers else "") + "[training]\nepochs = 1\n")
+        path = ctx.config(text)
+        return ["config", "--check", path] if command == "check" else [
+            command, path, "--out", ctx.path("out")]
+    return argv
+
+
+def _label(value: int) -> Callable[..., None]:
+    def damage(x: object, y: object) -> None:
+        y[7] = value  # type: ignore[index]
+    return damage
+
+
+def _nan(x: object, y: object) -> None:
+    x[3, 0, 2, 2] = float("nan")  # type: ignore[index]
+
+
 def _out(command: str, where: Callable[[Ctx], str]) -> Callable[[Ctx], list[str]]:
     """A valid config (or run directory) written to a bad --out."""
     def argv(ctx: Ctx) -> list[str]:
@@ -294,6 +380,32 @@ NO_MANIFEST = "a dpsweep run directory (with manifest.json)"
 SPLIT = "train_size + validation_size + holdout_size + shadow_size"
 
 CASES = [
+    # ---- a user's model and data (refused before anything is written or Ray starts) -----------
+    Case("user-model-batchnorm", _user("batchnorm", command="run"), "model.factory", "'1'",
+         "replace BatchNorm2d '1' with GroupNorm"),
+    Case("user-model-parameter-outside-layers", _user("stray"), "model.factory", "'scale'",
+         "move 'scale' into a submodule"),
+    Case("user-model-frozen-parameter", _user("frozen", command="train"), "model.factory",
+         "'head.bias'", "register it as a buffer"),
+    Case("user-model-factory-raises", _user("raises"), "model.factory", "'raises'",
+         "RuntimeError: no such width"),
+    Case("user-model-not-a-module", _user("not_a_module"), "model.factory", "'str'",
+         "returns a torch.nn.Module"),
+    Case("user-model-missing-function", _user("absent"), "model.factory", "'user_net:absent'",
+         "it has no 'absent'"),
+    Case("user-model-layer-not-a-module", _user(layers="['body', 'tail']"), "model.layers",
+         "'tail'", "a module name"),
+    Case("user-data-label-out-of-range", _user(data="num_classes = 10", rows=_label(12)),
+         "data.num_classes", "10", "private row 7 holds label 12"),
+    Case("user-data-negative-label", _user(rows=_label(-1), command="run"), "data.path",
+         "digits.npz", "class labels >= 0; row 7 holds -1"),
+    Case("user-data-nan-feature", _user(rows=_nan), "data.path", "nan", "finite"),
+    Case("user-data-missing-column", _user(data="label_column = 'target'", table=True),
+         "data.label_column", "'target'", "label"),
+    Case("user-data-file-key-with-builtin-dataset", _cfg("[data]\npath = 'x.npz'\n"),
+         "data.path", "x.npz", "unset unless data.dataset = 'file'"),
+    Case("user-data-missing-file", _cfg("[data]\ndataset = 'file'\npath = 'nowhere.npz'\n"),
+         "data.path", "nowhere.npz", "nothing is at that path"),
     # ---- config: sections, keys, types --------------------------------------------------------
     Case("unknown-section", _cfg("[trainig]\nepochs = 1\n"), "trainig", "'[table]'",
          "unknown section"),

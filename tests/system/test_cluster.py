@@ -22,6 +22,7 @@ import pytest
 
 from core.errors import UserInputError
 from orchestrator import cluster
+from tests.system.procs import processes
 
 ray = pytest.importorskip("ray")
 
@@ -40,25 +41,14 @@ ALLOWED_NON_LOOPBACK: dict[str, str] = {}
 
 def _process_tree(root: int) -> dict[int, str]:
     """pid -> command name for root and all its descendants."""
-    parents: dict[int, int] = {}
-    names: dict[int, str] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        name_end = stat.rindex(")")
-        names[int(entry.name)] = stat[stat.index("(") + 1:name_end]
-        parents[int(entry.name)] = int(stat[name_end + 2:].split()[1])
+    procs = processes()
     tree = {root}
     grew = True
     while grew:
-        new = {pid for pid, ppid in parents.items() if ppid in tree} - tree
+        new = {pid for pid, p in procs.items() if p.parent in tree} - tree
         tree |= new
         grew = bool(new)
-    return {pid: names.get(pid, "?") for pid in tree}
+    return {pid: procs[pid].name if pid in procs else "?" for pid in tree}
 
 
 def _socket_inodes(pid: int) -> set[str]:

@@ -36,6 +36,8 @@ from typing import Any
 
 import pytest
 
+from tests.system.procs import processes
+
 BIN = Path(sys.executable).parent / "dpsweep"
 CONFIG = """\
 [training]
@@ -115,19 +117,7 @@ def wait_for(proc: Proc, ready: Callable[[], bool], *, timeout: float) -> bool:
 
 def session_pids(sid: int) -> dict[int, str]:
     """Live (non-zombie) processes of session ``sid``: pid -> command name."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        close = stat.rindex(")")
-        fields = stat[close + 2:].split()
-        if int(fields[3]) == sid and fields[0] != "Z":
-            found[int(entry.name)] = stat[stat.index("(") + 1:close]
-    return found
+    return {pid: p.name for pid, p in processes().items() if p.session == sid and p.state != "Z"}
 
 
 def reap(proc: Proc, *, grace: float) -> dict[int, str]:

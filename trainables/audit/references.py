@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -95,8 +95,9 @@ class NonPrivateRecipe:
     epochs: int = 800
     lr: float = 3e-3
     batch_size: int = 32
-    model: str = "auto"
-    activation: str = "tanh"
+    #: The network (``trainables.model_source.ModelSource.to_dict()``; default: the built-in
+    #: "auto" model of the dataset).
+    model_source: dict = field(default_factory=dict)
 
 
 def train_nonprivate(*, data: DataSplits, recipe: NonPrivateRecipe, seed: int,
@@ -106,17 +107,16 @@ def train_nonprivate(*, data: DataSplits, recipe: NonPrivateRecipe, seed: int,
     ``threads`` sets torch's intra-op threads (None leaves them): one thread is several
     times faster than two for these small models on a shared machine.
     """
-    from trainables.catalog import model_for
-    from trainables.models import build_model
+    from trainables.model_source import ModelSource
     from trainables.optim import Update
 
     start = time.perf_counter()
     if threads is not None:
         torch.set_num_threads(threads)
     torch.manual_seed(seed)
-    model = build_model(name=model_for(model=recipe.model, dataset=data.name),
-                        input_shape=data.input_shape, num_classes=data.num_classes,
-                        activation=recipe.activation)
+    source = ModelSource.from_dict(recipe.model_source) if recipe.model_source else ModelSource()
+    model = source.build(input_shape=data.input_shape, num_classes=data.num_classes,
+                         dataset=data.name, sample=data.shadow.x[:2])
     optimizer = Update(model.named_parameters(), kind="adam", lr=recipe.lr)
     generator = torch.Generator().manual_seed(seed)
     x, y = data.train.x, data.train.y

@@ -546,7 +546,7 @@ def test_the_after_sweep_audit_uses_the_run_cache_and_the_accountant_timeout(
         driver = object.__new__(_Driver)
         driver.__dict__.update(cfg=cfg, run=run, quiet=True, rows={tid: row}, best={},
                                bar=None, start=0.0, plans=[plan], certified=None, private=None,
-                               data=trial.load_data(cfg), flag=None, baseline_ran=False)
+                               data=cfg.data_splits(), flag=None, baseline_ran=False)
         asked: list[dict[str, Any]] = []
 
         def match_budget(**kw: Any) -> tuple[Any, list[float]]:

@@ -103,7 +103,7 @@ def _params(method: str, mode: str) -> dict[str, Any]:
     values: dict[str, Any] = {"lr": 0.8, "clip_norm": 1.0}
     if mode:
         values["mode"] = mode
-    return get_method(method).validate_params(values)
+    return dict(get_method(method).validate_params(values))
 
 
 def _schedule(method: str) -> list[dict[str, Any]]:

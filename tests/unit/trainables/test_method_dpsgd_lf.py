@@ -103,7 +103,7 @@ def test_trial_freezes_at_t_f_and_records_it(tmp_path: Path) -> None:
     result = train_trial(spec, checkpoint_root=tmp_path)
     record = result.privacy_record.method_record
     assert record == {"t_f": 10, "t_f_fraction": 0.5, "m_f": 2,
-                      "frozen_layers": ["conv1", "conv2"]}
+                      "frozen_layers": ["conv1", "conv2"], "per_example_path": "engine"}
     at_tf = load_checkpoint_state(tmp_path / "epoch_001")["model"]
     end = load_checkpoint_state(tmp_path / "epoch_002")["model"]
     for name in at_tf:

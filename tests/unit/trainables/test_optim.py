@@ -121,7 +121,7 @@ for name, cls in sorted(METHODS.items()):
         conformance.lifecycle(cls, mode.name, steps=6, resume_at=3)
         assert "torch._dynamo" not in sys.modules, (name, mode.name)
 train_nonprivate(data=conformance.digits(), recipe=NonPrivateRecipe(
-    epochs=1, lr=0.003, batch_size=64, model="auto", activation="tanh"), seed=0, threads=1)
+    epochs=1, lr=0.003, batch_size=64), seed=0, threads=1)
 assert "torch._dynamo" not in sys.modules, "nonprivate"
 print("ok")
 """
