@@ -215,6 +215,15 @@ class SweepConfig:
                                   "1e-3 reached 0.81-0.83 validation accuracy, below the DP "
                                   "trials, 3e-3 0.92-0.93)", low=0.0, low_open=True, high=1.0,
                             log=True)
+    pruner: str = _f("none", "stop weak trials early: 'asha' = asynchronous successive "
+                             "halving on validation accuracy at epoch rungs (pruned trials are "
+                             "recorded, never on a front; adaptive tuning only); 'none' = every "
+                             "trial runs all epochs", choices=("none", "asha"))
+    pruner_min_epochs: int = _f(1, "the pruner's first rung (epochs every trial runs)", low=1,
+                                high=10000)
+    pruner_factor: int = _f(3, "the pruner's reduction factor eta: rungs at min_epochs x "
+                               "eta^k, a trial continues if in the top 1/eta at its rung",
+                            low=2, high=100)
     tuning: str = _f("adaptive", "'adaptive': the sampler explores, selection over private "
                                  "validation metrics is not covered by epsilon; 'private': random "
                                  "search with a random number of trials and a noisy validation "
@@ -514,6 +523,10 @@ def _cross_checks(cfg: Config) -> None:
     _check_method_params(cfg, in_play)
     _check_data_keys(cfg)
     _check_sizes(cfg)
+    if cfg.sweep.pruner != "none" and cfg.sweep.pruner_min_epochs >= cfg.training.epochs:
+        raise UserInputError(field="sweep.pruner_min_epochs", value=cfg.sweep.pruner_min_epochs,
+                             allowed=f"< training.epochs = {cfg.training.epochs} (the first "
+                                     "rung must come before the last epoch)")
     layers = cfg.num_layers
     sizes = cfg.split_sizes()
     checks = [(cfg.training.method, cfg.trial_params())]  # the single-trial method, too
@@ -561,6 +574,11 @@ def _check_private(cfg: Config) -> None:
         raise UserInputError(field="budget.epsilons", value=cfg.budget.epsilons,
                              allowed="at most one target with sweep.tuning = 'private' (privacy."
                                      "epsilon is the end-to-end target of the one release)")
+    if cfg.sweep.pruner != "none":
+        raise UserInputError(field="sweep.pruner", value=cfg.sweep.pruner,
+                             allowed="'none' with sweep.tuning = 'private' (stopping a trial "
+                                     "on its validation accuracy is an adaptive choice the "
+                                     "end-to-end bound does not count)")
     if cfg.sweep.seeds:
         raise UserInputError(field="sweep.seeds", value=cfg.sweep.seeds,
                              allowed="0 with sweep.tuning = 'private' (re-runs of trials chosen "

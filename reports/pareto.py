@@ -72,6 +72,7 @@ KIND_STUDY = "study"
 
 #: Exclusion reasons (the report's table and pick's messages use these words).
 REASON_FAILED = "failed"
+REASON_PRUNED = "pruned at epoch {rung} (weaker than the trials before it at that rung)"
 REASON_BASELINE = "non-private baseline (not a DP trial)"
 REASON_RERUN = "re-run with fresh noise of {of} (counted in its mean ± sd, not a new point)"
 REASON_DEGENERATE = (f"degenerate: validation accuracy below chance + {DEGENERATE_MARGIN:g}")
@@ -253,6 +254,9 @@ def exclusion_reasons(frame: pd.DataFrame) -> pd.Series:
     for i in range(len(frame)):
         if method.iat[i] == NONPRIVATE:
             reason = REASON_BASELINE
+        elif status.iat[i] == "pruned":
+            rung = _numeric(frame, "pruned_at").iat[i] if "pruned_at" in frame else math.nan
+            reason = REASON_PRUNED.format(rung=f"{rung:.0f}" if math.isfinite(rung) else "?")
         elif status.iat[i] != "ok":
             reason = f"{REASON_FAILED}: {error.iat[i] or '(no reason recorded)'}"
         elif repeat.iat[i]:

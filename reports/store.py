@@ -55,7 +55,10 @@ COLUMNS: dict[str, Column] = {
     "method": _c("string", "registered method name (dpsweep, lm_dpsgd, ...)", True),
     "mode": _c("string", "method mode (where its statistics come from)", True),
     "preset": _c("string", "preset the trial started from ('' = none)", True),
-    "status": _c("string", "'ok' or 'failed'", True),
+    "status": _c("string", "'ok', 'failed' or 'pruned' (stopped at a rung of the pruner)",
+                 True),
+    "pruned_at": _c("int64", "the epoch (rung) a pruned trial was stopped at (-1 = not pruned)",
+                    True),
     "error": _c("string", "why a failed trial failed, 'Type: message' ('' when ok)", True),
     "dp_valid": _c("bool", "whether the epsilon claim holds for this trial's method and mode",
                    True),
@@ -84,6 +87,8 @@ COLUMNS: dict[str, Column] = {
     "epsilon_lower": _c("float64", "accountant's lower epsilon bound (null for RDP)", True),
     "epsilon_estimate": _c("float64", "accountant's epsilon estimate (null for RDP)", True),
     "epsilon_upper": _c("float64", "accountant's upper epsilon bound (the claim)", True),
+    "epsilon_spent": _c("float64", "upper epsilon bound of the steps the trial ran: its claim "
+                                   "when finished, below its target when pruned", True),
     "accountant": _c("string", "'prv' or 'rdp'", True),
     "accountant_fallback": _c("string", "why RDP was used instead of PRV ('' if not)", True),
     "val_accuracy": _c("float64", "final validation accuracy: what selection reads (private "
@@ -191,6 +196,7 @@ def row_from_trial(*, run_dir: Path, trial_dir: Path, checkpoint_dir: Path,
         "epsilon_lower": _num(privacy.epsilon_lower),
         "epsilon_estimate": _num(privacy.epsilon_estimate),
         "epsilon_upper": float(privacy.epsilon_upper),
+        "epsilon_spent": float(privacy.epsilon_upper), "pruned_at": -1,
         "accountant": privacy.accountant,
         "accountant_fallback": privacy.accountant_fallback or "",
         "val_accuracy": float(last["val_accuracy"]), "val_loss": float(last["val_loss"]),
@@ -232,7 +238,8 @@ def failed_row(*, trial_id: str, method: str, error: str, series: str = "", stud
                 "method": method, "status": "failed", "error": error, "preset": preset,
                 "dp_valid": False, "mode": str(params.get("mode", "")), "validity_reason": "",
                 "release_safe": False, "degenerate": False, "test_accuracy": math.nan,
-                "val_accuracy": math.nan, "epsilon_upper": math.nan, **empty_audit(),
+                "val_accuracy": math.nan, "epsilon_upper": math.nan,
+                "epsilon_spent": math.nan, "pruned_at": -1, **empty_audit(),
                 "audit_contradicts": False, "trajectories": "{}", "repeat_of": "",
                 "canaries": -1})
     for key in ("seed", "batch_size", "epochs"):
@@ -243,6 +250,23 @@ def failed_row(*, trial_id: str, method: str, error: str, series: str = "", stud
             row[key] = params[key]
     if params:
         row["method_params"] = _json({k: v for k, v in params.items() if k != "risk_meta"})
+    return row
+
+
+def pruned_row(*, trial_id: str, method: str, record: Mapping[str, Any],
+               spec: Mapping[str, Any], series: str = "", study: str = "",
+               preset: str = "") -> dict[str, Any]:
+    """A trial the pruner stopped: kept with its rung, its validation accuracy there, the
+    epochs it ran and the epsilon they spent; no test accuracy, never on a front or picked."""
+    row = failed_row(trial_id=trial_id, method=method, error="", series=series, study=study,
+                     spec=spec, preset=preset)
+    row.update({"status": "pruned", "pruned_at": int(record["pruned_at"]),
+                "epochs": int(record["epochs_run"]),
+                "val_accuracy": float(record["val_accuracy"]),
+                "epsilon_spent": float(record["epsilon_spent"]),
+                "train_seconds": float(record.get("train_seconds", math.nan)),
+                "target_epsilon": float(spec["calibration"]["target_epsilon"]),
+                "randomness": str(spec.get("randomness", ""))})
     return row
 
 

@@ -49,6 +49,7 @@ from orchestrator.sweep.tuning import (
     released_front,
 )
 from orchestrator.trial.plan import data_pool, plan_trial
+from orchestrator.trial.pruning import ACTOR_PREFIX, PRUNED, rungs, start_board
 from reports import store
 
 
@@ -59,6 +60,7 @@ class SweepSummary:
     failed: int
     seconds: float
     report: Path | None
+    pruned: int = 0
 
 
 # ---- the driver -----------------------------------------------------------------------------
@@ -75,6 +77,12 @@ class _Driver:
         #: Whether the baseline ran inside the search (then the after-search phase skips it,
         #: whether it finished or failed with its reason).
         self.baseline_ran = False
+        #: The rung board's actor name (``sweep.pruner = 'asha'``) and the rungs (epochs).
+        self.board: str | None = None
+        self.board_handle: Any = None  # keeps the actor alive while the sweep runs
+        self.rungs = (rungs(epochs=cfg.training.epochs, min_epochs=cfg.sweep.pruner_min_epochs,
+                            factor=cfg.sweep.pruner_factor)
+                      if cfg.sweep.pruner == "asha" else ())
         counts = None
         if cfg.sweep.tuning == "private":
             self.private, counts = self._private_setup()
@@ -118,6 +126,10 @@ class _Driver:
     # ---- results --------------------------------------------------------------------------
     def _row(self, plan: StudyPlan, tid: str, outcome: Outcome) -> dict[str, Any]:
         trial_dir = self.run.trial_dir(tid)
+        if outcome.status == PRUNED:
+            return store.pruned_row(trial_id=tid, method=plan.method, record=outcome.metrics,
+                                    spec=_read_json(trial_dir / layout.SPEC), series=plan.series,
+                                    study=plan.name, preset=self._preset(tid))
         if outcome.status != "ok":
             spec = _read_json(trial_dir / layout.SPEC)
             return store.failed_row(trial_id=tid, method=plan.method, series=plan.series,
@@ -173,13 +185,18 @@ class _Driver:
         if ok and not row.get("degenerate"):
             self.best[plan.name] = max(self.best.get(plan.name, -1.0), row["val_accuracy"])
         done = sum(r["status"] == "ok" for r in self.rows.values())
-        failed = sum(r["status"] != "ok" for r in self.rows.values())
-        what = (f"val acc {row['val_accuracy']:.3f}" + (
-            f", peak MIA {row['peak_mia_accuracy']:.3f}"
-            if isinstance(row.get("peak_mia_accuracy"), float)
-            and math.isfinite(row["peak_mia_accuracy"]) else "")
-                if ok else f"FAILED: {row['error']}")
-        line = (f"[{plan.name}] {row['trial_id']}: {what} | done {done}, failed {failed}, "
+        pruned = sum(r["status"] == PRUNED for r in self.rows.values())
+        failed = len(self.rows) - done - pruned
+        if row["status"] == PRUNED:
+            what = f"pruned at epoch {row['pruned_at']} (val acc {row['val_accuracy']:.3f})"
+        else:
+            what = (f"val acc {row['val_accuracy']:.3f}" + (
+                f", peak MIA {row['peak_mia_accuracy']:.3f}"
+                if isinstance(row.get("peak_mia_accuracy"), float)
+                and math.isfinite(row["peak_mia_accuracy"]) else "")
+                    if ok else f"FAILED: {row['error']}")
+        line = (f"[{plan.name}] {row['trial_id']}: {what} | done {done}, "
+                + (f"pruned {pruned}, " if pruned else "") + f"failed {failed}, "
                 f"best {self.best.get(plan.name, float('nan')):.3f}, "
                 f"elapsed {time.time() - self.start:.0f} s")
         if self.bar is not None:
@@ -211,7 +228,38 @@ class _Driver:
                   "series": plan.series, "spec": spec.to_dict(), "audit": audit}
         if self.private is not None:
             config["tuning"] = {"score_noise": self.private.score_noise_multiplier}
+        if self.board is not None:
+            config["pruning"] = {"actor": self.board, "study": plan.name,
+                                 "rungs": list(self.rungs)}
         return config
+
+    def start_board(self, tallies: dict[str, Any]) -> None:
+        """With ``sweep.pruner = 'asha'``: the sweep's rung board, seeded with the decisions
+        finished and pruned trials took before a restart (from their records)."""
+        if self.cfg.sweep.pruner != "asha":
+            return
+        import uuid
+
+        name = f"{ACTOR_PREFIX}{uuid.uuid4().hex[:12]}"
+        board = start_board(name=name, factor=self.cfg.sweep.pruner_factor)
+        seeds = []
+        for plan in self.plans:
+            tally = tallies[plan.name]
+            for tid in sorted(tally.done | tally.pruned):
+                history = self.run.trial_dir(tid) / layout.HISTORY
+                if not history.is_file():
+                    continue
+                epochs = {int(m["epoch"]): float(m["val_accuracy"])
+                          for m in _read_json(history)}
+                last = max(epochs, default=0)
+                for rung in self.rungs:
+                    if rung in epochs:
+                        seeds.append(board.seed.remote(plan.name, tid, rung, epochs[rung],
+                                                       rung < last or tid in tally.done))
+        import ray
+
+        ray.get(seeds)
+        self.board, self.board_handle = name, board
 
     def tune(self, studies: dict[str, Any], tallies: dict[str, Any], flag: _StopFlag) -> None:
         from ray import tune
@@ -223,6 +271,7 @@ class _Driver:
                      ((p, tallies[p.name]) for p in self.plans))
         if to_run == 0:
             return
+        self.start_board(tallies)
         baseline = self.baseline_job()
         jobs = {} if baseline is None else {baseline.name: {
             raytune.JOB_KEY: baseline.kind.value, "kwargs": baseline.kwargs}}
@@ -507,12 +556,16 @@ class _Driver:
             from trainables.methods import prepared_params
 
             report = build_report(self.run.path, prepared=prepared_params())
+        status = frame["status"] if len(frame) else None
+        pruned = int((status == PRUNED).sum()) if status is not None else 0
         summary = SweepSummary(run_dir=self.run.path, rows=len(frame),
-                               failed=int((frame["status"] != "ok").sum()) if len(frame) else 0,
-                               seconds=time.time() - self.start, report=report)
+                               failed=int((status == "failed").sum()) if status is not None
+                               else 0, seconds=time.time() - self.start, report=report,
+                               pruned=pruned)
         if not self.quiet:
-            print(f"sweep finished: {summary.rows} trials ({summary.failed} failed) in "
-                  f"{summary.seconds:.0f} s", flush=True)
+            print(f"sweep finished: {summary.rows} trials ({summary.failed} failed"
+                  + (f", {pruned} pruned" if pruned else "")
+                  + f") in {summary.seconds:.0f} s", flush=True)
         if report is not None:
             print(f"report: {report}", flush=True)
         return summary

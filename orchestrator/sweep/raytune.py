@@ -15,6 +15,7 @@ is named in the Tune config by its kind (``jobs.JobKind``), never by a display n
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -33,6 +34,7 @@ from orchestrator.sweep.studies import (
     Tally,
     read_outcome,
 )
+from orchestrator.trial.pruning import PRUNED
 from orchestrator.trial.runner import execute, use_data_pool
 
 if TYPE_CHECKING:
@@ -172,6 +174,14 @@ class SweepSearcher(Searcher):
         if values is not None:
             study.tell(ot, values)
             tally.done.add(tid)
+        elif outcome.status == PRUNED:
+            rung = int(outcome.metrics.get("pruned_at", 0))
+            value = float(outcome.metrics.get("val_accuracy", math.nan))
+            if len(plan.objectives) == 1 and math.isfinite(value):
+                ot.report(value, rung)  # the sampler learns from where it stopped
+            ot.set_user_attr("pruned_at", rung)
+            study.tell(ot, state=TrialState.PRUNED)
+            tally.pruned.add(tid)
         elif outcome.status == "interrupted":
             # a dead worker or a stopped run: re-run it under the same id
             ot.set_user_attr(INTERRUPTED_ATTR, True)

@@ -30,13 +30,14 @@ import math
 import re
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from core.errors import describe
 from core.layout import ERROR as ERROR_FILE
 from core.layout import RESULT as RESULT_FILE
+from orchestrator.trial.pruning import PRUNED
 from search_spaces import BuiltSpace
 
 #: The objectives a sampler can see: noiseless validation accuracy, the in-trial attack's peak
@@ -135,7 +136,7 @@ def open_study(plan: StudyPlan, *, storage: str, sampler: Any, first_point: bool
 class Outcome:
     """What a trial left in its directory: finished (with metrics) or failed (with why)."""
 
-    status: str  # "ok" | "failed" | "interrupted"
+    status: str  # "ok" | "failed" | "pruned" | "interrupted"
     metrics: dict[str, Any]
     error: str
 
@@ -155,6 +156,8 @@ def read_outcome(trial_dir: Path) -> Outcome:
                 record = json.loads(path.read_text())
             except (OSError, ValueError) as exc:
                 return Outcome("failed", {}, f"unreadable {name}: {describe(exc)}")
+            if status == "ok" and record.get("status") == PRUNED:
+                status = PRUNED  # stopped at a rung: a final record, never re-run
             return Outcome(status, record, str(record.get("error", "")))
     return Outcome("interrupted", {}, "")
 
@@ -167,9 +170,10 @@ class Tally:
     failed: set[str]
     pending: int  # WAITING trials (re-runs and the first point) still to start
     next_index: int
+    pruned: set[str] = field(default_factory=set)
 
     def remaining(self, n_trials: int) -> int:
-        return max(0, n_trials - len(self.done) - len(self.failed))
+        return max(0, n_trials - len(self.done) - len(self.failed) - len(self.pruned))
 
 
 def _set_attr(storage: Any, study: Any, number: int, key: str, value: Any) -> None:
@@ -196,6 +200,7 @@ def reconcile(study: Any, plan: StudyPlan, *, storage: Any, trials_root: Path,
 
     done: set[str] = set()
     failed: set[str] = set()
+    pruned: set[str] = set()
     waiting_ids: set[str] = set()
     indices = [-1]
     for t in study.get_trials(deepcopy=False):
@@ -219,6 +224,8 @@ def reconcile(study: Any, plan: StudyPlan, *, storage: Any, trials_root: Path,
             values = outcome.values(plan.objectives)
             if values is not None:
                 study.tell(t.number, values)
+            elif outcome.status == PRUNED:
+                study.tell(t.number, state=TrialState.PRUNED)
             else:
                 reason = outcome.error or "interrupted (the sweep stopped while it ran)"
                 _set_attr(storage, study, t.number, INTERRUPTED_ATTR,
@@ -232,6 +239,9 @@ def reconcile(study: Any, plan: StudyPlan, *, storage: Any, trials_root: Path,
         if outcome.status == "ok":
             done.add(tid)
             on_finished(tid, outcome, t)
+        elif outcome.status == PRUNED:
+            pruned.add(tid)
+            on_finished(tid, outcome, t)
         elif outcome.status == "failed" and not t.user_attrs.get(INTERRUPTED_ATTR):
             failed.add(tid)
             on_finished(tid, outcome, t)
@@ -239,6 +249,6 @@ def reconcile(study: Any, plan: StudyPlan, *, storage: Any, trials_root: Path,
                 and tid not in waiting_ids and tid not in done:
             study.enqueue_trial(dict(t.params), user_attrs={ID_ATTR: tid, "rerun_of": t.number})
             waiting_ids.add(tid)
-    waiting_ids -= done | failed
+    waiting_ids -= done | failed | pruned
     return Tally(done=done, failed=failed, pending=len(waiting_ids),
-                 next_index=max(indices) + 1)
+                 next_index=max(indices) + 1, pruned=pruned)

@@ -27,6 +27,7 @@ from core.errors import UserInputError, describe
 from core.layout import CHECKPOINT_DIR
 from core.storage import atomic_write_json
 from orchestrator.sweep.studies import ERROR_FILE, RESULT_FILE
+from orchestrator.trial.pruning import PRUNED, TrialPruned, ask_board
 from trainables.training import (
     CHECKPOINT_FILE,
     TrialResult,
@@ -78,16 +79,25 @@ def execute(config: dict[str, Any], *,
         data = load_trial_data(spec)
 
         last_report = time.perf_counter()
+        history: list[dict[str, Any]] = []
 
         def per_epoch(metrics: dict[str, Any], _ckpt: Path | None) -> None:
             nonlocal last_report
+            history.append(metrics)
+            if config.get("pruning"):
+                ask_board(config["pruning"], trial_id=spec.trial_id, epoch=metrics["epoch"],
+                          value=metrics["val_accuracy"])
             if report is not None and time.perf_counter() - last_report >= REPORT_INTERVAL_S:
                 report({"epoch": metrics["epoch"], "val_accuracy": metrics["val_accuracy"]})
                 last_report = time.perf_counter()
 
-        result: TrialResult = train_trial(
-            spec, data=data, checkpoint_root=trial_dir, rolling_checkpoint=CHECKPOINT_DIR,
-            resume_from=resumable_checkpoint(trial_dir, spec), report=per_epoch)
+        try:
+            result: TrialResult = train_trial(
+                spec, data=data, checkpoint_root=trial_dir, rolling_checkpoint=CHECKPOINT_DIR,
+                resume_from=resumable_checkpoint(trial_dir, spec), report=per_epoch)
+        except TrialPruned as pruned:
+            return _pruned_record(spec, trial_dir, pruned, history=history, started=started,
+                                  started_at=started_at)
         record: dict[str, Any] = {
             "status": "ok", "trial_id": spec.trial_id, "node": _ray_node(), "pid": os.getpid(),
             "val_accuracy": result.val_accuracy, "test_accuracy": result.test_accuracy,
@@ -121,6 +131,25 @@ def execute(config: dict[str, Any], *,
             "type": type(exc).__name__,
             "traceback": traceback.format_exc().splitlines()[-TRACEBACK_LINES:]})
         raise
+
+
+def _pruned_record(spec: TrialSpec, trial_dir: Path, pruned: TrialPruned, *,
+                   history: list[dict[str, Any]], started: float,
+                   started_at: float) -> dict[str, Any]:
+    """A trial stopped at a rung: its history so far and a final record (``result.json``,
+    status ``pruned``) with the rung, the epochs run and the epsilon its ledger spent."""
+    atomic_write_json(trial_dir / layout.SPEC, spec.to_dict())
+    atomic_write_json(trial_dir / layout.HISTORY, history)
+    last = history[-1]
+    record: dict[str, Any] = {
+        "status": PRUNED, "trial_id": spec.trial_id, "node": _ray_node(), "pid": os.getpid(),
+        "pruned_at": pruned.rung, "epochs_run": int(last["epoch"]),
+        "val_accuracy": pruned.value, "epsilon_spent": float(last["epsilon_spent"]),
+        "train_seconds": sum(m["epoch_seconds"] for m in history), "audit_error": "",
+        "seconds": time.perf_counter() - started, "started_at": started_at,
+        "finished_at": time.time()}
+    atomic_write_json(trial_dir / RESULT_FILE, record)
+    return record
 
 
 def _ray_node() -> str | None:

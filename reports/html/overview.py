@@ -120,7 +120,8 @@ def _header_section(data: RunData) -> str:
         spent = float(np.nansum(ok["train_seconds"]) + np.nansum(ok["audit_seconds"]))
         wall_text = f"{_duration(spent)}: sum of trial training and audit times " \
                     "(summary.json absent)"
-    failed = int((frame["status"] != "ok").sum())
+    failed = int((~frame["status"].isin(["ok", "pruned"])).sum())
+    pruned = int((frame["status"] == "pruned").sum())
     series = sorted(frame["series"].unique(), key=natural_key)
     rows = [
         ("run directory", _e(data.run_dir.resolve())),
@@ -135,7 +136,8 @@ def _header_section(data: RunData) -> str:
         ("accountant", _e(accountant)),
         ("target epsilons", _e(", ".join(f"{t:g}" for t in info.targets) or "—")
          + f"; delta {_e(delta)}"),
-        ("trials", f"{len(frame)} ({len(ok)} finished, {failed} failed); series: "
+        ("trials", f"{len(frame)} ({len(ok)} finished, "
+                   + (f"{pruned} pruned, " if pruned else "") + f"{failed} failed); series: "
                    + _e(", ".join(series))),
         ("software versions", _e(version_text)),
         ("wall time", wall_text),

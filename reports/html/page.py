@@ -39,10 +39,12 @@ from reports.html.validity import (
     _budget_section,
     _coverage_section,
     _failed_section,
+    _pruned_section,
     _validity_section,
     budget_frame,
     coverage_frame,
     failed_frame,
+    pruned_frame,
     validity_frame,
 )
 from reports.pareto import eligible, exclusions, fronts
@@ -90,7 +92,8 @@ _SECTIONS = (("run", "Run"), ("tuning", "Privacy cost of tuning"),
              ("heatmap", "Per-layer × attack MIA"), ("curves", "Validation curves"),
              ("utility", "Privacy-utility"), ("canary", "Epsilon lower bounds"),
              ("roc", "ROC"), ("ww", "WW-DP-SGD trajectories"), ("budget", "Privacy budget"),
-             ("validity", "DP validity and release safety"), ("failed", "Failed trials"),
+             ("validity", "DP validity and release safety"), ("pruned", "Pruned trials"),
+             ("failed", "Failed trials"),
              ("coverage", "What epsilon covers"), ("files", "Files"))
 
 
@@ -172,6 +175,7 @@ def _build_into(data: RunData, *, out: Path) -> None:
     budget = budget_frame(data)
     validity = validity_frame(data)
     failed = failed_frame(data)
+    pruned = pruned_frame(data)
     sections.update({
         "leakage": _leakage_section(leakage),
         "heatmap": _heatmap_section(data, front_list=front_list, out=out, csvs=csvs),
@@ -183,6 +187,7 @@ def _build_into(data: RunData, *, out: Path) -> None:
         "ww": _ww_section(data, out=out, csvs=csvs),
         "budget": _budget_section(budget),
         "validity": _validity_section(validity),
+        "pruned": _pruned_section(pruned, config=info.config),
         "failed": _failed_section(failed),
         "coverage": _coverage_section(),
     })
@@ -196,6 +201,7 @@ def _build_into(data: RunData, *, out: Path) -> None:
         "budget.csv": budget,
         "dp_validity.csv": validity,
         "failed_trials.csv": failed,
+        "pruned_trials.csv": pruned,
         "mia_layers.csv": mia_layers_frame(data),
         "covered_by_epsilon.csv": coverage_frame(),
     })

@@ -129,7 +129,7 @@ def _validity_section(validity: pd.DataFrame) -> str:
 def failed_frame(data: RunData) -> pd.DataFrame:
     """Trials that failed in training, and finished trials whose audit failed."""
     frame = data.frame
-    bad = frame[frame["status"] != "ok"]
+    bad = frame[~frame["status"].isin(["ok", "pruned"])]
     out = pd.DataFrame({"trial_id": bad["trial_id"], "series": bad["series"],
                         "stage": "training", "error": bad["error"]})
     audit_bad = frame[(frame["status"] == "ok") & (frame[AUDIT_ERROR] != "")]
@@ -150,6 +150,41 @@ def _failed_section(failed: pd.DataFrame) -> str:
             "them." + (f" {_count(audit, 'finished trial')} could not be audited." if audit
                        else "") + "</p>"
             + _table([_h("trial"), _h("series"), _h("stage"), _h("reason")], rows))
+
+
+def pruned_frame(data: RunData) -> pd.DataFrame:
+    """Trials the pruner stopped: where, with what validation accuracy, at what epsilon."""
+    frame = data.frame
+    if "pruned_at" not in frame:
+        return pd.DataFrame(columns=["trial_id", "series", "study", "pruned_at",
+                                     "val_accuracy", "epsilon_spent", "target_epsilon"])
+    cut = frame[frame["status"] == "pruned"][["trial_id", "series", "study", "pruned_at",
+                                               "val_accuracy", "epsilon_spent",
+                                               "target_epsilon"]]
+    cut = cut.astype({"pruned_at": "int64"})
+    return sort_trials(cut).reset_index(drop=True)
+
+
+def _pruned_section(pruned: pd.DataFrame, *, config: dict) -> str:
+    sweep = config.get("sweep") if isinstance(config.get("sweep"), dict) else {}
+    if sweep.get("pruner", "none") == "none" and pruned.empty:
+        return "<p>No pruner: every trial ran all its epochs.</p>"
+    lead = (f"<p>ASHA (asynchronous successive halving) at epoch rungs from "
+            f"{_e(sweep.get('pruner_min_epochs', 1))}, factor "
+            f"{_e(sweep.get('pruner_factor', 3))}: a trial continued past a rung only if its "
+            "validation accuracy was in the top 1/factor of its study's earlier trials there. "
+            f"{_count(len(pruned), 'trial')} pruned; none is on a front or can be picked. "
+            "Their epochs spent the epsilon shown, below the target.</p>")
+    if pruned.empty:
+        return lead
+    by_rung = pruned.groupby("pruned_at").size()
+    lead += "<p>Pruned per rung: " + ", ".join(
+        f"epoch {int(r)}: {int(n)}" for r, n in by_rung.items()) + ".</p>"
+    rows = [[_e(r["trial_id"]), _e(r["series"]), _int(r["pruned_at"]), _num(r["val_accuracy"]),
+             _num(r["epsilon_spent"]), _num(r["target_epsilon"])] for _, r in pruned.iterrows()]
+    return lead + _table([_h("trial"), _h("series"), _h("stopped at epoch"),
+                          _h("validation accuracy there"), _h("epsilon spent"), _h("target")],
+                         rows)
 
 
 def coverage_frame() -> pd.DataFrame:

@@ -205,7 +205,7 @@ def test_tied_weights_are_refused() -> None:
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return self.head(self.body(x))
 
-    with pytest.raises(UserInputError, match="untie 'head.weight' from 'embed.weight'"):
+    with pytest.raises(UserInputError, match=r"untie 'head\.weight' from 'embed\.weight'"):
         _wrap(Tied())
     with pytest.raises(UserInputError, match="scale_grad_by_freq"):
         _wrap(nn.Sequential(nn.Embedding(3, 4, scale_grad_by_freq=True), nn.Flatten()),
