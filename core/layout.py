@@ -41,6 +41,8 @@ SPEC = "spec.json"
 HISTORY = "history.json"
 PRIVACY = "privacy.json"
 AUDIT = "audit.json"
+#: Every audited candidate's pool index, membership and score per layer x attack (numpy npz).
+AUDIT_SCORES = "audit_scores.npz"
 #: Written last: the trial finished (RESULT) or failed with its reason (ERROR).
 RESULT = "result.json"
 ERROR = "error.json"
@@ -48,4 +50,4 @@ ERROR = "error.json"
 CHECKPOINT_DIR = "checkpoint"
 CHECKPOINT_FILE = "state.pt"
 #: A trial's record files, in the order training writes them.
-TRIAL_FILES = (SPEC, HISTORY, PRIVACY, AUDIT, RESULT, ERROR)
+TRIAL_FILES = (SPEC, HISTORY, PRIVACY, AUDIT_SCORES, AUDIT, RESULT, ERROR)

@@ -47,8 +47,12 @@ def _kind_of(default: Any) -> str:
 
 def is_real(value: Any) -> bool:
     """A finite int or float that is not a bool."""
-    return (not isinstance(value, bool) and isinstance(value, (int, float))
-            and math.isfinite(value))
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond float range
+        return False
 
 
 @dataclass(frozen=True)

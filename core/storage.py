@@ -17,24 +17,35 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from core.errors import disk_full
+
 #: Prefix of temporary files (``.tmp-<name>-<random>``); the run directory ignores them.
 TMP_PREFIX = ".tmp-"
 
 
 def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None]) -> Path:
-    """Write ``path`` atomically: ``write(fh)`` fills a temporary file that replaces it."""
+    """Write ``path`` atomically: ``write(fh)`` fills a temporary file that replaces it.
+
+    A full file system raises :class:`core.errors.DiskFull` naming ``path`` (whatever layer
+    reported it: a serialiser writing into ``fh`` often drops the file name), and the old file
+    stays as it was."""
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f"{TMP_PREFIX}{target.name}-")
+    tmp: str | None = None
     try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f"{TMP_PREFIX}{target.name}-")
         with os.fdopen(fd, "wb") as fh:
             write(fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+    except BaseException as exc:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        full = disk_full(exc, what=str(target)) if isinstance(exc, Exception) else None
+        if full is not None and full is not exc:
+            raise full from exc
         raise
     return target
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from core.errors import UserInputError
 from orchestrator.config import Config, load, read_toml
 from orchestrator.config import from_dict as config_from_dict
+from orchestrator.config.paths import check_path_form
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -58,9 +59,10 @@ def run(cfg: Config, *, out: str | Path, address: str | None = None, quiet: bool
     """
     from orchestrator.sweep.driver import run_sweep
 
+    run_dir = check_path_form(out, field="out")
     if model is not None:
         cfg = config_from_dict(_with_model(cfg.to_dict(), model))
-    return run_sweep(cfg, run_dir=Path(out), address=address, quiet=quiet)
+    return run_sweep(cfg, run_dir=run_dir, address=address, quiet=quiet)
 
 
 def _with_model(raw: Mapping[str, Any], model: Callable[..., Any]) -> dict[str, Any]:
@@ -110,6 +112,8 @@ def pick(run_dir: str | Path, *, max_peak_mia: float | None = None,
     """Choose the deployable trial (writes pick.toml); returns the text ``dpsweep pick`` prints."""
     from orchestrator.release.pick import pick_and_write
 
+    if export_to is not None:
+        check_path_form(export_to, field="export_to")
     return pick_and_write(Path(run_dir), max_peak_mia=max_peak_mia, min_val_acc=min_val_acc,
                           series=series, allow_invalid_dp=allow_invalid_dp,
                           allow_replayable=allow_replayable,
@@ -121,5 +125,6 @@ def export(run_dir: str | Path, *, trial_id: str, out: str | Path,
     """Write the trial's release (weights, model description, privacy statement) into ``out``."""
     from orchestrator.release.export import export_from_run
 
-    return export_from_run(Path(run_dir), trial_id=trial_id, out=Path(out),
+    return export_from_run(Path(run_dir), trial_id=trial_id,
+                           out=check_path_form(out, field="out"),
                            allow_replayable=allow_replayable, allow_invalid_dp=allow_invalid_dp)

@@ -1,7 +1,10 @@
 """The ``dpsweep`` command line.
 
 Every command validates all of its input before it writes anything; bad input ends with one
-line ``dpsweep: error: FIELD = VALUE is not allowed: expected ...`` and exit code 2.
+line ``dpsweep: error: FIELD = VALUE is not allowed: expected ...`` and exit code 2. The form of
+every path argument is checked before the command runs (``orchestrator.config.paths``). A full disk
+ends with one line saying what could not be written and how to go on (exit code 74), an
+interrupt with one line and exit code 130: never a traceback.
 
 Where each command's work lives (this module only parses, checks flags and prints), under
 ``orchestrator``: budget -> ``accounting.calibration``; run, resume, demo -> ``sweep.driver``;
@@ -14,6 +17,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import logging
 import math
 import os
 import sys
@@ -21,10 +25,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from core.errors import UserInputError
+from core.errors import EXIT_DISK_FULL, DiskFull, UserInputError, disk_full
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+#: Path arguments (argparse dest -> the name the user typed, and whether dpsweep creates it),
+#: checked in form before any command.
+PATH_ARGS = {"out": ("--out", True), "run_dir": ("RUN_DIR", False), "config": ("CONFIG", False),
+             "check": ("CONFIG", False), "export": ("--export", True)}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -43,12 +51,16 @@ def cmd_budget(args: argparse.Namespace) -> int:
     calibration (no cache: computing is cheaper than verifying a cached answer) runs in a
     forked child. sigma and the upper bound are printed rounded up, the lower bound down.
     """
-    from decimal import ROUND_CEILING, ROUND_FLOOR, ROUND_HALF_EVEN, Decimal
-
     from core.checks import number, whole
     from orchestrator.accounting.calibration import calibrate
-    from orchestrator.accounting.certificate import check_delta, check_epsilon, check_sample_rate
+    from orchestrator.accounting.certificate import (
+        MIN_SAMPLE_RATE,
+        check_delta,
+        check_epsilon,
+        check_sample_rate,
+    )
     from orchestrator.config import DEFAULT_ACCOUNTANT_TIMEOUT_S, MAX_ACCOUNTANT_TIMEOUT_S
+    from orchestrator.config.checks import check_reachable
 
     def need(ok: bool, flag: str, value: Any, allowed: str) -> None:
         """For the flag combinations; numbers go through core.checks."""
@@ -66,7 +78,7 @@ def cmd_budget(args: argparse.Namespace) -> int:
     if args.sample_rate is not None:
         need(args.batch_size is None and args.train_size is None, "--sample-rate",
              args.sample_rate, "either --sample-rate or --batch-size with --train-size, not both")
-        q = check_sample_rate(args.sample_rate, field="--sample-rate")
+        q = check_sample_rate(args.sample_rate, field="--sample-rate", low=MIN_SAMPLE_RATE)
         steps_per_epoch = max(1, round(1.0 / q))
     else:
         need(args.batch_size is not None and args.train_size is not None,
@@ -84,14 +96,35 @@ def cmd_budget(args: argparse.Namespace) -> int:
         steps = whole(args.steps, field="--steps", low=1)
     else:
         steps = whole(args.epochs, field="--epochs (training.epochs)", low=1) * steps_per_epoch
+    if args.sample_rate is not None:  # (a loader's rate 1/ceil(N/B) > 1/N > delta always)
+        need(q * steps > delta, "--sample-rate", args.sample_rate,
+             f"a number in ({delta / steps:.3g}, 1] for --steps {steps} at --delta {delta:g}: "
+             "an example sampled with probability at most delta in all the steps costs "
+             "epsilon 0 without any noise, so there is nothing to calibrate")
     if args.train_size is not None:
         need(delta < 1.0 / args.train_size, "--delta (privacy.delta)", delta,
              f"< 1/--train-size = {1.0 / args.train_size:.3g}")
+        need(q >= MIN_SAMPLE_RATE, "--train-size (data.train_size)", args.train_size,
+             f"at most {MIN_SAMPLE_RATE ** -1:g} batches per epoch (a sample rate "
+             f"1/ceil(N/B) >= {MIN_SAMPLE_RATE:g}, the accountant's range)")
+    check_reachable(eps, delta, steps=steps, epsilon_field="--epsilon (privacy.epsilon)",
+                    delta_field="--delta (privacy.delta)")
+    # dp_accounting's RDP (the fallback) reports each order it drops through absl; a fallback
+    # itself is printed below with its reason, so the accountant's log line would repeat it
+    logging.getLogger("absl").setLevel(logging.ERROR)
+    logging.getLogger("orchestrator.accounting.calibration").setLevel(logging.ERROR)
     cal = calibrate(target_epsilon=eps, delta=delta, sample_rate=q, steps=steps,
                     timeout_s=timeout, use_cache=False)
     if args.json:
         print(json.dumps(cal.to_dict(), indent=2))
-        return 0
+    else:
+        _print_budget(cal, q=q, steps=steps, delta=delta, eps=eps)
+    return 0
+
+
+def _print_budget(cal: Any, *, q: float, steps: int, delta: float, eps: float) -> None:
+    """``dpsweep budget``'s table: sigma and the upper bound rounded up, the lower down."""
+    from decimal import ROUND_CEILING, ROUND_FLOOR, ROUND_HALF_EVEN, Decimal
 
     def fixed(value: float | None, rounding: str) -> str:
         """4 decimals of the exact binary value, rounded in the safe direction."""
@@ -109,12 +142,14 @@ def cmd_budget(args: argparse.Namespace) -> int:
     print(f"epsilon upper:            {fixed(b.upper, ROUND_CEILING)}   (target {eps:g})")
     print(f"accountant:               {cal.accountant}"
           + (f"  (fallback: {cal.fallback_reason})" if cal.fallback_reason else ""))
-    return 0
 
 
 def _out_dir(args: argparse.Namespace, *, stem: str) -> Path:
+    """--out, or runs/STEM-TIMESTAMP when it is left out (an empty --out is refused in form);
+    remembered on ``args`` for the disk-full message."""
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path(args.out) if args.out else Path("runs") / f"{stem}-{stamp}"
+    args.sweep_dir = Path(args.out) if args.out is not None else Path("runs") / f"{stem}-{stamp}"
+    return args.sweep_dir
 
 
 def _print_trial(result: Any, out: Path) -> None:
@@ -187,9 +222,15 @@ def demo_config() -> Any:
                                   pruner_min_epochs=DEMO_FIRST_RUNG))
 
 
+#: Ray Tune prints every failed trial's traceback (a killed worker's ActorDiedError) on stderr;
+#: dpsweep records each failure with its reason (results store, report, Optuna attributes).
+TUNE_TRIAL_ERRORS_ENV = "TUNE_PRINT_ALL_TRIAL_ERRORS"
+
+
 def _sweep(action: Any) -> int:
     from orchestrator.sweep.signals import Interrupted
 
+    os.environ.setdefault(TUNE_TRIAL_ERRORS_ENV, "0")
     try:
         action()
     except Interrupted as exc:
@@ -415,17 +456,47 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _check_path_forms(args: argparse.Namespace) -> None:
+    """Every path argument given is usable in form (``orchestrator.config.paths``), before any
+    command."""
+    from orchestrator.config.paths import check_path_form
+
+    for dest, (flag, creates) in PATH_ARGS.items():
+        value = getattr(args, dest, None)
+        if value is not None:
+            check_path_form(value, field=flag, creates=creates)
+
+
+def disk_full_line(args: argparse.Namespace, exc: BaseException, full: DiskFull) -> str:
+    """One line: what could not be written, that the disk is full, and how to go on (a sweep's
+    run directory is left consistent, so it resumes)."""
+    sweep = (getattr(exc, "run_dir", None) or getattr(args, "sweep_dir", None)
+             or getattr(args, "run_dir", None))
+    if args.command in ("run", "demo", "resume") and sweep is not None:
+        then = f"free some space, then continue with `dpsweep resume {sweep}`"
+    else:
+        then = "free some space, then run the command again"
+    return f"dpsweep: error: could not write {full.what}: the disk is full; {then}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        _check_path_forms(args)
         return int(args.func(args) or 0)
     except UserInputError as exc:
         sys.stderr.write(f"dpsweep: error: {exc}\n")
         return EXIT_USAGE
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # CalibrationInterrupted included: never an RDP fallback
         sys.stderr.write("dpsweep: interrupted\n")
         return EXIT_INTERRUPTED
+    except BaseException as exc:  # a sweep's stop on a full disk may be a BaseException too
+        full = disk_full(exc)
+        if full is None:
+            raise
+        sys.stderr.write(disk_full_line(args, exc, full) + "\n")
+        return EXIT_DISK_FULL
 
 
 if __name__ == "__main__":

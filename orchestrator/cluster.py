@@ -13,7 +13,10 @@ Why this module exists (measured with Ray 2.60 on Linux, see docs/security.md):
   passes ``address="local"`` so a local run is always its own.
 * ``ray.init(address=...)`` to a closed port on 127.0.0.1 retries for more than five minutes
   (20 attempts of 40 s); :func:`connect` probes the address first (TCP, then the HTTP/2
-  greeting every gRPC server sends) and bounds Ray's own retries.
+  greeting every gRPC server sends) and bounds Ray's own retries. The same checks run before a
+  sweep writes anything (:func:`check_address`).
+* Under a long TMPDIR Ray's Unix socket paths exceed 107 bytes; a local Ray's temp dir is kept
+  short and private (``orchestrator.raytemp``).
 * A trial asking for more CPUs, GPUs or memory than any single node has waits forever in Ray's
   queue; :func:`check_resources` refuses it up front.
 
@@ -26,15 +29,14 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import math
 import os
 import secrets
 import shutil
 import socket
-import stat
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
@@ -44,6 +46,12 @@ from typing import Any
 
 from core.checks import number, whole
 from core.errors import UserInputError
+
+# A local Ray's temp dir lives in orchestrator.raytemp; its names stay reachable from here.
+from orchestrator.raytemp import PRIVATE_TEMP_PREFIX  # noqa: F401
+from orchestrator.raytemp import private_temp_dir as _private_temp_dir
+
+_log = logging.getLogger("dpsweep.cluster")
 
 LOOPBACK_V4 = "127.0.0.1"
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -61,7 +69,6 @@ GCS_CONNECT_ATTEMPTS = 3
 STORAGE_PROBE_TIMEOUT_S = 60.0
 NVIDIA_SMI_TIMEOUT_S = 5.0
 TOKEN_HEX_BYTES = 32  # 256 bits, the size Ray generates itself
-PRIVATE_TEMP_PREFIX = "dpsweep-ray-"
 MIB = 1024 * 1024
 
 # Ray's environment switches this module sets (and restores on shutdown).
@@ -149,6 +156,7 @@ def start_local(*, num_cpus: int | None, num_gpus: float | None, quiet: bool,
             ray.init(address="local", num_cpus=num_cpus or _usable_cpus(), num_gpus=num_gpus,
                      include_dashboard=False, _temp_dir=str(_private_temp_dir()),
                      **_init_kwargs(quiet=quiet, runtime_env=runtime_env))
+        _route_raylet_messages()
         info = _describe(local=True, token_auth=token_auth)
         outside = [n.address for n in info.nodes if n.address != LOOPBACK_V4]
         if outside:  # Ray changed how it picks the node address: refuse rather than expose it
@@ -201,23 +209,15 @@ def connect(address: str, *, quiet: bool,
     Every failure is one :class:`UserInputError` naming ``--address``, within seconds: the
     address is probed before Ray's own (minutes-long) retry loop can start.
     """
-    text = address.strip() if isinstance(address, str) else ""
-    if not text:
-        raise _address_error(address, "host:port of a running Ray cluster's GCS (`ray start "
-                                      "--head` prints it), 'auto', or ray://host:port")
     import ray
 
     if ray.is_initialized():
         raise RuntimeError("Ray is already initialised in this process; call "
                            "orchestrator.cluster.shutdown() (or ray.shutdown()) first")
-    if text.startswith(CLIENT_SCHEME):
-        return _connect_client(text, quiet=quiet, runtime_env=runtime_env)
-    if text == AUTO_ADDRESS:
-        text = _resolve_auto(address)
-    host, port = _split_host_port(text, original=address, ports=GCS_PORT_RANGE)
-    _probe_grpc(host, port, original=address)
-    _refresh_ray_auth_config()  # the environment may have changed since Ray was imported
-    _check_gcs_and_local_node(f"{_resolve_loopback(host)}:{port}", original=address)
+    target = _checked_target(address)
+    if isinstance(target, str):
+        return _connect_client(target, quiet=quiet, runtime_env=runtime_env)
+    host, port = target
     _save_env()
     os.environ[GCS_WAIT_ENV] = str(GCS_CONNECT_ATTEMPTS)
     _register_atexit()
@@ -226,11 +226,45 @@ def connect(address: str, *, quiet: bool,
         with _loopback_node_address(enabled=host in LOOPBACK_HOSTS):
             ray.init(address=f"{_bracket(host)}:{port}",
                      **_init_kwargs(quiet=quiet, runtime_env=runtime_env))
+        _route_raylet_messages()
     except Exception as exc:
         shutdown()
         raise _connect_failure(address, exc) from None
     _restore_env(GCS_WAIT_ENV)  # only ray.init's own connection needs the short retry budget
     return _describe(local=False, token_auth=_auth_mode_is_token())
+
+
+def check_address(address: str) -> None:
+    """Refuse, in seconds and before anything is written, an address :func:`connect` would
+    refuse: its form, its host, a gRPC server at its port, the Ray Client package for ray://,
+    and for a GCS the GCS itself and a node on this machine. (A sweep created its run directory
+    first and then met the address: a directory that refused ``run`` and needed ``resume``.)"""
+    _checked_target(address)
+
+
+def _checked_target(address: str) -> tuple[str, int] | str:
+    """The GCS's (host, port), or the ray:// address, once every check has passed."""
+    text = address.strip() if isinstance(address, str) else ""
+    if not text:
+        raise _address_error(address, "host:port of a running Ray cluster's GCS (`ray start "
+                                      "--head` prints it), 'auto', or ray://host:port")
+    if text.startswith(CLIENT_SCHEME):
+        from ray._private.utils import get_ray_client_dependency_error
+
+        if get_ray_client_dependency_error() is not None:
+            raise _address_error(text, "a host:port GCS address: ray:// (Ray Client) addresses "
+                                       "need `pip install 'ray[client]'` (grpcio), not installed")
+        host, port = _split_host_port(text[len(CLIENT_SCHEME):], original=text,
+                                      ports=ANY_PORT_RANGE)
+        _probe_grpc(host, port, original=text)
+        return text
+    if text == AUTO_ADDRESS:
+        text = _resolve_auto(address)
+    host, port = _split_host_port(text, original=address, ports=GCS_PORT_RANGE)
+    _probe_grpc(host, port, original=address)
+    _refresh_ray_auth_config()  # the environment may have changed since Ray was imported
+    _check_gcs_and_local_node(f"{_resolve_loopback(host)}:{port}", original=address)
+    return host, port
 
 
 def _check_gcs_and_local_node(gcs_address: str, *, original: str) -> None:
@@ -263,14 +297,8 @@ def _resolve_loopback(host: str) -> str:
 
 def _connect_client(text: str, *, quiet: bool,
                     runtime_env: dict[str, Any] | None = None) -> ClusterInfo:
-    """A Ray Client address: needs ``ray[client]`` (grpcio), which dpsweep does not require."""
-    from ray._private.utils import get_ray_client_dependency_error
-
-    if get_ray_client_dependency_error() is not None:
-        raise _address_error(text, "a host:port GCS address: ray:// (Ray Client) addresses "
-                                   "need `pip install 'ray[client]'` (grpcio), not installed")
-    host, port = _split_host_port(text[len(CLIENT_SCHEME):], original=text, ports=ANY_PORT_RANGE)
-    _probe_grpc(host, port, original=text)
+    """A Ray Client address (checked: ``ray[client]``, which dpsweep does not require, is
+    installed and the port speaks gRPC)."""
     import ray
 
     _save_env()
@@ -365,6 +393,26 @@ def _address_error(value: Any, allowed: str) -> UserInputError:
 # --------------------------------------------------------------------------- Ray plumbing
 
 
+def _route_raylet_messages() -> None:
+    """Ray prints the raylet's error messages (a worker that died, a task that failed) straight
+    to the driver's stderr, whatever ``log_to_driver`` says; dpsweep records each trial's failure
+    with its reason, so those lines go to this module's log instead of the user's terminal."""
+    import ray._private.worker as ray_worker
+
+    original = getattr(ray_worker, "print_to_stdstream", None)
+    if original is None or getattr(original, "_dpsweep_routed", False):
+        return
+
+    def routed(data: dict[str, Any], ignore_prefix: bool = False) -> None:
+        if data.get("pid") == "raylet":
+            _log.info("raylet: %s", " ".join(map(str, data.get("lines", []))))
+            return
+        original(data, ignore_prefix)
+
+    routed._dpsweep_routed = True  # type: ignore[attr-defined]
+    ray_worker.print_to_stdstream = routed
+
+
 def _init_kwargs(*, quiet: bool, runtime_env: dict[str, Any] | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"log_to_driver": False, "configure_logging": True,
                            "logging_level": "ERROR" if quiet else "WARNING"}
@@ -453,24 +501,6 @@ def _configure_local_auth() -> bool:
         os.environ[AUTH_TOKEN_ENV] = secrets.token_hex(TOKEN_HEX_BYTES)
     _refresh_ray_auth_config()
     return token_auth
-
-
-def _private_temp_dir() -> Path:
-    """Ray's temp dir inside a directory only this user can enter.
-
-    Ray makes every directory of its session mode 0777 and writes logs, Unix sockets and
-    spilled objects (trial data) there; under /tmp/ray any local user could read the logs and
-    spilled objects or replace the socket files. A 0700 parent closes all of that at once.
-    """
-    root = Path(tempfile.gettempdir()) / f"{PRIVATE_TEMP_PREFIX}{os.getuid()}"
-    with suppress(FileExistsError):
-        root.mkdir(mode=0o700)
-    info = os.lstat(root)
-    if (not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid()
-            or info.st_mode & (stat.S_IRWXG | stat.S_IRWXO)):
-        # Someone else's (or a loosened) directory under that name: never use it.
-        root = Path(tempfile.mkdtemp(prefix=PRIVATE_TEMP_PREFIX))
-    return root / "ray"
 
 
 def _refresh_ray_auth_config() -> None:

@@ -6,7 +6,10 @@ copy writes only into the copy. Nothing in it is executed or trusted unverified:
 
 * ``manifest.json`` lists every file dpsweep wrote with its SHA-256 (trial records are added by
   the driver when the trial finishes); a read of a listed file checks the hash, so an edited or
-  foreign file is an error naming it, never an input;
+  foreign file is an error naming it, never an input; files the driver rewrites go through
+  :meth:`RunDir.commit`, so a crash or a full disk between the file and the manifest leaves
+  both consistent; ``resume`` checks every listed file before it starts anything
+  (:meth:`RunDir.check_resumable`);
 * state is rebuilt from ``config.toml`` + the Optuna storage + the results store; Ray Tune's own
   experiment files under ``tune/`` (pickles) are never loaded;
 * checkpoints load with ``torch.load(weights_only=True)``; budget-cache hits are re-verified by an
@@ -20,17 +23,19 @@ Read-only commands (``report``, ``pick``, ``export``) verify instead of locking.
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import json
 import os
 import re
-from collections.abc import Iterable
+import shutil
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from filelock import FileLock, Timeout
 
-from core.errors import UserInputError
+from core.errors import DiskFull, UserInputError, disk_full
 from core.layout import (
     CACHE,
     CHECKPOINT_DIR,
@@ -41,11 +46,19 @@ from core.layout import (
     MANIFEST,
     OPTUNA_DB,
     REPORT,
+    RESULT,
+    RESULTS,
     TRIAL_FILES,
     TRIALS,
     TUNE,
 )
-from core.storage import TMP_PREFIX, atomic_write_json, atomic_write_text, sha256_file
+from core.storage import (
+    TMP_PREFIX,
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_text,
+    sha256_file,
+)
 
 FORMAT = "dpsweep-run"
 VERSION = 1
@@ -53,6 +66,8 @@ VERSION = 1
 #: contents are not hashed (Optuna validates its own storage; Tune's files are never loaded).
 UNHASHED = (OPTUNA_DB, LOCK, LOCK_INFO, TUNE, CACHE, REPORT)
 _TRIAL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@+-]{0,199}$")
+#: What to do about a run directory whose records are damaged: no resume can repair them.
+RESTORE = "restore it from a copy of the run directory, or start a new run"
 
 
 def check_trial_id(trial_id: str) -> str:
@@ -118,6 +133,19 @@ def _live_holder(path: Path) -> str | None:
     return None
 
 
+def _undo_create(path: Path, *, keep: bool) -> None:
+    """Remove what a failed :meth:`RunDir.create` wrote: ``path`` itself, or only its contents
+    when it was an empty directory already (``keep``)."""
+    if not keep:
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    for child in path.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
+
+
 @dataclass
 class RunDir:
     """An open run directory (see the module docstring)."""
@@ -133,16 +161,32 @@ class RunDir:
         """Make a new run directory, take its lock, write the config and the manifest.
 
         ``inputs`` are the SHA-256 of the user's code and data files the run reads
-        (:meth:`check_inputs` compares them when the run is resumed)."""
+        (:meth:`check_inputs` compares them when the run is resumed). A full disk removes what
+        was made and names ``--out``: a directory without its manifest could not be resumed."""
         path = check_creatable(Path(path))
-        path.mkdir(parents=True, exist_ok=True)
-        run = cls(path=path.resolve())
-        run._acquire()
-        run.manifest = {"format": FORMAT, "version": VERSION, "kind": kind,
-                        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(),
-                        "files": {}, "inputs": dict(inputs or {})}
-        atomic_write_text(run.path / CONFIG, config_text)
-        run.record([CONFIG])
+        top = path  # the outermost folder this call creates (removed again on a full disk)
+        while not top.parent.exists():
+            top = top.parent
+        existed = path.exists()
+        run = cls(path=path.absolute())
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            run.path = path.resolve()
+            run._acquire()
+            run.manifest = {"format": FORMAT, "version": VERSION, "kind": kind,
+                            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(),
+                            "files": {}, "inputs": dict(inputs or {})}
+            atomic_write_text(run.path / CONFIG, config_text)
+            run.record([CONFIG])
+        except OSError as exc:
+            full = disk_full(exc)
+            if full is None:
+                raise
+            run.release()
+            _undo_create(path if existed else top, keep=existed)
+            raise UserInputError(field="--out", value=str(path),
+                                 allowed=f"a location with free space ({full}; nothing was "
+                                         "kept)") from None
         return run
 
     @classmethod
@@ -185,8 +229,13 @@ class RunDir:
                                  allowed=f"a run directory no other dpsweep process is writing "
                                          f"({holder})") from None
         self._lock = lock
-        atomic_write_json(self.path / LOCK_INFO, {"pid": os.getpid(),
-                                                  "host": os.uname().nodename})
+        try:
+            atomic_write_json(self.path / LOCK_INFO, {"pid": os.getpid(),
+                                                      "host": os.uname().nodename})
+        except DiskFull:
+            # Who holds the lock only words a refusal: a full disk must not block opening (the
+            # first real write reports it), nor a stale record name a previous holder.
+            (self.path / LOCK_INFO).unlink(missing_ok=True)
 
     def _lock_holder(self) -> str:
         try:
@@ -234,6 +283,11 @@ class RunDir:
     def record(self, rels: Iterable[str]) -> None:
         """Add (or refresh) files in the manifest with their hashes; write it atomically."""
         self._require_lock()
+        self._stage(rels)
+        self._write_manifest()
+
+    def _stage(self, rels: Iterable[str]) -> None:
+        """Enter files in the manifest in memory (a missing one leaves it)."""
         files = self.manifest.setdefault("files", {})
         for rel in rels:
             p = self.path / rel
@@ -242,35 +296,100 @@ class RunDir:
                 continue
             files[rel] = ({"sha256": sha256_file(p), "size": p.stat().st_size}
                           if self._hashed(rel) else {"sha256": None})
+
+    def _write_manifest(self) -> None:
         self.manifest["updated"] = _dt.datetime.now(_dt.timezone.utc).isoformat()
         atomic_write_json(self.path / MANIFEST, self.manifest)
 
-    def record_trial(self, trial_id: str) -> list[str]:
-        """Record a finished trial's files (records and checkpoint)."""
+    def commit(self, rel: str, data: bytes, *, also: Iterable[str] = ()) -> None:
+        """Write ``rel`` (a file dpsweep rewrites: the results store, the summary) and record
+        it, with the files in ``also``, so that a crash or a full disk at any moment leaves a
+        file the manifest vouches for.
+
+        The manifest first lists ``also`` and names the new content as *pending* beside the
+        old one, then the file is replaced, then the pending hash becomes the recorded one:
+        :meth:`verify` accepts either while both are listed. (Writing the file first and
+        recording it second left, after a crash in between, a file whose hash no manifest
+        held: a run that no resume would open.)"""
+        self._require_lock()
+        files = self.manifest.setdefault("files", {})
+        digest = hashlib.sha256(data).hexdigest()
+        self._stage(also)
+        files[rel] = {**{k: v for k, v in (files.get(rel) or {}).items() if k != "pending"},
+                      "pending": digest}
+        self._write_manifest()
+        atomic_write_bytes(self.path / rel, data)
+        files[rel] = {"sha256": digest, "size": len(data)}
+        self._write_manifest()
+
+    def trial_files(self, trial_id: str) -> list[str]:
+        """A trial's record files and checkpoint that exist, relative to the run directory."""
         base = self.trial_dir(trial_id)
         rels = [self.relative(base / name) for name in TRIAL_FILES if (base / name).is_file()]
         ckpt = base / CHECKPOINT_DIR / CHECKPOINT_FILE
         if ckpt.is_file():
             rels.append(self.relative(ckpt))
+        return rels
+
+    def record_trial(self, trial_id: str) -> list[str]:
+        """Record a finished trial's files (records and checkpoint)."""
+        rels = self.trial_files(trial_id)
         self.record(rels)
         return rels
 
-    def verify(self, rel: str) -> Path:
-        """The file's path if its content is what dpsweep wrote; else one clear error."""
+    def verify(self, rel: str, *, hint: str = "") -> Path:
+        """The file's path if its content is what dpsweep wrote; else one clear error (ending
+        with ``hint``, what to do about it)."""
         entry = self.manifest.get("files", {}).get(rel)
         path = self.path / rel
+        then = f"; {hint}" if hint else ""
         if entry is None:
             raise UserInputError(field="RUN_DIR", value=rel,
                                  allowed=f"a file listed in {MANIFEST} (this one was not written "
                                          "by dpsweep for this run)")
         if not path.is_file():
             raise UserInputError(field="RUN_DIR", value=rel,
-                                 allowed=f"an existing file (listed in {MANIFEST}, now missing)")
-        if entry.get("sha256") is not None and sha256_file(path) != entry["sha256"]:
+                                 allowed=f"an existing file (listed in {MANIFEST}, now "
+                                         f"missing{then})")
+        hashes = {entry.get("sha256"), entry.get("pending")} - {None}
+        if hashes and sha256_file(path) not in hashes:
             raise UserInputError(field="RUN_DIR", value=rel,
                                  allowed=f"the file dpsweep wrote (its SHA-256 differs from "
-                                         f"{MANIFEST}: modified or replaced)")
+                                         f"{MANIFEST}: modified or replaced{then})")
         return path
+
+    def check_resumable(self, *, referenced: Mapping[str, Iterable[str]],
+                        finished: Iterable[str]) -> None:
+        """Refuse, before a resume starts anything, a run directory whose records are damaged.
+
+        Every file the manifest lists must be there and unchanged; every file a results row
+        points to (``referenced``: trial id -> paths) must be there; every trial the Optuna
+        storage counts as finished (``finished``) must have its result record. A finished
+        trial's directory that vanished was otherwise trained again under a new id while its
+        row still claimed the old one."""
+        files = self.manifest.get("files", {})
+        for rel in sorted(files):
+            parts = Path(rel).parts
+            if len(parts) > 2 and parts[0] == TRIALS and not (self.path / TRIALS / parts[1]
+                                                               ).is_dir():
+                raise UserInputError(field="RUN_DIR", value=f"{TRIALS}/{parts[1]}",
+                                     allowed=f"the records of trial {parts[1]}, listed in "
+                                             f"{MANIFEST} (the directory is gone; {RESTORE})")
+            if "sha256" in files[rel] or (self.path / rel).exists():
+                self.verify(rel, hint=RESTORE)  # (a first write that never happened: skipped)
+        for trial_id, rels in sorted(referenced.items()):
+            for rel in rels:
+                if not (self.path / rel).is_file():
+                    raise UserInputError(field="RUN_DIR", value=rel,
+                                         allowed=f"an existing file ({RESULTS}'s row of trial "
+                                                 f"{trial_id} points to it; {RESTORE})")
+        for trial_id in sorted(finished):
+            rel = self.relative(self.trial_dir(trial_id) / RESULT)
+            if not (self.path / rel).is_file():
+                raise UserInputError(field="RUN_DIR", value=rel,
+                                     allowed=f"the result record of trial {trial_id}, finished "
+                                             f"according to {OPTUNA_DB} (it is missing; "
+                                             f"{RESTORE})")
 
     def check_inputs(self, current: dict[str, str]) -> None:
         """Refuse to continue a run whose model code or data files changed since it started:

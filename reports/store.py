@@ -281,6 +281,15 @@ def frame_of(rows: list[dict[str, Any]]) -> pd.DataFrame:
     return frame[[*COLUMNS, *hp, *rest]]
 
 
+def results_bytes(rows: list[dict[str, Any]]) -> bytes:
+    """The results store's file content for ``rows`` (what ``RunDir.commit`` writes)."""
+    import io
+
+    buffer = io.BytesIO()
+    frame_of(rows).to_parquet(buffer, index=False)
+    return buffer.getvalue()
+
+
 def write_results(run_dir: Path, rows: list[dict[str, Any]]) -> Path:
     """Write all rows atomically, so a reader never sees half a file."""
     frame = frame_of(rows)

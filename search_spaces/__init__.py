@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib
 import math
 import pkgutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -134,18 +134,30 @@ def _override(method: str, name: str, raw: Any, param: Param | None) -> Dimensio
                                      "{choices = [..]}")
     declared = param if param is not None else STEP_PARAM
 
-    def check(value: Any) -> Any:
-        return declared.check(value, prefix=where)
+    def check(value: Any, part: str) -> Any:
+        """The value checked against the declaration, refused as ``where.part``."""
+        try:
+            return declared.check(value, prefix="")
+        except UserInputError as exc:
+            raise UserInputError(field=f"{where}.{part}", value=value,
+                                 allowed=exc.allowed) from None
 
     if "choices" in raw:
         values = raw["choices"]
         if not isinstance(values, list) or not values:
             raise UserInputError(field=f"{where}.choices", value=values,
                                  allowed="a non-empty list")
-        return Choices(tuple(check(v) for v in values))
+        checked = tuple(check(v, "choices") for v in values)
+        # Optuna stores a categorical choice only as None, a bool, a number or a string
+        if not all(v is None or isinstance(v, (bool, int, float, str)) for v in checked) or \
+                len(set(checked)) != len(checked):
+            raise UserInputError(field=f"{where}.choices", value=values,
+                                 allowed="a non-empty list of distinct numbers, strings or "
+                                         "booleans")
+        return Choices(checked)
     if "low" not in raw or "high" not in raw:
         raise UserInputError(field=where, value=raw, allowed="both low and high")
-    low, high = check(raw["low"]), check(raw["high"])
+    low, high = check(raw["low"], "low"), check(raw["high"], "high")
     if not (isinstance(low, (int, float)) and low < high):
         raise UserInputError(field=f"{where}.high", value=raw["high"],
                              allowed=f"a number > low = {raw['low']}")
@@ -157,8 +169,15 @@ def _override(method: str, name: str, raw: Any, param: Param | None) -> Dimensio
     return Range(low, high, log)
 
 
-def check_overrides(search: Mapping[str, Any], *, methods: list[str]) -> None:
-    """Validate ``[search.<method>]`` tables against the methods' spaces and declarations."""
+def check_overrides(search: Mapping[str, Any], *, methods: list[str],
+                    fixed: Mapping[str, Mapping[str, tuple[str, Any]]] | None = None,
+                    modes: Mapping[str, Sequence[str]] | None = None) -> None:
+    """Validate ``[search.<method>]`` tables against the methods' spaces and declarations.
+
+    ``fixed`` (per method, hyperparameter -> (config key, value)) and ``modes`` (the swept
+    modes per method) refuse a range :func:`build_space` would drop without a word: one for a
+    value the config fixes, or for a hyperparameter no swept mode reads.
+    """
     from trainables.methods import get_method
 
     for method, table in search.items():
@@ -178,6 +197,30 @@ def check_overrides(search: Mapping[str, Any], *, methods: list[str]) -> None:
                                      allowed=f"a hyperparameter declared by {method}: "
                                              f"{declared.names}")
             _override(method, name, raw, None if name == STEP else declared[name])
+            _check_used(method, name, raw, param=None if name == STEP else declared[name],
+                        fixed=(fixed or {}).get(method, {}),
+                        modes=list((modes or {}).get(method, ())))
+
+
+def _check_used(method: str, name: str, raw: Any, *, param: Param | None,
+                fixed: Mapping[str, tuple[str, Any]], modes: list[str]) -> None:
+    """A range the sweep would search: not one for a fixed value (the fixed value wins and the
+    range would be ignored, whether or not the value lies inside it), not one for lr * C with lr
+    fixed, not one for a hyperparameter only modes outside the sweep read."""
+    where = f"search.{method}.{name}"
+    target = "lr" if name == STEP else name
+    if target in fixed:
+        key, value = fixed[target]
+        what = "the step lr * clip_norm is searched only while lr is free" if name == STEP \
+            else "a fixed value is not searched"
+        raise UserInputError(field=where, value=raw,
+                             allowed=f"no range while {key} = {value!r} fixes {target} "
+                                     f"({what}): remove the range or the fixed value")
+    if param is not None and param.modes and modes and not set(modes) & set(param.modes):
+        raise UserInputError(field=where, value=raw,
+                             allowed=f"a range for a hyperparameter the swept modes read "
+                                     f"({name} is read only in mode {' / '.join(param.modes)}; "
+                                     f"{method} is swept in {', '.join(modes)})")
 
 
 def build_space(method: str, *, mode: str, num_layers: int,

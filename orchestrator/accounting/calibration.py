@@ -40,7 +40,7 @@ from orchestrator.accounting.prv import (
     prv_epsilon,
     rdp_integer_epsilon,
 )
-from orchestrator.accounting.sandbox import ChildOutcome, prv_in_child
+from orchestrator.accounting.sandbox import CalibrationInterrupted, ChildOutcome, prv_in_child
 from orchestrator.accounting.search import (
     RDP_SCALE_RANGE,
     SearchError,
@@ -49,6 +49,7 @@ from orchestrator.accounting.search import (
     scaled_sigmas,
 )
 from orchestrator.config import DEFAULT_ACCOUNTANT_TIMEOUT_S
+from orchestrator.config.checks import check_reachable
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +73,7 @@ def calibrate(*, target_epsilon: float, delta: float, sample_rate: float,
     """
     target = check_epsilon(target_epsilon)
     d = check_delta(delta)
+    check_reachable(target, d)  # a pair no noise can reach is refused before any work
     q = check_sample_rate(sample_rate)
     shape_sched = _shape(steps, shape)
     timeout = check_timeout(timeout_s)
@@ -124,6 +126,8 @@ def _answer(outcome: ChildOutcome, job: dict[str, Any], *, asked: Any
     check, else dp_accounting's RDP calibration, with the reason it was needed."""
     target = job["target"]
     result, reason = outcome.result, outcome.reason
+    if outcome.interrupted:  # the user's interrupt: not a reason to fall back
+        raise CalibrationInterrupted(reason)
     if result is None and outcome.unreachable:
         raise _unreachable(asked, reason)
     if result is not None and not WINDOW * target <= result["upper"] <= target:
@@ -137,6 +141,9 @@ def _answer(outcome: ChildOutcome, job: dict[str, Any], *, asked: Any
                                upper=result["upper"], accountant="prv")
         return result["sigmas"], result["scale"], bounds, None
     logger.warning("budget calibration fell back to RDP: %s", reason)
+    # dp_accounting's RDP series report, through absl, each order they drop at tiny noise;
+    # the bound stays valid and the fallback's reason is recorded
+    logging.getLogger("absl").setLevel(logging.ERROR)
     try:
         u, eps_rdp = rdp_calibrate(multipliers=job["multipliers"], steps=job["steps"],
                                    sample_rate=job["sample_rate"], delta=job["delta"],

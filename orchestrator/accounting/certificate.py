@@ -133,7 +133,18 @@ def check_delta(value: Any, *, field: str = "privacy.delta") -> float:
                   allowed="a number in (0, 1)")
 
 
-def check_sample_rate(value: Any, *, field: str = "sample_rate") -> float:
+#: Smallest sample rate a calibration accepts: below it the noise that meets any target is so
+#: small that the PRV grid's losses overflow float64 and dp_accounting's RDP drops its orders
+#: (the fallback then cannot reach the target either). The loader's rate 1/ceil(N/B) stays
+#: above it for a billion batches per epoch.
+MIN_SAMPLE_RATE = 1e-9
+
+
+def check_sample_rate(value: Any, *, field: str = "sample_rate", low: float = 0.0) -> float:
+    """A rate in (0, 1], or in [low, 1] when a caller names the calibration's range."""
+    if low > 0.0:
+        return number(value, field=field, low=low, high=1.0,
+                      allowed=f"a number in [{low:g}, 1] (the accountant's range)")
     return number(value, field=field, low=0.0, high=1.0, low_open=True,
                   allowed="a number in (0, 1]")
 

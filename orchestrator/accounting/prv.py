@@ -32,6 +32,7 @@ from orchestrator.accounting.certificate import (
     check_positive,
     check_sample_rate,
 )
+from orchestrator.config.checks import RDP_MAX_ORDER
 
 if TYPE_CHECKING:
     import numpy as np
@@ -64,8 +65,9 @@ _SQRT2 = math.sqrt(2.0)
 
 
 # ---- integer-order RDP: the grid's domain and the search's bracket ------------------------
-DOMAIN_RDP_MAX_ORDER = 128
-"""Integer RDP orders 2..128 bound the domain (any valid RDP bound is a valid domain)."""
+DOMAIN_RDP_MAX_ORDER = RDP_MAX_ORDER
+"""Integer RDP orders 2..128 bound the domain (any valid RDP bound is a valid domain); config
+validation derives the smallest certifiable epsilon from the same orders."""
 
 
 def load_numpy() -> Any:

@@ -5,6 +5,11 @@ else a fresh interpreter started with subprocess (multiprocessing's "spawn" woul
 caller's main script), kept for the next job inside ``keep_interpreters`` (its start costs more
 than a job) until one outlives its bound. Every outcome comes back as a message, so a timeout or
 a crash is a reason to fall back to RDP, never a hang.
+
+An interrupt is never such a reason: children ignore SIGINT (a Ctrl-C reaches the whole process
+group; the parent decides), a parent leaving :func:`keep_interpreters` by an exception (the sweep's
+``Interrupted``) kills the children still computing, and a child stopped either way raises
+:class:`CalibrationInterrupted` in the thread that asked, instead of an RDP fallback.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import json
 import math
 import multiprocessing
 import os
+import signal
 import sys
 import threading
 import time
@@ -35,8 +41,13 @@ def _run_job(job: dict[str, Any]) -> dict[str, Any]:
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
 
 
+class CalibrationInterrupted(KeyboardInterrupt):
+    """A calibration's child was stopped by an interrupt: the caller stops too, quietly."""
+
+
 def _fork_worker(conn: Any, job: dict[str, Any]) -> None:
     """Entry point of a forked child."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         conn.send(_run_job(job))
     finally:
@@ -44,7 +55,8 @@ def _fork_worker(conn: Any, job: dict[str, Any]) -> None:
 
 
 _RESULT_PREFIX = "dpsweep-prv-result "
-_CHILD_CODE = ("import json, sys; sys.path[:0] = json.loads(sys.argv[1]); "
+_CHILD_CODE = ("import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+               "import json, sys; sys.path[:0] = json.loads(sys.argv[1]); "
                "from orchestrator.accounting.sandbox import _child_loop; _child_loop()")
 
 
@@ -65,6 +77,8 @@ class ChildOutcome:
     #: the child failed to start or died: says nothing about this question, so not cached
     transient: bool = False
     unreachable: bool = False
+    #: the child was stopped by an interrupt (killed by the parent leaving, or by SIGINT)
+    interrupted: bool = False
 
 
 def _start_method() -> str:
@@ -120,7 +134,8 @@ def _prv_in_fork(job: dict[str, Any], timeout_s: float) -> ChildOutcome:
             msg = recv_end.recv()
         except EOFError:
             proc.join(5)
-            return _died(f"code {proc.exitcode}")
+            return _died(f"code {proc.exitcode}",
+                         interrupted=proc.exitcode == -signal.SIGINT)
         proc.join(5)
     finally:
         if proc.is_alive():
@@ -151,6 +166,16 @@ class _Interpreter:
             self.stderr.close()
             raise
         self.pending = b""
+        #: set by :meth:`cancel` (another thread): the job's end is an interrupt, not a failure
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        """Stop the job now: the asking thread reads EOF and reports an interrupt."""
+        self.cancelled = True
+        try:
+            self.proc.kill()
+        except OSError:
+            pass
 
     def ask(self, job: dict[str, Any], timeout_s: float) -> tuple[ChildOutcome, bool]:
         """The outcome, and whether this interpreter may answer another job."""
@@ -189,7 +214,10 @@ class _Interpreter:
             code = None
         self.stderr.seek(0)
         lines = self.stderr.read().decode(errors="replace").strip().splitlines()
-        return _died(f"code {code}: {lines[-1]}" if lines else f"code {code}")
+        interrupted = self.cancelled or code == -signal.SIGINT or bool(
+            lines and lines[-1].strip() == "KeyboardInterrupt")
+        return _died(f"code {code}: {lines[-1]}" if lines else f"code {code}",
+                     interrupted=interrupted)
 
     def close(self, *, kill: bool) -> None:
         """Let it go: stdin closed (it exits on EOF), or killed (a job still running)."""
@@ -219,6 +247,8 @@ _IDLE: list[_Interpreter] = []
 _IDLE_LOCK = threading.Lock()
 _IDLE_OWNER = os.getpid()
 _KEEP = 0
+#: Interpreters running a job now (any thread's), so an interrupt can stop them.
+_BUSY: set[_Interpreter] = set()
 
 
 def _close_idle() -> None:
@@ -242,12 +272,24 @@ def keep_interpreters() -> Iterator[None]:
         _KEEP += 1
     try:
         yield
+    except BaseException:
+        _cancel_busy()  # an interrupt or an error: jobs still running serve nobody
+        raise
     finally:
         with _IDLE_LOCK:
             _KEEP -= 1
             last = _KEEP == 0
         if last:
             _close_idle()
+
+
+def _cancel_busy() -> None:
+    """Kill every interpreter of this process that is running a job; the threads that asked
+    get an interrupted outcome."""
+    with _IDLE_LOCK:
+        busy = list(_BUSY) if os.getpid() == _IDLE_OWNER else []
+    for child in busy:
+        child.cancel()
 
 
 def _prv_in_subprocess(job: dict[str, Any], timeout_s: float) -> ChildOutcome:
@@ -260,16 +302,21 @@ def _prv_in_subprocess(job: dict[str, Any], timeout_s: float) -> ChildOutcome:
             return ChildOutcome(None, f"the PRV accountant could not be started in a child "
                                       f"process ({type(exc).__name__}: {exc}); RDP used",
                                 transient=True)
+    with _IDLE_LOCK:
+        _BUSY.add(child)
     try:
         outcome, reusable = child.ask(job, timeout_s)
     except BaseException:
         child.close(kill=True)
         raise
+    finally:
+        with _IDLE_LOCK:
+            _BUSY.discard(child)
     if not reusable:
         child.close(kill=True)
         return outcome
     with _IDLE_LOCK:
-        keep = _KEEP > 0 and os.getpid() == _IDLE_OWNER
+        keep = _KEEP > 0 and os.getpid() == _IDLE_OWNER and not child.cancelled
         if keep:
             _IDLE.append(child)
     if not keep:
@@ -282,6 +329,9 @@ def _timed_out(timeout_s: float) -> ChildOutcome:
                               "used", timed_out=True)
 
 
-def _died(detail: str) -> ChildOutcome:
+def _died(detail: str, *, interrupted: bool = False) -> ChildOutcome:
+    if interrupted:
+        return ChildOutcome(None, "the PRV accountant was stopped by an interrupt",
+                            transient=True, interrupted=True)
     return ChildOutcome(None, f"the PRV accountant's process exited ({detail}) without an "
                               "answer; RDP used", transient=True)

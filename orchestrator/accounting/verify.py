@@ -234,14 +234,18 @@ def verify_calibration(calibration: Calibration, *, source: str = "calibration"
         coarse = epsilon_of_events(events, delta=cal.delta,
                                    value_discretization_interval=2 * interval)
         fine = epsilon_of_events(events, delta=cal.delta, value_discretization_interval=interval)
-        error = max(coarse - fine, 0.0)
+        error = max(coarse - fine, 0.0) if math.isfinite(coarse - fine) else math.inf
         wanted = VERIFY_MAX_REL_ERROR * target
-        if (error <= wanted or interval <= VERIFY_INTERVAL_RANGE[0]
+        if (not math.isfinite(error) or error <= wanted or interval <= VERIFY_INTERVAL_RANGE[0]
                 or refinement == VERIFY_MAX_REFINEMENTS):
             break
         # The pessimistic PLD's excess shrinks about like interval^2 (measured; bench).
         interval = max(VERIFY_INTERVAL_RANGE[0],
                        interval * VERIFY_REFINE_SAFETY * math.sqrt(wanted / error))
+    if not (math.isfinite(fine) and math.isfinite(error)):
+        # inf - inf would make the error NaN and every comparison below false: a pass
+        raise fail(f"dp_accounting's PLD cannot bound epsilon at delta {cal.delta:g} (it "
+                   f"gives {fine!r}: float64 rounding over {cal.steps} steps outweighs delta)")
     if fine > claim + error + slack:
         raise fail(f"dp_accounting's PLD gives epsilon {fine:.6g} > the claimed upper bound "
                    f"{claim:.6g} + its error {error:.3g}")

@@ -29,7 +29,7 @@ from core.errors import UserInputError
 from core.layout import CONFIG, RESULTS, TRIALS
 from core.storage import atomic_write_json
 from orchestrator.config import load as load_config
-from orchestrator.release.export import CANARY_CONFIDENCE
+from orchestrator.release.export import CANARY_CONFIDENCE, check_not_baseline
 from orchestrator.rundir import RunDir, check_trial_id
 from reports import store
 from trainables.audit.canaries import BLACK_BOX, CANARY_POOL, WHITE_BOX, CanaryRun
@@ -109,6 +109,9 @@ def _row(run: RunDir, trial_id: str) -> tuple[list[dict[str, Any]], int]:
     rows = store.read_results(run.path).to_dict("records")
     for i, row in enumerate(rows):
         if row["trial_id"] == trial_id:
+            check_not_baseline(row, trial_id,
+                               why="which claims no epsilon for a canary bound to test (its "
+                                   "membership audit in the report is its reference)")
             if row["status"] != "ok":
                 raise UserInputError(field="--trial", value=trial_id,
                                      allowed=f"a finished trial (this one failed: "
@@ -186,6 +189,5 @@ def _record(run: RunDir, *, rows: list[dict[str, Any]], index: int, result: Cana
                  "arXiv 2305.08846"})
     row.update({"eps_lower_bound": bound.epsilon_lower, "eps_lower_bound_kind": result.kind,
                 "canaries": result.m, "audit_contradicts": flagged})
-    store.write_results(run.path, rows)
-    run.record([RESULTS, rel])
+    run.commit(RESULTS, store.results_bytes(rows), also=[rel])
     return audit

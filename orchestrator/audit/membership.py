@@ -8,7 +8,14 @@ gradient norm, the logit-scaled confidence, the loss), the attacks that turn the
 membership scores (``trainables.audit.scores``: LiRA online / offline, RMIA, the loss threshold;
 ``trainables.audit.classifier``: the pooled shadow classifier kept for comparison), and the
 statistics (``trainables.audit.stats``: intervals, p-values, the Holm-corrected peak, its
-simultaneous upper bound). This module wires them for one model and writes ``audit.json``.
+simultaneous upper bound). This module wires them for one model and writes ``audit.json``
+and, beside it, ``audit_scores.npz``: every candidate's pool index, membership and score per
+layer x attack, the exact float32 values the statistics were computed from, so anyone can
+re-analyse an audit (``docs/reanalyse_audit.py``); the ROC in ``audit.json`` is thinned.
+RMIA runs once on the output: on ``logit`` and on ``loss`` it reads the same true-class
+probability (``trainables.audit.signals.rmia_input``), and a duplicate would only be counted
+twice by the Holm correction. Reference models are kept in the run's cache and reused when
+recipe, data and budget are identical (``trainables.audit.cache``).
 
 Every attack's decision threshold is chosen without the target's membership labels, so the
 reported accuracies are not optimistic; a reference model is trained with the target's method,
@@ -19,25 +26,36 @@ starts), never with the target's noise.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import io
+import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from core.errors import UserInputError
 from core.layout import AUDIT as AUDIT_FILE
-from core.storage import atomic_write_json
+from core.layout import AUDIT_SCORES as AUDIT_SCORES_FILE
+from core.layout import CACHE, TRIALS
+from core.storage import atomic_write_bytes, atomic_write_json
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from trainables.audit.references import Budget, ReferencePlan
     from trainables.data import DataSplits
     from trainables.models import LayeredModel
     from trainables.training import TrialResult, TrialSpec
 
+logger = logging.getLogger(__name__)
+
 #: Row of the output-layer signals (logit confidence, loss) in the per-layer tables.
 OUTPUT = "output"
 SHADOW_CLASSIFIER = "shadow_classifier"
+#: The ``format`` entry of the per-candidate scores file (:func:`write_scores`).
+SCORES_FORMAT = "dpsweep-audit-scores-1"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,15 +101,37 @@ def _layer_of(signal: str, layers: list[str]) -> tuple[str, int, str]:
     return OUTPUT, len(layers), kind
 
 
+#: ``progress(line)``: one human-readable line per reference and stage of an audit.
+Progress = Callable[[str], None]
+
+
+def _say(progress: Progress | None, line: str) -> None:
+    """To the caller's progress callback, or this module's logger (INFO) without one."""
+    if progress is None:
+        logger.info(line)
+    else:
+        progress(line)
+
+
 def audit_model(*, target: LayeredModel, data: DataSplits, settings: AuditSettings,
-                trainer: Any) -> dict[str, Any]:
-    """Every attack on every layer of ``target`` with its statistics: the audit record."""
-    from trainables.audit.classifier import THRESHOLD, ShadowClassifier
-    from trainables.audit.references import collect_signals, score_signals
+                trainer: Any, cache_dir: Path | None = None, scores_out: Path | None = None,
+                progress: Progress | None = None) -> dict[str, Any]:
+    """Every attack on every layer of ``target`` with its statistics: the audit record.
+
+    ``cache_dir`` keeps reference models between calls (``trainables.audit.cache``: reused
+    where recipe, data and budget are identical); ``scores_out`` receives every candidate's
+    score per layer x attack (:func:`write_scores`), exactly the values the statistics were
+    computed from; ``progress`` gets a line per reference and stage.
+    """
+    from trainables.audit.cache import caching
+    from trainables.audit.classifier import ShadowClassifier
+    from trainables.audit.references import collect_signals, plan_statement
     from trainables.audit.stats.attacks import attack_statistics, combine_attacks
 
     started = time.perf_counter()
     plan = reference_plan(data, settings)
+    _say(progress, f"audit: {plan.kind} plan, {plan.n_references} references, "
+                   f"{len(plan.candidates)} candidates")
     classifier = ShadowClassifier(plan, classes=data.num_classes, seed=settings.seed)
     extra = None
     if settings.layer_probes:
@@ -99,53 +139,111 @@ def audit_model(*, target: LayeredModel, data: DataSplits, settings: AuditSettin
 
         extra = probe_signals(probe_set=probe_set_of(data.validation, seed=settings.seed),
                               num_classes=data.num_classes)
+    base = caching(trainer, cache_dir)
+    hits: set[int] = getattr(base, "hits", set())
+
+    def reference_done(r: Any) -> None:
+        how = ("loaded from the cache" if r.index in hits
+               else f"trained in {r.train_seconds:.1f} s")
+        _say(progress, f"audit: reference {r.index + 1}/{plan.n_references} {how}, test "
+                       f"accuracy {r.test_accuracy:.3f}")
+
     signals = collect_signals(target=target, data=data, plan=plan,
-                              trainer=classifier.wrap(trainer), extra=extra)
+                              trainer=classifier.wrap(base), extra=extra,
+                              progress=reference_done)
     trained = time.perf_counter()
-    layers = list(target.layer_names)
+    scored = _scored(signals, classifier, target)
     labels = plan.is_member
-    per_attack: dict[tuple[str, str], Any] = {}
-    meta: dict[tuple[str, str], dict[str, Any]] = {}
-    for signal, attacks in score_signals(signals).items():
-        layer, index, kind = _layer_of(signal, layers)
-        for name, scored in attacks.items():
-            key = (layer, f"{name}:{kind}")
-            per_attack[key] = attack_statistics(labels=labels, scores=scored.scores,
-                                                decision_threshold=scored.threshold)
-            meta[key] = {"index": index, "signal": signal, "rule": scored.rule}
-    for layer, probs in classifier.scores(target).items():
-        key = (layer, f"{SHADOW_CLASSIFIER}:ir")
-        per_attack[key] = attack_statistics(labels=labels, scores=probs,
-                                            decision_threshold=THRESHOLD)
-        meta[key] = {"index": layers.index(layer), "signal": "sorted IR",
-                     "rule": f"P(member) >= {THRESHOLD:g}"}
+    per_attack = {key: attack_statistics(labels=labels, scores=scores,
+                                         decision_threshold=meta["threshold"])
+                  for key, (scores, meta) in scored.items()}
     combined = combine_attacks(per_attack_stats=per_attack, alpha=settings.alpha)
     corrected = {(c["layer"], c["attack"]): c["p"]
                  for c in combined.to_dict()["corrected_p_values"]}
     entries = []
     for key, stats in per_attack.items():
-        entry = _entry(key, stats, meta[key])
+        entry = _entry(key, stats, scored[key][1])
         entry["p_corrected"] = corrected[key]
         entry["significant"] = bool(corrected[key] < settings.alpha)
         entries.append(entry)
+    references = [{**dataclasses.asdict(r), "cached": r.index in hits} for r in signals.records]
     record = {
         "mode": plan.kind, "n_references": plan.n_references,
         "reference_size": plan.reference_size, "note": plan.note,
+        "plan_statement": plan_statement(kind=plan.kind, n_references=plan.n_references),
         "n_candidates": len(labels), "alpha": settings.alpha,
-        "attacks": entries, "combined": combined.to_dict(),
-        "references": [dataclasses.asdict(r) for r in signals.records],
+        "attacks": entries, "combined": combined.to_dict(), "references": references,
         "reference_train_seconds": trained - started,
         "scoring_seconds": time.perf_counter() - trained,
     }
+    if scores_out is not None:
+        record.update(write_scores(Path(scores_out), plan=plan, scored=scored))
     record.update(_peak(record, combined))
+    _say(progress, f"audit: {len(entries)} attacks scored in {record['scoring_seconds']:.1f} s"
+                   f" (references {record['reference_train_seconds']:.1f} s)")
     return record
+
+
+def stored_scores(scores: Any) -> np.ndarray:
+    """The float32 values :func:`write_scores` keeps, as float64: the audit's statistics are
+    computed from these, so the stored file reproduces them exactly (ranks that float32 merges
+    become ties, counted half, for members and non-members alike)."""
+    import numpy as np
+
+    big = float(np.finfo(np.float32).max)
+    return np.clip(np.asarray(scores, dtype=np.float64), -big, big) \
+        .astype(np.float32).astype(np.float64)
+
+
+def _scored(signals: Any, classifier: Any, target: LayeredModel
+            ) -> dict[tuple[str, str], tuple[np.ndarray, dict[str, Any]]]:
+    """{(layer, attack): (stored scores, metadata)} for every calibrated attack and the shadow
+    classifier, in the order the record lists them."""
+    from trainables.audit.classifier import THRESHOLD
+    from trainables.audit.references import score_signals
+
+    layers = list(target.layer_names)
+    out: dict[tuple[str, str], tuple[np.ndarray, dict[str, Any]]] = {}
+    for signal, attacks in score_signals(signals).items():
+        layer, index, kind = _layer_of(signal, layers)
+        for name, scored in attacks.items():
+            out[(layer, f"{name}:{kind}")] = (stored_scores(scored.scores), {
+                "index": index, "signal": signal, "rule": scored.rule,
+                "threshold": scored.threshold})
+    for layer, probs in classifier.scores(target).items():
+        out[(layer, f"{SHADOW_CLASSIFIER}:ir")] = (stored_scores(probs), {
+            "index": layers.index(layer), "signal": "sorted IR",
+            "rule": f"P(member) >= {THRESHOLD:g}", "threshold": THRESHOLD})
+    return out
+
+
+def write_scores(path: Path, *, plan: Any,
+                 scored: Mapping[tuple[str, str], tuple[np.ndarray, Any]]) -> dict[str, Any]:
+    """Write every candidate's scores (compressed npz, no pickles; ``SCORES_FORMAT``):
+    ``pool_index`` [N] int64 (the candidate's index in the dataset's pool), ``is_member`` [N]
+    int8, ``layer`` and ``attack`` [A] strings, ``scores`` [A, N] float32 (row a is the record
+    entry with that layer and attack; larger = member). Returns the record's reference to it."""
+    import numpy as np
+
+    keys = list(scored)
+    buffer = io.BytesIO()
+    np.savez_compressed(
+        buffer, format=np.array(SCORES_FORMAT),
+        pool_index=np.asarray(plan.candidates.indices, dtype=np.int64),
+        is_member=np.asarray(plan.is_member, dtype=np.int8),
+        layer=np.array([k[0] for k in keys], dtype=str),
+        attack=np.array([k[1] for k in keys], dtype=str),
+        scores=np.stack([scored[k][0] for k in keys]).astype(np.float32))
+    blob = buffer.getvalue()
+    atomic_write_bytes(path, blob)
+    return {"scores_file": path.name, "scores_sha256": hashlib.sha256(blob).hexdigest()}
 
 
 def _entry(key: tuple[str, str], stats: Any, meta: dict[str, Any]) -> dict[str, Any]:
     d = stats.to_dict()
     tprs = {round(t["target_fpr"], 6): t for t in d["tpr_at_fpr"]}
     out = {"layer": key[0], "attack": key[1], "index": meta["index"], "signal": meta["signal"],
-           "rule": meta["rule"], "accuracy": d["accuracy"],
+           "rule": meta["rule"], "threshold": meta["threshold"], "accuracy": d["accuracy"],
            "accuracy_ci": [d["accuracy_low"], d["accuracy_high"]], "auc": d["auc"],
            "auc_ci": [d["auc_low"], d["auc_high"]]}
     for alpha, label in ((0.01, "1pct"), (0.001, "0.1pct")):
@@ -249,27 +347,43 @@ def budgets_from_config(raw: Mapping[str, Any]) -> dict[int, Budget]:
             for size, b in raw.items()}
 
 
+def trial_audit_paths(trial_dir: Path) -> dict[str, Path | None]:
+    """``audit_model``'s files for the trial in ``trial_dir`` (``RUN_DIR/trials/<id>``): its
+    per-candidate scores beside its records, its references in the run's cache (none outside
+    a run directory)."""
+    trial_dir = Path(trial_dir)
+    run = trial_dir.parent.parent if trial_dir.parent.name == TRIALS else None
+    return {"scores_out": trial_dir / AUDIT_SCORES_FILE,
+            "cache_dir": None if run is None else run / CACHE}
+
+
 def audit_trial_model(*, spec: TrialSpec, checkpoint: Path, data: DataSplits,
-                      settings: AuditSettings, budgets: Mapping[int, Budget]) -> dict[str, Any]:
-    """Audit a trained DP trial: references trained like it (``dp_trainer``)."""
+                      settings: AuditSettings, budgets: Mapping[int, Budget],
+                      cache_dir: Path | None = None, scores_out: Path | None = None,
+                      progress: Progress | None = None) -> dict[str, Any]:
+    """Audit a trained DP trial: references trained like it (``dp_trainer``); the options are
+    :func:`audit_model`'s."""
     from trainables.audit.references import dp_trainer
     from trainables.training import load_model
 
     target, _ = load_model(checkpoint, data=data, device="cpu")
     return audit_model(target=target, data=data, settings=settings,
-                       trainer=dp_trainer(spec, budgets=dict(budgets)))
+                       trainer=dp_trainer(spec, budgets=dict(budgets)), cache_dir=cache_dir,
+                       scores_out=scores_out, progress=progress)
 
 
 def audit_in_trial(*, spec: TrialSpec, result: TrialResult, trial_dir: Path,
                    config: Mapping[str, Any], data: DataSplits) -> dict[str, Any]:
-    """The trial runner's audit hook: audit.json written, the objectives returned."""
+    """The trial runner's audit hook: audit_scores.npz and audit.json written, the objectives
+    returned."""
     from core.layout import CHECKPOINT_DIR
 
     del result
     settings = AuditSettings.from_config(config["audit"])
     budgets = budgets_from_config(config["audit"].get("budgets", {}))
     record = audit_trial_model(spec=spec, checkpoint=Path(trial_dir) / CHECKPOINT_DIR,
-                               data=data, settings=settings, budgets=budgets)
+                               data=data, settings=settings, budgets=budgets,
+                               **trial_audit_paths(Path(trial_dir)))
     atomic_write_json(Path(trial_dir) / AUDIT_FILE, record)
     return {k: record[k] for k in ("peak_mia_accuracy", "peak_mia_upper", "leak_detected")}
 

@@ -25,6 +25,18 @@ from reports import store
 
 #: Confidence of the canary audits' epsilon lower bounds (``orchestrator.audit.canary``).
 CANARY_CONFIDENCE = 0.95
+#: ``method`` of the non-private baseline's row (``reports.pareto.NONPRIVATE``, the sweep's
+#: ``BASELINE_ID``): a reference line, no DP trial.
+NONPRIVATE = "nonprivate"
+
+
+def check_not_baseline(row: dict[str, Any], trial_id: str, *, why: str) -> None:
+    """Refuse the non-private baseline by name: its row has no privacy record or checkpoint a
+    DP command could use, and ``why`` says what the command would need from it."""
+    if str(row.get("method")) == NONPRIVATE:
+        raise UserInputError(field="--trial", value=trial_id,
+                             allowed=f"a DP trial of this run: {trial_id!r} is the non-private "
+                                     f"baseline (no clipping, no noise), {why}")
 
 
 def _row(run: RunDir, trial_id: str) -> dict[str, Any]:
@@ -35,6 +47,8 @@ def _row(run: RunDir, trial_id: str) -> dict[str, Any]:
         raise UserInputError(field="--trial", value=trial_id,
                              allowed=f"a trial of this run: {sorted(frame['trial_id'])[:10]}")
     row = rows.iloc[0].to_dict()
+    check_not_baseline(row, trial_id, why="which has no DP guarantee to export: it is the "
+                                          "report's reference line, never a release")
     if row["status"] != "ok":
         raise UserInputError(field="--trial", value=trial_id,
                              allowed=f"a finished trial (this one failed: {row['error']})")

@@ -36,7 +36,7 @@ from orchestrator.config import Config
 from orchestrator.rundir import RunDir
 from orchestrator.trial.plan import config_from_spec
 from reports import store
-from reports.pareto import ACC, ACC_HI, ACC_LO, MIA, MIA_UPPER
+from reports.pareto import ACC, ACC_HI, ACC_LO, MIA, MIA_UPPER, NONPRIVATE
 from reports.pick import (
     NOISY,
     PRIVATE_RULE,
@@ -328,6 +328,11 @@ def pick_and_write(run_dir: Path, *, max_peak_mia: float | None, min_val_acc: fl
     run = RunDir.open(Path(run_dir), write=False)
     run.verify(RESULTS)
     frame = store.read_results(run.path)
+    if series == NONPRIVATE:  # a known series of a run with a baseline, but never a pick
+        raise UserInputError(field="--series", value=series,
+                             allowed="a DP series of this run: 'nonprivate' is the non-private "
+                                     "baseline (no clipping, no noise), a reference line that "
+                                     "is never picked or released")
     private = private_plan(run)
     if private is not None:
         _no_constraints(max_peak_mia=max_peak_mia, min_val_acc=min_val_acc, series=series)

@@ -14,7 +14,8 @@ Optuna trials are told FAIL (``interrupted``) and re-enqueued under the same ids
 flushed, and the process exits 130 / 143 with a hint to resume. ``resume_sweep`` rebuilds the
 state from the config, the Optuna storage and the trial directories (``studies.reconcile``):
 after a ``kill -9`` of the driver or a worker, no finished trial is trained again, none is lost,
-none stays RUNNING.
+none stays RUNNING. A full disk at any write stops the sweep the same way, and ``resume`` refuses
+damaged records before Ray starts (``recovery``).
 """
 
 from __future__ import annotations
@@ -34,11 +35,11 @@ from core import layout
 from core.errors import UserInputError
 from core.layout import RESULTS
 from core.records import PrivacyRecord
-from core.storage import atomic_write_json
 from orchestrator import config as config_mod
 from orchestrator.config import Config
 from orchestrator.rundir import RunDir, check_creatable
 from orchestrator.sweep.plans import at_epsilon, precompute, study_plans
+from orchestrator.sweep.recovery import check_records, raise_if_disk_full, stopped_by
 from orchestrator.sweep.signals import Interrupted, _signals, _StopFlag, progress
 from orchestrator.sweep.studies import Outcome, StudyPlan, read_outcome, reconcile
 from orchestrator.sweep.tuning import (
@@ -109,9 +110,9 @@ class _Driver:
             counts = _read_json(self.run.verify(layout.PRIVATE_TUNING))["counts"]
         else:
             counts = draw_counts(self.cfg, plan)
-            atomic_write_json(path, {"counts": counts, "note": "the secret number of trials "
-                                     "per series: never exported"})
-            self.run.record([layout.PRIVATE_TUNING])
+            self.run.commit(layout.PRIVATE_TUNING, _json_bytes(
+                {"counts": counts, "note": "the secret number of trials per series: never "
+                                           "exported"}))
         self.certified = certify(schedule=plan.schedule, sample_rate=plan.sample_rate,
                                  delta=plan.delta)
         if not self.quiet:
@@ -130,8 +131,9 @@ class _Driver:
             return store.pruned_row(trial_id=tid, method=plan.method, record=outcome.metrics,
                                     spec=_read_json(trial_dir / layout.SPEC), series=plan.series,
                                     study=plan.name, preset=self._preset(tid))
-        if outcome.status != "ok":
-            spec = _read_json(trial_dir / layout.SPEC)
+        if outcome.status != "ok":  # the spec may never have been written: the reason stays
+            spec_file = trial_dir / layout.SPEC
+            spec = _read_json(spec_file) if spec_file.is_file() else None
             return store.failed_row(trial_id=tid, method=plan.method, series=plan.series,
                                     study=plan.name, error=outcome.error, spec=spec)
 
@@ -169,13 +171,13 @@ class _Driver:
         except Exception as exc:  # a record missing after a crash: the failure stays visible
             from core.errors import describe
 
+            unread = f"records could not be read: {describe(exc)}"
             row = store.failed_row(trial_id=tid, method=plan.method, series=plan.series,
                                    study=plan.name,
-                                   error=f"records could not be read: {describe(exc)}")
+                                   error=f"{outcome.error} ({unread})" if outcome.error
+                                   else unread)
         self.rows[tid] = row
-        store.write_results(self.run.path, list(self.rows.values()))
-        self.run.record_trial(tid)
-        self.run.record([RESULTS])
+        self._write(tid)
         self._progress_line(plan, row)
 
     def _progress_line(self, plan: StudyPlan, row: dict[str, Any]) -> None:
@@ -278,9 +280,10 @@ class _Driver:
 
         def job_done(name: str, result: dict | None) -> None:
             assert baseline is not None and name == baseline.name
-            self.baseline_ran = True
             error = ("its worker stopped" if result is None
                      else str(result.get(raytune.JOB_ERROR, "")))
+            raise_if_disk_full(error)  # not the job's failure: it runs again on resume
+            self.baseline_ran = True
             if error or not self._recover(baseline):
                 self._after(baseline, None, error or "it wrote no result.json")
 
@@ -304,24 +307,32 @@ class _Driver:
             run_config=tune.RunConfig(
                 name=f"attempt-{attempt}", storage_path=str(self.run.tune_dir), verbose=0,
                 progress_reporter=raytune.SilentReporter(), callbacks=[JsonLoggerCallback()],
-                stop=raytune.InterruptStopper(flag),
+                stop=raytune.InterruptStopper(flag, halted=lambda: searcher.halt is not None),
                 failure_config=tune.FailureConfig(max_failures=0)))
         with progress(total=to_run, desc="trials", quiet=self.quiet) as bar:
             self.bar = bar
             flag.in_tune = True
             try:
                 tuner.fit()
+            except Exception:
+                if searcher.halt is None:
+                    raise  # (Tune's own error once the disk is full: the disk is the reason)
             finally:
                 flag.in_tune = False
                 self.bar, self.bar_counts_records = None, True
-                if flag.event.is_set():
-                    stopped = searcher.interrupt(f"interrupted by "
-                                                 f"{signal.Signals(flag.signum).name}")
-                    if stopped and not self.quiet:
+                reason = (f"interrupted by {signal.Signals(flag.signum).name}"
+                          if flag.event.is_set() and flag.signum
+                          else f"stopped: {searcher.halt}" if searcher.halt is not None
+                          else "")
+                if reason:
+                    stopped = searcher.interrupt(reason)
+                    if stopped and not self.quiet and searcher.halt is None:
                         print(f"stopped {len(stopped)} running trial(s): {', '.join(stopped)}",
                               file=sys.stderr)
         if flag.event.is_set():
             raise Interrupted(flag.signum or signal.SIGINT)
+        if searcher.halt is not None:
+            raise searcher.halt
 
     def open_studies(self) -> tuple[dict[str, Any], dict[str, Any]]:
         import optuna
@@ -335,10 +346,20 @@ class _Driver:
                                     parallel=parallel)
             tallies[plan.name] = reconcile(
                 study, plan, storage=storage, trials_root=self.run.path / layout.TRIALS,
-                on_finished=lambda tid, out, _t, plan=plan: (
-                    None if tid in self.rows else self.record(plan, tid, out)))
+                on_finished=lambda tid, out, _t, plan=plan: self._reconciled(plan, tid, out))
             studies[plan.name] = study
         return studies, tallies
+
+    def _reconciled(self, plan: StudyPlan, tid: str, outcome: Outcome) -> None:
+        """A finished trial met by ``reconcile``: recorded, unless its row exists already; then
+        only files a crash of an older dpsweep left out of the manifest are added."""
+        if tid not in self.rows:
+            self.record(plan, tid, outcome)
+            return
+        listed = self.run.manifest.get("files", {})
+        unlisted = [rel for rel in self.run.trial_files(tid) if rel not in listed]
+        if unlisted:
+            self.run.record(unlisted)
 
     # ---- after the search ---------------------------------------------------------------
     def front_ids(self) -> dict[str, list[str]]:
@@ -424,6 +445,7 @@ class _Driver:
             self.bar, self.bar_counts_records = bar, False
 
             def done(job: Any, result: dict[str, Any] | None, error: str) -> None:
+                raise_if_disk_full(error)  # the sweep stops; the job runs again on resume
                 self._after(job, result, error)
                 bar.update(1)
 
@@ -521,9 +543,10 @@ class _Driver:
             self.bar.write(line)
 
     def _write(self, tid: str) -> None:
-        store.write_results(self.run.path, list(self.rows.values()))
-        self.run.record_trial(tid)
-        self.run.record([RESULTS])
+        """The results store with ``tid``'s row, and the trial's files, recorded as one step
+        (``RunDir.commit``): after a crash or a full disk, a row never lacks its files."""
+        self.run.commit(RESULTS, store.results_bytes(list(self.rows.values())),
+                        also=self.run.trial_files(tid))
 
     def write_summary(self) -> None:
         """summary.json: what the report's header and the export's tuning statement read."""
@@ -543,8 +566,7 @@ class _Driver:
             "model": self.cfg.model.factory or self.cfg.model.name,
             "num_classes": self.cfg.num_classes, "tuning": tuning,
         }
-        atomic_write_json(self.run.path / layout.SUMMARY, summary)
-        self.run.record([layout.SUMMARY])
+        self.run.commit(layout.SUMMARY, _json_bytes(summary))
 
     def finish(self) -> SweepSummary:
         self.post_sweep()
@@ -598,9 +620,16 @@ def _read_json(path: Path) -> Any:
     return json.loads(Path(path).read_text())
 
 
-def _validate_before_ray(cfg: Config, *, out: Path | None) -> None:
-    """Everything that can be checked without Ray: resources, --out, data, search spaces."""
-    from orchestrator.cluster import check_resources, code_runtime_env
+def _json_bytes(value: Any) -> bytes:
+    """What ``core.storage.atomic_write_json`` writes, as bytes for ``RunDir.commit``."""
+    return (json.dumps(value, indent=1, sort_keys=True) + "\n").encode("utf-8")
+
+
+def _validate_before_ray(cfg: Config, *, out: Path | None, address: str | None) -> None:
+    """Everything that can be checked without Ray: resources, --out, data, search spaces, the
+    cluster's address (probed) or a temp dir for a local Ray."""
+    from orchestrator.cluster import check_address, check_resources, code_runtime_env
+    from orchestrator.raytemp import check_temp_dir
 
     if out is not None:
         check_creatable(out)
@@ -618,6 +647,10 @@ def _validate_before_ray(cfg: Config, *, out: Path | None) -> None:
     study_plans(cfg)
     if cfg.sweep.tuning == "private":  # a target the plan cannot reach: refused before Ray
         private_tuning_plan(cfg)
+    if address:
+        check_address(address)
+    else:
+        check_temp_dir()
 
 
 #: Ray Tune's own tables, banners and per-checkpoint chatter would drown the progress lines;
@@ -629,7 +662,13 @@ def _validate_before_ray(cfg: Config, *, out: Path | None) -> None:
 TUNE_QUIET_ENV = {"RAY_AIR_NEW_OUTPUT": "0", "TUNE_DISABLE_STRICT_METRIC_CHECKING": "1",
                   "TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S": "0",
                   "RAY_TRAIN_V2_ENABLED": "0", "TUNE_DISABLE_SIGINT_HANDLER": "1",
-                  "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1"}
+                  "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1",
+                  # a dead worker's traceback: the trial's failure is recorded with its reason
+                  "TUNE_PRINT_ALL_TRIAL_ERRORS": "0"}
+
+
+#: Ray's loggers of Tune's experiment-state copies (Ray 2.60).
+TUNE_STATE_LOGGERS = ("ray.tune.execution.experiment_state", "ray.train._internal.syncer")
 
 
 def _quiet_libraries() -> None:
@@ -643,6 +682,11 @@ def _quiet_libraries() -> None:
 
     # dp_accounting's RDP series report orders they drop at tiny noise; the bound stays valid
     logging.getLogger("absl").setLevel(logging.ERROR)
+    # Tune copying its own experiment state into tune/ (never read back: the state is rebuilt
+    # from Optuna and the records) says nothing about the sweep when it fails; on a full disk
+    # its tracebacks buried the one line that does (orchestrator.sweep.recovery).
+    for name in TUNE_STATE_LOGGERS:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -682,7 +726,8 @@ def _drive(cfg: Config, run: RunDir, *, address: str | None, quiet: bool) -> Swe
 def run_sweep(cfg: Config, *, run_dir: Path, address: str | None = None,
               quiet: bool = False) -> SweepSummary:
     """A new sweep into a new (or empty) RUN_DIR."""
-    _validate_before_ray(cfg, out=Path(run_dir))
+    address = _address(address)
+    _validate_before_ray(cfg, out=Path(run_dir), address=address)
     run = RunDir.create(Path(run_dir), config_text=cfg.to_toml(),
                         inputs=cfg.input_fingerprints())
     return _drive_and_release(run, lambda: cfg, address=address, quiet=quiet)
@@ -691,6 +736,7 @@ def run_sweep(cfg: Config, *, run_dir: Path, address: str | None = None,
 def resume_sweep(run_dir: Path, *, address: str | None = None,
                  quiet: bool = False) -> SweepSummary:
     """Continue an interrupted sweep from its verified state (config + Optuna + records)."""
+    address = _address(address)
     run = RunDir.open(Path(run_dir), write=True)
 
     def verified_config() -> Config:
@@ -698,9 +744,10 @@ def resume_sweep(run_dir: Path, *, address: str | None = None,
             raise UserInputError(field="RUN_DIR", value=str(run_dir),
                                  allowed=f"the run directory of a sweep (this one is a "
                                          f"{run.manifest.get('kind')!r} run: nothing to resume)")
+        check_records(run)
         cfg = config_mod.load(run.verify(layout.CONFIG))
         run.check_inputs(cfg.input_fingerprints())
-        _validate_before_ray(cfg, out=None)
+        _validate_before_ray(cfg, out=None, address=address)
         if not quiet:
             print(f"resuming {run.path}", flush=True)
         return cfg
@@ -708,16 +755,25 @@ def resume_sweep(run_dir: Path, *, address: str | None = None,
     return _drive_and_release(run, verified_config, address=address, quiet=quiet)
 
 
+def _address(address: str | None) -> str | None:
+    """``--address``, else RAY_ADDRESS, else None (a local Ray)."""
+    return address or os.environ.get("RAY_ADDRESS") or None
+
+
 def _drive_and_release(run: RunDir, config: Callable[[], Config], *, address: str | None,
                        quiet: bool) -> SweepSummary:
-    """Drive the sweep in a locked run directory; the lock is released however it ends and an
-    interrupt names the directory to resume."""
-    address = address or os.environ.get("RAY_ADDRESS") or None
+    """Drive the sweep in a locked run directory; the lock is released however it ends, and
+    an interrupt or a full disk names the directory to resume."""
     try:
         return _drive(config(), run, address=address, quiet=quiet)
     except Interrupted as exc:
         exc.run_dir = run.path
         raise
+    except Exception as exc:
+        full = stopped_by(exc, run.path)
+        if full is None or full is exc:
+            raise
+        raise full from exc
     finally:
         run.release()
 

@@ -118,6 +118,7 @@ def audit_job(*, trial_dir: str, spec: dict[str, Any], settings: dict[str, Any],
         AuditSettings,
         audit_trial_model,
         budgets_from_config,
+        trial_audit_paths,
     )
     from trainables.training import TrialSpec, load_trial_data
 
@@ -125,7 +126,8 @@ def audit_job(*, trial_dir: str, spec: dict[str, Any], settings: dict[str, Any],
     data = load_trial_data(trial_spec)
     record = audit_trial_model(spec=trial_spec, checkpoint=Path(trial_dir) / CHECKPOINT_DIR,
                                data=data, settings=AuditSettings.from_config(settings),
-                               budgets=budgets_from_config(budgets))
+                               budgets=budgets_from_config(budgets),
+                               **trial_audit_paths(Path(trial_dir)))
     atomic_write_json(Path(trial_dir) / AUDIT_FILE, record)
     return record
 
@@ -141,7 +143,12 @@ def rerun_job(*, config: dict[str, Any]) -> dict[str, Any]:
 def baseline_job(*, run_dir: str, spec: dict[str, Any], settings: dict[str, Any],
                  audit: bool, lr: float) -> dict[str, Any]:
     """Train and audit the non-private baseline; writes trials/nonprivate/{result,audit}.json."""
-    from orchestrator.audit.membership import AUDIT_FILE, AuditSettings, audit_model
+    from orchestrator.audit.membership import (
+        AUDIT_FILE,
+        AuditSettings,
+        audit_model,
+        trial_audit_paths,
+    )
     from orchestrator.sweep.studies import RESULT_FILE
     from trainables.audit.references import (
         NonPrivateRecipe,
@@ -168,7 +175,8 @@ def baseline_job(*, run_dir: str, spec: dict[str, Any], settings: dict[str, Any]
     if audit:
         started = time.perf_counter()
         audited = audit_model(target=model, data=data, settings=AuditSettings.from_config(
-            settings), trainer=nonprivate_trainer(recipe, threads=trial_spec.threads))
+            settings), trainer=nonprivate_trainer(recipe, threads=trial_spec.threads),
+            **trial_audit_paths(out))
         atomic_write_json(out / AUDIT_FILE, audited)
         record["audit_seconds"] = time.perf_counter() - started
     record.update(pid=os.getpid(), started_at=started_at, finished_at=time.time())

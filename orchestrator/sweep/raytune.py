@@ -2,7 +2,9 @@
 
 In the driver, :class:`SweepSearcher` feeds Tune the trials of every study (and the jobs from
 outside the studies), :class:`InterruptStopper` stops the experiment when the sweep's stop flag
-is set, and :class:`SilentReporter` keeps Tune's tables quiet (the driver prints its own lines).
+is set or the searcher met a full disk (``SweepSearcher.halt``; a trial reports one instead of
+raising it), and :class:`SilentReporter` keeps Tune's tables quiet (the driver prints its own
+lines).
 In the workers, :func:`tune_trainable` runs one trial of a study, or a job from outside the
 studies (the non-private baseline) in the same warm worker and a slot the trials would leave
 idle.
@@ -24,9 +26,11 @@ from typing import TYPE_CHECKING, Any
 from ray.tune import ProgressReporter, Stopper
 from ray.tune.search import Searcher
 
-from core.errors import describe
+from core.errors import DiskFull, describe, disk_full
+from core.layout import OPTUNA_DB
 from orchestrator.sweep import jobs
 from orchestrator.sweep.studies import (
+    DISK_FULL_KEY,
     ID_ATTR,
     INTERRUPTED_ATTR,
     Outcome,
@@ -44,6 +48,10 @@ if TYPE_CHECKING:
 JOB_KEY = "job"
 #: What a job reports to Tune when it fails (its reason: the searcher passes it to the driver).
 JOB_ERROR = "job_error"
+#: What a trial reports to Tune when a full disk stopped it (the reason: the searcher stops the
+#: sweep and the trial runs again on resume).
+DISK_FULL = "disk_full"
+DISK_FULL_REASON = "disk_full_reason"
 #: The jobs a Tune experiment may run beside its trials, by kind.
 TUNE_JOBS: dict[str, Callable[..., dict[str, Any]]] = {
     jobs.JobKind.BASELINE.value: jobs.baseline_job}
@@ -68,7 +76,15 @@ def tune_trainable(config: dict[str, Any], data: dict[str, Any] | None = None) -
         tune.report({"done": True})
         return
 
-    record = execute(config, report=tune.report, audit=audit_in_trial)
+    try:
+        record = execute(config, report=tune.report, audit=audit_in_trial)
+    except Exception as exc:
+        full = disk_full(exc)
+        if full is None:
+            raise
+        # reported, not raised: Tune would log the traceback, and the driver needs the reason
+        tune.report({DISK_FULL: full.what, DISK_FULL_REASON: full.reason, "done": True})
+        return
     tune.report({k: v for k, v in record.items() if isinstance(v, (int, float))
                  and not isinstance(v, bool)} | {"done": True})
 
@@ -101,6 +117,9 @@ class SweepSearcher(Searcher):
         self._live: dict[str, tuple[StudyPlan, Any, str]] = {}
         self._started: dict[str, int] = {p.name: 0 for p in plans}
         self._lock = threading.Lock()
+        #: Set when a write failed on a full disk (a trial's, the driver's, Optuna's): no
+        #: trial starts any more, the stopper ends the experiment, and the driver stops.
+        self.halt: DiskFull | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         """Tune pickles its searcher into its own experiment state, which dpsweep never
@@ -123,47 +142,79 @@ class SweepSearcher(Searcher):
 
     def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
         with self._lock:
-            if self._jobs:
-                name, config = next(iter(self._jobs.items()))
-                del self._jobs[name]
-                self._live_jobs[trial_id] = name
-                return config
-            for plan in self._plans:
-                if self._to_start(plan) <= 0:
-                    continue
-                study = self._studies[plan.name]
-                ot = study.ask(plan.space.distributions)
-                tid = ot.user_attrs.get(ID_ATTR)
-                if tid is None:
-                    tally = self._tallies[plan.name]
-                    tid = plan.trial_id(tally.next_index)
-                    tally.next_index += 1
-                    ot.set_user_attr(ID_ATTR, tid)
-                for key, value in (("series", plan.series), ("method", plan.method),
-                                   ("mode", plan.mode), ("epsilon", plan.epsilon)):
-                    ot.set_user_attr(key, value)
-                try:
-                    config = self._make_config(plan, plan.space.decode(ot.params), tid)
-                except Exception as exc:  # planning failed: the trial fails, not the run
-                    self._finish(plan, ot, tid, Outcome("failed", {}, describe(exc)))
-                    continue
-                self._live[trial_id] = (plan, ot, tid)
-                return config
-            return None if self._live or self._live_jobs else Searcher.FINISHED
+            if self.halt is not None:
+                return None
+            try:
+                return self._suggest(trial_id)
+            except Exception as exc:
+                self._halt_on(exc)
+                return None
+
+    def _halt_on(self, exc: BaseException) -> None:
+        """Stop the sweep on a full disk (the state on disk stays consistent: whatever was not
+        written is reconciled on resume); any other error is raised as before."""
+        full = disk_full(exc, database=str(self._trials_root.parent / OPTUNA_DB))
+        if full is None:
+            raise exc
+        self.halt = self.halt or full
+
+    def _suggest(self, trial_id: str) -> dict[str, Any] | str | None:
+        if self._jobs:
+            name, config = next(iter(self._jobs.items()))
+            del self._jobs[name]
+            self._live_jobs[trial_id] = name
+            return config
+        for plan in self._plans:
+            if self._to_start(plan) <= 0:
+                continue
+            study = self._studies[plan.name]
+            ot = study.ask(plan.space.distributions)
+            tid = ot.user_attrs.get(ID_ATTR)
+            if tid is None:
+                tally = self._tallies[plan.name]
+                tid = plan.trial_id(tally.next_index)
+                tally.next_index += 1
+                ot.set_user_attr(ID_ATTR, tid)
+            for key, value in (("series", plan.series), ("method", plan.method),
+                               ("mode", plan.mode), ("epsilon", plan.epsilon)):
+                ot.set_user_attr(key, value)
+            try:
+                config = self._make_config(plan, plan.space.decode(ot.params), tid)
+            except Exception as exc:  # planning failed: the trial fails, not the run
+                if disk_full(exc) is not None:
+                    raise  # the disk, not the plan: the trial (RUNNING) is reconciled on resume
+                self._finish(plan, ot, tid, Outcome("failed", {}, describe(exc)))
+                continue
+            self._live[trial_id] = (plan, ot, tid)
+            return config
+        return None if self._live or self._live_jobs else Searcher.FINISHED
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None,
                           error: bool = False) -> None:
         with self._lock:
-            if trial_id in self._live_jobs:
-                name = self._live_jobs.pop(trial_id)
-                if self._on_job_done is not None:
-                    self._on_job_done(name, None if error else result)
-                return
-            entry = self._live.pop(trial_id, None)
-            if entry is None:
-                return
-            plan, ot, tid = entry
-            self._finish(plan, ot, tid, read_outcome(self._trials_root / tid))
+            try:
+                self._complete(trial_id, result, error)
+            except Exception as exc:
+                self._halt_on(exc)
+
+    def _complete(self, trial_id: str, result: dict | None, error: bool) -> None:
+        if trial_id in self._live_jobs:
+            name = self._live_jobs.pop(trial_id)
+            if self._on_job_done is not None:
+                self._on_job_done(name, None if error else result)
+            return
+        entry = self._live.pop(trial_id, None)
+        if entry is None:
+            return
+        plan, ot, tid = entry
+        outcome = read_outcome(self._trials_root / tid)
+        if result and result.get(DISK_FULL) and outcome.status == "interrupted" \
+                and not outcome.error:  # the disk took no error.json: the report says why
+            full = DiskFull(str(result[DISK_FULL]), str(result.get(DISK_FULL_REASON, "")))
+            outcome = Outcome("interrupted", {DISK_FULL_KEY: {"what": full.what,
+                                                              "reason": full.reason}},
+                              describe(full))
+        self._finish(plan, ot, tid, outcome)
 
     def _finish(self, plan: StudyPlan, ot: Any, tid: str, outcome: Outcome) -> None:
         from optuna.trial import TrialState
@@ -183,9 +234,13 @@ class SweepSearcher(Searcher):
             study.tell(ot, state=TrialState.PRUNED)
             tally.pruned.add(tid)
         elif outcome.status == "interrupted":
-            # a dead worker or a stopped run: re-run it under the same id
+            # a dead worker, a stopped run or a full disk: re-run it under the same id
+            full = outcome.metrics.get(DISK_FULL_KEY)
+            if isinstance(full, dict):
+                self.halt = self.halt or DiskFull(str(full.get("what")),
+                                                  str(full.get("reason")))
             ot.set_user_attr(INTERRUPTED_ATTR, True)
-            ot.set_user_attr("error", "interrupted (its worker stopped)")
+            ot.set_user_attr("error", outcome.error or "interrupted (its worker stopped)")
             study.tell(ot, state=TrialState.FAIL)
             study.enqueue_trial(dict(ot.params),
                                 user_attrs={ID_ATTR: tid, "rerun_of": ot.number})
@@ -207,16 +262,19 @@ class SweepSearcher(Searcher):
 
             stopped = []
             for plan, ot, tid in self._live.values():
-                outcome = read_outcome(self._trials_root / tid)
-                if outcome.status != "interrupted":
-                    self._finish(plan, ot, tid, outcome)
-                    continue
-                study = self._studies[plan.name]
-                ot.set_user_attr(INTERRUPTED_ATTR, True)
-                ot.set_user_attr("error", reason)
-                study.tell(ot, state=TrialState.FAIL)
-                study.enqueue_trial(dict(ot.params),
-                                    user_attrs={ID_ATTR: tid, "rerun_of": ot.number})
+                try:
+                    outcome = read_outcome(self._trials_root / tid)
+                    if outcome.status != "interrupted":
+                        self._finish(plan, ot, tid, outcome)
+                        continue
+                    study = self._studies[plan.name]
+                    ot.set_user_attr(INTERRUPTED_ATTR, True)
+                    ot.set_user_attr("error", reason)
+                    study.tell(ot, state=TrialState.FAIL)
+                    study.enqueue_trial(dict(ot.params),
+                                        user_attrs={ID_ATTR: tid, "rerun_of": ot.number})
+                except Exception as exc:  # a full disk: left RUNNING, reconciled on resume
+                    self._halt_on(exc)
                 stopped.append(tid)
             self._live.clear()
             self._live_jobs.clear()  # a job not finished on disk is run again on resume
@@ -224,16 +282,18 @@ class SweepSearcher(Searcher):
 
 
 class InterruptStopper(Stopper):
-    """Stops the whole experiment once the sweep's stop flag is set (SIGINT / SIGTERM)."""
+    """Stops the whole experiment once the sweep's stop flag is set (SIGINT / SIGTERM) or
+    ``halted()`` holds (the searcher met a full disk)."""
 
-    def __init__(self, flag: _StopFlag) -> None:
+    def __init__(self, flag: _StopFlag, halted: Callable[[], bool] | None = None) -> None:
         self._flag = flag
+        self._halted = halted
 
     def __call__(self, trial_id: str, result: dict) -> bool:
         return False
 
     def stop_all(self) -> bool:
-        return self._flag.event.is_set()
+        return self._flag.event.is_set() or (self._halted is not None and self._halted())
 
     def __reduce__(self) -> tuple[Any, ...]:  # Tune pickles it; never restored
         return (tuple, ())

@@ -2,8 +2,11 @@
 
 SIGINT / SIGTERM set a stop flag (``_StopFlag``): while Ray Tune runs, its stopper polls the flag
 (``orchestrator.sweep.raytune.InterruptStopper``) so running trials stop within seconds and are
-re-enqueued; in every other phase the handler raises :class:`Interrupted` at once. The driver then
-flushes its state and the command exits 130 / 143 with a hint to resume. Progress bars (tqdm, on
+re-enqueued; in every other phase the handler raises :class:`Interrupted` at once. In the budget
+phase that stops the PRV children still computing (``orchestrator.accounting.sandbox``: they
+ignore the terminal's SIGINT themselves), so an interrupt is reported as one, never as an
+accountant's fallback to RDP. The driver then flushes its state and the command exits 130 / 143
+with a hint to resume. Progress bars (tqdm, on
 stderr) report the budget precompute, the trials and the after-search jobs; ``--quiet`` turns them
 off.
 """

@@ -25,6 +25,7 @@ same trial (its outcome did not choose it), never a point chosen from results.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -50,6 +51,11 @@ OBJECTIVES = {VALIDATION_OBJECTIVE: "maximize", ATTACK_OBJECTIVE: "minimize",
               NOISY_OBJECTIVE: "maximize"}
 ID_ATTR = "dpsweep_trial_id"
 INTERRUPTED_ATTR = "interrupted"
+#: Set in a trial's ``error.json`` when it stopped on a full disk: not a failure of the trial,
+#: which runs again (the record keeps the reason until then).
+DISK_FULL_KEY = "disk_full"
+#: Optuna trial states whose trial finished: its directory must hold ``result.json``.
+FINISHED_STATES = ("COMPLETE", "PRUNED")
 
 
 def study_name(series: str, epsilon: float) -> str:
@@ -158,8 +164,38 @@ def read_outcome(trial_dir: Path) -> Outcome:
                 return Outcome("failed", {}, f"unreadable {name}: {describe(exc)}")
             if status == "ok" and record.get("status") == PRUNED:
                 status = PRUNED  # stopped at a rung: a final record, never re-run
+            if status == "failed" and record.get(DISK_FULL_KEY):
+                status = "interrupted"  # the disk, not the trial: it runs again
             return Outcome(status, record, str(record.get("error", "")))
     return Outcome("interrupted", {}, "")
+
+
+def finished_trial_ids(db: Path) -> set[str]:
+    """Ids of the trials the Optuna storage ``db`` counts as finished (COMPLETE or PRUNED).
+
+    Read with SQLite itself, read-only, so that a resume can check them against the trial
+    directories before anything (Optuna included) writes; an unreadable storage gives no ids
+    here and is reported by Optuna when the sweep opens it."""
+    import sqlite3
+
+    if not db.is_file():
+        return set()
+    marks = ", ".join("?" for _ in FINISHED_STATES)
+    query = ("SELECT a.value_json FROM trials t JOIN trial_user_attributes a "
+             f"ON a.trial_id = t.trial_id WHERE a.key = ? AND t.state IN ({marks})")
+    try:
+        with contextlib.closing(sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro",
+                                                uri=True)) as con:
+            rows = con.execute(query, (ID_ATTR, *FINISHED_STATES)).fetchall()
+    except sqlite3.Error:
+        return set()
+    ids = set()
+    for (value,) in rows:
+        with contextlib.suppress(ValueError, TypeError):
+            tid = json.loads(value)
+            if isinstance(tid, str):
+                ids.add(tid)
+    return ids
 
 
 @dataclass

@@ -15,6 +15,7 @@ per sweep.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import traceback
@@ -23,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from core import layout
-from core.errors import UserInputError, describe
+from core.errors import DiskFull, UserInputError, describe, disk_full
 from core.layout import CHECKPOINT_DIR
 from core.storage import atomic_write_json
-from orchestrator.sweep.studies import ERROR_FILE, RESULT_FILE
+from orchestrator.sweep.studies import DISK_FULL_KEY, ERROR_FILE, RESULT_FILE
 from orchestrator.trial.pruning import PRUNED, TrialPruned, ask_board
 from trainables.training import (
     CHECKPOINT_FILE,
@@ -39,6 +40,9 @@ from trainables.training import (
 
 #: Lines of traceback kept in error.json (the type and message are always kept in full).
 TRACEBACK_LINES = 12
+#: A trial's records that an unfinished trial's re-run writes again (training writes them at
+#: its end, resumed from the checkpoint): given up to record why a full disk stopped it.
+PROVISIONAL = (layout.SPEC, layout.HISTORY, layout.PRIVACY, layout.AUDIT)
 #: Least time between a trial's progress reports to Tune. A report blocks the trial until the
 #: driver has handled it, and the driver shares the cores with the trials: reporting a digits
 #: epoch (a tenth of a second) every time cost more than the epochs. Nothing reads the
@@ -119,6 +123,8 @@ def execute(config: dict[str, Any], *,
                 record.update(audit(spec=spec, result=result, trial_dir=trial_dir,
                                     config=config, data=data))
             except Exception as exc:  # the trained model is kept; the audit's failure noted
+                if disk_full(exc) is not None:
+                    raise  # not the audit's failure: the trial runs again
                 record["audit_error"] = describe(exc)
             record["audit_seconds"] = time.perf_counter() - audit_started
         record["seconds"] = time.perf_counter() - started
@@ -126,11 +132,35 @@ def execute(config: dict[str, Any], *,
         atomic_write_json(trial_dir / RESULT_FILE, record)
         return record
     except Exception as exc:
-        atomic_write_json(trial_dir / ERROR_FILE, {
-            "status": "failed", "trial_id": config.get("trial_id"), "error": describe(exc),
-            "type": type(exc).__name__,
-            "traceback": traceback.format_exc().splitlines()[-TRACEBACK_LINES:]})
+        _record_failure(trial_dir, config, exc)
         raise
+
+
+def _record_failure(trial_dir: Path, config: dict[str, Any], exc: Exception) -> None:
+    """``error.json`` with the reason; raises :class:`DiskFull` when the disk is why.
+
+    A trial stopped by a full disk did not fail: its record says so (``DISK_FULL_KEY``: read
+    as interrupted, so it runs again). To make room for that record the trial gives up the
+    records it wrote so far (``PROVISIONAL``: its re-run writes them again; the checkpoint, its
+    progress, stays); with no room even then there is no record at all, which reads as
+    interrupted too. Either way the sweep hears ``DiskFull`` and stops."""
+    full = disk_full(exc)
+    record = {"status": "failed", "trial_id": config.get("trial_id"),
+              "error": describe(full or exc), "type": type(full or exc).__name__,
+              "traceback": traceback.format_exc().splitlines()[-TRACEBACK_LINES:]}
+    if full is not None:
+        record[DISK_FULL_KEY] = {"what": full.what, "reason": full.reason}
+    try:
+        atomic_write_json(trial_dir / ERROR_FILE, record)
+    except DiskFull as unwritten:
+        if full is not None:
+            for name in PROVISIONAL:
+                (trial_dir / name).unlink(missing_ok=True)
+            with contextlib.suppress(DiskFull):
+                atomic_write_json(trial_dir / ERROR_FILE, record)
+        full = full or unwritten
+    if full is not None and full is not exc:
+        raise full from exc
 
 
 def _pruned_record(spec: TrialSpec, trial_dir: Path, pruned: TrialPruned, *,

@@ -1,6 +1,7 @@
-"""What the audits measured: leakage per series, the per-layer x attack heat maps, ROC curves at
-the peak cell (with a note when the reference models are weaker than the target), and the
-canary lower bounds on epsilon.
+"""What the audits measured: leakage per series (with what the audit plan can and cannot see),
+the per-layer x attack heat maps, ROC curves at the peak cell (with a note when the reference
+models are weaker than the target), every front trial's per-candidate scores
+(``mia_scores.parquet``), and the canary lower bounds on epsilon.
 """
 
 from __future__ import annotations
@@ -32,11 +33,13 @@ from reports.html.fmt import (
     flags_text,
 )
 from reports.html.fronts import _chosen
-from reports.html.records import AUDIT_FILE, Records, RunData, _float
+from reports.html.records import AUDIT_FILE, Records, RunData, _float, plan_statement
 from reports.pareto import KIND_ALL, MIA, Front, natural_key, sort_trials
 
 #: Test-accuracy gap beyond which the report calls the audit's references weaker than the target.
 REFERENCE_GAP = 0.05
+#: The front trials' per-candidate audit scores (one row per trial and candidate).
+SCORES_FILE = "mia_scores.parquet"
 
 
 def _leakage_frame(data: RunData) -> pd.DataFrame:
@@ -67,10 +70,11 @@ def _leakage_frame(data: RunData) -> pd.DataFrame:
             "leak_p_value": math.nan if top is None else top["leak_p_value"],
             "significant_cells": "; ".join(f"{layer} × {attack} ({n})" for (layer, attack), n
                                            in sorted(cells.items(), key=lambda kv: (-kv[1],
-                                                                                    kv[0])))})
+                                                                                    kv[0]))),
+            "audit_plan": "" if top is None else plan_statement(data, top["trial_id"])})
     return pd.DataFrame(records, columns=[
         "series", "audited", "leaks", "strongest_trial", "strongest_epsilon", "peak_layer",
-        "peak_attack", "peak_mia_accuracy", "leak_p_value", "significant_cells"])
+        "peak_attack", "peak_mia_accuracy", "leak_p_value", "significant_cells", "audit_plan"])
 
 
 def _leakage_section(leakage: pd.DataFrame) -> str:
@@ -100,7 +104,20 @@ def _leakage_section(leakage: pd.DataFrame) -> str:
                 "sample size is not proof that none exists.</li>")
     return ("<p>A leak is detected when the peak attack's p-value, corrected for the number "
             f"of layers × attacks tested, is below the audit's alpha ({NOT_COVERED_TAG}).</p>"
-            f"<ul>{''.join(items)}</ul>")
+            f"<ul>{''.join(items)}</ul>" + _plan_note(leakage))
+
+
+def _plan_note(leakage: pd.DataFrame) -> str:
+    """What the audit plans can and cannot see, once per distinct plan (each audit record
+    states its own, generated from its plan)."""
+    plans: dict[str, list[str]] = {}
+    for _, r in leakage.iterrows():
+        if isinstance(r.get("audit_plan"), str) and r["audit_plan"]:
+            plans.setdefault(r["audit_plan"], []).append(str(r["series"]))
+    if len(plans) == 1:
+        return f"<p><b>What this audit can see.</b> {_e(next(iter(plans)))}</p>"
+    return "".join(f"<p><b>What the audit of {_e(', '.join(series))} can see.</b> "
+                   f"{_e(text)}</p>" for text, series in plans.items())
 
 
 def _layer_sort(cell: dict[str, Any]) -> tuple[int, int]:
@@ -270,7 +287,31 @@ def _roc_section(data: RunData, *, front_list: Sequence[Front], records: Records
         text = _note("No ROC: no front trial has ROC points.")
     if missing:
         text += _note("No ROC drawn for: " + _e("; ".join(missing)) + ".")
-    return text + _reference_note(front_list, records)
+    return text + _scores_text(records, out=out) + _reference_note(front_list, records)
+
+
+def scores_frame(records: Records) -> pd.DataFrame:
+    """One row per (front trial, audited candidate): its pool index, membership and score per
+    ``<layer>/<attack>`` (larger = member), as the trial's audit_scores.npz stores them."""
+    frames = [frame.assign(trial_id=tid)[["trial_id", *frame.columns]]
+              for tid, frame in sorted(records.scores.items(), key=lambda kv: natural_key(kv[0]))]
+    if not frames:
+        return pd.DataFrame(columns=["trial_id", "pool_index", "is_member"])
+    return pd.concat(frames, ignore_index=True)
+
+
+def _scores_text(records: Records, *, out: Path) -> str:
+    """Write the front trials' per-candidate scores beside the page and say what they are."""
+    frame = scores_frame(records)
+    if frame.empty:
+        return _note("No per-candidate audit scores: the front trials' audits predate them.")
+    frame.to_parquet(out / SCORES_FILE, index=False)
+    return (f"<p>Every front trial's audited candidates are in <code>{SCORES_FILE}</code>: "
+            "pool index, membership and one float32 score per layer × attack (larger = "
+            "member), the exact values the statistics above were computed from; every audited "
+            "trial keeps its own in <code>trials/&lt;id&gt;/audit_scores.npz</code>, and "
+            "<code>docs/reanalyse_audit.py RUN_DIR TRIAL</code> recomputes the recorded AUC and "
+            "TPR at 1% FPR from it.</p>")
 
 
 def _reference_note(front_list: Sequence[Front], records: Records) -> str:

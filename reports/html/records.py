@@ -1,6 +1,6 @@
 """Reading a run directory for the report: the results store normalised, its JSON cells parsed,
-config.toml, summary.json and the per-trial history.json / audit.json, each validated before
-anything is drawn so that bad input is one UserInputError and writes nothing.
+config.toml, summary.json and the per-trial history.json / audit.json / audit_scores.npz, each
+validated before anything is drawn so that bad input is one UserInputError and writes nothing.
 """
 
 from __future__ import annotations
@@ -8,17 +8,20 @@ from __future__ import annotations
 import json
 import math
 import sys
+import zipfile
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from core import layout
 from core.datasets import NUM_CLASSES
 from core.errors import UserInputError
 from core.layout import AUDIT as AUDIT_FILE
+from core.layout import AUDIT_SCORES as AUDIT_SCORES_FILE
 from core.layout import CONFIG as CONFIG_FILE
 from core.layout import HISTORY as HISTORY_FILE
 from core.layout import SUMMARY as SUMMARY_FILE
@@ -242,14 +245,60 @@ class Records:
 
     histories: dict[str, list[dict[str, Any]]]
     audits: dict[str, Any]
+    #: Per trial, every audited candidate's scores (:func:`read_audit_scores`).
+    scores: dict[str, pd.DataFrame] = field(default_factory=dict)
+
+
+#: Arrays of an audit_scores.npz (``orchestrator.audit.membership.write_scores``).
+_SCORE_ARRAYS = ("format", "pool_index", "is_member", "layer", "attack", "scores")
+
+
+def read_audit_scores(path: Path) -> pd.DataFrame:
+    """An audit_scores.npz as one row per candidate: ``pool_index``, ``is_member`` and one
+    float32 column ``<layer>/<attack>`` per attack. Read without pickles; a file of another
+    shape is one UserInputError."""
+    def bad(why: str) -> UserInputError:
+        return UserInputError(field="audit scores", value=str(path),
+                              allowed=f"an audit_scores.npz written by dpsweep ({why})")
+
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {name: npz[name] for name in _SCORE_ARRAYS}
+    except (OSError, ValueError, KeyError, EOFError, TypeError, AttributeError,
+            zipfile.BadZipFile) as exc:
+        raise bad(exc.__class__.__name__) from None
+    scores = arrays["scores"]
+    n, a = len(arrays["pool_index"]), len(arrays["layer"])
+    if (not str(arrays["format"]).startswith("dpsweep-audit-scores-") or scores.ndim != 2
+            or scores.shape != (a, n) or arrays["is_member"].shape != (n,)
+            or arrays["attack"].shape != (a,)):
+        raise bad("inconsistent shapes")
+    columns = {"pool_index": arrays["pool_index"].astype(np.int64),
+               "is_member": arrays["is_member"].astype(np.int8)}
+    for layer, attack, row in zip(arrays["layer"], arrays["attack"], scores, strict=True):
+        columns[f"{layer}/{attack}"] = row.astype(np.float32)
+    return pd.DataFrame(columns)
+
+
+def plan_statement(data: RunData, trial_id: str) -> str:
+    """What the trial's audit plan can and cannot see, as its audit.json states it ("" when
+    the trial has no audit record or the record predates the statement)."""
+    rows = data.frame[data.frame["trial_id"] == trial_id]
+    path = None if rows.empty else _trial_file(data.run_dir, rows.iloc[0], AUDIT_FILE)
+    if path is None:
+        return ""
+    document = _read_json_file(path, what="audit")
+    text = document.get("plan_statement") if isinstance(document, dict) else None
+    return text if isinstance(text, str) else ""
 
 
 def read_records(data: RunData, *, trial_ids: Iterable[str]) -> Records:
-    """history.json and audit.json of the given trials (absent files are left out: the report
-    notes them; corrupt ones are one UserInputError)."""
+    """history.json, audit.json and audit_scores.npz of the given trials (absent files are
+    left out: the report notes them; corrupt ones are one UserInputError)."""
     rows = data.frame.set_index("trial_id", drop=False)
     histories: dict[str, list[dict[str, Any]]] = {}
     audits: dict[str, Any] = {}
+    scores: dict[str, pd.DataFrame] = {}
     for tid in sorted(set(trial_ids), key=natural_key):
         row = rows.loc[tid]
         path = _trial_file(data.run_dir, row, HISTORY_FILE)
@@ -262,4 +311,7 @@ def read_records(data: RunData, *, trial_ids: Iterable[str]) -> Records:
         path = _trial_file(data.run_dir, row, AUDIT_FILE)
         if path is not None:
             audits[tid] = _read_json_file(path, what="audit")
-    return Records(histories=histories, audits=audits)
+        path = _trial_file(data.run_dir, row, AUDIT_SCORES_FILE)
+        if path is not None:
+            scores[tid] = read_audit_scores(path)
+    return Records(histories=histories, audits=audits, scores=scores)

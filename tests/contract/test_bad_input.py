@@ -251,6 +251,75 @@ def _nan(x: object, y: object) -> None:
     x[3, 0, 2, 2] = float("nan")  # type: ignore[index]
 
 
+# ---- issue 26 (a bad --address, records a resume checks): helpers ---------------------------
+def _closed_port() -> int:
+    """A local TCP port nothing listens on (bound, then released)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _as_sweep(ctx: Ctx) -> Path:
+    """A copy of the single-trial run directory whose manifest calls it a sweep's: the smallest
+    run directory whose records and address `resume` checks."""
+    run = ctx.run()
+    with RunDir.open(run, write=True) as opened:
+        opened.manifest["kind"] = "sweep"
+        opened.record([])
+    return run
+
+
+def _address(command: str, address: str, *, client: bool = True) -> Callable[[Ctx], list[str]]:
+    """`run` or `resume` with a bad --address (``{closed}``: a closed port); without
+    ``client``, as if the Ray Client package were not installed."""
+    def argv(ctx: Ctx) -> list[str]:
+        text = address.format(closed=_closed_port())
+        if not client:
+            import ray._private.utils
+
+            ctx.monkeypatch.setattr(ray._private.utils, "get_ray_client_dependency_error",
+                                    lambda: "grpcio is not installed")
+        if command == "run":
+            return ["run", ctx.config(GOOD), "--out", ctx.path("out"), "--address", text]
+        return ["resume", str(_as_sweep(ctx)), "--quiet", "--address", text]
+    return argv
+
+
+def _damaged_sweep(damage: Callable[[Ctx, Path], object]) -> Callable[[Ctx], list[str]]:
+    """`resume` of a sweep's run directory after ``damage(ctx, run)``."""
+    def argv(ctx: Ctx) -> list[str]:
+        run = _as_sweep(ctx)
+        damage(ctx, run)
+        return ["resume", str(run), "--quiet"]
+    return argv
+
+
+def _truncated_results(*, rerecorded: bool) -> Callable[[Ctx, Path], None]:
+    def damage(ctx: Ctx, run: Path) -> None:
+        path = run / store.RESULTS_FILE
+        path.write_bytes(path.read_bytes()[:100])
+        if rerecorded:
+            ctx.rerecord(run, [store.RESULTS_FILE])
+    return damage
+
+
+def _finished_in_optuna(ctx: Ctx, run: Path) -> None:
+    """An Optuna storage that counts trial-007 as finished, a trial that left no records."""
+    import optuna
+
+    from core.layout import OPTUNA_DB
+    from orchestrator.sweep.studies import ID_ATTR
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name="dpsgd@eps3", storage=f"sqlite:///{run / OPTUNA_DB}")
+    trial = study.ask()
+    trial.set_user_attr(ID_ATTR, "trial-007")
+    study.tell(trial, 0.5)
+# ---- (end of issue 26's address and records helpers) ------------------------------------------
+
+
 def _out(command: str, where: Callable[[Ctx], str]) -> Callable[[Ctx], list[str]]:
     """A valid config (or run directory) written to a bad --out."""
     def argv(ctx: Ctx) -> list[str]:
@@ -279,6 +348,38 @@ def _non_empty(ctx: Ctx) -> str:
 
 def _proc(ctx: Ctx) -> str:
     return "/proc/dpsweep-bad-input/out"
+
+
+# ---- issue 26 (config values, --out forms, the baseline, budget flags): helpers -------------
+#: A TOML integer beyond float range: is_real() would raise OverflowError on it.
+HUGE_INT = "1" + "0" * 400
+
+
+def _baseline(command: str) -> Callable[[Ctx], list[str]]:
+    """`export`, `audit` or `pick --series` of the non-private baseline, recorded as a sweep
+    records it."""
+    def argv(ctx: Ctx) -> list[str]:
+        from orchestrator.sweep.jobs import BASELINE_ID, baseline_row
+
+        run = ctx.run()
+        rows = store.read_results(run).to_dict("records")
+        rows.append(baseline_row({"val_accuracy": 0.9, "val_loss": 0.3, "test_accuracy": 0.9,
+                                  "test_loss": 0.3, "train_seconds": 1.0}, num_classes=10))
+        store.write_results(run, rows)
+        ctx.rerecord(run, [store.RESULTS_FILE])
+        if command == "pick":
+            return ["pick", str(run), "--series", BASELINE_ID]
+        extra = ["--out", ctx.path("release")] if command == "export" else []
+        return [command, str(run), "--trial", BASELINE_ID, *extra]
+    return argv
+
+
+def _budget(*flags: str) -> Callable[[Ctx], list[str]]:
+    """`dpsweep budget` with defaults for the flags not given."""
+    given = dict(zip(flags[::2], flags[1::2], strict=True))
+    full = {"--epsilon": "3", "--delta": "1e-5", "--sample-rate": "0.01", "--steps": "100",
+            **given}
+    return _simple("budget", *(x for kv in full.items() for x in kv))
 
 
 def _unknown_run(command: str) -> Callable[[Ctx], list[str]]:
@@ -406,7 +507,133 @@ CASES = [
          "data.path", "x.npz", "unset unless data.dataset = 'file'"),
     Case("user-data-missing-file", _cfg("[data]\ndataset = 'file'\npath = 'nowhere.npz'\n"),
          "data.path", "nowhere.npz", "nothing is at that path"),
+    # ---- issue 26: a bad --address and damaged records, refused before anything is written
+    # ---- (run) or changed (resume: the lock's bookkeeping only) and before Ray starts ---------
+    Case("run-address-not-an-address", _address("run", "not an address"), "--address",
+         "'not an address'", "host:port"),
+    Case("run-address-port-out-of-range", _address("run", "127.0.0.1:1"), "--address",
+         "'127.0.0.1:1'", "a port in 1024..65535"),
+    Case("run-address-closed-port", _address("run", "127.0.0.1:{closed}"), "--address",
+         "'127.0.0.1:", "connecting failed"),
+    Case("run-address-ray-client-not-installed",
+         _address("run", "ray://127.0.0.1:{closed}", client=False), "--address",
+         "'ray://127.0.0.1:", "pip install 'ray[client]'"),
+    Case("resume-address-not-an-address", _address("resume", "not an address"), "--address",
+         "'not an address'", "host:port"),
+    Case("resume-address-closed-port", _address("resume", "127.0.0.1:{closed}"), "--address",
+         "'127.0.0.1:", "connecting failed"),
+    Case("resume-truncated-results", _damaged_sweep(_truncated_results(rerecorded=False)),
+         "RUN_DIR", "'results.parquet'", "SHA-256 differs"),
+    Case("resume-truncated-results-rerecorded",
+         _damaged_sweep(_truncated_results(rerecorded=True)), "results", "results.parquet",
+         "a readable Parquet file"),
+    Case("resume-deleted-trial-directory",
+         _damaged_sweep(lambda ctx, run: shutil.rmtree(run / "trials" / TRIAL)), "RUN_DIR",
+         f"'trials/{TRIAL}'", "the directory is gone; restore it from a copy"),
+    Case("resume-deleted-privacy-record",
+         _damaged_sweep(lambda ctx, run: (run / PRIVACY).unlink()), "RUN_DIR", PRIVACY,
+         "now missing; restore it from a copy"),
+    Case("resume-finished-trial-without-records", _damaged_sweep(_finished_in_optuna),
+         "RUN_DIR", "trials/trial-007/result.json", "finished according to optuna.db"),
+    # ---- (end of issue 26's address and records cases) --------------------------------------
     # ---- config: sections, keys, types --------------------------------------------------------
+    # ---- issue 26: nested values, huge integers, what the accountant can certify, ranges a
+    # ---- fixed value would silently override, --out forms, the baseline, budget flags --------
+    Case("budget-epsilons-nested-list", _cfg("[budget]\nepsilons = [[3]]\n"), "budget.epsilons",
+         "[[3]]", "distinct numbers in (0, 100]"),
+    Case("budget-epsilons-table-entry", _cfg("[budget]\nepsilons = [{a = 1}]\n", "run"),
+         "budget.epsilons", "[{'a': 1}]", "distinct numbers in (0, 100]"),
+    Case("budget-epsilons-nan-string", _cfg("[budget]\nepsilons = ['nan']\n"),
+         "budget.epsilons", "['nan']", "distinct numbers"),
+    Case("data-feature-columns-nested", _cfg("[data]\nfeature_columns = [['a']]\n"),
+         "data.feature_columns", "[['a']]", "a list of column names"),
+    Case("data-mean-table-entry", _cfg("[data]\nmean = [{a = 1}]\n"), "data.mean",
+         "[{'a': 1}]", "a list of numbers"),
+    Case("sweep-methods-nested-list", _cfg("[sweep]\nmethods = [['dpsgd']]\n", "run"),
+         "sweep.methods", "[['dpsgd']]", "a list of 'method' or 'method:mode' strings"),
+    Case("sweep-methods-empty-mode", _cfg("[sweep]\nmethods = ['dpsgd:']\n"), "sweep.methods",
+         "'dpsgd:'", "'dpsgd' (its default mode)"),
+    Case("epsilon-integer-beyond-float", _cfg(f"[privacy]\nepsilon = {HUGE_INT}\n"),
+         "privacy.epsilon", "an integer of 1329 bits", "a 64-bit integer"),
+    Case("split-seed-beyond-64-bits", _cfg("[data]\nsplit_seed = 18446744073709551617\n",
+                                           "train"),
+         "data.split_seed", "18446744073709551617", "a 64-bit integer"),
+    Case("sweep-seed-beyond-optuna", _cfg("[sweep]\nseed = 4294967296\n", "run"), "sweep.seed",
+         "4294967296", "an integer in [0, 2147483647]"),
+    Case("model-args-date", _cfg("[model]\nargs = {when = 1979-05-27}\n"), "model.args.when",
+         "1979-05-27", "no dpsweep key takes a date"),
+    Case("method-param-integer-beyond-64-bits",
+         _cfg("[method_params.dpsgd]\nclip_norm = 100000000000000000000\n"),
+         "method_params.dpsgd.clip_norm", "100000000000000000000", "a 64-bit integer"),
+    Case("search-bound-integer-beyond-64-bits",
+         _cfg("[sweep]\nmethods = ['dpsgd']\n[search.dpsgd]\nclip_norm = {low = 1, high = "
+              "100000000000000000000}\n"), "search.dpsgd.clip_norm.high",
+         "100000000000000000000", "a 64-bit integer"),
+    Case("search-choices-nested-list",
+         _cfg("[sweep]\nmethods = ['dp_adamilg']\n[search.dp_adamilg]\nk = {choices = "
+              "[[0.1]]}\n"), "search.dp_adamilg.k.choices", "[0.1]", "a finite number"),
+    Case("search-choices-duplicate",
+         _cfg("[sweep]\nmethods = ['dp_adamilg']\n[search.dp_adamilg]\nk = {choices = "
+              "[0.1, 0.1]}\n", "run"), "search.dp_adamilg.k.choices", "[0.1, 0.1]",
+         "distinct numbers"),
+    Case("search-range-with-a-fixed-value-outside-it",
+         _cfg("[sweep]\nmethods = ['dpsgd']\n[method_params]\nclip_norm = 3.0\n"
+              "[search.dpsgd]\nclip_norm = {low = 0.2, high = 2.0}\n", "run"),
+         "search.dpsgd.clip_norm", "{'low': 0.2, 'high': 2.0}",
+         "no range while method_params.clip_norm = 3.0 fixes clip_norm"),
+    Case("search-step-with-a-fixed-lr",
+         _cfg("[sweep]\nmethods = ['dpsgd']\n[method_params.dpsgd]\nlr = 0.5\n"
+              "[search.dpsgd]\nlr_x_clip = {low = 0.5, high = 1.0}\n"),
+         "search.dpsgd.lr_x_clip", "{'low': 0.5, 'high': 1.0}",
+         "no range while method_params.dpsgd.lr = 0.5 fixes lr"),
+    Case("search-range-for-a-mode-not-swept",
+         _cfg("[sweep]\nmethods = ['lm_dpsgd:public']\n[search.lm_dpsgd]\n"
+              "lagged_beta = {low = 0.1, high = 0.9}\n"), "search.lm_dpsgd.lagged_beta",
+         "{'low': 0.1, 'high': 0.9}", "read only in mode lagged"),
+    Case("validation-of-one-example", _cfg("[data]\nvalidation_size = 1\n"),
+         "data.validation_size", "1", "at least 35 examples for 10 classes"),
+    Case("run-validation-of-one-example", _cfg("[data]\nvalidation_size = 1\n", "run"),
+         "data.validation_size", "1", "at least 35 examples for 10 classes"),
+    Case("epsilon-below-what-the-accountant-certifies", _cfg("[privacy]\nepsilon = 1e-9\n"),
+         "privacy.epsilon", "1e-09", "never certifies less at this delta"),
+    Case("run-epsilon-below-what-the-accountant-certifies",
+         _cfg("[privacy]\nepsilon = 1e-9\n", "run"), "privacy.epsilon", "1e-09",
+         "never certifies less at this delta"),
+    Case("run-delta-subnormal", _cfg("[privacy]\ndelta = 5e-324\n", "run"), "privacy.delta",
+         "5e-324", "a number >= 1.6e-13 for 160 training steps"),
+    Case("budget-epsilons-below-what-the-accountant-certifies",
+         _cfg("[budget]\nepsilons = [0.01, 3.0]\n"), "budget.epsilons", "[0.01, 3.0]",
+         "0.01 is below what the accountant's RDP bound certifies"),
+    Case("run-out-empty", _out("run", lambda ctx: ""), "--out", "''", "a non-empty path"),
+    Case("train-out-with-a-newline", _out("train", lambda ctx: ctx.path("a\nb")), "--out",
+         "a\\nb", "without line breaks"),
+    Case("train-out-component-too-long", _out("train", lambda ctx: "x" * 300), "--out",
+         "xxxxxxxx", "at most 255 bytes"),
+    Case("run-out-path-too-long", _out("run", lambda ctx: "/".join(["y" * 200] * 25)), "--out",
+         "yyyyyyyy", "shorter than 4096 bytes"),
+    Case("export-out-component-too-long", _out("export", lambda ctx: "z" * 300), "--out",
+         "zzzzzzzz", "at most 255 bytes"),
+    Case("pick-export-empty", lambda ctx: ["pick", str(ctx.audited()), "--export", ""],
+         "--export", "''", "a non-empty path"),
+    Case("resume-run-dir-component-too-long", _simple("resume", "r" * 300), "RUN_DIR",
+         "rrrrrrrr", "at most 255 bytes"),
+    Case("check-config-name-too-long", _simple("config", "--check", "c" * 300 + ".toml"),
+         "CONFIG", "cccccccc", "at most 255 bytes"),
+    Case("data-dir-component-too-long", _cfg(f"[data]\ndata_dir = '{'d' * 300}'\n"),
+         "data.data_dir", "dddddddd", "at most 255 bytes"),
+    Case("export-the-nonprivate-baseline", _baseline("export"), "--trial", "'nonprivate'",
+         "the non-private baseline (no clipping, no noise), which has no DP guarantee"),
+    Case("audit-the-nonprivate-baseline", _baseline("audit"), "--trial", "'nonprivate'",
+         "the non-private baseline (no clipping, no noise), which claims no epsilon"),
+    Case("pick-the-nonprivate-baseline-series", _baseline("pick"), "--series", "'nonprivate'",
+         "'nonprivate' is the non-private baseline"),
+    Case("budget-sample-rate-too-small", _budget("--sample-rate", "1e-300"), "--sample-rate",
+         "1e-300", "a number in [1e-09, 1]"),
+    Case("budget-epsilon-below-what-the-accountant-certifies", _budget("--epsilon", "1e-9"),
+         "--epsilon (privacy.epsilon)", "1e-09", "never certifies less"),
+    Case("budget-delta-subnormal", _budget("--delta", "5e-324"), "--delta (privacy.delta)",
+         "5e-324", "a number >= 1e-13 for 100 training steps"),
+    # ---- (end of issue 26's cases) ----------------------------------------------------------
     Case("unknown-section", _cfg("[trainig]\nepochs = 1\n"), "trainig", "'[table]'",
          "unknown section"),
     Case("unknown-key", _cfg("[training]\nlrr = 0.1\n"), "training.lrr", "0.1", "unknown key"),
@@ -425,8 +652,8 @@ CASES = [
          "0", "[1, 10000]"),
     Case("negative-size", _cfg("[data]\ntrain_size = -5\n"), "data.train_size", "-5", ">= 0"),
     Case("validation-too-small-for-layer-probes",
-         _cfg("[data]\nvalidation_size = 20\n[training]\nepochs = 1\n", "run"),
-         "data.validation_size", "20", "audit.layer_probes = false"),
+         _cfg("[data]\nvalidation_size = 40\n[training]\nepochs = 1\n", "run"),
+         "data.validation_size", "40", "audit.layer_probes = false"),
     Case("nan-epsilon", _cfg("[privacy]\nepsilon = nan\n"), "privacy.epsilon", "nan",
          "a finite number"),
     Case("inf-epsilon", _cfg("[privacy]\nepsilon = inf\n", "train"), "privacy.epsilon", "inf",

@@ -36,6 +36,8 @@ says which, so attacks can orient every score as "larger = member". RMIA needs a
 probability-like Pr(x | theta) in [0, 1]; :func:`membership_probability` maps each signal to one
 that is exactly the true-class probability for ``logit`` (sigmoid) and ``loss`` (exp(-loss)) and
 is 1 / (1 + ||g||) for gradient norms (sigmoid of the oriented log norm: 1 at a zero gradient).
+RMIA therefore runs once on the output (:func:`rmia_input`): its score of ``logit`` and of
+``loss`` would be the same attack.
 """
 
 from __future__ import annotations
@@ -100,6 +102,15 @@ def membership_probability(*, name: str, values: np.ndarray) -> np.ndarray:
     if kind in (LOSS, PROBE_LOSS):  # the (probe's) true-class probability
         return np.exp(-v)
     return expit(member_direction(name) * v)
+
+
+def rmia_input(name: str) -> str:
+    """The signal whose :func:`membership_probability` RMIA reads for ``name``: ``logit`` for
+    both output signals, since sigmoid(logit) and exp(-loss) are the same true-class
+    probability and RMIA's ratio depends on nothing else (an RMIA on ``loss`` would repeat the
+    one on ``logit`` and only inflate the multiple-testing correction); the name itself
+    otherwise."""
+    return LOGIT if signal_kind(name) in (LOGIT, LOSS) else name
 
 
 def logit_confidence(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -1,25 +1,39 @@
 """The audit of one model (orchestrator/audit/membership.py): every layer and attack with its
-statistics, the Holm-corrected peak, a leak found on an overfit model and none on a model that
-never saw the candidates, the row columns, and split sizes refused before any trial runs."""
+statistics, the Holm-corrected peak over distinct attacks only, a leak found on an overfit model
+and none on a model that never saw the candidates, the row columns, split sizes refused before
+any trial runs, the per-candidate scores file and the re-analysis script that reproduces the
+record from it, and references reused from the run's cache with progress lines."""
 
 from __future__ import annotations
 
 import json
 import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
+from scipy.stats import rankdata
+from sklearn.metrics import roc_auc_score
 
 from core.errors import UserInputError
+from core.layout import AUDIT, AUDIT_SCORES, CACHE, TRIALS
+from core.storage import atomic_write_json
 from orchestrator.audit.membership import (
     OUTPUT,
+    SCORES_FORMAT,
     SHADOW_CLASSIFIER,
     AuditSettings,
     audit_model,
     check_settings,
     row_audit_columns,
+    trial_audit_paths,
 )
+from trainables.audit.cache import NAMESPACE
 from trainables.audit.references import (
     NonPrivateRecipe,
     nonprivate_trainer,
@@ -36,8 +50,16 @@ RECIPE = NonPrivateRecipe(epochs=100, lr=3e-3, batch_size=32)
 SETTINGS = AuditSettings(references="online", reference_models=4, max_candidates=0, alpha=0.05,
                          seed=3)
 #: The attacks every layer carries (the output row carries the logit and loss signals).
-LAYER_ATTACKS = {"lira_online:grad_norm", "rmia:grad_norm", "lira_online:probe_loss",
-                 "rmia:probe_loss", f"{SHADOW_CLASSIFIER}:ir"}
+LAYER_ATTACKS = {"lira_online:grad_norm", "lira_offline:grad_norm", "rmia:grad_norm",
+                 "lira_online:probe_loss", "lira_offline:probe_loss", "rmia:probe_loss",
+                 f"{SHADOW_CLASSIFIER}:ir"}
+#: The output row: LiRA on both output signals, RMIA once (logit and loss give it one
+#: probability), the loss threshold.
+OUTPUT_ATTACKS = {"lira_online:logit", "lira_offline:logit", "rmia:logit", "lira_online:loss",
+                  "lira_offline:loss", "loss_threshold:loss"}
+#: digits_cnn's layers.
+LAYERS = ("conv1", "conv2", "fc1", "fc2")
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
@@ -47,20 +69,44 @@ def data() -> DataSplits:
 
 
 @pytest.fixture(scope="module")
-def leaky(data: DataSplits) -> tuple[LayeredModel, dict]:
+def audit_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run directory's layout for the audits to write into: trials/<id>/ and cache/."""
+    return tmp_path_factory.mktemp("audit_run")
+
+
+def _audit_into(run: Path, trial_id: str, **kwargs: object) -> dict:
+    """audit_model with the files a sweep gives it, audit.json written like the trial's."""
+    trial = run / TRIALS / trial_id
+    record = audit_model(**kwargs, **trial_audit_paths(trial))  # type: ignore[arg-type]
+    atomic_write_json(trial / AUDIT, record)
+    return record
+
+
+@pytest.fixture(scope="module")
+def leaky(data: DataSplits, audit_run: Path) -> tuple[LayeredModel, dict]:
     model, _ = train_nonprivate(data=data, recipe=RECIPE, seed=12345)
-    return model, audit_model(target=model, data=data, settings=SETTINGS,
+    return model, _audit_into(audit_run, "leaky", target=model, data=data, settings=SETTINGS,
                               trainer=nonprivate_trainer(RECIPE))
 
 
 @pytest.fixture(scope="module")
-def null_record(data: DataSplits) -> dict:
-    """A model trained on public pool data only: no candidate is its member."""
+def null_audit(data: DataSplits, audit_run: Path,
+               leaky: tuple[LayeredModel, dict]) -> tuple[dict, list[str]]:
+    """A model trained on public pool data only: no candidate is its member. Audited after
+    ``leaky`` in the same run: the same plan, recipe and data, so the same references."""
+    del leaky
     pool = reference_data(plan_references(data=data, kind="offline", n_references=4, seed=9),
                           data, index=0)
     model, _ = train_nonprivate(data=pool, recipe=RECIPE, seed=777)
-    return audit_model(target=model, data=data, settings=SETTINGS,
-                       trainer=nonprivate_trainer(RECIPE))
+    lines: list[str] = []
+    record = _audit_into(audit_run, "null", target=model, data=data, settings=SETTINGS,
+                         trainer=nonprivate_trainer(RECIPE), progress=lines.append)
+    return record, lines
+
+
+@pytest.fixture(scope="module")
+def null_record(null_audit: tuple[dict, list[str]]) -> dict:
+    return null_audit[0]
 
 
 def test_every_layer_carries_every_attack_with_intervals(leaky: tuple[LayeredModel, dict]
@@ -79,9 +125,10 @@ def test_every_layer_carries_every_attack_with_intervals(leaky: tuple[LayeredMod
         assert e["p_value"] <= e["p_corrected"] <= 1
         assert e["significant"] == (e["p_corrected"] < SETTINGS.alpha)
         assert e["n_members"] == e["n_nonmembers"] == 300
+    assert tuple(model.layer_names) == LAYERS
     for layer in model.layer_names:
-        assert LAYER_ATTACKS <= by_layer[layer], (layer, by_layer[layer])
-    assert {"loss_threshold:loss", "lira_online:logit"} <= by_layer[OUTPUT]
+        assert by_layer[layer] == LAYER_ATTACKS, (layer, by_layer[layer])
+    assert by_layer[OUTPUT] == OUTPUT_ATTACKS
     assert record["mode"] == "online" and record["n_references"] == 4
     assert len(record["references"]) == 4 and record["n_candidates"] == 600
 
@@ -178,3 +225,116 @@ def test_a_probe_set_too_small_to_fit_is_refused_with_the_field(data: DataSplits
     chosen = probe_set_of(data.validation, seed=3)
     assert len(chosen) == len(data.validation)  # every one of 100 (< the 1000 cap)
     assert set(chosen.indices.tolist()).isdisjoint(data.train.indices.tolist())
+
+
+# --- distinct attacks, the scores file, its re-analysis, the reference cache ------------------
+
+
+def _stored(run: Path, trial_id: str) -> dict[str, np.ndarray]:
+    with np.load(run / TRIALS / trial_id / AUDIT_SCORES, allow_pickle=False) as npz:
+        return {name: npz[name] for name in npz.files}
+
+
+def test_holm_counts_each_distinct_attack_once(leaky: tuple[LayeredModel, dict],
+                                               audit_run: Path) -> None:
+    """RMIA on the loss would repeat RMIA on the logit (one probability): it is not run, so
+    the family is 4 layers x 7 attacks + 6 output attacks = 34, no two the same test."""
+    _, record = leaky
+    assert record["combined"]["n_tests"] == len(record["attacks"]) == 4 * 7 + 6
+    raw = np.array([e["p_value"] for e in record["attacks"]])
+    # Holm's smallest adjusted p-value is m x the smallest raw one (capped at 1)
+    assert record["leak_p_value"] == pytest.approx(min(1.0, 34 * raw.min()), rel=1e-12)
+    scores = _stored(audit_run, "leaky")["scores"]
+    ranks = np.stack([rankdata(row) for row in scores])
+    assert len(np.unique(ranks, axis=0)) == len(ranks)  # no attack ranks like another
+
+
+def test_the_scores_file_holds_every_candidate_as_the_statistics_saw_it(
+        leaky: tuple[LayeredModel, dict], audit_run: Path, data: DataSplits) -> None:
+    _, record = leaky
+    stored = _stored(audit_run, "leaky")
+    assert str(stored["format"]) == SCORES_FORMAT
+    assert stored["scores"].dtype == np.float32 and stored["scores"].shape == (34, 600)
+    member = stored["is_member"].astype(bool)
+    assert member.sum() == 300 and (~member).sum() == 300
+    # members are the target's training examples, non-members holdout examples (pool indices)
+    assert set(stored["pool_index"][member]) <= set(data.train.indices.tolist())
+    assert set(stored["pool_index"][~member]) <= set(data.holdout.indices.tolist())
+    assert len(set(stored["pool_index"].tolist())) == 600
+    path = audit_run / TRIALS / "leaky" / AUDIT_SCORES
+    assert record["scores_file"] == AUDIT_SCORES
+    # float32 scores barely compress; the indices and labels do: below their raw bytes
+    assert 34 * 600 * 4 // 2 < path.stat().st_size < 34 * 600 * 4 + 600 * (8 + 1)
+    rows = {(str(la), str(at)): i for i, (la, at)
+            in enumerate(zip(stored["layer"], stored["attack"], strict=True))}
+    for e in record["attacks"]:  # an independent AUC (scikit-learn) of the stored scores
+        auc = roc_auc_score(member, stored["scores"][rows[(e["layer"], e["attack"])]])
+        assert auc == pytest.approx(e["auc"], abs=1e-12), (e["layer"], e["attack"])
+
+
+def test_the_reanalysis_script_reproduces_the_record(leaky: tuple[LayeredModel, dict],
+                                                     audit_run: Path, tmp_path: Path) -> None:
+    _, record = leaky
+    script = ROOT / "docs" / "reanalyse_audit.py"
+    table_csv = tmp_path / "table.csv"
+    done = subprocess.run([sys.executable, str(script), str(audit_run), "leaky", "--csv",
+                           str(table_csv)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "34 layer x attack entries" in done.stdout and "reproduced to 1e-09" in done.stdout
+    table = pd.read_csv(table_csv)
+    assert len(table) == len(record["attacks"])
+    for column in ("auc", "tpr_at_1pct_fpr", "accuracy"):
+        assert np.abs(table[column] - table[f"{column}_recomputed"]).max() <= 1e-9, column
+    peak = table[(table["layer"] == record["peak_layer"])
+                 & (table["attack"] == record["peak_attack"])].iloc[0]
+    assert peak["accuracy_recomputed"] == pytest.approx(record["peak_mia_accuracy"], abs=1e-12)
+    # a scores file that is not the one audit.json recorded is refused (exit 2)
+    forged = audit_run / TRIALS / "forged"
+    shutil.copytree(audit_run / TRIALS / "leaky", forged)
+    stored = _stored(audit_run, "leaky")
+    stored["scores"][0, 0] += 1.0
+    np.savez_compressed(forged / AUDIT_SCORES, **stored)
+    refused = subprocess.run([sys.executable, str(script), str(audit_run), "forged"],
+                             capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and "SHA-256" in refused.stderr
+
+
+def test_references_are_reused_from_the_run_cache_with_progress(
+        leaky: tuple[LayeredModel, dict], null_audit: tuple[dict, list[str]],
+        audit_run: Path) -> None:
+    _, first = leaky
+    record, lines = null_audit
+    assert not any(r["cached"] for r in first["references"])
+    assert all(r["cached"] for r in record["references"])
+    # the cached references are the first audit's: the same seeds and training-set sizes
+    assert [(r["seed"], r["n_train"], r["train_seconds"]) for r in record["references"]] == \
+        [(r["seed"], r["n_train"], r["train_seconds"]) for r in first["references"]]
+    assert lines[0] == "audit: online plan, 4 references, 600 candidates"
+    for k in range(4):
+        assert any(f"reference {k + 1}/4 loaded from the cache" in line for line in lines)
+    assert lines[-1].startswith("audit: 34 attacks scored")
+    assert len(list((audit_run / CACHE / NAMESPACE).glob("*.safetensors"))) == 4
+    assert record["plan_statement"].startswith("Online audit, 4 reference models")
+    assert "16 online references reached 0.16-0.22" in record["plan_statement"]
+
+
+def test_the_run_manifest_vouches_for_the_scores_file(leaky: tuple[LayeredModel, dict],
+                                                      audit_run: Path, tmp_path: Path) -> None:
+    """record_trial lists audit_scores.npz (core.layout.TRIAL_FILES) with its SHA-256, like
+    every trial record, and a read of an edited one is refused."""
+    from orchestrator.rundir import RunDir
+
+    run = RunDir.create(tmp_path / "run", config_text="")
+    try:
+        shutil.copytree(audit_run / TRIALS / "leaky", run.trial_dir("leaky"))
+        rels = run.record_trial("leaky")
+        rel = f"{TRIALS}/leaky/{AUDIT_SCORES}"
+        assert rel in rels and rels.index(rel) < rels.index(f"{TRIALS}/leaky/{AUDIT}")
+        assert run.manifest["files"][rel]["sha256"] == leaky[1]["scores_sha256"]
+        run.verify(rel)
+        path = run.path / rel
+        path.write_bytes(path.read_bytes()[:-1])
+        with pytest.raises(UserInputError):
+            run.verify(rel)
+    finally:
+        run.release()

@@ -200,3 +200,112 @@ def test_console_script_installed() -> None:
     assert BIN.exists() or shutil.which("dpsweep"), "pip install -e . provides `dpsweep`"
     r = _run("--version")
     assert r.returncode == 0 and r.stdout.startswith("dpsweep ")
+
+
+# ---- issue 26: a full disk, an interrupt, the budget's flags: one line each ------------------
+@pytest.mark.parametrize(("argv", "hint"), [
+    (["run", "c.toml", "--out", "runs/full"], "`dpsweep resume runs/full`"),
+    (["resume", "runs/full"], "`dpsweep resume runs/full`"),
+    (["export", "runs/full", "--trial", "t", "--out", "rel"], "run the command again"),
+])
+def test_a_full_disk_is_one_line_with_what_to_do(argv: list[str], hint: str,
+                                                 monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    import errno
+
+    from orchestrator import cli
+
+    full = OSError(errno.ENOSPC, "No space left on device", "runs/full/optuna.db")
+    try:
+        raise RuntimeError("the store failed") from full
+    except RuntimeError as wrapped:  # as a library wraps it
+        error = wrapped
+    command = {"run": "cmd_run", "resume": "cmd_resume", "export": "cmd_export"}[argv[0]]
+
+    def fails(args: object) -> int:
+        if argv[0] == "run":
+            cli._out_dir(args, stem="c")  # what cmd_run does first
+        raise error
+
+    monkeypatch.setattr(cli, command, fails)
+    assert main(argv) == cli.EXIT_DISK_FULL == 74
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("dpsweep: error: could not write runs/full/optuna.db: the disk is "
+                             "full; free some space")
+    assert hint in err[0]
+
+
+def test_sqlites_full_disk_is_recognised() -> None:
+    from orchestrator.cli import disk_full
+
+    wrapped = RuntimeError("(sqlite3.OperationalError) database or disk is full")
+    assert disk_full(wrapped) is not None
+    assert disk_full(RuntimeError("something else")) is None
+
+
+def test_an_interrupted_calibration_says_interrupted_not_fallback(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A PRV child stopped by Ctrl-C is the user's interrupt, never a reason to fall back."""
+    import orchestrator.accounting.calibration as calibration
+    from orchestrator.accounting.sandbox import ChildOutcome
+
+    monkeypatch.setattr(calibration, "prv_in_child", lambda job, timeout: ChildOutcome(
+        None, "the PRV accountant was stopped by an interrupt", transient=True,
+        interrupted=True))
+    rc = main(["budget", "--epsilon", "3", "--delta", "1e-5", "--sample-rate", "0.01",
+               "--steps", "100"])
+    err = capsys.readouterr().err
+    assert rc == 130 and err.strip() == "dpsweep: interrupted"
+    assert "RDP" not in err
+
+
+def test_budget_with_a_tiny_sample_rate_names_the_flag_and_prints_nothing_else() -> None:
+    r = _run("budget", "--epsilon", "3", "--delta", "1e-5", "--sample-rate", "1e-300",
+             "--steps", "100")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip().splitlines() == [
+        "dpsweep: error: --sample-rate = 1e-300 is not allowed: expected a number in "
+        "[1e-09, 1] (the accountant's range)"]
+
+
+def test_budget_at_the_smallest_sample_rate_answers_without_absl_chatter() -> None:
+    r = _run("budget", "--epsilon", "3", "--delta", "1e-5", "--sample-rate", "1e-9",
+             "--steps", "100000", "--json")
+    assert r.returncode == 0, r.stderr
+    assert "absl" not in r.stderr and "rdp_privacy_accountant" not in r.stderr, r.stderr
+    cal = json.loads(r.stdout)
+    assert 0.99 * 3.0 <= cal["bounds"]["upper"] <= 3.0
+
+
+def test_budget_refuses_a_rate_too_small_to_sample_anyone(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """q x steps <= delta: epsilon is 0 without noise, there is no budget to match."""
+    assert main(["budget", "--epsilon", "3", "--delta", "1e-5", "--sample-rate", "1e-8",
+                 "--steps", "100"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        "dpsweep: error: --sample-rate = 1e-08 is not allowed: expected a number in (1e-07, 1]")
+
+
+@pytest.mark.parametrize("out", ["", "a\nb", "x" * 300])
+def test_out_of_a_bad_form_is_refused_before_anything(out: str, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]
+                                                      ) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.toml").write_text("")
+    assert main(["run", "c.toml", "--out", out]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("dpsweep: error: --out = ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.toml"]
+
+
+def test_a_sweep_keeps_tunes_trial_tracebacks_off_the_terminal(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A killed worker's ActorDiedError is recorded as the trial's failure, not printed."""
+    from orchestrator import cli
+
+    monkeypatch.delenv(cli.TUNE_TRIAL_ERRORS_ENV, raising=False)
+    assert cli._sweep(lambda: None) == 0
+    assert os.environ[cli.TUNE_TRIAL_ERRORS_ENV] == "0"

@@ -297,3 +297,150 @@ def test_user_input_errors_survive_pickling() -> None:
     again = pickle.loads(pickle.dumps(exc.value))
     assert type(again) is UserInputError
     assert (again.field, again.value, str(again)) == ("training.epochs", 0, str(exc.value))
+
+
+# ---- issue 26: values no check may crash on, limits of the stages downstream ------------------
+@pytest.mark.parametrize(("text", "field"), [
+    ("[budget]\nepsilons = [[3]]\n", "budget.epsilons"),
+    ("[budget]\nepsilons = [{a = 1}]\n", "budget.epsilons"),
+    ("[budget]\nepsilons = [1, 1.0]\n", "budget.epsilons"),  # equal once numbers
+    ("[budget]\nepsilons = ['inf']\n", "budget.epsilons"),
+    ("[data]\nmean = [[1.0]]\n", "data.mean"),
+    ("[data]\nfeature_columns = [{a = 'x'}]\n", "data.feature_columns"),
+    ("[model]\nlayers = [['body']]\n", "model.layers"),
+    ("[sweep]\nmethods = [['dpsgd']]\n", "sweep.methods"),
+    ("[sweep]\nmethods = [{a = 1}]\n", "sweep.methods"),
+    ("[sweep]\nmethods = ['dpsgd:']\n", "sweep.methods"),
+    ("[privacy]\nepsilon = [3]\n", "privacy.epsilon"),
+    ("[privacy]\nepsilon = {a = 3}\n", "privacy.epsilon"),
+    ("[training]\nepochs = [[1]]\n", "training.epochs"),
+    (f"[privacy]\nepsilon = 1{'0' * 400}\n", "privacy.epsilon"),
+    (f"[budget]\nepsilons = [1{'0' * 400}]\n", "budget.epsilons"),
+    ("[data]\nsplit_seed = 9223372036854775808\n", "data.split_seed"),  # 2^63
+    ("[data]\nsplit_seed = -9223372036854775809\n", "data.split_seed"),
+    ("[training]\nseed = 9223372036854775807\n", "training.seed"),  # re-runs add to it
+    ("[sweep]\nseed = 2147483648\n", "sweep.seed"),
+    ("[audit]\nseed = 18446744073709551616\n", "audit.seed"),
+    ("[model]\nargs = {width = 100000000000000000000}\n", "model.args.width"),
+    ("[method_params]\nlr = 100000000000000000000\n", "method_params.lr"),
+    ("[model]\nargs = {when = 1979-05-27}\n", "model.args.when"),
+    ("[budget]\nepsilons = [07:32:00]\n", "budget.epsilons"),
+])
+def test_malformed_values_are_refused_by_name_never_crash(tmp_path: Path, text: str,
+                                                          field: str) -> None:
+    with pytest.raises(UserInputError) as exc:
+        _load(tmp_path, text)
+    assert exc.value.field == field
+    assert len(str(exc.value).splitlines()) == 1
+
+
+def test_an_integer_too_long_to_print_is_refused_as_a_config_error(tmp_path: Path) -> None:
+    """tomllib cannot even convert 5,000 digits (Python's int-string limit): still one error."""
+    with pytest.raises(UserInputError) as exc:
+        _load(tmp_path, f"[privacy]\nepsilon = {'9' * 5000}\n")
+    assert exc.value.field == "CONFIG" and "valid TOML" in exc.value.allowed
+    with pytest.raises(UserInputError) as exc:
+        config.from_dict({"privacy": {"epsilon": 10**5000}})
+    assert exc.value.field == "privacy.epsilon" and "bits" in str(exc.value.value)
+
+
+def test_a_config_path_the_system_cannot_take_is_a_config_error() -> None:
+    with pytest.raises(UserInputError) as exc:
+        config.load("c" * 300 + ".toml")
+    assert exc.value.field == "CONFIG" and "readable TOML file" in exc.value.allowed
+
+
+def test_seeds_inside_their_ranges_are_kept() -> None:
+    cfg = _parse(f"[data]\nsplit_seed = {config.MAX_SEED}\n[sweep]\nseed = "
+                 f"{config.MAX_SWEEP_SEED}\n[audit]\nseed = {config.MAX_SEED}\n")
+    assert (cfg.data.split_seed, cfg.sweep.seed) == (config.MAX_SEED, config.MAX_SWEEP_SEED)
+
+
+def test_the_epsilon_floor_is_the_accountants_rdp_bound_with_infinite_noise() -> None:
+    """Config validation's floor is what orchestrator.accounting.prv's conversion gives for
+    zero RDP (infinite noise), at the same orders."""
+    import numpy as np
+
+    from orchestrator.accounting.prv import DOMAIN_RDP_MAX_ORDER, rdp_to_epsilon
+    from orchestrator.config.checks import RDP_MAX_ORDER, epsilon_floor
+
+    assert DOMAIN_RDP_MAX_ORDER == RDP_MAX_ORDER
+    for delta in (1e-3, 1e-5, 1e-9, 1e-15):
+        zero = np.zeros(RDP_MAX_ORDER - 1)
+        assert epsilon_floor(delta) == pytest.approx(rdp_to_epsilon(zero, delta), rel=1e-12)
+
+
+@pytest.mark.parametrize(("text", "field", "fragment"), [
+    ("[privacy]\nepsilon = 1e-9\n", "privacy.epsilon", "never certifies less"),
+    ("[privacy]\nepsilon = 0.04\n", "privacy.epsilon", "[0.0455, 100]"),
+    ("[privacy]\ndelta = 5e-324\n", "privacy.delta", "a number >= 1.6e-13 for 160 training"),
+    ("[privacy]\ndelta = 1e-100\n", "privacy.delta", "float64 rounding"),
+    ("[privacy]\ndelta = 1e-12\n[training]\nepochs = 2000\n", "privacy.delta",
+     "a number >= 1.6e-11 for 16000 training steps"),
+    ("[budget]\nepsilons = [0.01, 3]\n", "budget.epsilons", "0.01 is below"),
+])
+def test_targets_the_accountant_cannot_certify_are_refused(text: str, field: str,
+                                                           fragment: str) -> None:
+    with pytest.raises(UserInputError) as exc:
+        _parse(text)
+    assert exc.value.field == field
+    assert fragment in exc.value.allowed
+
+
+def test_the_smallest_accepted_delta_is_accepted() -> None:
+    cfg = _parse("[privacy]\ndelta = 1.6e-13\n")  # 20 epochs of 8 batches
+    assert cfg.privacy.delta == 1.6e-13
+
+
+def test_the_smallest_accepted_target_is_accepted_and_calibrates() -> None:
+    """The number the message quotes is itself accepted, and the accountant reaches it."""
+    from orchestrator.accounting.calibration import calibrate
+    from orchestrator.config.checks import smallest_epsilon
+
+    low = smallest_epsilon(1e-5)
+    cfg = _parse(f"[privacy]\nepsilon = {low!r}\n")
+    assert cfg.privacy.epsilon == low
+    cal = calibrate(target_epsilon=low, delta=1e-5, sample_rate=0.125, steps=160,
+                    use_cache=False)
+    assert 0.99 * low <= cal.bounds.upper <= low
+
+
+def test_validation_needs_enough_examples_to_tell_a_trial_from_chance(tmp_path: Path) -> None:
+    from orchestrator.config.checks import DEGENERATE_MARGIN, min_validation_size
+    from reports.store import DEGENERATE_MARGIN as STORE_MARGIN
+
+    assert DEGENERATE_MARGIN == STORE_MARGIN
+    assert (min_validation_size(10), min_validation_size(2)) == (35, 97)
+    with pytest.raises(UserInputError) as exc:
+        _load(tmp_path, "[data]\nvalidation_size = 34\n")
+    assert exc.value.field == "data.validation_size" and "at least 35" in exc.value.allowed
+    assert _load(tmp_path, "[data]\nvalidation_size = 35\n").split_sizes()["validation"] == 35
+
+
+@pytest.mark.parametrize(("text", "field", "fragment"), [
+    ("[method_params]\nclip_norm = 3.0\n[search.dpsgd]\nclip_norm = {low = 0.2, high = 2.0}\n",
+     "search.dpsgd.clip_norm", "method_params.clip_norm = 3.0 fixes clip_norm"),
+    ("[method_params.dpsgd]\nclip_norm = 1.0\n[search.dpsgd]\nclip_norm = {low = 0.2, "
+     "high = 2.0}\n", "search.dpsgd.clip_norm", "method_params.dpsgd.clip_norm = 1.0"),
+    ("[method_params]\nlr = 0.5\n[search.dpsgd]\nlr_x_clip = {low = 0.5, high = 1.0}\n",
+     "search.dpsgd.lr_x_clip", "fixes lr"),
+    ("[search.dpsgd]\nclip_norm = {choices = [1.0, 1.0]}\n", "search.dpsgd.clip_norm.choices",
+     "distinct"),
+    ("[search.dpsgd]\nclip_norm = {low = 'a', high = 2.0}\n", "search.dpsgd.clip_norm.low",
+     "a finite number"),
+])
+def test_search_ranges_a_sweep_would_ignore_are_refused(text: str, field: str,
+                                                        fragment: str) -> None:
+    with pytest.raises(UserInputError) as exc:
+        _parse("[sweep]\nmethods = ['dpsgd']\n" + text)
+    assert exc.value.field == field
+    assert fragment in exc.value.allowed
+
+
+def test_a_range_for_a_mode_only_another_series_reads_is_kept() -> None:
+    cfg = _parse("[sweep]\nmethods = ['lm_dpsgd:public', 'lm_dpsgd:lagged']\n[search.lm_dpsgd]\n"
+                 "lagged_beta = {low = 0.1, high = 0.9}\n")
+    assert "lagged_beta" in cfg.search["lm_dpsgd"]
+    with pytest.raises(UserInputError, match="read only in mode lagged"):
+        _parse("[sweep]\nmethods = ['lm_dpsgd:public']\n[search.lm_dpsgd]\n"
+               "lagged_beta = {low = 0.1, high = 0.9}\n")

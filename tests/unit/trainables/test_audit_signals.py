@@ -20,6 +20,7 @@ from trainables.audit.references import (
     collect_signals,
     nonprivate_trainer,
     plan_references,
+    plan_statement,
     reference_data,
     reference_seed,
     score_signals,
@@ -45,6 +46,7 @@ from trainables.audit.signals import (
     member_direction,
     membership_probability,
     per_example_signals,
+    rmia_input,
 )
 from trainables.data import DataSplits, SplitSizes, load_splits
 from trainables.models import LayeredModel
@@ -421,3 +423,42 @@ def test_dp_references_use_the_supplied_budget_and_their_own_seed() -> None:
         reference_spec(spec, dataset_size=250, budgets={500: Budget(calibration={},
                                                                     epsilon_curve=[])},
                        seed=seed, index=1)
+
+
+# --- RMIA once on the output; what a plan can see ---------------------------------------------
+
+
+def test_rmia_on_logit_and_on_loss_is_one_attack_and_runs_once(online: AuditSignals) -> None:
+    """sigmoid(z_y - logsumexp_{j != y} z_j) and exp(-cross-entropy) are both the true-class
+    softmax probability, and RMIA reads nothing else: its scores on the two signals agree to
+    rounding, so the audit runs it on ``logit`` only (Holm would count it twice)."""
+    p_logit = membership_probability(name=LOGIT, values=online.target[LOGIT])
+    p_loss = membership_probability(name=LOSS, values=online.target[LOSS])
+    np.testing.assert_allclose(p_logit, p_loss, rtol=1e-9, atol=0)
+    rmia = {name: attack_signal(online.observations(name), attacks=(RMIA,))[RMIA].scores
+            for name in (LOGIT, LOSS)}
+    np.testing.assert_allclose(rmia[LOGIT], rmia[LOSS], rtol=1e-9, atol=1e-12)
+    scored = score_signals(online)
+    assert set(scored[LOGIT]) == {LIRA_ONLINE, LIRA_OFFLINE, RMIA}
+    assert set(scored[LOSS]) == {LIRA_ONLINE, LIRA_OFFLINE, LOSS_THRESHOLD}
+    # LiRA on the two signals differs (different transforms of the probability, Gaussian fits)
+    assert not np.allclose(scored[LOGIT][LIRA_ONLINE].scores, scored[LOSS][LIRA_ONLINE].scores)
+    # asked for the loss alone, RMIA runs on it; every per-layer signal keeps its own RMIA
+    assert RMIA in score_signals(online, names=[LOSS])[LOSS]
+    assert rmia_input(LOSS) == LOGIT and rmia_input(grad_norm_name("fc1")) == "grad_norm:fc1"
+    assert RMIA in scored[grad_norm_name("fc1")]
+
+
+def test_the_plan_statement_says_what_each_plan_can_and_cannot_see() -> None:
+    offline = plan_statement(kind="offline", n_references=4)
+    assert offline.startswith("Offline audit, 4 reference models trained on the public pool")
+    assert "online LiRA is not run" in offline
+    assert "4 offline references (this plan) reached 0.08-0.12" in offline
+    assert "16 online references reached 0.16-0.22" in offline
+    assert "pooled variance" in offline and "not a privacy guarantee" in offline
+    online = plan_statement(kind="online", n_references=16)
+    assert "compared with 8 models that trained on it" in online
+    assert "16 online references (this plan) reached 0.16-0.22" in online
+    assert "pooled variance" not in plan_statement(kind="online", n_references=64)
+    with pytest.raises(UserInputError):
+        plan_statement(kind="shadow", n_references=4)

@@ -28,6 +28,16 @@ from core.datasets import FILE_DATASET, INPUT_SHAPES, NUM_CLASSES, POOLS
 from core.errors import UserInputError
 from core.modes import INVALID_TAG
 from core.params import Param, is_real
+from orchestrator.config.checks import (
+    MAX_EPSILON,
+    check_budget,
+    check_plain,
+    check_series_texts,
+    check_sizes,
+    file_sizes,
+    fixed_keys,
+)
+from orchestrator.config.paths import check_path_form
 from trainables.catalog import MODEL_NAMES, check_input_shape, layer_count, model_for
 
 if TYPE_CHECKING:
@@ -48,10 +58,13 @@ MODEL_CHOICES = ("auto", *MODEL_NAMES)
 MAX_ACCOUNTANT_TIMEOUT_S = 3600.0
 #: The PRV time bound when the config does not set one (``dpsweep budget`` uses it too).
 DEFAULT_ACCOUNTANT_TIMEOUT_S = 120.0
-#: Largest epsilon any config may target: far beyond every meaningful claim, small enough that
-#: the accountants' discretisations stay within memory.
-MAX_EPSILON = 100.0
 SAMPLERS = ("tpe", "random", "nsga2", "gp")
+#: Largest seed of the data split, the trials and the audit: numpy and torch take 64-bit seeds
+#: (and results store them as int64); a trial's re-runs add up to ``sweep.seeds`` (<= 100).
+MAX_SEED = 2**63 - 1 - 100
+#: Largest ``sweep.seed``: Optuna's samplers seed numpy's RandomState (< 2^32) with the seed
+#: plus the study's index.
+MAX_SWEEP_SEED = 2**31 - 1
 
 
 def _f(default: Any, doc: str, **rules: Any) -> Any:
@@ -88,7 +101,8 @@ class DataConfig:
                       choices=(*POOLS, FILE_DATASET))
     data_dir: str = _f("", "directory with the dataset's files; '' = built-in lookup "
                            "(Debian's /usr/share/datasets for fashion-mnist, else download)")
-    split_seed: int = _f(0, "seed of the train/validation/holdout/test/shadow split", low=0)
+    split_seed: int = _f(0, "seed of the train/validation/holdout/test/shadow split", low=0,
+                         high=MAX_SEED, allowed_text=f"an integer in [0, {MAX_SEED}]")
     train_size: int = _f(0, "private training examples (members); 0 = dataset default", low=0)
     validation_size: int = _f(0, "private validation examples (model selection); 0 = dataset "
                                  "default", low=0)
@@ -144,10 +158,15 @@ class PrivacyConfig:
 
 
 def _epsilon_list(value: Any) -> list[float]:
-    if not isinstance(value, (list, tuple)) or len(set(value)) != len(value) or not all(
+    """Distinct targets in (0, MAX_EPSILON], sorted; numbers are checked before they are
+    compared, so a nested list or a table is refused, not hashed."""
+    if not isinstance(value, (list, tuple)) or not all(
             is_real(v) and 0 < v <= MAX_EPSILON for v in value):
         raise ValueError
-    return sorted(float(v) for v in value)
+    numbers = [float(v) for v in value]
+    if len(set(numbers)) != len(numbers):
+        raise ValueError
+    return sorted(numbers)
 
 
 @dataclass(frozen=True)
@@ -169,7 +188,8 @@ class TrainingConfig:
     max_physical_batch: int = _f(512, "examples per per-example-gradient chunk (memory bound; "
                                       "no effect on results)", low=1, high=1 << 20)
     seed: int = _f(0, "seed of model initialisation and public-batch order (never of the noise "
-                      "or sampling, unless reproducible)", low=0)
+                      "or sampling, unless reproducible)", low=0, high=MAX_SEED,
+                   allowed_text=f"an integer in [0, {MAX_SEED}]")
     reproducible: bool = _f(False, "seed the noise and Poisson sampling from `seed` too, so a "
                                    "replay is bit-identical; such trials are unsafe to release")
     secure_mode: bool = _f(False, "draw noise and sampling from a cryptographically secure "
@@ -192,13 +212,15 @@ class ResourcesConfig:
 class SweepConfig:
     methods: list = _f(  # noqa: RUF009
         [], "series to compare, 'method' or 'method:mode', one Optuna study each; empty = every "
-            "registered method in its default mode", kind="list")
+            "registered method in its default mode", kind="list", rule=check_series_texts,
+        allowed_text="a list of 'method' or 'method:mode' strings")
     trials_per_method: int = _f(4, "trials per series (equal budgets; the first is the paper "
                                    "preset); adaptive tuning only", low=1, high=10000)
     max_concurrent_trials: int = _f(2, "trials running at once (bounded by the cluster's CPUs)",
                                     low=1, high=1024)
     seed: int = _f(0, "seed of the adaptive Optuna samplers (private tuning draws its points "
-                      "from OS entropy)", low=0)
+                      "from OS entropy)", low=0, high=MAX_SWEEP_SEED,
+                   allowed_text=f"an integer in [0, {MAX_SWEEP_SEED}]")
     sampler: str = _f("tpe", "Optuna sampler: tpe, random, nsga2 or gp", choices=SAMPLERS)
     seeds: int = _f(0, "re-runs of every front trial with fresh noise and new initialisation "
                        "(spread of the privacy-utility curves); 0 = none; must be 0 with "
@@ -265,7 +287,7 @@ class AuditConfig:
                              "after the sweep, or 'all' finished trials",
                     choices=("front", "all"))
     seed: int = _f(0, "seed of the audited candidates, reference training sets and seeds",
-                   low=0)
+                   low=0, high=MAX_SEED, allowed_text=f"an integer in [0, {MAX_SEED}]")
     layer_probes: bool = _f(True, "also attack each layer's representation: the loss of a "
                                   "linear probe fitted per model on validation examples no "
                                   "model trained on (leakage that grows with depth; costs a "
@@ -407,7 +429,7 @@ class Config:
         """Split sizes with dataset defaults filled in."""
         from trainables.data import DEFAULT_SIZES
 
-        d = _file_sizes(self) if self.user_data else DEFAULT_SIZES[self.data.dataset]
+        d = file_sizes(self) if self.user_data else DEFAULT_SIZES[self.data.dataset]
         return {name: getattr(self.data, f"{name}_size") or getattr(d, name)
                 for name in ("train", "validation", "holdout", "test", "shadow")}
 
@@ -439,6 +461,7 @@ def from_dict(raw: Mapping[str, Any], *, base_dir: str | Path | None = None) -> 
     """Build and fully validate a config from parsed TOML; relative paths (data files, the
     code folder) are resolved against ``base_dir`` (default: the working directory)."""
     raw = dict(raw)
+    check_plain(raw, where="")
     method_params = raw.pop("method_params", {})
     search = raw.pop("search", {})
     for key, value in (("method_params", method_params), ("search", search)):
@@ -464,6 +487,11 @@ def _resolve_paths(cfg: Config, base: Path) -> Config:
     def absolute(value: str) -> str:
         return str((base / Path(value).expanduser()).resolve()) if value else value
 
+    d, m = cfg.data, cfg.model
+    for key, value in (("data.path", d.path), ("data.public_path", d.public_path),
+                       ("data.data_dir", d.data_dir), ("model.code_dir", m.code_dir)):
+        if value:  # a name the system cannot take is refused here, not as an OSError later
+            check_path_form(value, field=key, creates=False)
     code_dir = cfg.model.code_dir or (str(base.resolve())
                                       if cfg.model.factory or cfg.data.factory else "")
     return dataclasses.replace(
@@ -475,11 +503,19 @@ def _resolve_paths(cfg: Config, base: Path) -> Config:
 def read_toml(path: str | Path) -> dict[str, Any]:
     """The parsed TOML of a config file, not yet validated."""
     p = Path(path)
-    if not p.is_file():
-        raise UserInputError(field="CONFIG", value=str(p), allowed="an existing TOML file")
     try:
-        return tomllib.loads(p.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        if not p.is_file():
+            raise UserInputError(field="CONFIG", value=str(p), allowed="an existing TOML file")
+        text = p.read_text()
+    except OSError as exc:  # a name too long, a folder that cannot be read
+        raise UserInputError(field="CONFIG", value=str(p),
+                             allowed=f"a readable TOML file ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise UserInputError(field="CONFIG", value=str(p), allowed=f"valid TOML ({exc})") from None
+    try:
+        return tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, ValueError) as exc:
+        # ValueError: an integer of more than 4,300 digits, which Python will not convert
         raise UserInputError(field="CONFIG", value=str(p), allowed=f"valid TOML ({exc})") from None
 
 
@@ -522,7 +558,8 @@ def _cross_checks(cfg: Config) -> None:
     in_play = sorted({cfg.training.method, *(m for m, _ in series)})
     _check_method_params(cfg, in_play)
     _check_data_keys(cfg)
-    _check_sizes(cfg)
+    check_sizes(cfg)
+    check_budget(cfg)
     if cfg.sweep.pruner != "none" and cfg.sweep.pruner_min_epochs >= cfg.training.epochs:
         raise UserInputError(field="sweep.pruner_min_epochs", value=cfg.sweep.pruner_min_epochs,
                              allowed=f"< training.epochs = {cfg.training.epochs} (the first "
@@ -535,7 +572,10 @@ def _cross_checks(cfg: Config) -> None:
         METHODS[method].check_setting(params, num_layers=layers, sizes=sizes)
     from search_spaces import check_overrides
 
-    check_overrides(cfg.search, methods=[m for m, _ in series])
+    swept = sorted({m for m, _ in series})
+    check_overrides(cfg.search, methods=[m for m, _ in series],
+                    fixed={m: fixed_keys(cfg, m) for m in swept},
+                    modes={m: [mode for n, mode in series if n == m] for m in swept})
     _check_private(cfg)
     if cfg.resources.device == "cuda" and cfg.resources.gpus_per_trial == 0:
         raise UserInputError(field="resources.gpus_per_trial", value=0.0,
@@ -589,65 +629,6 @@ def _check_private(cfg: Config) -> None:
                              allowed="false (or audit.enabled = false) with sweep.tuning = "
                                      "'private': the audit then runs after the selection, on "
                                      "the released trial, outside the end-to-end bound")
-
-
-def _file_sizes(cfg: Config) -> Any:
-    """A user's data: its own split assignment's counts, else shares of its rows."""
-    from trainables.data import available_size, default_file_sizes
-
-    avail = available_size(FILE_DATASET, source=cfg.file_source())
-    if avail.assigned is not None:
-        return avail.assigned
-    return default_file_sizes(avail.pool, has_public=avail.public is not None,
-                              public_n=avail.public or 0)
-
-
-def _check_file_sizes(cfg: Config, sizes: dict[str, int]) -> int:
-    """Sizes a user's data can serve; returns the rows the pool check below counts against."""
-    from trainables.data import available_size
-
-    avail = available_size(FILE_DATASET, source=cfg.file_source())
-    if avail.assigned is not None:
-        for name, count in vars(avail.assigned).items():
-            if sizes[name] != count:
-                raise UserInputError(field=f"data.{name}_size", value=sizes[name],
-                                     allowed=f"0 or {count} (the split column assigns {count})")
-        return sum(sizes.values())
-    if avail.public is not None:
-        if sizes["shadow"] > avail.public:
-            raise UserInputError(field="data.shadow_size", value=sizes["shadow"],
-                                 allowed=f"<= {avail.public} (rows of data.public_path)")
-        return avail.pool + sizes["shadow"]
-    return avail.pool
-
-
-def _check_sizes(cfg: Config) -> None:
-    sizes = cfg.split_sizes()
-    if cfg.user_data:
-        pool, official_test = _check_file_sizes(cfg, sizes), 0
-    else:
-        pool, official_test = POOLS[cfg.data.dataset]
-    private = ("train", "validation", "holdout", "shadow")
-    if official_test:
-        if sizes["test"] > official_test:
-            raise UserInputError(field="data.test_size", value=sizes["test"],
-                                 allowed=f"<= {official_test} (the official test set)")
-        used = sum(sizes[k] for k in private)
-        what = " + ".join(f"{k}_size" for k in private)
-    else:
-        used = sum(sizes.values())
-        what = " + ".join(f"{k}_size" for k in (*private, "test"))
-    if used > pool:
-        raise UserInputError(field="data.sizes", value=f"{what} = {used}",
-                             allowed=f"<= {pool} examples available in {cfg.data.dataset}")
-    n = sizes["train"]
-    if cfg.privacy.delta >= 1.0 / n:
-        raise UserInputError(field="privacy.delta", value=cfg.privacy.delta,
-                             allowed=f"< 1/train_size = {1.0 / n:.3g} (a larger delta permits "
-                                     "releasing whole examples)")
-    if cfg.training.batch_size > n:
-        raise UserInputError(field="training.batch_size", value=cfg.training.batch_size,
-                             allowed=f"<= train_size = {n}")
 
 
 def describe(method: str | None = None) -> str:

@@ -1,0 +1,66 @@
+"""The form of a path the user typed (``--out``, ``RUN_DIR``, ``CONFIG``), checked before use.
+
+The kernel refuses a name component over NAME_MAX bytes or a path over PATH_MAX with
+ENAMETOOLONG, which ``pathlib``'s ``exists()`` and ``mkdir()`` raise as a bare ``OSError`` from
+deep inside a command; an empty ``--out`` would silently mean the default directory (or the
+working directory); a line break in a directory name breaks every line-based log and tool that
+prints it. Checked where a path enters (the command line, the Python API), each is one
+:class:`UserInputError` naming the flag, before anything is read or written.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from core.errors import UserInputError
+
+#: Linux's limits: bytes in one name component, and in a whole path with its terminating NUL.
+NAME_MAX = 255
+PATH_MAX = 4096
+#: Characters of a long path an error message shows.
+SHOWN_CHARS = 60
+
+
+def shown(text: str) -> str:
+    """A path as an error message shows it: whole when short, else its head, its tail (where
+    the name typed usually is) and its length."""
+    if len(text) <= SHOWN_CHARS:
+        return text
+    half = SHOWN_CHARS // 2
+    return f"{text[:half]}...{text[-half:]} ({len(text)} characters)"
+
+
+def check_path_form(value: Any, *, field: str, creates: bool = True) -> Path:
+    """``value`` as a Path when its form is usable, else one error naming ``field``: not
+    empty, every component <= NAME_MAX bytes, < PATH_MAX bytes once absolute, no NUL, and for
+    a path dpsweep ``creates`` no line break. Whether it exists or may be written is for the
+    command to check."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise UserInputError(field=field, value=value, allowed="a path")
+    text = os.fspath(value)
+    if isinstance(text, bytes):
+        text = os.fsdecode(text)
+    if not text:
+        raise UserInputError(field=field, value=text,
+                             allowed="a non-empty path (an empty one would silently mean the "
+                                     "default or the working directory; leave the flag out "
+                                     "for the default)")
+    if "\0" in text or (creates and any(c in text for c in "\n\r")):
+        raise UserInputError(field=field, value=shown(text),
+                             allowed="a path without line breaks or NUL characters (a line "
+                                     "break in a directory name breaks every log and tool "
+                                     "that prints it)")
+    encoded = os.fsencode(text)
+    longest = max(len(part) for part in encoded.split(b"/"))
+    if longest > NAME_MAX:
+        raise UserInputError(field=field, value=shown(text),
+                             allowed=f"a path whose every component is at most {NAME_MAX} "
+                                     f"bytes (the file system's limit; one here has {longest})")
+    absolute = len(os.fsencode(os.path.abspath(text)))
+    if absolute >= PATH_MAX:
+        raise UserInputError(field=field, value=shown(text),
+                             allowed=f"a path shorter than {PATH_MAX} bytes once absolute "
+                                     f"(the system's limit; this one has {absolute})")
+    return Path(text)
