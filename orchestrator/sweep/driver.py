@@ -15,7 +15,7 @@ flushed, and the process exits 130 / 143 with a hint to resume. ``resume_sweep``
 state from the config, the Optuna storage and the trial directories (``studies.reconcile``):
 after a ``kill -9`` of the driver or a worker, no finished trial is trained again, none is lost,
 none stays RUNNING. A full disk at any write stops the sweep the same way, and ``resume`` refuses
-damaged records before Ray starts (``recovery``).
+damaged records before Ray starts (``signals.check_records``).
 """
 
 from __future__ import annotations
@@ -39,8 +39,15 @@ from orchestrator import config as config_mod
 from orchestrator.config import Config
 from orchestrator.rundir import RunDir, check_creatable
 from orchestrator.sweep.plans import at_epsilon, precompute, study_plans
-from orchestrator.sweep.recovery import check_records, raise_if_disk_full, stopped_by
-from orchestrator.sweep.signals import Interrupted, _signals, _StopFlag, progress
+from orchestrator.sweep.signals import (
+    Interrupted,
+    _signals,
+    _StopFlag,
+    check_records,
+    progress,
+    raise_if_disk_full,
+    stopped_by,
+)
 from orchestrator.sweep.studies import Outcome, StudyPlan, read_outcome, reconcile
 from orchestrator.sweep.tuning import (
     adaptive_summary,
@@ -684,7 +691,7 @@ def _quiet_libraries() -> None:
     logging.getLogger("absl").setLevel(logging.ERROR)
     # Tune copying its own experiment state into tune/ (never read back: the state is rebuilt
     # from Optuna and the records) says nothing about the sweep when it fails; on a full disk
-    # its tracebacks buried the one line that does (orchestrator.sweep.recovery).
+    # its tracebacks buried the one line that does (orchestrator.sweep.signals).
     for name in TUNE_STATE_LOGGERS:
         logging.getLogger(name).setLevel(logging.CRITICAL)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
