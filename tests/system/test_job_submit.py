@@ -3,14 +3,16 @@
 A head node with the dashboard (``ray[default]``) is started on this machine with token
 authentication, in the environment a user gets by activating the project's venv (the job's
 entrypoint runs with the PATH that ``ray start`` had, so that is where ``dpsweep`` must be
-found). Two sweeps are submitted from a working directory holding only ``sweep.toml``:
+found). Two sweeps are submitted:
 
-* ``--out`` absolute (the README's form): the job SUCCEEDS, the run directory holds the results
+* ``--out`` absolute (the README's form), from a working directory holding a user's model
+  module, an ``.npz`` and ``sweep.toml``: the job SUCCEEDS, the run directory holds the results
   of every trial, the job's driver registered with this cluster (``RAY_ADDRESS``, set inside a
-  job, made ``dpsweep`` connect instead of starting a private Ray) and every trial ran on this
-  cluster's head node;
-* ``--out`` relative: it resolves against the job's copy of the working directory, unpacked under
-  Ray's session directory on the head node, not against the directory it was submitted from.
+  job, made ``dpsweep`` connect instead of starting a private Ray), every trial ran on this
+  cluster's head node, and the module reached the workers through the job's working directory;
+* ``--out`` relative, from a directory holding only ``sweep.toml``: it resolves against the job's
+  copy of the working directory, unpacked under Ray's session directory on the head node, not
+  against the directory it was submitted from.
 
 Cleanup does not use ``ray stop``: it has no ``--temp-dir`` (Ray 2.60) and kills every Ray
 process of the machine, other tests' and other users' included. The head is started in a
@@ -242,9 +244,25 @@ def test_ray_job_submit_runs_a_sweep_on_the_cluster(head: Head, tmp_path: Path) 
     gcs_before = {pid for pid, name in _owned(head.session).items() if name == "gcs_server"}
     assert len(gcs_before) == 1
 
-    # Absolute --out: the run directory is where it says (shared storage on a real cluster).
-    run_dir = tmp_path / "runs" / "job1"
-    code, log, job = _submit(head, workdir, str(run_dir))
+    # Absolute --out, with a user's model and data in the working directory (the README's job
+    # line as a user runs it): the run directory is where it says (shared storage on a real
+    # cluster), and the module reaches the workers through the job's own working directory.
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "job_net.py").write_text(
+        "from torch import nn\n\ndef build(input_shape, num_classes):\n"
+        "    return nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.Tanh(),\n"
+        "                         nn.Linear(16, num_classes))\n")
+    digits = load_digits()
+    np.savez(user / "digits.npz", x=digits.data.astype(np.float32), y=digits.target)
+    (user / "sweep.toml").write_text(SWEEP.replace(
+        "[training]", "[data]\ndataset = 'file'\npath = 'digits.npz'\n"
+                      "[model]\nfactory = 'job_net:build'\n[training]"))
+    run_dir = tmp_path / "runs" / "user"
+    code, log, job = _submit(head, user, str(run_dir))
     assert code == 0, log[-6000:]
     info = _job_info(head, job)
     assert info["status"] == "SUCCEEDED", info
@@ -264,27 +282,6 @@ def test_ray_job_submit_runs_a_sweep_on_the_cluster(head: Head, tmp_path: Path) 
         "session_latest/runtime_resources/working_dir_files/_ray_pkg_*/runs/job1"))
     assert len(found) == 1, found
     _check_run(found[0], node_id)
-
-    # A user's model and data in the working directory: the module reaches the workers through
-    # the runtime environment dpsweep adds for the config's folder (the job's own copy).
-    import numpy as np
-    from sklearn.datasets import load_digits
-
-    user = tmp_path / "user"
-    user.mkdir()
-    (user / "job_net.py").write_text(
-        "from torch import nn\n\ndef build(input_shape, num_classes):\n"
-        "    return nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.Tanh(),\n"
-        "                         nn.Linear(16, num_classes))\n")
-    digits = load_digits()
-    np.savez(user / "digits.npz", x=digits.data.astype(np.float32), y=digits.target)
-    (user / "sweep.toml").write_text(SWEEP.replace(
-        "[training]", "[data]\ndataset = 'file'\npath = 'digits.npz'\n"
-                      "[model]\nfactory = 'job_net:build'\n[training]"))
-    code, log, job = _submit(head, user, str(tmp_path / "runs" / "user"))
-    assert code == 0, log[-6000:]
-    assert _job_info(head, job)["status"] == "SUCCEEDED"
-    _check_run(tmp_path / "runs" / "user", node_id)
 
     # Still the one GCS this test started: no job started a cluster of its own and left it.
     gcs_after = {pid for pid, name in _owned(head.session).items() if name == "gcs_server"}

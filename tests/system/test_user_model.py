@@ -60,7 +60,7 @@ path = "digits.npz"
 factory = "{module}:build"
 args = {{width = 8}}
 [training]
-epochs = 2
+epochs = {epochs}
 batch_size = 50
 [sweep]
 methods = ["dpsgd", "lm_dpsgd", "dp_adamilg"]
@@ -86,7 +86,7 @@ def _user_folder(root: Path, module: str, *, audit: bool) -> Path:
     digits = load_digits()
     np.savez(root / "digits.npz", x=digits.images.reshape(-1, 1, 8, 8).astype(np.float32),
              y=digits.target.astype(np.int64))
-    (root / "sweep.toml").write_text(CONFIG.format(module=module,
+    (root / "sweep.toml").write_text(CONFIG.format(module=module, epochs=2 if audit else 1,
                                                    audit="true" if audit else "false"))
     return root
 
