@@ -76,12 +76,13 @@ def _with_model(raw: Mapping[str, Any], model: Callable[..., Any]) -> dict[str, 
                              "code_dir": source.code_dir}}
 
 
-def resume(run_dir: str | Path, *, address: str | None = None,
-           quiet: bool = True) -> SweepSummary:
-    """Continue an interrupted sweep; finished trials are kept."""
+def resume(run_dir: str | Path, *, address: str | None = None, quiet: bool = True,
+           retry_failed: bool = False) -> SweepSummary:
+    """Continue an interrupted sweep; finished trials are kept (``retry_failed``: failed
+    re-runs are trained again)."""
     from orchestrator.sweep.driver import resume_sweep
 
-    return resume_sweep(Path(run_dir), address=address, quiet=quiet)
+    return resume_sweep(Path(run_dir), address=address, quiet=quiet, retry_failed=retry_failed)
 
 
 def results(run_dir: str | Path) -> pd.DataFrame:

@@ -157,7 +157,8 @@ def _print_trial(result: Any, out: Path) -> None:
     print(f"\n{'epoch':>5} {'val_acc':>8} {'test_acc':>8} {'train_loss*':>11} {'eps_spent':>9} "
           f"{'sec':>6}")
     for m in result.history:
-        print(f"{m['epoch']:>5} {m['val_accuracy']:>8.4f} {m['test_accuracy']:>8.4f} "
+        test = f"{m['test_accuracy']:>8.4f}" if "test_accuracy" in m else f"{'-':>8}"
+        print(f"{m['epoch']:>5} {m['val_accuracy']:>8.4f} {test} "
               f"{m['train_loss_nonprivate']:>11.4f} {m['epsilon_spent']:>9.3f} "
               f"{m['epoch_seconds']:>6.2f}")
     print("* computed on private data without noise: not covered by epsilon, never exported")
@@ -266,7 +267,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from orchestrator.sweep.driver import resume_sweep
 
     return _sweep(lambda: resume_sweep(Path(args.run_dir), address=args.address,
-                                       quiet=args.quiet))
+                                       quiet=args.quiet, retry_failed=args.retry_failed))
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -365,6 +366,8 @@ def _add_resume(sub: Any) -> None:
     rs.add_argument("run_dir", help="RUN_DIR of the sweep")
     rs.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or local Ray)")
     rs.add_argument("--quiet", action="store_true", help="no progress output (for CI)")
+    rs.add_argument("--retry-failed", action="store_true",
+                    help="train failed re-runs (sweep.seeds) again; failed search trials stay")
     rs.set_defaults(func=cmd_resume)
 
 

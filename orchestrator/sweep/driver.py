@@ -75,11 +75,14 @@ class SweepSummary:
 class _Driver:
     """Driver-side state of one sweep attempt (a run or a resume)."""
 
-    def __init__(self, cfg: Config, run: RunDir, *, quiet: bool) -> None:
+    def __init__(self, cfg: Config, run: RunDir, *, quiet: bool,
+                 retry_failed: bool = False) -> None:
         self.flag = _StopFlag()
         self.cfg = cfg
         self.run = run
         self.quiet = quiet
+        #: ``resume --retry-failed``: failed re-runs are trained again (search trials are not)
+        self.retry_failed = retry_failed
         self.private = None
         self.certified = None
         #: Whether the baseline ran inside the search (then the after-search phase skips it,
@@ -433,7 +436,9 @@ class _Driver:
             for tid in ids:
                 for k in range(1, cfg.sweep.seeds + 1):
                     rid = f"{tid}-r{k}"
-                    if rid in self.rows or self._recover(postsweep.Job(
+                    if not postsweep.rerun_pending(self.rows.get(rid),
+                                                   retry_failed=self.retry_failed) \
+                            or self._recover(postsweep.Job(
                             postsweep.JobKind.RERUN, rid, postsweep.rerun_job, {})):
                         continue
                     spec = self._spec_of(tid)
@@ -698,7 +703,8 @@ def _quiet_libraries() -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
-def _drive(cfg: Config, run: RunDir, *, address: str | None, quiet: bool) -> SweepSummary:
+def _drive(cfg: Config, run: RunDir, *, address: str | None, quiet: bool,
+           retry_failed: bool = False) -> SweepSummary:
     from orchestrator import cluster
 
     _quiet_libraries()
@@ -719,7 +725,7 @@ def _drive(cfg: Config, run: RunDir, *, address: str | None, quiet: bool) -> Swe
                                         max_concurrent=cfg.sweep.max_concurrent_trials,
                                         info=info)
             cluster.check_storage(run.path)
-            driver = _Driver(cfg, run, quiet=quiet)
+            driver = _Driver(cfg, run, quiet=quiet, retry_failed=retry_failed)
             driver.flag = flag
             studies, tallies = driver.open_studies()
             precompute(cfg, run=run, plans=[p for p in driver.plans if p.n_trials],
@@ -740,9 +746,11 @@ def run_sweep(cfg: Config, *, run_dir: Path, address: str | None = None,
     return _drive_and_release(run, lambda: cfg, address=address, quiet=quiet)
 
 
-def resume_sweep(run_dir: Path, *, address: str | None = None,
-                 quiet: bool = False) -> SweepSummary:
-    """Continue an interrupted sweep from its verified state (config + Optuna + records)."""
+def resume_sweep(run_dir: Path, *, address: str | None = None, quiet: bool = False,
+                 retry_failed: bool = False) -> SweepSummary:
+    """Continue an interrupted sweep from its verified state (config + Optuna + records);
+    ``retry_failed`` trains failed re-runs again (a failed search trial stays failed: its
+    point was chosen and its record is the sampler's)."""
     address = _address(address)
     run = RunDir.open(Path(run_dir), write=True)
 
@@ -759,7 +767,8 @@ def resume_sweep(run_dir: Path, *, address: str | None = None,
             print(f"resuming {run.path}", flush=True)
         return cfg
 
-    return _drive_and_release(run, verified_config, address=address, quiet=quiet)
+    return _drive_and_release(run, verified_config, address=address, quiet=quiet,
+                              retry_failed=retry_failed)
 
 
 def _address(address: str | None) -> str | None:
@@ -768,11 +777,11 @@ def _address(address: str | None) -> str | None:
 
 
 def _drive_and_release(run: RunDir, config: Callable[[], Config], *, address: str | None,
-                       quiet: bool) -> SweepSummary:
+                       quiet: bool, retry_failed: bool = False) -> SweepSummary:
     """Drive the sweep in a locked run directory; the lock is released however it ends, and
     an interrupt or a full disk names the directory to resume."""
     try:
-        return _drive(config(), run, address=address, quiet=quiet)
+        return _drive(config(), run, address=address, quiet=quiet, retry_failed=retry_failed)
     except Interrupted as exc:
         exc.run_dir = run.path
         raise

@@ -132,12 +132,21 @@ def audit_job(*, trial_dir: str, spec: dict[str, Any], settings: dict[str, Any],
     return record
 
 
+def rerun_pending(row: dict[str, Any] | None, *, retry_failed: bool) -> bool:
+    """Whether a re-run is to be trained: not recorded yet, or recorded as failed and the
+    user asked for failed re-runs again (``dpsweep resume --retry-failed``)."""
+    return row is None or (retry_failed and row.get("status") == "failed")
+
+
 def rerun_job(*, config: dict[str, Any]) -> dict[str, Any]:
-    """Train a trial configuration again (fresh noise, its own seed), audited if in_trial."""
+    """Train a trial configuration again (fresh noise, its own seed), audited if in_trial.
+
+    Never pruned: a re-run is one more seed of a finished trial, so it runs to its last epoch
+    (stopping the unlucky seeds at a rung would bias the mean over seeds upwards)."""
     from orchestrator.audit.membership import audit_in_trial
     from orchestrator.trial.runner import execute
 
-    return execute(config, audit=audit_in_trial)
+    return execute({k: v for k, v in config.items() if k != "pruning"}, audit=audit_in_trial)
 
 
 def baseline_job(*, run_dir: str, spec: dict[str, Any], settings: dict[str, Any],

@@ -4,7 +4,8 @@ The sampler is seeded, the noise reproducible (``training.reproducible``: the tr
 and curves are the same on every run, so the count below is a known answer, not luck) and the
 search range wide, so most points learn little by the first rung. The sweep is killed with
 ``kill -9`` once several trials have records, then resumed: no pruned and no finished trial is
-trained again, and the pruned rows carry their rung, their epochs and the epsilon they spent.
+trained again, and the pruned rows carry their rung, their epochs and the epsilon they spent;
+the leader's re-run (``sweep.seeds = 1``) is never pruned.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ max_concurrent_trials = 1
 sampler = "random"
 seed = 3
 baseline = false
+seeds = 1
+front = "best"
 pruner = "asha"
 pruner_min_epochs = 2
 pruner_factor = 3
@@ -61,6 +64,11 @@ def test_pruned_trials_are_recorded_kept_off_and_never_rerun(
         assert json.loads((run / "trials" / tid / "result.json").read_text()) == record
 
     frame = read_results(run).set_index("trial_id")
+    # the leader's re-run is one more seed: never pruned, it runs to its last epoch
+    reruns = frame[frame["repeat_of"] != ""]
+    assert len(reruns) == 1 and reruns["status"].tolist() == ["ok"], reruns[["status", "error"]]
+    assert reruns["epochs"].tolist() == [8]
+    frame = frame[frame["repeat_of"] == ""]
     assert len(frame) == TRIALS and running(resumed.trials) == []
     pruned = frame[frame["status"] == "pruned"]
     assert (pruned["pruned_at"] == FIRST_RUNG).sum() >= 4, frame[["status", "pruned_at"]]

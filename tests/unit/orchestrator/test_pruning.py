@@ -53,3 +53,31 @@ def test_the_stop_signal_survives_pickling() -> None:
 
     again = pickle.loads(pickle.dumps(TrialPruned(rung=2, value=0.25)))
     assert (again.rung, again.value) == (2, 0.25) and "epoch 2" in str(again)
+
+
+def test_a_rerun_is_never_pruned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A re-run is one more seed of a finished trial: it runs to its last epoch, whatever the
+    pruner's board says (a full-size sweep lost all four of its re-runs at a rung before)."""
+    from orchestrator.sweep import jobs
+    from orchestrator.trial import runner
+
+    seen: list[dict] = []
+    monkeypatch.setattr(runner, "execute", lambda config, audit: seen.append(config) or {})
+    config = {"trial_id": "dpsgd_eps3-000-r1", "spec": {}, "audit": {"in_trial": False},
+              "pruning": {"actor": object(), "study": "dpsgd@eps3", "rungs": [5, 15]}}
+    jobs.rerun_job(config=config)
+    assert len(seen) == 1 and "pruning" not in seen[0]
+    assert seen[0]["trial_id"] == "dpsgd_eps3-000-r1"
+    assert "pruning" in config  # the caller's config is not changed
+
+
+@pytest.mark.parametrize(("row", "retry", "pending"), [
+    (None, False, True), (None, True, True),
+    ({"status": "ok"}, False, False), ({"status": "ok"}, True, False),
+    ({"status": "failed"}, False, False), ({"status": "failed"}, True, True),
+])
+def test_failed_reruns_are_trained_again_only_when_asked(row: dict | None, retry: bool,
+                                                          pending: bool) -> None:
+    from orchestrator.sweep.jobs import rerun_pending
+
+    assert rerun_pending(row, retry_failed=retry) is pending
