@@ -37,7 +37,7 @@ data:
 
 # Every benchmark, one after another, each writing bench/results/<name>.json (about 2 hours on
 # 2 cores; see README "Benchmarks"). Fashion-MNIST benches need `make data`.
-BENCHES := step_time accountant_time sweep_overhead demo_phases search_ranges audit_fmnist canary_fmnist faults two_node
+BENCHES := step_time epoch_time accountant_time sweep_overhead demo_phases search_ranges audit_fmnist canary_fmnist faults two_node
 bench: $(STAMP)
 	@for b in $(BENCHES); do echo "== bench/$$b"; $(BIN)/python -m bench.$$b || exit 1; done
 

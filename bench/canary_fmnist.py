@@ -74,7 +74,7 @@ def summarize(run: CanaryRun) -> dict[str, Any]:
 
 def progress(label: str) -> Any:
     def report(metrics: dict[str, Any], _ckpt: Any) -> None:
-        print(f"   {label} epoch {metrics['epoch']:>3}: test acc {metrics['test_accuracy']:.4f} "
+        print(f"   {label} epoch {metrics['epoch']:>3}: val acc {metrics['val_accuracy']:.4f} "
               f"({metrics['epoch_seconds']:.1f} s)", flush=True)
     return report
 

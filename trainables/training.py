@@ -384,11 +384,13 @@ def train_trial(
     ``checkpoint_root/epoch_NNN`` receives a checkpoint per epoch when given; with
     ``rolling_checkpoint`` the one directory ``checkpoint_root/<name>`` is replaced each epoch
     instead, so a sweep stores every model once (the last epoch's checkpoint is the final one).
-    Each epoch is evaluated on the validation split (what selection reads) and the test split
-    (reported); ``evaluate_epochs=False`` skips both (a reference model's curve is never read,
-    and evaluating it costs about a tenth of its training). ``instrument(method)`` is called
-    once with the built (and, on a resume, restored) method before the first step, so an audit
-    can wrap its phases without a subclass (``trainables.audit.canaries``).
+    Each epoch is evaluated on the validation split (what selection and the pruner read); the
+    test split (reported, never read to choose) only after the last epoch, since evaluating it
+    every epoch cost 8% of a full-size Fashion-MNIST epoch (``bench/epoch_time.py``) for a
+    curve nothing reads. ``evaluate_epochs=False`` skips both (a reference model's curve is
+    never read, and evaluating it costs about a tenth of its training). ``instrument(method)``
+    is called once with the built (and, on a resume, restored) method before the first step,
+    so an audit can wrap its phases without a subclass (``trainables.audit.canaries``).
     """
     start = time.perf_counter()
     run = _build(spec, data)
@@ -405,7 +407,8 @@ def train_trial(
     while run.epoch < spec.epochs:
         t0 = time.perf_counter()
         train_loss = _train_epoch(run, x_train, y_train)
-        scores = _evaluate_epoch(run, splits) if evaluate_epochs else {}
+        scores = (_evaluate_epoch(run, splits, test=run.epoch + 1 >= spec.epochs)
+                  if evaluate_epochs else {})
         run.epoch += 1
         metrics = {
             "epoch": run.epoch,
@@ -451,16 +454,20 @@ def _train_epoch(run: _Run, x_train: torch.Tensor, y_train: torch.Tensor) -> flo
     return train_loss
 
 
-def _evaluate_epoch(run: _Run, splits: dict[str, tuple[torch.Tensor, torch.Tensor]]
-                    ) -> dict[str, float]:
-    """Validation (what selection reads) and test (reported) accuracy and loss after an epoch."""
+def _evaluate_epoch(run: _Run, splits: dict[str, tuple[torch.Tensor, torch.Tensor]], *,
+                    test: bool) -> dict[str, float]:
+    """Validation accuracy and loss after an epoch (what selection and the pruner read); with
+    ``test``, the test split's too (reported for the final model only)."""
     val_acc, val_loss = evaluate(run.model, *splits["validation"])
-    test_acc, test_loss = evaluate(run.model, *splits["test"])
-    if not (math.isfinite(val_loss) and math.isfinite(test_loss)):
-        raise TrialDiverged(f"evaluation loss became {val_loss} (validation), "
-                            f"{test_loss} (test) in epoch {run.epoch + 1}")
-    return {"val_accuracy": val_acc, "val_loss": val_loss,
-            "test_accuracy": test_acc, "test_loss": test_loss}
+    if not math.isfinite(val_loss):
+        raise TrialDiverged(f"validation loss became {val_loss} in epoch {run.epoch + 1}")
+    scores = {"val_accuracy": val_acc, "val_loss": val_loss}
+    if test:
+        test_acc, test_loss = evaluate(run.model, *splits["test"])
+        if not math.isfinite(test_loss):
+            raise TrialDiverged(f"test loss became {test_loss} in epoch {run.epoch + 1}")
+        scores.update(test_accuracy=test_acc, test_loss=test_loss)
+    return scores
 
 
 def _write_records(directory: Path, *, record: PrivacyRecord, run: _Run) -> None:

@@ -126,8 +126,8 @@ def _progress(kind: str, m: int, epochs: int, quiet: bool) -> Any:
         return None
 
     def report(metrics: dict[str, Any], _ckpt: Any) -> None:
-        print(f"canary audit ({kind}, m = {m}): epoch {metrics['epoch']}/{epochs}, test "
-              f"accuracy {metrics['test_accuracy']:.4f}", file=sys.stderr, flush=True)
+        print(f"canary audit ({kind}, m = {m}): epoch {metrics['epoch']}/{epochs}, validation "
+              f"accuracy {metrics['val_accuracy']:.4f}", file=sys.stderr, flush=True)
 
     return report
 
