@@ -1,0 +1,85 @@
+"""The shipped study configs: valid, and the full-size study's parts form one study.
+
+The full-size Fashion-MNIST study runs as four resumable parts (``configs/fmnist_full_*.toml``)
+whose tables the README puts side by side, so everything but what a part runs (its series, its
+targets, whether it audits and trains the baseline) must be the same in every part.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.config import load, read_toml
+from trainables.methods import METHODS
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+PARTS = sorted(CONFIGS.glob("fmnist_full_[a-z].toml"))
+#: The published hyperparameters on the same setting (nothing searched).
+PUBLISHED = CONFIGS / "fmnist_full_published.toml"
+#: What the reference point must share with the parts.
+SHARED_SECTIONS = ("data", "model", "privacy", "training", "resources")
+#: What may differ between parts.
+PER_PART = {("sweep", "methods"), ("budget", "epsilons"), ("sweep", "baseline")}
+
+
+def _flat(raw: dict, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], object]:
+    out: dict[tuple[str, ...], object] = {}
+    for key, value in raw.items():
+        if isinstance(value, dict) and key not in ("search",):
+            out.update(_flat(value, (*prefix, key)))
+        elif key != "search":
+            out[(*prefix, key)] = value
+    return out
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.toml")), ids=lambda p: p.name)
+def test_every_shipped_config_is_valid(path: Path) -> None:
+    load(path)
+
+
+def test_full_study_parts_share_every_setting_but_what_they_run() -> None:
+    assert len(PARTS) == 4, PARTS
+    flats = {p.name: _flat({k: v for k, v in read_toml(p).items() if k != "audit"})
+             for p in PARTS}
+    keys = set().union(*flats.values())
+    for key in keys - PER_PART:
+        values = {name: flat.get(key) for name, flat in flats.items()}
+        assert len({repr(v) for v in values.values()}) == 1, (key, values)
+    # a method searched in two parts is searched over the same ranges
+    ranges: dict[str, dict] = {}
+    for p in PARTS:
+        for method, space in read_toml(p).get("search", {}).items():
+            assert ranges.setdefault(method, space) == space, (p.name, method)
+
+
+def test_full_study_covers_what_the_readme_claims() -> None:
+    runs: dict[tuple[str, float], bool] = {}
+    members = set()
+    for p in PARTS:
+        cfg = load(p)
+        members.add(cfg.data.train_size)
+        audited = cfg.audit.enabled and not cfg.audit.in_trial
+        for method in cfg.sweep.methods:
+            for eps in cfg.budget.epsilons:
+                assert (method, eps) not in runs, (p.name, method, eps)
+                runs[(method, eps)] = audited
+                assert method in cfg.search, (p.name, method)  # the study's own ranges
+        assert cfg.sweep.pruner == "asha" and cfg.sweep.seeds == 2, p.name
+    assert members == {50_000}
+    assert {m for m, e in runs if e == 3.0} == set(METHODS)
+    assert {m for m, e in runs if e == 1.0} == {"dpsgd", "dpsgd_lf"}
+    assert runs[("dpsgd", 3.0)] and runs[("lm_dpsgd", 3.0)]
+    assert sum(load(p).sweep.baseline for p in PARTS) == 1
+
+
+def test_published_point_runs_on_the_parts_setting() -> None:
+    point = read_toml(PUBLISHED)
+    part = read_toml(PARTS[0])
+    for section in SHARED_SECTIONS:
+        assert point[section] == part[section], section
+    cfg = load(PUBLISHED)
+    assert cfg.sweep.methods == ["dpsgd"] and cfg.sweep.seeds == 2
+    assert cfg.trial_params("dpsgd")["lr"] * cfg.trial_params("dpsgd")["clip_norm"] == \
+        pytest.approx(0.4)
