@@ -5,7 +5,11 @@ A lent GPU machine has PyTorch but no Ray or Optuna, so a whole sweep cannot run
 ``train_single`` per repeat is the same trial a sweep's re-run trains (same plan, engine, data
 splits and accountant), which is what the study's CPU wall times are made of.
 
+``--method`` and ``--param`` train one method of a part's config at fixed hyperparameters
+(for example another method's leader), to separate a method's effect from its tuning.
+
     python -m bench.cuda_fmnist [CONFIG] [--repeats 3] [--out DIR] [--name cuda_fmnist]
+        [--method NAME --param lr=4.6 --param clip_norm=0.07 ...]
 
 Writes ``NAME.json`` into ``--out`` (default ``bench/results``).
 """
@@ -59,16 +63,37 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "wall_s_max": max(wall), "wall_s_total": sum(wall)}
 
 
+def _config(path: Path, *, method: str | None, params: list[str]) -> config_mod.Config:
+    """The config at ``path``, or its one ``method`` at the fixed ``params`` (nothing searched)."""
+    if method is None:
+        if params:
+            raise SystemExit("--param needs --method")
+        return config_mod.load(path)
+    raw = config_mod.read_toml(path)
+    fixed: dict[str, float | int] = {}
+    for item in params:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--param {item!r}: allowed NAME=NUMBER")
+        fixed[key] = int(value) if value.lstrip("-").isdigit() else float(value)
+    raw.setdefault("sweep", {})["methods"] = [method]
+    raw.setdefault("method_params", {})[method] = fixed
+    raw.pop("search", None)
+    return config_mod.from_dict(raw, base_dir=path.resolve().parent)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("config", nargs="?", type=Path, default=DEFAULT_CONFIG)
     ap.add_argument("--repeats", type=int, default=DEFAULT_REPEATS)
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
     ap.add_argument("--name", default="cuda_fmnist")
+    ap.add_argument("--method", default=None)
+    ap.add_argument("--param", action="append", default=[], metavar="NAME=NUMBER")
     args = ap.parse_args(argv)
     if args.repeats < 1:
         ap.error(f"--repeats {args.repeats}: allowed >= 1")
-    cfg = config_mod.load(args.config)
+    cfg = _config(args.config, method=args.method, params=args.param)
     device = resolve_device(cfg.resources.device)
     rows = []
     for i in range(args.repeats):
@@ -78,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"repeat {i + 1}/{args.repeats}: test {row['test_accuracy']:.4f}, "
               f"wall {row['wall_s']:.1f} s (epoch median {row['epoch_s_median']:.2f} s), "
               f"epsilon <= {row['epsilon_upper']:.4f}", flush=True)
-    out = {"config": str(args.config), "device": _device_name(device),
+    out = {"config": str(args.config), "method": cfg.sweep.methods[0],
+           "method_params": cfg.method_params, "device": _device_name(device),
            "torch": torch.__version__, "python": platform.python_version(),
            "repeats": rows, "summary": _summary(rows)}
     args.out.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ from typing import Any
 
 from bench.harness import write_results
 from orchestrator.config import Config
-from orchestrator.sweep.plans import at_epsilon, study_plans
+from orchestrator.sweep.plans import study_plans
 from orchestrator.trial.plan import plan_trial
 from search_spaces import STEP
 from trainables.training import train_trial
@@ -49,7 +49,7 @@ def main() -> None:
                    for _ in range(args.points)]
         for kind, point in points:
             params = plan.space.decode(point)
-            spec = plan_trial(at_epsilon(cfg, plan.epsilon), method=plan.method,
+            spec = plan_trial(cfg.at_epsilon(plan.epsilon), method=plan.method,
                               params=params, data=data, trial_id="probe")
             started = time.perf_counter()
             result = train_trial(spec, data=data)

@@ -148,8 +148,8 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class PrivacyConfig:
-    epsilon: float = _f(3.0, "target epsilon every trial is held to", low=0.0, low_open=True,
-                        high=MAX_EPSILON)
+    epsilon: float = _f(3.0, "target epsilon every trial is held to when budget.epsilons is "
+                             "empty", low=0.0, low_open=True, high=MAX_EPSILON)
     delta: float = _f(1e-5, "target delta; must be below 1 / train_size", low=0.0, low_open=True,
                       high=1.0, high_open=True)
     accountant_timeout_s: float = _f(DEFAULT_ACCOUNTANT_TIMEOUT_S, "time bound of one PRV "
@@ -314,6 +314,25 @@ class Config:
     method_params: dict[str, Any] = field(default_factory=dict)
     #: Search-range overrides per method: ``{method: {param: {low, high, log} | {choices}}}``.
     search: dict[str, Any] = field(default_factory=dict)
+
+    def targets(self) -> list[float]:
+        """The target epsilons trained at: ``budget.epsilons``, or ``[privacy.epsilon]``."""
+        return list(self.budget.epsilons) or [self.privacy.epsilon]
+
+    def at_epsilon(self, eps: float) -> Config:
+        """This config held to one target (``privacy.epsilon`` is what a trial plans with)."""
+        return dataclasses.replace(self, privacy=dataclasses.replace(self.privacy, epsilon=eps))
+
+    def one_target(self, *, command: str) -> Config:
+        """This config at its only target: a command that trains one model at one epsilon
+        refuses several rather than pick one (``privacy.epsilon`` is not read when
+        ``budget.epsilons`` is set)."""
+        targets = self.targets()
+        if len(targets) > 1:
+            raise UserInputError(field="budget.epsilons", value=targets,
+                                 allowed=f"one target for {command} (it trains one model at "
+                                         "one epsilon; `dpsweep run` sweeps several)")
+        return self.at_epsilon(targets[0])
 
     def series(self) -> list[tuple[str, str]]:
         """The sweep's (method, mode) series, in order."""

@@ -38,7 +38,7 @@ from core.records import PrivacyRecord
 from orchestrator import config as config_mod
 from orchestrator.config import Config
 from orchestrator.rundir import RunDir, check_creatable
-from orchestrator.sweep.plans import at_epsilon, precompute, study_plans
+from orchestrator.sweep.plans import precompute, study_plans
 from orchestrator.sweep.signals import (
     Interrupted,
     _signals,
@@ -226,7 +226,7 @@ class _Driver:
         return plan.epsilon if self.certified is None else self.certified.bounds.upper
 
     def trial_config(self, plan: StudyPlan, params: dict[str, Any], tid: str) -> dict[str, Any]:
-        spec = plan_trial(at_epsilon(self.cfg, plan.epsilon), method=plan.method,
+        spec = plan_trial(self.cfg.at_epsilon(plan.epsilon), method=plan.method,
                           params=params, trial_id=tid, cache_dir=self.run.cache_dir,
                           data=self.data, calibration=self.certified)
         audit = audit_settings(self.cfg)

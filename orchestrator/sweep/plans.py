@@ -7,7 +7,6 @@ Shared by the driver (``orchestrator.sweep.driver``) and how it tunes
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -25,12 +24,12 @@ from search_spaces import build_space
 if TYPE_CHECKING:
     from orchestrator.rundir import RunDir
 
-__all__ = ["at_epsilon", "epsilons", "precompute", "precompute_order", "schedule_points",
+__all__ = ["epsilons", "precompute", "precompute_order", "schedule_points",
            "study_plans"]
 
 
 def epsilons(cfg: Config) -> list[float]:
-    return list(cfg.budget.epsilons) or [cfg.privacy.epsilon]
+    return cfg.targets()
 
 
 def study_plans(cfg: Config, *, counts: dict[str, int] | None = None) -> list[StudyPlan]:
@@ -60,9 +59,6 @@ def study_plans(cfg: Config, *, counts: dict[str, int] | None = None) -> list[St
                                    objectives=objectives))
     return plans
 
-
-def at_epsilon(cfg: Config, eps: float) -> Config:
-    return dataclasses.replace(cfg, privacy=dataclasses.replace(cfg.privacy, epsilon=eps))
 
 
 def schedule_points(plan: StudyPlan) -> list[dict[str, Any]]:
@@ -135,7 +131,7 @@ def precompute(cfg: Config, *, run: RunDir, plans: list[StudyPlan], data: Any,
                 if item is None:
                     return
                 plan, point = item
-                spec = plan_trial(at_epsilon(cfg, plan.epsilon), method=plan.method,
+                spec = plan_trial(cfg.at_epsilon(plan.epsilon), method=plan.method,
                                   params=plan.space.decode(point), cache_dir=run.cache_dir,
                                   data=data, calibration=calibration)
                 if cfg.audit.enabled:

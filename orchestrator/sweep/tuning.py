@@ -68,7 +68,8 @@ def _private_tuning_plan(cfg: Config) -> Any:
     # dp_accounting's RDP series report orders they drop at tiny noise; the bound stays valid
     logging.getLogger("absl").setLevel(logging.ERROR)
     return plan_private_tuning(
-        target_epsilon=cfg.privacy.epsilon, delta=cfg.privacy.delta, sample_rate=q,
+        # the one target (config refuses several): budget.epsilons = [1] is 1 end to end
+        target_epsilon=cfg.targets()[0], delta=cfg.privacy.delta, sample_rate=q,
         shape=shape, mean_trials=cfg.sweep.expected_trials, distribution=dist,
         shape_eta=cfg.sweep.trial_count_shape if dist != "poisson" else None,
         score_noise_multiplier=cfg.sweep.score_noise)

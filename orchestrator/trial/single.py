@@ -25,6 +25,7 @@ def train_single(cfg: Config, *, out: Path,
     """Plan the budget, train, and record one trial into a new run directory ``out``."""
     from orchestrator.rundir import check_creatable
 
+    cfg = cfg.one_target(command="dpsweep train")  # budget.epsilons = [1] trains at 1, not 3
     check_creatable(Path(out))
     data = cfg.data_splits()  # validates data_dir and files before anything is written
     # planned before the run directory exists (budgets in the user's cache): a setting that

@@ -156,6 +156,33 @@ def test_train_writes_a_run_directory(tmp_path: Path, capsys: pytest.CaptureFixt
          "privacy_statement.md"])
 
 
+def test_train_holds_the_one_budget_target(tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """A part of a study sets budget.epsilons = [1]: `dpsweep train` of it trains at 1, not
+    at privacy.epsilon's default 3 (which a sweep of the same file never reads)."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[budget]\nepsilons = [1.0]\n[training]\nepochs = 1\nbatch_size = 50\n")
+    out = tmp_path / "run"
+    assert main(["train", str(cfg), "--out", str(out)]) == 0
+    assert "(target 1, delta 1e-05" in capsys.readouterr().out
+    privacy = json.loads((out / "trials/trial-000/privacy.json").read_text())
+    assert privacy["target_epsilon"] == 1.0
+    assert 0.9 < privacy["epsilon_upper"] <= 1.0
+
+
+def test_train_refuses_several_targets(tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[budget]\nepsilons = [1.0, 3.0]\n[training]\nepochs = 1\n")
+    out = tmp_path / "run"
+    assert main(["train", str(cfg), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["dpsweep: error: budget.epsilons = [1.0, 3.0] is not allowed: expected one "
+                   "target for dpsweep train (it trains one model at one epsilon; `dpsweep "
+                   "run` sweeps several)"]
+    assert not out.exists()
+
+
 def test_config_command_prints_defaults(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["config"]) == 0
     out = capsys.readouterr().out

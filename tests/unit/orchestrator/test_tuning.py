@@ -437,3 +437,17 @@ def test_adaptive_statement_refuses_objectives_no_adaptive_sampler_had(objective
         adaptive_statement(n_trials=3, per_trial_epsilon=1.0, delta=DELTA,
                            objectives=objectives)
     assert info.value.field == "objectives"
+
+
+def test_private_plan_targets_the_budget_epsilon():
+    """With budget.epsilons = [1] the end-to-end target is 1, not privacy.epsilon's default 3
+    (which the studies' planning never reads once budget.epsilons is set)."""
+    from orchestrator.config import from_dict
+    from orchestrator.sweep.tuning import private_tuning_plan
+
+    raw = {"budget": {"epsilons": [1.0]}, "training": {"epochs": 1},
+           "sweep": {"tuning": "private", "methods": ["dpsgd"]},
+           "audit": {"in_trial": False}}
+    plan = private_tuning_plan(from_dict(raw))
+    assert plan.target_epsilon == 1.0
+    assert plan.end_to_end_epsilon <= 1.0
