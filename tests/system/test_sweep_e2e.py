@@ -320,19 +320,32 @@ def test_dpsgd_accuracy_at_epsilon_4_is_not_below_epsilon_1(curves: Sweep) -> No
     assert np.all(sigma.min()[4.0] < sigma.max()[1.0])
 
 
+def _most_at_once(spans: list[tuple[float, float]]) -> int:
+    """The largest number of the (start, end) spans open at one instant; an end at the very
+    instant another starts does not count as overlapping it."""
+    events = sorted([(end, -1) for _, end in spans] + [(start, 1) for start, _ in spans])
+    return max(itertools.accumulate(step for _, step in events))
+
+
 def test_two_trials_run_at_once_and_the_baseline_runs_inside_the_search(curves: Sweep) -> None:
     """``max_concurrent_trials = 2`` means two trials at a time, also with the baseline on.
 
     The baseline once ran as a Ray task beside Tune; Tune then ran every trial of the search in
     one worker, one after another (the demo's 21 trials took 143 s instead of 65 s). Each
-    trial's own record says which process ran it and when."""
+    trial's own record says which process ran it and when.
+
+    The serial fault shows as no two search trials ever running at once, so the test asks for
+    one overlap and never more than two at once; how many pairs overlap depends on the host's
+    load (a CI run saw 3 of 7 consecutive pairs where an idle host sees 4), so it is not asked."""
     records = {p.parent.name: json.loads(p.read_text())
                for p in (curves.run / "trials").glob("*/result.json")}
     search = {tid: r for tid, r in records.items() if re.fullmatch(r".*_eps\d+-\d{3}", tid)}
     assert len(search) == 8
-    spans = sorted((r["started_at"], r["finished_at"]) for r in search.values())
-    overlaps = sum(later[0] < earlier[1] for earlier, later in itertools.pairwise(spans))
-    assert overlaps >= len(spans) // 2, spans
+    spans = [(r["started_at"], r["finished_at"]) for r in search.values()]
+    assert _most_at_once(spans) == 2, sorted(spans)
+    everything = [(r["started_at"], r["finished_at"]) for r in records.values()
+                  if "started_at" in r]
+    assert _most_at_once(everything) <= 2, sorted(everything)
     assert len({r["pid"] for r in search.values()}) == 2
     baseline = records["nonprivate"]
     assert baseline["status"] == "ok" and baseline["pid"] in {r["pid"] for r in search.values()}

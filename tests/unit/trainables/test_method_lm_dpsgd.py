@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from tests.contract.conformance import NUM_LAYERS, adversarial_view, build_step
 from trainables.data import load_splits
 from trainables.engine import MaterializedGrads
 from trainables.methods import get_method
+from trainables.methods import lm_dpsgd as lm_dpsgd_module
 from trainables.methods.lm_dpsgd import (
     _U_FROM,
     CACHE_NAMESPACE,
@@ -322,23 +322,27 @@ def _factory() -> Any:
     return build_model(name="digits_cnn", input_shape=(1, 8, 8), num_classes=10)
 
 
-def _prepare(cache: Path, *, seed: int = 0, **params: Any) -> tuple[dict[str, Any], float]:
-    t = time.perf_counter()
-    out = get_method("lm_dpsgd").prepare(data=_digits(), model_factory=_factory,
-                                         params=params, seed=seed, cache_dir=cache)
-    return out, time.perf_counter() - t
+def _prepare(cache: Path, *, seed: int = 0, **params: Any) -> dict[str, Any]:
+    return get_method("lm_dpsgd").prepare(data=_digits(), model_factory=_factory,
+                                          params=params, seed=seed, cache_dir=cache)
 
 
-def test_stage1_on_digits_is_cached_and_keyed(tmp_path: Path) -> None:
-    first, _ = _prepare(tmp_path)
+def test_stage1_on_digits_is_cached_and_keyed(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    first = _prepare(tmp_path)
     risk, meta = first["risk"], first["risk_meta"]
     assert len(risk) == NUM_LAYERS
     assert all(0.0 <= e <= 0.5 + 0.12 for e in risk), risk  # chance +- attack noise
     assert meta["shadow_train_accuracy"] >= 0.99  # the shadow overfits, as it must
     assert meta["er_eval"] == "heldout"
     assert meta["members"] == meta["nonmembers"] == 250  # the whole 500-example shadow pool
-    again, seconds = _prepare(tmp_path)
-    assert again == first and seconds < 0.5
+    def recompute(**_: object) -> None:
+        raise AssertionError("stage 1 was trained again although its result was cached")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(lm_dpsgd_module, "compute_layer_risk", recompute)
+        again = _prepare(tmp_path)
+    assert again == first
     files = list((tmp_path / CACHE_NAMESPACE).glob("*"))
     assert [f.name for f in files] == [meta["cache_file"]]  # no temporary file left behind
     stage1 = Stage1.from_params(LMDPSGD.validate_params({}))
@@ -348,7 +352,7 @@ def test_stage1_on_digits_is_cached_and_keyed(tmp_path: Path) -> None:
                            (0, dataclasses.replace(stage1, er_eval="train")),
                            (0, dataclasses.replace(stage1, steps=401))]}
     assert len(paths) == 4 and tmp_path / CACHE_NAMESPACE / meta["cache_file"] in paths
-    assert _prepare(tmp_path, risk=list(RISK))[0] == {}  # a given risk vector is kept
+    assert _prepare(tmp_path, risk=list(RISK)) == {}  # a given risk vector is kept
 
 
 def test_stage1_is_deterministic_and_recomputes_a_damaged_cache(tmp_path: Path) -> None:
