@@ -15,6 +15,8 @@ CONFIG = "config.toml"
 MANIFEST = "manifest.json"
 #: What the report's header and the export's tuning statement read.
 SUMMARY = "summary.json"
+#: Every attempt at the sweep (the run, then each resume): started, and how and when it ended.
+ATTEMPTS = "attempts.json"
 #: One row per trial (Parquet).
 RESULTS = "results.parquet"
 #: Optuna's storage (SQLite).

@@ -118,14 +118,17 @@ def check_reachable(epsilon: float, delta: float, *, steps: int | None = None,
 
 
 def check_budget(cfg: Config) -> None:
-    """Every target the config trains at is one the accountant can certify at its delta, over
-    the trials' steps (epochs x ceil(train_size / batch_size), the loader's plan)."""
+    """Every target the config trains at (``Config.targets``: ``privacy.epsilon`` is not read
+    when ``budget.epsilons`` is set) is one the accountant can certify at its delta, over the
+    trials' steps (epochs x ceil(train_size / batch_size), the loader's plan)."""
     delta = cfg.privacy.delta
     steps = cfg.training.epochs * math.ceil(cfg.split_sizes()["train"] / cfg.training.batch_size)
-    check_reachable(cfg.privacy.epsilon, delta, steps=steps)
+    if not cfg.budget.epsilons:
+        check_reachable(cfg.privacy.epsilon, delta, steps=steps)
+        return
     for eps in cfg.budget.epsilons:
         try:
-            check_reachable(eps, delta)
+            check_reachable(eps, delta, steps=steps)
         except UserInputError as exc:
             if exc.field != "privacy.epsilon":
                 raise

@@ -20,6 +20,7 @@ damaged records before Ray starts (``signals.check_records``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -49,6 +50,7 @@ from orchestrator.sweep.signals import (
     stopped_by,
 )
 from orchestrator.sweep.studies import Outcome, StudyPlan, read_outcome, reconcile
+from orchestrator.sweep.summary import begin_attempt, end_attempt, read_attempts, summary_bytes
 from orchestrator.sweep.tuning import (
     adaptive_summary,
     draw_counts,
@@ -75,11 +77,13 @@ class SweepSummary:
 class _Driver:
     """Driver-side state of one sweep attempt (a run or a resume)."""
 
-    def __init__(self, cfg: Config, run: RunDir, *, quiet: bool,
+    def __init__(self, cfg: Config, run: RunDir, *, quiet: bool, attempts: list[dict[str, Any]],
                  retry_failed: bool = False) -> None:
         self.flag = _StopFlag()
         self.cfg = cfg
         self.run = run
+        #: Every attempt at this sweep, this one last (``summary.begin_attempt``).
+        self.attempts = attempts
         self.quiet = quiet
         #: ``resume --retry-failed``: failed re-runs are trained again (search trials are not)
         self.retry_failed = retry_failed
@@ -561,24 +565,12 @@ class _Driver:
                         also=self.run.trial_files(tid))
 
     def write_summary(self) -> None:
-        """summary.json: what the report's header and the export's tuning statement read."""
-        import platform
-
-        from core import __version__
-
+        """The attempt's end, then summary.json over every attempt."""
         tuning = (adaptive_summary(self.cfg, self.plans, list(self.rows.values()))
                   if self.private is None else {"mode": "private", **self.private.to_dict()})
-        summary = {
-            "started": self.start, "finished": time.time(),
-            "wall_seconds": time.time() - self.start,
-            "versions": {"dpsweep": __version__, "python": platform.python_version(),
-                         **_library_versions()},
-            "accountant": "prv (upper bound; RDP fallback recorded per trial)",
-            "split_sizes": self.cfg.split_sizes(),
-            "model": self.cfg.model.factory or self.cfg.model.name,
-            "num_classes": self.cfg.num_classes, "tuning": tuning,
-        }
-        self.run.commit(layout.SUMMARY, _json_bytes(summary))
+        end_attempt(self.run, self.attempts, ended="finished")
+        self.run.commit(layout.SUMMARY, summary_bytes(attempts=self.attempts, cfg=self.cfg,
+                                                      tuning=tuning))
 
     def finish(self) -> SweepSummary:
         self.post_sweep()
@@ -603,18 +595,6 @@ class _Driver:
         if report is not None:
             print(f"report: {report}", flush=True)
         return summary
-
-
-def _library_versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {}
-    for name in ("torch", "ray", "optuna", "dp-accounting", "numpy"):
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            out[name] = "not installed"
-    return out
 
 
 def audit_settings(cfg: Config) -> dict[str, Any]:
@@ -704,6 +684,7 @@ def _quiet_libraries() -> None:
 
 
 def _drive(cfg: Config, run: RunDir, *, address: str | None, quiet: bool,
+           attempts: list[dict[str, Any]], command: str,
            retry_failed: bool = False) -> SweepSummary:
     from orchestrator import cluster
 
@@ -725,7 +706,9 @@ def _drive(cfg: Config, run: RunDir, *, address: str | None, quiet: bool,
                                         max_concurrent=cfg.sweep.max_concurrent_trials,
                                         info=info)
             cluster.check_storage(run.path)
-            driver = _Driver(cfg, run, quiet=quiet, retry_failed=retry_failed)
+            begin_attempt(run, attempts, command=command)  # every check passed: it starts
+            driver = _Driver(cfg, run, quiet=quiet, attempts=attempts,
+                             retry_failed=retry_failed)
             driver.flag = flag
             studies, tallies = driver.open_studies()
             precompute(cfg, run=run, plans=[p for p in driver.plans if p.n_trials],
@@ -743,7 +726,7 @@ def run_sweep(cfg: Config, *, run_dir: Path, address: str | None = None,
     _validate_before_ray(cfg, out=Path(run_dir), address=address)
     run = RunDir.create(Path(run_dir), config_text=cfg.to_toml(),
                         inputs=cfg.input_fingerprints())
-    return _drive_and_release(run, lambda: cfg, address=address, quiet=quiet)
+    return _drive_and_release(run, lambda: cfg, address=address, quiet=quiet, command="run")
 
 
 def resume_sweep(run_dir: Path, *, address: str | None = None, quiet: bool = False,
@@ -768,7 +751,8 @@ def resume_sweep(run_dir: Path, *, address: str | None = None, quiet: bool = Fal
         return cfg
 
     return _drive_and_release(run, verified_config, address=address, quiet=quiet,
-                              retry_failed=retry_failed)
+                              retry_failed=retry_failed,
+                              command="resume --retry-failed" if retry_failed else "resume")
 
 
 def _address(address: str | None) -> str | None:
@@ -777,21 +761,40 @@ def _address(address: str | None) -> str | None:
 
 
 def _drive_and_release(run: RunDir, config: Callable[[], Config], *, address: str | None,
-                       quiet: bool, retry_failed: bool = False) -> SweepSummary:
+                       quiet: bool, command: str, retry_failed: bool = False) -> SweepSummary:
     """Drive the sweep in a locked run directory; the lock is released however it ends, and
-    an interrupt or a full disk names the directory to resume."""
+    an interrupt or a full disk names the directory to resume. The attempt is recorded once
+    everything is validated, with how it ended where the process lives to say so."""
+    attempts: list[dict[str, Any]] = []
+    before = 0
     try:
-        return _drive(config(), run, address=address, quiet=quiet, retry_failed=retry_failed)
+        cfg = config()
+        attempts.extend(read_attempts(run))  # checked before Ray; this one is begun in _drive
+        before = len(attempts)
+        return _drive(cfg, run, address=address, quiet=quiet, attempts=attempts,
+                      command=command, retry_failed=retry_failed)
     except Interrupted as exc:
         exc.run_dir = run.path
+        _end_if_begun(run, attempts, before=before, ended="interrupted")
         raise
     except Exception as exc:
+        _end_if_begun(run, attempts, before=before, ended="failed")
         full = stopped_by(exc, run.path)
         if full is None or full is exc:
             raise
         raise full from exc
     finally:
         run.release()
+
+
+def _end_if_begun(run: RunDir, attempts: list[dict[str, Any]], *, before: int,
+                  ended: str) -> None:
+    """Record how this attempt ended if it began (``attempts`` grew past ``before``) and has
+    no end yet. Best effort: a full disk or a vanished directory leaves it without an end,
+    which the summary then counts as such."""
+    if len(attempts) > before and attempts[-1]["ended"] == "running":
+        with contextlib.suppress(OSError, UserInputError):
+            end_attempt(run, attempts, ended=ended)
 
 
 if __name__ == "__main__":  # pragma: no cover

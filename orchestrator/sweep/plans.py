@@ -24,12 +24,8 @@ from search_spaces import build_space
 if TYPE_CHECKING:
     from orchestrator.rundir import RunDir
 
-__all__ = ["epsilons", "precompute", "precompute_order", "schedule_points",
+__all__ = ["precompute", "precompute_order", "schedule_points",
            "study_plans"]
-
-
-def epsilons(cfg: Config) -> list[float]:
-    return cfg.targets()
 
 
 def study_plans(cfg: Config, *, counts: dict[str, int] | None = None) -> list[StudyPlan]:
@@ -46,7 +42,7 @@ def study_plans(cfg: Config, *, counts: dict[str, int] | None = None) -> list[St
         objectives = ((VALIDATION_OBJECTIVE, ATTACK_OBJECTIVE) if two
                       else (VALIDATION_OBJECTIVE,))
     plans = []
-    for eps in epsilons(cfg):
+    for eps in cfg.targets():
         for method, mode in cfg.series():
             series = series_name(method, mode)
             space = build_space(method, mode=mode, num_layers=layers,

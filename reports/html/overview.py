@@ -60,6 +60,19 @@ def _duration(seconds: float) -> str:
             ) + f" ({seconds:,.0f} s)"
 
 
+def _attempts_text(summary: dict[str, Any]) -> str:
+    """How the wall time splits over a resumed run's attempts (nothing for a single one)."""
+    attempts = _float(summary.get("attempts"))
+    unended = _float(summary.get("attempts_without_end"))
+    if not (math.isfinite(attempts) and attempts > 1):
+        return ""
+    text = f" over {attempts:.0f} attempts (the run and its resumes)"
+    if math.isfinite(unended) and unended > 0:
+        text += (f"; {_count(int(unended), 'attempt')} killed with no recorded end, "
+                 "whose time is not counted")
+    return text
+
+
 def _glance(data: RunData, front_list: Sequence[Front]) -> str:
     """The headline: per target, the valid-DP, release-safe front and its most accurate trial,
     then how many trials carry a flag."""
@@ -113,7 +126,7 @@ def _header_section(data: RunData) -> str:
         "— (summary.json absent)"
     wall = _float(summary.get("wall_seconds"))
     if math.isfinite(wall):
-        wall_text = _duration(wall)
+        wall_text = _duration(wall) + _attempts_text(summary)
         if summary.get("started") and summary.get("finished"):
             wall_text += f", {_e(_when(summary['started']))} → {_e(_when(summary['finished']))}"
     else:

@@ -521,3 +521,15 @@ def test_resumed_copy_finishes_with_the_reference_ids_and_leaves_the_original_un
             assert t["attrs"].get("interrupted") is True or t["id"] is None, t
     assert f"report: {f.run.resolve()}" in f.stdout
     assert (f.run / "report" / "report.html").is_file()
+    # every attempt is on record with how it ended; the two killed ones have no end and their
+    # time is not in the total (the refused second run and second resume are not attempts)
+    attempts = json.loads((f.run / "attempts.json").read_text())
+    assert [(a["command"], a["ended"]) for a in attempts] == [
+        ("run", "interrupted"), ("resume", "interrupted"), ("resume", "running"),
+        ("resume", "running"), ("resume", "interrupted"), ("resume", "finished")]
+    summary = json.loads((f.run / "summary.json").read_text())
+    assert (summary["attempts"], summary["attempts_without_end"]) == (6, 2)
+    assert summary["wall_seconds"] == pytest.approx(sum(
+        a["finished"] - a["started"] for a in attempts if a["finished"] is not None), rel=1e-9)
+    reference = json.loads((sweeps.ref / "summary.json").read_text())
+    assert (reference["attempts"], reference["attempts_without_end"]) == (1, 0)

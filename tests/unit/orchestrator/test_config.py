@@ -378,6 +378,8 @@ def test_the_epsilon_floor_is_the_accountants_rdp_bound_with_infinite_noise() ->
     ("[privacy]\ndelta = 1e-12\n[training]\nepochs = 2000\n", "privacy.delta",
      "a number >= 1.6e-11 for 16000 training steps"),
     ("[budget]\nepsilons = [0.01, 3]\n", "budget.epsilons", "0.01 is below"),
+    ("[privacy]\ndelta = 1e-12\n[training]\nepochs = 2000\n[budget]\nepsilons = [1, 3]\n",
+     "privacy.delta", "a number >= 1.6e-11 for 16000 training steps"),
 ])
 def test_targets_the_accountant_cannot_certify_are_refused(text: str, field: str,
                                                            fragment: str) -> None:
@@ -385,6 +387,13 @@ def test_targets_the_accountant_cannot_certify_are_refused(text: str, field: str
         _parse(text)
     assert exc.value.field == field
     assert fragment in exc.value.allowed
+
+
+def test_privacy_epsilon_is_not_checked_when_budget_epsilons_replaces_it() -> None:
+    """With ``budget.epsilons`` set no trial trains at ``privacy.epsilon``: an unreachable value
+    there must not refuse a config whose targets are all reachable."""
+    cfg = _parse("[privacy]\nepsilon = 1e-9\n[budget]\nepsilons = [1, 3]\n")
+    assert cfg.targets() == [1.0, 3.0]
 
 
 def test_the_smallest_accepted_delta_is_accepted() -> None:

@@ -368,14 +368,14 @@ def test_a_sweep_that_met_a_full_disk_ends_with_it_naming_where_to_resume(
 
     monkeypatch.setattr(driver, "_drive", drive)
     with pytest.raises(DiskFull) as err:
-        driver._drive_and_release(run, lambda: None, address=None, quiet=True)
+        driver._drive_and_release(run, lambda: None, address=None, quiet=True, command="run")
     assert err.value.what == f"the Optuna storage {run.path / layout.OPTUNA_DB}"
     assert err.value.run_dir == run.path and EXIT_DISK_FULL == 74
     assert run._lock is None  # released
     monkeypatch.setattr(driver, "_drive", lambda *a, **k: (_ for _ in ()).throw(KeyError("x")))
     with pytest.raises(KeyError):  # anything else is left alone
         driver._drive_and_release(RunDir.open(run.path, write=True), lambda: None,
-                                  address=None, quiet=True)
+                                  address=None, quiet=True, command="resume")
 
 
 # ---- a local Ray's temp dir under a long TMPDIR ----------------------------------------------

@@ -27,7 +27,7 @@ from core.storage import atomic_write_json
 from orchestrator import config as config_mod
 from orchestrator.config import Config
 from orchestrator.sweep.driver import _Driver
-from orchestrator.sweep.plans import epsilons, precompute_order, schedule_points, study_plans
+from orchestrator.sweep.plans import precompute_order, schedule_points, study_plans
 from orchestrator.sweep.raytune import SweepSearcher
 from orchestrator.sweep.signals import EXIT_SIGINT, EXIT_SIGTERM, Interrupted, _signals, _StopFlag
 from orchestrator.sweep.studies import (
@@ -103,7 +103,7 @@ def test_study_names_and_trial_ids_are_one_path_component() -> None:
 def test_one_study_per_series_and_target_with_equal_budgets() -> None:
     cfg = _config(methods=["dpsgd", "lm_dpsgd:faithful"], trials=5, eps=[4, 1], audit=True)
     plans = study_plans(cfg)
-    assert epsilons(cfg) == [1.0, 4.0]  # sorted by the config
+    assert cfg.targets() == [1.0, 4.0]  # sorted by the config
     assert [p.name for p in plans] == ["dpsgd@eps1", "lm_dpsgd:faithful@eps1", "dpsgd@eps4",
                                        "lm_dpsgd:faithful@eps4"]
     assert [(p.method, p.mode, p.epsilon) for p in plans] == [
@@ -114,7 +114,7 @@ def test_one_study_per_series_and_target_with_equal_budgets() -> None:
     assert {p.objectives for p in plans} == {("val_accuracy", "peak_mia_accuracy")}
     assert {p.objectives for p in study_plans(_config(methods=["dpsgd"]))} == {
         ("val_accuracy",)}
-    assert epsilons(_config(methods=["dpsgd"])) == [3.0]  # [privacy] epsilon without a list
+    assert _config(methods=["dpsgd"]).targets() == [3.0]  # [privacy] epsilon without a list
 
 
 def test_a_fixed_clip_norm_is_not_searched_but_the_learning_rate_still_is() -> None:

@@ -179,7 +179,8 @@ def _config() -> Config:
 
 
 SUMMARY = {"started": "2025-01-01T10:00:00+00:00", "finished": "2025-01-01T11:02:03+00:00",
-           "wall_seconds": 3723.0, "versions": {"dpsweep": "0.2.0", "torch": "2.4.0",
+           "wall_seconds": 3723.0, "attempts": 3, "attempts_without_end": 1,
+           "versions": {"dpsweep": "0.2.0", "torch": "2.4.0",
                                                 "opacus": "1.5.2", "python": "3.11.2"},
            "accountant": "prv (PRV accountant, Gopi et al. 2021)",
            "split_sizes": dict(SIZES), "model": "cnn28",
@@ -337,7 +338,8 @@ def test_report_files_and_self_contained_html(run_dir: Path, built: Path) -> Non
     assert page.count('<img src="data:image/png;base64,') == len(pngs)
     for text in ("fashion-mnist (10 classes)", "train 5,000, validation 2,000",
                  "cnn28", "prv (PRV accountant", "1, 3; delta 1e-05", "torch 2.4.0",
-                 "1 h 02 min", "Adaptive hyperparameter search over private metrics is not "
+                 "1 h 02 min (3,723 s) over 3 attempts (the run and its resumes); 1 attempt "
+                 "killed with no recorded end", "Adaptive hyperparameter search over private metrics is not "
                  "covered", "<b>21</b> trials", "epsilon claim invalid", INVALID_REASON,
                  "claim contradicted by audit", "replayable: not releasable",
                  "TrialDiverged: train loss became nan", "shadow model diverged",

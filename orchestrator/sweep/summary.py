@@ -1,0 +1,132 @@
+"""What a sweep says of itself: every attempt at it (``attempts.json``) and ``summary.json``.
+
+A sweep is often run in several attempts: ``dpsweep run``, stopped by a signal or a kill, then
+one ``dpsweep resume`` or more. Each attempt is recorded when it starts, before Ray, and again
+when it ends (``finished`` or ``interrupted``); one killed with ``kill -9`` keeps no end. The
+summary's wall time is the sum over the attempts with a recorded end and says how many have
+none, so a resumed run's time is neither the last attempt's alone nor a guess.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import time
+from typing import Any
+
+from core import layout
+from core.errors import UserInputError
+from orchestrator.rundir import RunDir
+
+__all__ = ["ATTEMPT_COMMANDS", "ATTEMPT_ENDS", "begin_attempt", "end_attempt", "read_attempts",
+           "summary_bytes", "wall_of"]
+
+#: What started an attempt.
+ATTEMPT_COMMANDS = ("run", "resume", "resume --retry-failed")
+#: How an attempt ended; ``running`` stays on one that was killed (no end recorded).
+ATTEMPT_ENDS = ("running", "finished", "interrupted", "failed")
+#: Libraries whose versions the summary records.
+VERSIONED = ("torch", "ray", "optuna", "dp-accounting", "numpy")
+
+
+def _bad(why: str) -> UserInputError:
+    return UserInputError(field="RUN_DIR", value=layout.ATTEMPTS,
+                          allowed=f"a list of attempts as dpsweep writes them ({why})")
+
+
+def _checked(entry: Any) -> dict[str, Any]:
+    if not isinstance(entry, dict) or set(entry) != {"command", "started", "finished", "ended"}:
+        raise _bad("each an object with command, started, finished and ended")
+    if entry["command"] not in ATTEMPT_COMMANDS or entry["ended"] not in ATTEMPT_ENDS:
+        raise _bad(f"command in {list(ATTEMPT_COMMANDS)}, ended in {list(ATTEMPT_ENDS)}")
+    started, finished = entry["started"], entry["finished"]
+    if not _time(started) or not (finished is None or (_time(finished) and finished >= started)):
+        raise _bad("started a time, finished none or a time not before it")
+    if (finished is None) != (entry["ended"] == "running"):
+        raise _bad("an end time exactly when the attempt ended")
+    return dict(entry)
+
+
+def _time(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value) and value > 0)
+
+
+def read_attempts(run: RunDir) -> list[dict[str, Any]]:
+    """The recorded attempts, verified against the manifest and checked field by field
+    (a run that predates the file has none)."""
+    entry = run.manifest.get("files", {}).get(layout.ATTEMPTS)
+    if entry is None or ("sha256" not in entry and not (run.path / layout.ATTEMPTS).exists()):
+        return []  # none yet, or a first write that never happened (as RunDir.check_resumable)
+    try:
+        parsed = json.loads(run.verify(layout.ATTEMPTS).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _bad(f"unreadable: {type(exc).__name__}") from None
+    if not isinstance(parsed, list):
+        raise _bad("a JSON list")
+    return [_checked(entry) for entry in parsed]
+
+
+def _commit(run: RunDir, attempts: list[dict[str, Any]]) -> None:
+    run.commit(layout.ATTEMPTS, _json_bytes(attempts))
+
+
+def begin_attempt(run: RunDir, attempts: list[dict[str, Any]], *, command: str) -> None:
+    """Record an attempt's start after ``attempts`` (read, and checked, already), in place."""
+    if command not in ATTEMPT_COMMANDS:
+        raise ValueError(f"command {command!r} not in {ATTEMPT_COMMANDS}")
+    attempts.append({"command": command, "started": time.time(), "finished": None,
+                     "ended": "running"})
+    _commit(run, attempts)
+
+
+def end_attempt(run: RunDir, attempts: list[dict[str, Any]], *, ended: str) -> None:
+    """Record how the current (last) attempt ended, in place."""
+    if ended not in ATTEMPT_ENDS[1:]:
+        raise ValueError(f"ended {ended!r} not in {ATTEMPT_ENDS[1:]}")
+    attempts[-1].update(finished=time.time(), ended=ended)
+    _commit(run, attempts)
+
+
+def wall_of(attempts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The sweep's wall time: the attempts with a recorded end, and how many have none."""
+    ended = [a for a in attempts if a["finished"] is not None]
+    return {"wall_seconds": sum(a["finished"] - a["started"] for a in ended),
+            "attempts": len(attempts), "attempts_without_end": len(attempts) - len(ended)}
+
+
+def summary_bytes(*, attempts: list[dict[str, Any]], cfg: Any,
+                  tuning: dict[str, Any]) -> bytes:
+    """summary.json for a sweep whose last attempt has just finished: what the report's header,
+    the export's tuning statement and ``dpsweep pick`` read."""
+    from core import __version__
+
+    summary = {
+        "started": attempts[0]["started"], "finished": attempts[-1]["finished"],
+        **wall_of(attempts),
+        "versions": {"dpsweep": __version__, "python": platform.python_version(),
+                     **_library_versions()},
+        "accountant": "prv (upper bound; RDP fallback recorded per trial)",
+        "split_sizes": cfg.split_sizes(),
+        "model": cfg.model.factory or cfg.model.name,
+        "num_classes": cfg.num_classes, "tuning": tuning,
+    }
+    return _json_bytes(summary)
+
+
+def _library_versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in VERSIONED:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def _json_bytes(value: Any) -> bytes:
+    """What ``core.storage.atomic_write_json`` writes, as bytes for ``RunDir.commit``."""
+    return (json.dumps(value, indent=1, sort_keys=True) + "\n").encode("utf-8")
