@@ -339,8 +339,9 @@ def test_report_files_and_self_contained_html(run_dir: Path, built: Path) -> Non
     for text in ("fashion-mnist (10 classes)", "train 5,000, validation 2,000",
                  "cnn28", "prv (PRV accountant", "1, 3; delta 1e-05", "torch 2.4.0",
                  "1 h 02 min (3,723 s) over 3 attempts (the run and its resumes); 1 attempt "
-                 "killed with no recorded end", "Adaptive hyperparameter search over private metrics is not "
-                 "covered", "<b>21</b> trials", "epsilon claim invalid", INVALID_REASON,
+                 "killed with no recorded end",
+                 "Adaptive hyperparameter search over private metrics is not covered",
+                 "<b>21</b> trials", "epsilon claim invalid", INVALID_REASON,
                  "claim contradicted by audit", "replayable: not releasable",
                  "TrialDiverged: train loss became nan", "shadow model diverged",
                  "σ0 1.9000; 1.900×50, 1.600×50", "reference point (0, 1)",
