@@ -58,6 +58,12 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def json_bytes(value: Any, *, allow_nan: bool = True) -> bytes:
+    """The bytes ``atomic_write_json`` writes (for ``RunDir.commit``, which writes bytes)."""
+    return (json.dumps(value, indent=1, sort_keys=True, allow_nan=allow_nan) + "\n"
+            ).encode("utf-8")
+
+
 def atomic_write_json(path: str | os.PathLike[str], value: Any, *, indent: int | None = 1
                       ) -> Path:
     return atomic_write_text(path, json.dumps(value, indent=indent, sort_keys=True) + "\n")

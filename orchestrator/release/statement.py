@@ -36,7 +36,7 @@ import torch
 from core.checks import number, whole
 from core.errors import UserInputError
 from core.records import PrivacyRecord
-from core.storage import TMP_PREFIX, atomic_write_bytes
+from core.storage import TMP_PREFIX, atomic_write_bytes, json_bytes
 from orchestrator.release.model_card import fresh_model, load_instructions, model_description
 from orchestrator.rundir import check_creatable
 from trainables.models import WrappedModel
@@ -551,18 +551,14 @@ def export_trial(*, checkpoint_dir: Path, privacy: PrivacyRecord, out: Path,
     blobs: dict[str, bytes] = {
         WEIGHTS_FILE: buffer.getvalue(),
         SAFETENSORS_FILE: safetensors.torch.save(tensors, metadata={"format": "pt"}),
-        MODEL_FILE: _json_bytes(info),
+        MODEL_FILE: json_bytes(info, allow_nan=False),
     }
     statement = replace(statement, artifacts={name: hashlib.sha256(data).hexdigest()
                                               for name, data in blobs.items()})
-    blobs[STATEMENT_JSON] = _json_bytes(statement.to_dict())
+    blobs[STATEMENT_JSON] = json_bytes(statement.to_dict(), allow_nan=False)
     blobs[STATEMENT_MD] = statement.to_markdown().encode("utf-8")
     _write_release(out, blobs)
     return ExportResult(out=out, files=RELEASE_FILES, statement=statement, model=info)
-
-
-def _json_bytes(value: Any) -> bytes:
-    return (json.dumps(value, indent=1, sort_keys=True, allow_nan=False) + "\n").encode("utf-8")
 
 
 def _check_out(out: Path) -> None:

@@ -20,7 +20,6 @@ damaged records before Ray starts (``signals.check_records``).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import math
@@ -36,6 +35,7 @@ from core import layout
 from core.errors import UserInputError
 from core.layout import RESULTS
 from core.records import PrivacyRecord
+from core.storage import json_bytes
 from orchestrator import config as config_mod
 from orchestrator.config import Config
 from orchestrator.rundir import RunDir, check_creatable
@@ -50,7 +50,13 @@ from orchestrator.sweep.signals import (
     stopped_by,
 )
 from orchestrator.sweep.studies import Outcome, StudyPlan, read_outcome, reconcile
-from orchestrator.sweep.summary import begin_attempt, end_attempt, read_attempts, summary_bytes
+from orchestrator.sweep.summary import (
+    begin_attempt,
+    end_attempt,
+    end_if_begun,
+    read_attempts,
+    summary_bytes,
+)
 from orchestrator.sweep.tuning import (
     adaptive_summary,
     draw_counts,
@@ -124,7 +130,7 @@ class _Driver:
             counts = _read_json(self.run.verify(layout.PRIVATE_TUNING))["counts"]
         else:
             counts = draw_counts(self.cfg, plan)
-            self.run.commit(layout.PRIVATE_TUNING, _json_bytes(
+            self.run.commit(layout.PRIVATE_TUNING, json_bytes(
                 {"counts": counts, "note": "the secret number of trials per series: never "
                                            "exported"}))
         self.certified = certify(schedule=plan.schedule, sample_rate=plan.sample_rate,
@@ -612,11 +618,6 @@ def _read_json(path: Path) -> Any:
     return json.loads(Path(path).read_text())
 
 
-def _json_bytes(value: Any) -> bytes:
-    """What ``core.storage.atomic_write_json`` writes, as bytes for ``RunDir.commit``."""
-    return (json.dumps(value, indent=1, sort_keys=True) + "\n").encode("utf-8")
-
-
 def _validate_before_ray(cfg: Config, *, out: Path | None, address: str | None) -> None:
     """Everything that can be checked without Ray: resources, --out, data, search spaces, the
     cluster's address (probed) or a temp dir for a local Ray."""
@@ -775,26 +776,16 @@ def _drive_and_release(run: RunDir, config: Callable[[], Config], *, address: st
                       command=command, retry_failed=retry_failed)
     except Interrupted as exc:
         exc.run_dir = run.path
-        _end_if_begun(run, attempts, before=before, ended="interrupted")
+        end_if_begun(run, attempts, before=before, ended="interrupted")
         raise
     except Exception as exc:
-        _end_if_begun(run, attempts, before=before, ended="failed")
+        end_if_begun(run, attempts, before=before, ended="failed")
         full = stopped_by(exc, run.path)
         if full is None or full is exc:
             raise
         raise full from exc
     finally:
         run.release()
-
-
-def _end_if_begun(run: RunDir, attempts: list[dict[str, Any]], *, before: int,
-                  ended: str) -> None:
-    """Record how this attempt ended if it began (``attempts`` grew past ``before``) and has
-    no end yet. Best effort: a full disk or a vanished directory leaves it without an end,
-    which the summary then counts as such."""
-    if len(attempts) > before and attempts[-1]["ended"] == "running":
-        with contextlib.suppress(OSError, UserInputError):
-            end_attempt(run, attempts, ended=ended)
 
 
 if __name__ == "__main__":  # pragma: no cover

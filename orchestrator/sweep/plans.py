@@ -24,8 +24,7 @@ from search_spaces import build_space
 if TYPE_CHECKING:
     from orchestrator.rundir import RunDir
 
-__all__ = ["precompute", "precompute_order", "schedule_points",
-           "study_plans"]
+__all__ = ["precompute", "precompute_order", "schedule_points", "study_plans"]
 
 
 def study_plans(cfg: Config, *, counts: dict[str, int] | None = None) -> list[StudyPlan]:
@@ -54,7 +53,6 @@ def study_plans(cfg: Config, *, counts: dict[str, int] | None = None) -> list[St
                                    mode=mode, epsilon=eps, space=space, n_trials=n_trials,
                                    objectives=objectives))
     return plans
-
 
 
 def schedule_points(plan: StudyPlan) -> list[dict[str, Any]]:

@@ -9,6 +9,7 @@ none, so a resumed run's time is neither the last attempt's alone nor a guess.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import platform
@@ -17,10 +18,11 @@ from typing import Any
 
 from core import layout
 from core.errors import UserInputError
+from core.storage import json_bytes
 from orchestrator.rundir import RunDir
 
-__all__ = ["ATTEMPT_COMMANDS", "ATTEMPT_ENDS", "begin_attempt", "end_attempt", "read_attempts",
-           "summary_bytes", "wall_of"]
+__all__ = ["ATTEMPT_COMMANDS", "ATTEMPT_ENDS", "begin_attempt", "end_attempt", "end_if_begun",
+           "read_attempts", "summary_bytes", "wall_of"]
 
 #: What started an attempt.
 ATTEMPT_COMMANDS = ("run", "resume", "resume --retry-failed")
@@ -69,7 +71,7 @@ def read_attempts(run: RunDir) -> list[dict[str, Any]]:
 
 
 def _commit(run: RunDir, attempts: list[dict[str, Any]]) -> None:
-    run.commit(layout.ATTEMPTS, _json_bytes(attempts))
+    run.commit(layout.ATTEMPTS, json_bytes(attempts))
 
 
 def begin_attempt(run: RunDir, attempts: list[dict[str, Any]], *, command: str) -> None:
@@ -87,6 +89,16 @@ def end_attempt(run: RunDir, attempts: list[dict[str, Any]], *, ended: str) -> N
         raise ValueError(f"ended {ended!r} not in {ATTEMPT_ENDS[1:]}")
     attempts[-1].update(finished=time.time(), ended=ended)
     _commit(run, attempts)
+
+
+def end_if_begun(run: RunDir, attempts: list[dict[str, Any]], *, before: int,
+                 ended: str) -> None:
+    """Record how this attempt ended if it began (``attempts`` grew past ``before``) and has
+    no end yet. Best effort: a full disk or a vanished directory leaves it without an end,
+    which the summary then counts as such."""
+    if len(attempts) > before and attempts[-1]["ended"] == "running":
+        with contextlib.suppress(OSError, UserInputError):
+            end_attempt(run, attempts, ended=ended)
 
 
 def wall_of(attempts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -112,7 +124,7 @@ def summary_bytes(*, attempts: list[dict[str, Any]], cfg: Any,
         "model": cfg.model.factory or cfg.model.name,
         "num_classes": cfg.num_classes, "tuning": tuning,
     }
-    return _json_bytes(summary)
+    return json_bytes(summary)
 
 
 def _library_versions() -> dict[str, str]:
@@ -125,8 +137,3 @@ def _library_versions() -> dict[str, str]:
         except PackageNotFoundError:
             out[name] = "not installed"
     return out
-
-
-def _json_bytes(value: Any) -> bytes:
-    """What ``core.storage.atomic_write_json`` writes, as bytes for ``RunDir.commit``."""
-    return (json.dumps(value, indent=1, sort_keys=True) + "\n").encode("utf-8")
