@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -185,16 +186,22 @@ def _nothing_qualifies(*, pool: pd.DataFrame, front: pd.DataFrame, admissible: p
                           allowed=f"a constraint that some trial meets: {text}")
 
 
-def _no_pool(frame: pd.DataFrame, *, scope: str) -> UserInputError:
+def _no_pool(frame: pd.DataFrame, *, scope: str, run_dir: object) -> UserInputError:
     reasons = exclusion_reasons(frame)
     counts: dict[str, int] = {}
     for reason in reasons[reasons != ""]:
         key = reason.split(":")[0].split(" (")[0].split(" of ")[0]
         counts[key] = counts.get(key, 0) + 1
     why = ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "no trials"
-    return UserInputError(field="RUN_DIR", value=scope,
-                          allowed=f"at least one finished, audited, non-degenerate DP trial "
-                                  f"(run the audit first if none is audited; here: {why})")
+    return UserInputError(field="RUN_DIR", value=_shown(run_dir),
+                          allowed=f"at least one finished, audited, non-degenerate DP trial in "
+                                  f"{scope} (run the audit first if none is audited; here: "
+                                  f"{why})")
+
+
+def _shown(run_dir: object) -> str:
+    """RUN_DIR's value as the line shows it (the caller's path; without one, a placeholder)."""
+    return "(the run directory)" if run_dir is None else str(run_dir)
 
 
 def _no_admissible(pool: pd.DataFrame, *, allow_invalid_dp: bool, allow_replayable: bool,
@@ -215,9 +222,10 @@ def _no_admissible(pool: pd.DataFrame, *, allow_invalid_dp: bool, allow_replayab
 def choose(frame: pd.DataFrame, *, validation_size: int | None,
            max_peak_mia: float | None = None, min_val_acc: float | None = None,
            series: str | None = None, allow_invalid_dp: bool = False,
-           allow_replayable: bool = False) -> Choice:
+           allow_replayable: bool = False, run_dir: str | Path | None = None) -> Choice:
     """The deployable trial under the constraints (module docstring), or one UserInputError
-    naming the constraint that excluded the trials and the closest ones."""
+    naming the constraint that excluded the trials and the closest ones (``run_dir``: the
+    value a refusal naming RUN_DIR shows)."""
     check_constraint("--max-peak-mia", max_peak_mia)
     check_constraint("--min-val-acc", min_val_acc)
     if series is not None:
@@ -229,7 +237,7 @@ def choose(frame: pd.DataFrame, *, validation_size: int | None,
     scope = f"series {series}" if series else "all series"
     pool = eligible(frame, validation_size=validation_size)
     if pool.empty:
-        raise _no_pool(frame, scope=scope)
+        raise _no_pool(frame, scope=scope, run_dir=run_dir)
     admissible = _admissible(pool, allow_invalid_dp=allow_invalid_dp,
                              allow_replayable=allow_replayable)
     if not admissible.any():
@@ -254,7 +262,7 @@ def choose(frame: pd.DataFrame, *, validation_size: int | None,
 
 
 def choose_private(frame: pd.DataFrame, *, allow_invalid_dp: bool = False,
-                   allow_replayable: bool = False) -> Choice:
+                   allow_replayable: bool = False, run_dir: str | Path | None = None) -> Choice:
     """Private tuning's release: the search trial with the highest noisy validation score.
 
     That argmax is what Papernot & Steinke's bound covers, so nothing noiseless is read: not
@@ -265,7 +273,7 @@ def choose_private(frame: pd.DataFrame, *, allow_invalid_dp: bool = False,
     zero under Gaussian noise) go to the readable trial id.
     """
     if frame.empty or NOISY not in frame.columns:
-        raise _nothing_released()
+        raise _nothing_released(run_dir)
     score = pd.to_numeric(frame[NOISY], errors="coerce").astype(float)
     status = frame.get("status", pd.Series("", index=frame.index)).fillna("").astype(str)
     repeat = frame.get("repeat_of", pd.Series("", index=frame.index)).fillna("").astype(str)
@@ -273,7 +281,7 @@ def choose_private(frame: pd.DataFrame, *, allow_invalid_dp: bool = False,
     searched = (status == "ok") & score.map(math.isfinite) & (repeat == "") & (
         method != NONPRIVATE)
     if not searched.any():
-        raise _nothing_released()
+        raise _nothing_released(run_dir)
     pool = frame[searched].assign(**{NOISY: score[searched]})
     for column in ("dp_valid", "release_safe"):
         pool[column] = pool[column].fillna(False).astype(bool)
@@ -291,7 +299,8 @@ def choose_private(frame: pd.DataFrame, *, allow_invalid_dp: bool = False,
                                "allow_replayable": allow_replayable})
 
 
-def _nothing_released() -> UserInputError:
-    return UserInputError(field="RUN_DIR", value="private tuning",
-                          allowed="a run with at least one finished trial (K = 0 trials were "
-                                  "drawn, or every trial failed: nothing is released)")
+def _nothing_released(run_dir: object) -> UserInputError:
+    return UserInputError(field="RUN_DIR", value=_shown(run_dir),
+                          allowed="a private-tuning run with at least one finished trial (K = 0 "
+                                  "trials were drawn, or every trial failed: nothing is "
+                                  "released)")

@@ -223,6 +223,14 @@ class FileSource:
         return result
 
 
+def class_names(source: FileSource) -> tuple[str, ...]:
+    """An image folder's class names in label order (the sorted folder names that
+    :func:`read_source` numbers 0, 1, ...); empty for a source whose labels are bare integers."""
+    if source.factory or source.kind != "images":
+        return ()
+    return tuple(d.name for d in _class_dirs(Path(source.path).expanduser(), "data.path"))
+
+
 def stat_signature(source: FileSource) -> tuple[tuple[str, int, int], ...]:
     """Path, size and mtime of every file the source reads, so a cache never serves a
     replaced file (a factory's output is cached by the source alone)."""
@@ -490,7 +498,7 @@ def _read_factory(source: FileSource) -> tuple[_Raw, _Raw | None]:
     origin = _Origin("data.factory", source.factory)
     fn = resolve(field="data.factory", reference=source.factory,
                  code_dir=source.code_dir or None)
-    result = call_user(field="data.factory", fn=fn)
+    result = call_user(field="data.factory", fn=fn, reference=source.factory)
     if isinstance(result, Mapping):
         return _factory_dict(result, origin)
     if isinstance(result, tuple | list) and len(result) == 2:

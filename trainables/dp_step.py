@@ -45,6 +45,7 @@ from core.schedule import Schedule
 from trainables.engine import GradEngine, PerExampleView
 from trainables.norms import scaled_sq_norms
 from trainables.optim import Update
+from trainables.trainable import TrainableLayers, trainable_layers
 
 if TYPE_CHECKING:
     import torch
@@ -296,7 +297,7 @@ class DPStep:
     def __init__(
         self,
         *,
-        model: LayeredModel,
+        model: LayeredModel | TrainableLayers,
         params: Mapping[str, Any],
         noise_schedule: Schedule,
         sample_rate: float,
@@ -317,12 +318,14 @@ class DPStep:
         self.noise_schedule = noise_schedule
         self.total_steps = noise_schedule.steps
         self.public = public
-        self.model = model
+        #: What the step trains: the model's trainable parameters, in layers (a frozen layer is
+        #: no layer here; a parameter of a parent is one of its own; ``TrainableLayers``).
+        self.model = trainable_layers(model)
         self.expected_batch_size = float(expected_batch_size)
         self.randomness = randomness
         self.max_physical_batch = max_physical_batch
-        self.layer_of = model.layer_of_parameter()
-        self.num_layers = len(model.layer_names)
+        self.layer_of = self.model.layer_of_parameter()
+        self.num_layers = len(self.model.layer_names)
         self.step_count = 0
         #: Example-steps whose own coefficients overreached the bound and were capped by the
         #: guard (0 for a sound rule; recorded with the trial's privacy record).
@@ -331,7 +334,7 @@ class DPStep:
         self.last_guard_ratio = 0.0
         self.ledger = Ledger(sample_rate=sample_rate)
         self.optimizer = self._make_optimizer(lr=self.lr, momentum=float(p.get("momentum", 0.0)))
-        self.engine = GradEngine(model, max_physical_batch=max_physical_batch)
+        self.engine = GradEngine(self.model, max_physical_batch=max_physical_batch)
 
     # ---- validity (derived from the mode's declaration) --------------------------------------
     @property

@@ -86,23 +86,35 @@ choice and its constants ``KEEP_RATIO`` and ``MATERIALIZE_COST``, the tap) is in
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import functools
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from core.errors import UserInputError
 from core.lazy import lazy_module
+from trainables.func_grads import (
+    Call,
+    CallDims,
+    NotPerExample,
+    OwnerFallback,
+    leaves,
+    probe_calls,
+    rebuild,
+)
 from trainables.module_grads import (
-    BlockFallback,
     Geometry,
     Handler,
+    check_embedding,
     choose,
     combine,
     handler_types,
     scale_rows,
-    tap_function,
 )
 from trainables.norms import scaled_sq_norms
+from trainables.rnn_grads import RecurrentUnit, recurrent_types
+from trainables.trainable import TrainableLayers, trainable_layers
 
 if TYPE_CHECKING:
     import torch
@@ -191,10 +203,16 @@ def _accumulate(into: dict[str, torch.Tensor], name: str, value: torch.Tensor) -
 
 
 class _Pass:
-    """Hooks, taps and sinks of one forward + backward over one chunk.
+    """Hooks and gradient sinks of one forward + backward over one chunk.
 
     ``coef`` None: norms mode (per-layer squared norms plus the chunk state); otherwise sums
     mode (each module adds sum_i coef_i g_i directly: no state, used for recomputed chunks).
+    A module's output gradient is caught by a hook on the output tensor itself, registered
+    before the caller sees it: the hook receives the gradient of the value the module
+    returned, even when the caller then changes that tensor in place (``ReLU(inplace=True)``,
+    ``out += identity``), and it costs no copy. An output that does not require grad yet
+    (everything before the first hooked module is constant: the parameters are detached) is
+    first added to a zero scalar leaf, the ``anchor`` the backward is run for.
     """
 
     def __init__(self, engine: GradEngine, n: int, *, live: Sequence[bool], dtype: torch.dtype,
@@ -207,28 +225,74 @@ class _Pass:
         self.pending: list[tuple[Handler, torch.Tensor, torch.Tensor]] = []
         self.sums: dict[str, torch.Tensor] = {}
         self.calls: dict[int, int] = {}
-        self.fallback_io: list[tuple[BlockFallback, torch.Tensor, torch.Tensor]] = []
+        self.fallback_calls: list[tuple[OwnerFallback, Call, tuple[torch.Tensor, int]]] = []
         self.anchor = torch.zeros((), dtype=dtype, device=device, requires_grad=True)
 
-    # -- forward hooks
-    def hook(self, handler: Handler | BlockFallback) -> Callable[..., torch.Tensor]:
-        tap = tap_function()
+    def _tapped(self, value: torch.Tensor, sink: Callable[[torch.Tensor], None]) -> torch.Tensor:
+        if not value.requires_grad:
+            value = value + self.anchor
+        value.register_hook(lambda grad: sink(grad) and None)
+        return value
 
-        def forward_hook(module: nn.Module, inputs: tuple[Any, ...],
-                         output: torch.Tensor) -> torch.Tensor:
+    # -- forward hooks
+    def hook(self, unit: Handler | OwnerFallback) -> Callable[..., Any]:
+        def forward_hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                         output: Any) -> Any:
             del module
-            self.calls[id(handler)] = self.calls.get(id(handler), 0) + 1
-            if isinstance(handler, BlockFallback):
-                a = inputs[0].detach()
-                return tap.apply(output, self.anchor,
-                                 lambda b: self.fallback_io.append((handler, a, b)))
-            a = handler.prepare(inputs[0])
-            return tap.apply(output, self.anchor, lambda b: self.on_grad(handler, a, b))
+            call = self.calls.get(id(unit), 0)
+            self.calls[id(unit)] = call + 1
+            dims = self.engine.call_dims(unit, call)
+            flat_in, spec = leaves((args, kwargs))
+            if isinstance(unit, OwnerFallback):
+                return self._hook_fallback(unit, flat_in, spec, dims, output)
+            first = next(i for i, v in enumerate(flat_in) if isinstance(v, torch.Tensor))
+            a_in = flat_in[first]
+            version = (a_in, a_in._version)
+            a = unit.prepare(_batch_first(a_in.detach(), dims.inputs[first], unit))
+            d_out = dims.outputs[0]
+            return self._tapped(output, lambda b: self.on_grad(
+                unit, a, _batch_first(b, d_out, unit), version))
 
         return forward_hook
 
+    def _hook_fallback(self, unit: OwnerFallback, flat_in: list[Any], spec: Any,
+                       dims: CallDims, output: Any) -> Any:
+        kept = [v.detach() if isinstance(v, torch.Tensor) else v for v in flat_in]
+        first = next((v for v in flat_in if isinstance(v, torch.Tensor)), None)
+        flat_out, out_spec = leaves(output)
+        grads: list[torch.Tensor | None] = [None] * len(flat_out)
+
+        def sink(k: int) -> Callable[[torch.Tensor], None]:
+            def put(grad: torch.Tensor) -> None:
+                grads[k] = grad if grads[k] is None else grads[k] + grad
+            return put
+
+        tapped = [self._tapped(v, sink(k)) if isinstance(v, torch.Tensor)
+                  and v.is_floating_point() else v for k, v in enumerate(flat_out)]
+        version = (first, first._version) if first is not None else (self.anchor, 0)
+        self.fallback_calls.append((unit, (kept, spec, dims, grads), version))
+        return rebuild(tapped, out_spec)
+
+    def recurrent_tap(self, parts: list[tuple[Handler, Any, Any]], z: torch.Tensor
+                      ) -> torch.Tensor:
+        """A recurrent unit's projection ``z`` ([B, T, G]): its gradient goes to each part
+        with that part's kept input (a tensor, or a function giving it once the forward is
+        over) and transform (see :mod:`trainables.rnn_grads`)."""
+        for part, _, _ in parts:
+            self.calls[id(part)] = self.calls.get(id(part), 0) + 1
+
+        def sink(b: torch.Tensor) -> None:
+            for part, a, transform in parts:
+                kept = a() if callable(a) else a
+                self.on_grad(part, kept, b if transform is None else transform(b), None)
+
+        return self._tapped(z, sink)
+
     # -- backward sinks
-    def on_grad(self, handler: Handler, a: torch.Tensor, b: torch.Tensor) -> None:
+    def on_grad(self, handler: Handler, a: torch.Tensor, b: torch.Tensor,
+                version: tuple[torch.Tensor, int] | None) -> None:
+        if version is not None:
+            _check_version(version, handler.qualname)
         if self.coef is not None:
             for n, s in handler.weighted(a, b, self.coef[:, handler.layer]).items():
                 _accumulate(self.sums, n, s)
@@ -251,17 +315,71 @@ class _Pass:
             self.pending.append((handler, a, b))
 
     def finish(self) -> None:
-        """After the backward: block fallbacks, then the squared norms of what was kept."""
-        for fb, a, b in self.fallback_io:
-            if self.coef is not None:
-                for n, s in fb.weighted(a, b, self.coef[:, fb.layer]).items():
-                    _accumulate(self.sums, n, s)
-            else:
-                for n, g in fb.per_example(a, b, chunk=self.engine.max_physical_batch).items():
+        """After the backward: the fallbacks' calls, then the squared norms of what was kept."""
+        by_unit: dict[int, tuple[OwnerFallback, list[Call]]] = {}
+        for unit, call, version in self.fallback_calls:
+            _check_version(version, unit.qualname or "the model")
+            by_unit.setdefault(id(unit), (unit, []))[1].append(call)
+        self.fallback_calls = []
+        layer_of = self.engine.layer_of
+        for unit, calls in by_unit.values():
+            # per-example in both modes: a forward that draws randomness (dropout) redraws it
+            # identically when a chunk is recomputed (``_replaying``), so the sums are formed
+            # from the very gradients whose norms were clipped
+            got = unit.per_example(calls, chunk=self.engine.max_physical_batch)
+            for n, g in got.items():
+                if not self.live[layer_of[n]]:
+                    continue
+                if self.coef is None:
                     _accumulate(self.kept, n, g)
-        self.fallback_io = []
-        for n, g in self.kept.items():
-            self.sq[:, self.engine.layer_of[n]] += scaled_sq_norms(g)
+                else:
+                    _accumulate(self.sums, n, combine(self.coef[:, layer_of[n]], g))
+        if self.coef is None:
+            for n, g in self.kept.items():
+                self.sq[:, layer_of[n]] += scaled_sq_norms(g)
+
+
+def _rng_state(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The global generators' states (CPU, and the device's) before a chunk's forward."""
+    device = torch.cuda.get_rng_state(x.device) if x.device.type == "cuda" else None
+    return torch.random.get_rng_state(), device
+
+
+@contextlib.contextmanager
+def _replaying(state: tuple[torch.Tensor, torch.Tensor | None], x: torch.Tensor
+               ) -> Iterator[None]:
+    """Recompute a chunk with the randomness its first forward drew (dropout masks), leaving
+    the global generators as they were: a recomputed sum must be of the gradients whose norms
+    the clip phase saw."""
+    devices = [x.device] if state[1] is not None else []
+    with torch.random.fork_rng(devices=devices):
+        torch.random.set_rng_state(state[0])
+        if state[1] is not None:
+            torch.cuda.set_rng_state(state[1], x.device)
+        yield
+
+
+def _layers(unit: Unit) -> list[int]:
+    return list(unit.layers) if isinstance(unit, OwnerFallback) else [unit.layer]
+
+
+def _batch_first(t: torch.Tensor, dim: int | None, unit: Handler) -> torch.Tensor:
+    """A hooked tensor with its batch dimension first (where the module's rule needs it)."""
+    if dim == 0:
+        return t
+    if dim is None or not unit.batch_anywhere:
+        where = "has no batch dimension" if dim is None else f"has its batch in dimension {dim}"
+        raise NotPerExample(f"the input or output of {unit.qualname} ({unit.kind}) {where}")
+    return t.movedim(dim, 0)
+
+
+def _check_version(version: tuple[torch.Tensor, int], where: str) -> None:
+    """The engine keeps a module's input until the backward: changed in place after the module
+    ran, it would no longer be the input the gradient belongs to."""
+    tensor, seen = version
+    if tensor._version != seen:
+        raise NotPerExample(f"the input of {where} is changed in place after {where} ran "
+                            "(its per-example gradient needs the value it was called with)")
 
 
 class BookkeepingView:
@@ -270,8 +388,9 @@ class BookkeepingView:
     def __init__(self, *, engine: GradEngine, x: torch.Tensor, y: torch.Tensor,
                  live: list[bool], bounds: list[tuple[int, int]],
                  states: list[_ChunkState | None], norms: torch.Tensor,
-                 losses: torch.Tensor) -> None:
+                 losses: torch.Tensor, rngs: list[Any]) -> None:
         self.norms = norms
+        self._rngs = rngs
         self.losses = losses
         self._engine = engine
         self._x, self._y = x, y
@@ -292,13 +411,66 @@ class BookkeepingView:
                 if engine._versions() != self._versions:
                     raise RuntimeError("the model's parameters changed after compute(); "
                                        "a chunked view cannot recompute its sums")
-                part = engine._sums(self._x[start:stop], self._y[start:stop], c,
-                                    live=self._live)
+                with _replaying(self._rngs[start // engine.max_physical_batch], self._x):
+                    part = engine._sums(self._x[start:stop], self._y[start:stop], c,
+                                        live=self._live)
             for n, s in part.items():
                 _accumulate(total, n, s)
         params = dict(engine.model.named_parameters())
         return {n: total[n] if n in total else torch.zeros_like(params[n])
                 for n in engine.live_parameters(self._live)}
+
+
+# ---- units ------------------------------------------------------------------------------------
+Unit = Handler | OwnerFallback | RecurrentUnit
+
+
+#: Modules whose children's forwards never run (the parent reads the children's parameters
+#: directly): one exact fallback covers all of their parameters.
+def _atomic_types() -> tuple[type, ...]:
+    return (torch.nn.MultiheadAttention,)
+
+
+def build_units(modules: Iterable[tuple[str, nn.Module]], layer_of: dict[str, int]
+                ) -> list[Unit]:
+    """One unit per module that owns a trainable parameter: the module's handler where the
+    engine has its algebra, else the exact fallback for its own parameters (all of them under
+    an atomic module such as ``nn.MultiheadAttention``); recurrent modules get their
+    step-by-step unit (:mod:`trainables.rnn_grads`). Frozen parameters get no unit."""
+    types = handler_types()
+    units: list[Unit] = []
+    claimed: list[str] = []
+    for qual, module in modules:
+        if any(qual.startswith(c + ".") for c in claimed):
+            continue
+
+        def full(local: str, q: str = qual) -> str:
+            return f"{q}.{local}" if q else local
+
+        if isinstance(module, _atomic_types()):
+            mine = [n for n, _ in module.named_parameters() if full(n) in layer_of]
+            if mine:
+                units.append(OwnerFallback(module, qualname=qual, params=mine,
+                                           layer_of=layer_of))
+            claimed.append(qual)
+            continue
+        own = [n for n, _ in module.named_parameters(recurse=False) if full(n) in layer_of]
+        if not own:
+            continue
+        if isinstance(module, torch.nn.Embedding):
+            check_embedding(module, qual)
+        handler = types.get(type(module))
+        if isinstance(module, recurrent_types()):
+            handler = RecurrentUnit  # type: ignore[assignment]
+        if handler is None:
+            units.append(OwnerFallback(module, qualname=qual, params=own, layer_of=layer_of))
+            continue
+        layers = {layer_of[full(n)] for n in own}
+        if len(layers) != 1:
+            raise ValueError(f"the parameters of {qual} are in {len(layers)} layers, not one")
+        units.append(handler(module, qualname=qual, layer=layers.pop(),
+                             trainable={full(n) for n in own}))
+    return units
 
 
 # ---- the engine -------------------------------------------------------------------------------
@@ -328,7 +500,7 @@ class GradEngine:
     reference).
     """
 
-    def __init__(self, model: LayeredModel, *, strategy: str = "auto",
+    def __init__(self, model: LayeredModel | TrainableLayers, *, strategy: str = "auto",
                  max_physical_batch: int = 512) -> None:
         if strategy not in STRATEGIES:
             raise UserInputError(field="strategy", value=strategy, allowed=f"one of {STRATEGIES}")
@@ -336,25 +508,17 @@ class GradEngine:
                 or max_physical_batch < 1:
             raise UserInputError(field="max_physical_batch", value=max_physical_batch,
                                  allowed="a positive integer")
-        self.model = model
-        #: A user model whose unhandled layers cannot be differentiated block by block
+        self.model = trainable_layers(model)
+        #: A user model whose modules cannot be followed example by example
         #: (``trainables.validator``) takes the exact path over the whole model.
-        whole = getattr(model, "per_example_path", ENGINE_PATH) == WHOLE_EXACT_PATH
+        whole = self.model.per_example_path == WHOLE_EXACT_PATH
         self.strategy = "vmap" if whole else strategy
         self.max_physical_batch = max_physical_batch
-        self.layer_names = model.layer_names
+        self.layer_names = self.model.layer_names
         self.num_layers = len(self.layer_names)
-        self.layer_of = model.layer_of_parameter()
-        types = handler_types()
-        qual = {m: n for n, m in model.named_modules()}
-        self._units: list[Handler | BlockFallback] = []
-        for index, block in enumerate(model.blocks.values()):
-            owners = [m for m in block.modules() if next(m.parameters(recurse=False), None)
-                      is not None]
-            if all(type(m) in types for m in owners):
-                self._units += [types[type(m)](m, qualname=qual[m], layer=index) for m in owners]
-            else:
-                self._units.append(BlockFallback(block, qualname=qual[block], layer=index))
+        self.layer_of = self.model.layer_of_parameter()
+        self._units = build_units(self.model.named_modules(), self.layer_of)
+        self._dims: dict[int, list[CallDims]] | None = None
 
     # -- introspection
     @property
@@ -362,7 +526,7 @@ class GradEngine:
         """Which per-example path this engine takes (``ENGINE_PATH`` and the two exact ones)."""
         if self.strategy == "vmap":
             return WHOLE_EXACT_PATH
-        if any(isinstance(u, BlockFallback) for u in self._units):
+        if any(isinstance(u, OwnerFallback) for u in self._units):
             return BLOCK_EXACT_PATH
         return ENGINE_PATH
 
@@ -372,19 +536,49 @@ class GradEngine:
     def _versions(self) -> list[int]:
         return [p._version for p in self.model.parameters()]
 
+    def call_dims(self, unit: Handler | OwnerFallback, call: int) -> CallDims:
+        """Batch dimensions of ``unit``'s ``call``-th call in a forward (probed once)."""
+        calls = (self._dims or {}).get(id(unit), [])
+        if call >= len(calls):
+            raise NotPerExample(f"{unit.qualname or 'the model'} ran more often than in the "
+                                "probe forward (a data-dependent number of calls)")
+        return calls[call]
+
+    def probe(self, x: torch.Tensor) -> None:
+        """Find every hooked module's batch dimensions (``trainables.func_grads``), once."""
+        if self._dims is not None or self.strategy == "vmap":
+            return
+        probed = [u for u in self._units if not isinstance(u, RecurrentUnit)]
+        modules = {id(u): u.module for u in probed}
+        names = {id(u): u.qualname or "the model" for u in probed}
+        self._dims = probe_calls(self.model.model, x, modules, names)
+
     def plan(self, sample: torch.Tensor) -> list[ModulePlan]:
         """Each module's algorithm for inputs shaped like ``sample`` (one forward, no grads)."""
+        self.probe(sample)
         seen: list[ModulePlan] = []
+        counts: dict[int, int] = {}
 
-        def record(unit: Handler | BlockFallback) -> Callable[..., None]:
-            def hook(module: nn.Module, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+        def record(unit: Unit) -> Callable[..., None]:
+            def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                     output: Any) -> None:
                 del module
-                layer = self.layer_names[unit.layer]
-                if isinstance(unit, BlockFallback):
-                    seen.append(ModulePlan(layer=layer, module=layer, kind="block",
-                                           geometry=Geometry(1, 1, 1), norm="vmap", keep=True))
+                call = counts.get(id(unit), 0)
+                counts[id(unit)] = call + 1
+                if call:
                     return
-                geometry = unit.geometry(unit.prepare(inputs[0]), output)
+                layer = self.layer_names[_layers(unit)[0]]
+                if not isinstance(unit, Handler):
+                    how = "vmap" if isinstance(unit, OwnerFallback) else "Linear rules per step"
+                    seen.append(ModulePlan(layer=layer, module=unit.qualname or "(model)",
+                                           kind=unit.kind, geometry=Geometry(1, 1, 1),
+                                           norm=how, keep=True))
+                    return
+                dims = self.call_dims(unit, 0)
+                flat, _ = leaves((args, kwargs))
+                first = next(i for i, v in enumerate(flat) if isinstance(v, torch.Tensor))
+                a = unit.prepare(_batch_first(flat[first], dims.inputs[first], unit))
+                geometry = unit.geometry(a, _batch_first(output, dims.outputs[0], unit))
                 if unit.per_channel:
                     norm, keep = "per-channel", True
                 elif self.strategy == "vmap":
@@ -395,7 +589,8 @@ class GradEngine:
                                        geometry=geometry, norm=norm, keep=keep))
             return hook
 
-        handles = [u.module.register_forward_hook(record(u)) for u in self._units]
+        handles = [u.module.register_forward_hook(record(u), with_kwargs=True)
+                   for u in self._units]
         try:
             with torch.no_grad():
                 self.model(sample[:1])
@@ -414,14 +609,18 @@ class GradEngine:
                                  allowed=f"one flag per layer ({self.num_layers})")
         if self.strategy == "vmap":
             return self._vmap(x, y, live)
+        if x.shape[0]:
+            self.probe(x)
         n = x.shape[0]
         bounds = [(s, min(n, s + self.max_physical_batch))
                   for s in range(0, n, self.max_physical_batch)]
         norms, losses = [], []
         states: list[_ChunkState | None] = []
+        rngs: list[Any] = []  # generator states at each chunk's start, to recompute it
         for start, stop in bounds:
             if states:
                 states[-1] = None  # memory bounded by one chunk: earlier ones are recomputed
+            rngs.append(_rng_state(x))
             state, chunk_norms, chunk_losses = self._norms(x[start:stop], y[start:stop],
                                                            live=live)
             norms.append(chunk_norms)
@@ -432,7 +631,7 @@ class GradEngine:
             norms = [torch.zeros(0, self.num_layers, dtype=torch.float64, device=x.device)]
             losses = [torch.zeros(0, dtype=self._dtype(), device=x.device)]
         return BookkeepingView(engine=self, x=x, y=y, live=live, bounds=bounds, states=states,
-                               norms=torch.cat(norms), losses=torch.cat(losses))
+                               norms=torch.cat(norms), losses=torch.cat(losses), rngs=rngs)
 
     def _dtype(self) -> torch.dtype:
         first = next(self.model.parameters(), None)
@@ -454,8 +653,12 @@ class GradEngine:
         p = _Pass(self, x.shape[0], live=live, dtype=self._dtype(), device=x.device, coef=coef)
         params = list(self.model.parameters())
         saved = [q.requires_grad for q in params]
-        handles = [u.module.register_forward_hook(p.hook(u)) for u in self._units
-                   if live[u.layer]]
+        active = [u for u in self._units if any(live[i] for i in _layers(u))]
+        handles = [u.module.register_forward_hook(p.hook(u), with_kwargs=True)
+                   for u in active if not isinstance(u, RecurrentUnit)]
+        for u in active:
+            if isinstance(u, RecurrentUnit):  # an instance attribute shadows the class's
+                u.module.forward = functools.partial(u.forward, p.recurrent_tap)
         try:
             for q in params:
                 q.requires_grad_(False)
@@ -471,18 +674,22 @@ class GradEngine:
         finally:
             for h in handles:
                 h.remove()
+            for u in active:
+                if isinstance(u, RecurrentUnit):
+                    del u.module.forward
             for q, s in zip(params, saved, strict=True):
                 q.requires_grad_(s)
         return p, losses.detach()
 
     def _vmap(self, x: torch.Tensor, y: torch.Tensor, live: list[bool]) -> MaterializedGrads:
-        """Today's reference path: vmap of grad of the per-example loss over the whole model."""
+        """The reference path: vmap of grad of the per-example loss over the whole model
+        (frozen parameters and those of layers not live held fixed)."""
         from torch.func import functional_call, grad_and_value, vmap
 
-        model = self.model
-        trainable = {n: q.detach() for n, q in model.named_parameters() if live[self.layer_of[n]]}
-        fixed = {n: q.detach() for n, q in model.named_parameters()
-                 if not live[self.layer_of[n]]}
+        model = self.model.model
+        trainable = {n: q.detach() for n, q in model.named_parameters()
+                     if n in self.layer_of and live[self.layer_of[n]]}
+        fixed = {n: q.detach() for n, q in model.named_parameters() if n not in trainable}
 
         def loss_one(tp: dict[str, torch.Tensor], xi: torch.Tensor,
                      yi: torch.Tensor) -> torch.Tensor:

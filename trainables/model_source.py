@@ -33,7 +33,8 @@ class ModelSource:
     """``name``/``activation`` pick a built-in; ``factory`` (``"package.module:function"``,
     imported from ``code_dir``) replaces them with ``factory(input_shape=..., num_classes=...,
     **args)``; ``layers`` are module paths inside the returned module (empty: each top-level
-    child that owns parameters)."""
+    child that owns parameters); ``fix`` replaces its BatchNorms with GroupNorms and drops
+    InstanceNorm running statistics first (``trainables.model_fix``)."""
 
     name: str = "auto"
     activation: str = "tanh"
@@ -41,6 +42,7 @@ class ModelSource:
     args: Mapping[str, Any] = field(default_factory=dict)
     layers: tuple[str, ...] = ()
     code_dir: str = ""
+    fix: bool = False
 
     def __post_init__(self) -> None:
         if self.factory:
@@ -62,6 +64,8 @@ class ModelSource:
         if layers and not self.factory:
             raise UserInputError(field="model.layers", value=list(layers),
                                  allowed="unset for a built-in model (its layers are fixed)")
+        if not isinstance(self.fix, bool):
+            raise UserInputError(field="model.fix", value=self.fix, allowed="true or false")
         object.__setattr__(self, "layers", layers)
         object.__setattr__(self, "args", dict(self.args))
 
@@ -74,12 +78,14 @@ class ModelSource:
         return self.factory if self.is_user else model_for(model=self.name, dataset=dataset)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "activation": self.activation, "factory": self.factory,
-                "args": dict(self.args), "layers": list(self.layers), "code_dir": self.code_dir}
+        """Plain data; ``fix`` only when set, so records written without it read the same."""
+        out = {"name": self.name, "activation": self.activation, "factory": self.factory,
+               "args": dict(self.args), "layers": list(self.layers), "code_dir": self.code_dir}
+        return {**out, "fix": True} if self.fix else out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ModelSource:
-        known = {"name", "activation", "factory", "args", "layers", "code_dir"}
+        known = {"name", "activation", "factory", "args", "layers", "code_dir", "fix"}
         extra = set(d) - known
         if extra:
             raise UserInputError(field="model", value=sorted(extra),
@@ -91,22 +97,35 @@ class ModelSource:
         """A fresh network (seed torch first); a user's is checked by ``trainables.validator``.
 
         ``sample`` is a small batch shaped like the data (its dtype tells token ids from
-        features); by default standard-normal features.
+        features); by default standard-normal features. With ``fix``, a user's network is
+        fixed (``trainables.model_fix``) before the checks, and the model's ``model_fixes``
+        lists what was replaced (plain dicts, for the privacy record).
         """
+        from torch import nn
+
+        from trainables.model_fix import fix_model
         from trainables.models import build_model
         from trainables.validator import sample_batch, wrap_checked
 
-        if not self.is_user:
+        if not self.is_user:  # nothing to fix: no built-in model has a BatchNorm
             return build_model(name=model_for(model=self.name, dataset=dataset),
                                input_shape=tuple(input_shape), num_classes=num_classes,
                                activation=self.activation)
         fn = usercode.resolve(field="model.factory", reference=self.factory,
                               code_dir=self.code_dir or None)
-        net = usercode.call_user(field="model.factory", fn=fn, input_shape=tuple(input_shape),
-                                 num_classes=num_classes, **self.args)
+        net = usercode.call_user(field="model.factory", fn=fn, reference=self.factory,
+                                 kwargs={"input_shape": tuple(input_shape),
+                                         "num_classes": num_classes, **self.args})
+        fixes = None
+        if self.fix and isinstance(net, nn.Module):
+            net, fixes = fix_model(net)
         batch = sample if sample is not None else sample_batch(input_shape=input_shape,
                                                                tokens=False)
-        return wrap_checked(net, layers=self.layers, sample=batch, num_classes=num_classes)
+        model = wrap_checked(net, layers=self.layers, sample=batch, num_classes=num_classes,
+                             reference=self.factory)
+        if fixes is not None:
+            model.model_fixes = [r.to_dict() for r in fixes]
+        return model
 
     def fingerprint(self) -> dict[str, str]:
         """SHA-256 of the user's code (every ``.py`` under ``code_dir``), for the manifest."""

@@ -51,10 +51,16 @@ class LayeredModel(nn.Module):
         out: dict[str, int] = {}
         for pname, _ in self.named_parameters():
             owners = [i for prefix, i in prefixes if pname.startswith(prefix)]
-            if len(owners) != 1:
+            if len(owners) > 1:
                 raise ValueError(f"parameter {pname!r} is in {len(owners)} layers, not one")
-            out[pname] = owners[0]
+            if owners:  # else a parameter of a parent: a layer of its own for DP training
+                out[pname] = owners[0]
         return out
+
+    def parameter_label(self, pname: str) -> str:
+        """A parameter's name as the user knows it (the layer name of a parameter that is a
+        layer of its own, see :class:`TrainableLayers`)."""
+        return pname
 
     def layer_sizes(self) -> list[int]:
         """Number of parameters per layer, in layer order."""
@@ -107,6 +113,8 @@ class WrappedModel(LayeredModel):
         self._paths = dict(layers)
         modules = dict(net.named_modules())
         self._modules_of = {name: modules[path] for name, path in self._paths.items()}
+        #: Where each layer's output keeps the batch, when not first (set by the validator).
+        self.ir_batch_dims: dict[str, int] = {}
 
     @property
     def layer_names(self) -> list[str]:
@@ -120,6 +128,9 @@ class WrappedModel(LayeredModel):
     def layer_paths(self) -> dict[str, str]:
         return {name: f"net.{path}" for name, path in self._paths.items()}
 
+    def parameter_label(self, pname: str) -> str:
+        return pname.removeprefix("net.")
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
 
@@ -132,7 +143,9 @@ class WrappedModel(LayeredModel):
         def keep(name: str) -> Callable[..., None]:
             def hook(module: nn.Module, inputs: tuple[object, ...], output: object) -> None:
                 del module, inputs
-                irs[name] = first_tensor(output)
+                ir = first_tensor(output)
+                dim = self.ir_batch_dims.get(name, 0)
+                irs[name] = ir if dim == 0 else ir.movedim(dim, 0)
             return hook
 
         handles = [self._modules_of[n].register_forward_hook(keep(n)) for n in wanted]

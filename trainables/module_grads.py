@@ -12,10 +12,9 @@ holds the passes.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from core.lazy import lazy_module
 from trainables.norms import row_scale, scaled_sq_norms
@@ -109,14 +108,25 @@ class Handler:
 
     per_channel: ClassVar[bool] = False
     kind: ClassVar[str] = ""
+    #: Whether the rule holds with the batch in any dimension of the input and output (moved
+    #: first before it runs): true for modules that act on the last dimension only.
+    batch_anywhere: ClassVar[bool] = False
 
-    def __init__(self, module: nn.Module, *, qualname: str, layer: int) -> None:
+    def __init__(self, module: nn.Module, *, qualname: str, layer: int,
+                 trainable: set[str] | None = None) -> None:
         self.module = module
         self.qualname = qualname
         self.layer = layer
-        self.weight_name = f"{qualname}.weight" if module.weight is not None else None
-        bias = getattr(module, "bias", None)
-        self.bias_name = f"{qualname}.bias" if bias is not None else None
+
+        def name(local: str) -> str | None:
+            full = f"{qualname}.{local}"
+            if getattr(module, local, None) is None:
+                return None
+            return full if trainable is None or full in trainable else None
+
+        #: None where the module has no such parameter or it is frozen (no gradient needed).
+        self.weight_name = name("weight")
+        self.bias_name = name("bias")
 
     def prepare(self, a: torch.Tensor) -> torch.Tensor:
         """The input as the weight-gradient kernels need it (kept until the sums are formed)."""
@@ -177,6 +187,7 @@ class LinearHandler(Handler):
     """``nn.Linear`` on [B, d] or [B, *, d]: positions are the middle dimensions."""
 
     kind = "Linear"
+    batch_anywhere = True
 
     @staticmethod
     def _flat(t: torch.Tensor) -> torch.Tensor:
@@ -217,8 +228,9 @@ class Conv2dHandler(Handler):
 
     kind = "Conv2d"
 
-    def __init__(self, module: nn.Module, *, qualname: str, layer: int) -> None:
-        super().__init__(module, qualname=qualname, layer=layer)
+    def __init__(self, module: nn.Module, *, qualname: str, layer: int,
+                 trainable: set[str] | None = None) -> None:
+        super().__init__(module, qualname=qualname, layer=layer, trainable=trainable)
         m = module
         # non-zero padding modes and string paddings: pad the kept input once, then pad 0
         self._explicit_pad = m.padding_mode != "zeros" or isinstance(m.padding, str)
@@ -390,6 +402,7 @@ class GroupNormHandler(NormHandler):
 
 class LayerNormHandler(NormHandler):
     kind = "LayerNorm"
+    batch_anywhere = True
 
     def normalized(self, a: torch.Tensor) -> torch.Tensor:
         m = self.module
@@ -441,10 +454,12 @@ class EmbeddingHandler(Handler):
     """
 
     kind = "Embedding"
+    batch_anywhere = True
 
-    def __init__(self, module: nn.Module, *, qualname: str, layer: int) -> None:
+    def __init__(self, module: nn.Module, *, qualname: str, layer: int,
+                 trainable: set[str] | None = None) -> None:
         check_embedding(module, qualname)
-        super().__init__(module, qualname=qualname, layer=layer)
+        super().__init__(module, qualname=qualname, layer=layer, trainable=trainable)
 
     def prepare(self, a: torch.Tensor) -> torch.Tensor:
         return a.detach().reshape(a.shape[0], -1).long()  # [B, T]
@@ -490,65 +505,3 @@ def handler_types() -> dict[type, type[Handler]]:
     return {nn_.Linear: LinearHandler, nn_.Conv1d: Conv1dHandler, nn_.Conv2d: Conv2dHandler,
             nn_.Embedding: EmbeddingHandler, nn_.GroupNorm: GroupNormHandler,
             nn_.LayerNorm: LayerNormHandler}
-
-
-class BlockFallback:
-    """A block with a module the engine has no algebra for: per-example grads by torch.func."""
-
-    def __init__(self, block: nn.Module, *, qualname: str, layer: int) -> None:
-        for name, module in block.named_modules():
-            if isinstance(module, torch.nn.Embedding):
-                check_embedding(module, f"{qualname}.{name}" if name else qualname)
-        self.module = block
-        self.layer = layer
-        self.local = [n for n, _ in block.named_parameters()]
-        self.names = [f"{qualname}.{n}" for n in self.local]
-
-    def _params(self) -> dict[str, torch.Tensor]:
-        return {n: p.detach() for n, p in self.module.named_parameters()}
-
-    def per_example(self, a: torch.Tensor, b: torch.Tensor, *,
-                    chunk: int) -> dict[str, torch.Tensor]:
-        from torch.func import functional_call, grad, vmap
-
-        def inner(params: dict[str, torch.Tensor], ai: torch.Tensor,
-                  bi: torch.Tensor) -> torch.Tensor:
-            out = functional_call(self.module, params, (ai.unsqueeze(0),))
-            return (out * bi.unsqueeze(0)).sum()
-
-        grads = vmap(grad(inner), in_dims=(None, 0, 0), chunk_size=chunk)(self._params(), a, b)
-        return {f: grads[n] for n, f in zip(self.local, self.names, strict=True)}
-
-    def weighted(self, a: torch.Tensor, b: torch.Tensor,
-                 c: torch.Tensor) -> dict[str, torch.Tensor]:
-        from torch.func import functional_call, vjp
-
-        _, pull = vjp(lambda params: functional_call(self.module, params, (a,)), self._params())
-        (grads,) = pull(scale_rows(b, c))
-        return {f: grads[n] for n, f in zip(self.local, self.names, strict=True)}
-
-
-@functools.cache
-def tap_function() -> Any:
-    """Identity on a module output whose backward hands the output gradient to a sink.
-
-    Its second input, a scalar leaf, makes the output require grad even though every parameter
-    is detached; the backward is run for that leaf only, so autograd computes input gradients
-    along the network and nothing else.
-    """
-
-    class _Tap(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx: Any, out: torch.Tensor, anchor: torch.Tensor,
-                    sink: Callable[[torch.Tensor], None]) -> torch.Tensor:
-            del anchor
-            ctx.sink = sink
-            return out.view_as(out)
-
-        @staticmethod
-        def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-            ctx.sink(grad)
-            ctx.sink = None
-            return grad, None, None
-
-    return _Tap

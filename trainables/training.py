@@ -334,6 +334,14 @@ def verify_ledger(method: DPStep) -> None:
         steps += event["count"]
 
 
+def _model_fixes(model: LayeredModel) -> dict[str, Any]:
+    """``{"model_fixes": [...]}`` when ``[model] fix`` was set (each module replaced: module,
+    was, now, and the ``torch.nn`` kind and kwargs that rebuild it; ``trainables.model_fix``),
+    else nothing: the record says what trained."""
+    fixes = getattr(model, "model_fixes", None)
+    return {} if fixes is None else {"model_fixes": [dict(f) for f in fixes]}
+
+
 def privacy_record(run: _Run) -> PrivacyRecord:
     """The trial's privacy record, after checking every step was as noisy as certified."""
     cal = run.spec.calibration
@@ -362,7 +370,11 @@ def privacy_record(run: _Run) -> PrivacyRecord:
         eps_error=cal["eps_error"],
         ledger=run.method.ledger.to_dict(),
         guard_capped=run.method.guard_capped,
-        method_record={**run.method.extra_record(), "per_example_path": run.method.engine.path},
+        method_record={**run.method.extra_record(), "per_example_path": run.method.engine.path,
+                       "trained_layers": list(run.method.model.layer_names),
+                       "trained_parameters": sum(run.method.model.layer_sizes()),
+                       "model_parameters": sum(p.numel() for p in run.model.parameters()),
+                       **_model_fixes(run.model)},
         trajectories=run.method.trajectories(),
         versions=_versions(),
     )

@@ -14,7 +14,7 @@ import hashlib
 import importlib
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -100,14 +100,18 @@ def _forget_shadowed(top: str, folder: Path) -> None:
         del sys.modules[name]
 
 
-def call_user(*, field: str, fn: Callable[..., Any], **kwargs: Any) -> Any:
-    """``fn(**kwargs)`` with any exception turned into one line naming ``field`` and the cause."""
+def call_user(*, field: str, fn: Callable[..., Any], reference: str = "",
+              kwargs: Mapping[str, Any] | None = None) -> Any:
+    """``fn(**kwargs)`` with any exception turned into one line naming ``field``, its value
+    (``reference``, the ``module:function`` the field holds) and the cause. The arguments are
+    a mapping, so a user's argument may have any name."""
+    kwargs = dict(kwargs or {})
     try:
         return fn(**kwargs)
     except UserInputError:
         raise
     except Exception as exc:
-        name = getattr(fn, "__qualname__", repr(fn))
+        name = reference or getattr(fn, "__qualname__", repr(fn))
         raise UserInputError(field=field, value=name,
                              allowed=f"a factory that returns; calling it with "
                                      f"{sorted(kwargs)} raised {type(exc).__name__}: {exc}") \
@@ -133,10 +137,16 @@ def tree_sha256(code_dir: str | Path) -> str:
     """One SHA-256 over the relative names and contents of :func:`code_files`: it changes when
     any of the user's Python files is added, removed or edited."""
     root = Path(code_dir)
+    return combined_sha256((str(p.relative_to(root)), file_sha256(p)) for p in code_files(root))
+
+
+def combined_sha256(files: Iterable[tuple[str, str]]) -> str:
+    """The tree hash of (relative name, SHA-256 of the file) pairs, in :func:`code_files`'
+    order: an export recomputes it over the copies it ships, to compare with the manifest."""
     digest = hashlib.sha256()
-    for path in code_files(root):
-        digest.update(str(path.relative_to(root)).encode() + b"\0")
-        digest.update(file_sha256(path).encode() + b"\0")
+    for name, file_digest in files:
+        digest.update(name.encode() + b"\0")
+        digest.update(file_digest.encode() + b"\0")
     return digest.hexdigest()
 
 

@@ -7,8 +7,10 @@ before a run directory or Ray exists. What is checked, and why it matters for th
 * **Nothing mixes examples.** BatchNorm normalises each example with the batch's statistics, so
   one example's gradient depends on the others and per-example clipping no longer bounds one
   person's influence; its running statistics are also an unnoised release. Instance norms with
-  running statistics keep the latter. Any buffer a forward pass changes is refused for the same
-  reason, and an example's output must not change when another example joins its batch.
+  running statistics keep the latter (one line lists every such module; ``[model] fix = true``
+  replaces them all first, ``trainables.model_fix``). Any buffer a forward pass changes is
+  refused for the same reason, and an example's output must not change when another example
+  joins its batch.
 * **Every parameter in exactly one layer, owned by one module** (tied weights are refused: a
   shared tensor's per-example gradient would count one of its uses only), and every parameter
   trainable: the per-layer methods
@@ -32,12 +34,16 @@ import torch
 from torch import nn
 
 from core.errors import UserInputError
-from trainables.engine import BLOCK_EXACT_PATH, ENGINE_PATH, WHOLE_EXACT_PATH, GradEngine
+from trainables.engine import WHOLE_EXACT_PATH, GradEngine
+from trainables.func_grads import NotPerExample, probe_calls
 from trainables.models import WrappedModel
 
 #: Modules that normalise with batch statistics, and what to use instead.
 _BATCH_NORMS: tuple[type[nn.Module], ...] = (nn.modules.batchnorm._BatchNorm,)
 _INSTANCE_NORMS: tuple[type[nn.Module], ...] = (nn.modules.instancenorm._InstanceNorm,)
+#: Relative difference allowed between the engine's norms and the autograd reference on the
+#: validation sample (float32 rounding is ~1e-6; a module that mixes examples is off by O(1)).
+_NORM_CHECK_TOL = 1e-3
 #: Rows compared in the batch-independence check (an example's output with and without others).
 _MIX_TOL = 1e-4
 
@@ -49,8 +55,41 @@ class _Trace:
     single_tensor: dict[str, bool]  # called with exactly one positional tensor and no kwargs
 
 
-def _bad(field: str, module: str, reason: str, fix: str) -> UserInputError:
-    return UserInputError(field=field, value=module, allowed=f"{fix} ({reason})")
+def _bad(field: str, value: object, where: str, reason: str, fix: str) -> UserInputError:
+    """One line: ``field = value`` (the field's own value, e.g. the factory reference), the fix,
+    and where in the network the problem is (``module 'layer1.0.bn1'``) with its cause."""
+    return UserInputError(field=field, value=value, allowed=f"{fix} ({where}: {reason})")
+
+
+def _network(net: nn.Module) -> str:
+    return f"the network ({type(net).__name__})"
+
+
+def _listed(names: Sequence[str], kind: str, shown: int = 3) -> str:
+    """``'20 BatchNorm modules ('bn1', 'layer1.0.bn1', 'layer1.0.bn2' and 17 more)'``."""
+    quoted = [repr(n) if n else "the network itself" for n in names[:shown]]
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    plural = "s" if len(names) > 1 else ""
+    return f"{len(names)} {kind} module{plural} ({', '.join(quoted)}{more})"
+
+
+def _check_batch_statistics(net: nn.Module, field: str, value: object) -> None:
+    """Every BatchNorm, then every InstanceNorm with running statistics, in one line each."""
+    batch = [n for n, m in net.named_modules() if isinstance(m, _BATCH_NORMS)]
+    if batch:
+        raise _bad(field, value, _listed(batch, "BatchNorm"), "BatchNorm normalises each "
+                   "example with its batch's statistics, so one example's gradient depends on "
+                   "the others and per-example clipping does not bound it; its running "
+                   "statistics are an unnoised release", "set [model] fix = true to replace "
+                   "every BatchNorm with GroupNorm, or replace them yourself (GroupNorm or "
+                   "LayerNorm)")
+    tracked = [n for n, m in net.named_modules()
+               if isinstance(m, _INSTANCE_NORMS) and m.track_running_stats]
+    if tracked:
+        raise _bad(field, value, _listed(tracked, "InstanceNorm"), "running statistics "
+                   "(track_running_stats=True) are an unnoised release of the training "
+                   "examples", "set [model] fix = true to drop them, or build them with "
+                   "track_running_stats=False")
 
 
 def _trace(net: nn.Module, sample: torch.Tensor, names: Sequence[str]) -> _Trace:
@@ -83,63 +122,52 @@ def _owns_parameters(module: nn.Module) -> bool:
     return next(module.parameters(), None) is not None
 
 
-def _check_modules(net: nn.Module, field: str) -> None:
+def _check_modules(net: nn.Module, field: str, value: object) -> None:
+    _check_batch_statistics(net, field, value)
     for name, module in net.named_modules():
-        kind = type(module).__name__
-        if isinstance(module, _BATCH_NORMS):
-            raise _bad(field, name, f"{kind} mixes the examples of a batch, so per-example "
-                       "clipping does not bound one example",
-                       f"replace {kind} {name!r} with GroupNorm (or LayerNorm)")
-        if isinstance(module, _INSTANCE_NORMS) and module.track_running_stats:
-            raise _bad(field, name, "its running statistics are an unnoised release of the "
-                       "training examples", f"build {kind} {name!r} with "
-                       "track_running_stats=False")
         if isinstance(module, nn.Embedding) and (module.max_norm is not None or module.sparse
                                                  or module.scale_grad_by_freq):
-            raise _bad(field, name, "max_norm rewrites the weight inside forward, "
-                       "scale_grad_by_freq scales every example by the batch's token counts and "
-                       "sparse gradients have no per-example form",
+            raise _bad(field, value, f"module {name!r}", "max_norm rewrites the weight "
+                       "inside forward, scale_grad_by_freq scales every example by the batch's "
+                       "token counts and sparse gradients have no per-example form",
                        f"build Embedding {name!r} without max_norm or scale_grad_by_freq and "
                        "with sparse=False")
     owners: dict[int, str] = {}
     for pname, param in net.named_parameters(remove_duplicate=False):
         if id(param) in owners:
-            raise _bad(field, pname, f"it is the same tensor as {owners[id(param)]!r}: a "
-                       "weight shared by two modules gets its per-example gradient from one of "
-                       "them only", f"untie {pname!r} from {owners[id(param)]!r}")
+            raise _bad(field, value, f"parameter {pname!r}", f"it is the same tensor as "
+                       f"{owners[id(param)]!r}: a weight shared by two modules gets its "
+                       "per-example gradient from one of them only",
+                       f"untie {pname!r} from {owners[id(param)]!r}")
         owners[id(param)] = pname
-    for pname, param in net.named_parameters():
-        if not param.requires_grad:
-            raise _bad(field, pname, "DP training trains and noises every parameter of a layer",
-                       f"make {pname!r} trainable, or register it as a buffer if it is a "
-                       "constant")
+    if not any(param.requires_grad for param in net.parameters()):
+        raise _bad(field, value, _network(net), "every parameter is frozen "
+                   "(requires_grad=False): DP training would release nothing",
+                   "leave at least one parameter trainable")
 
 
-def _default_layers(net: nn.Module, sample: torch.Tensor, field: str) -> dict[str, str]:
+def _default_layers(net: nn.Module, sample: torch.Tensor, field: str,
+                    value: object) -> dict[str, str]:
     """Each top-level child that owns parameters is a layer, in the order forward calls them."""
     children = [n for n, m in net.named_children() if _owns_parameters(m)]
-    stray = [n for n, _ in net.named_parameters(recurse=False)]
-    if stray:
-        raise _bad(field, stray[0], "a parameter of the top module is in no layer",
-                   f"move {stray[0]!r} into a submodule, or list the layers in [model] layers")
     if not children:
-        raise _bad(field, type(net).__name__, "it has no parameters",
+        raise _bad(field, value, _network(net), "it has no parameters",
                    "return a model with trainable submodules")
     trace = _trace(net, sample, children)
     unused = [n for n in children if trace.calls[n] == 0]
     if unused:
-        raise _bad(field, unused[0], "forward never calls it",
+        raise _bad(field, value, f"module {unused[0]!r}", "forward never calls it",
                    f"remove {unused[0]!r} or call it in forward")
     return {name: name for name in trace.order}
 
 
 def _given_layers(net: nn.Module, layers: Sequence[str], sample: torch.Tensor,
-                  field: str) -> dict[str, str]:
+                  field: str, value: object) -> dict[str, str]:
     modules = dict(net.named_modules())
     for path in layers:
         if path not in modules or path == "":
-            raise UserInputError(field="model.layers", value=path,
-                                 allowed=f"a module name of the model: "
+            raise UserInputError(field="model.layers", value=list(layers),
+                                 allowed=f"module names of the model ({path!r} is not one): "
                                          f"{[n for n, _ in net.named_children()]} (dotted "
                                          "paths reach deeper)")
     if len(set(layers)) != len(layers):
@@ -147,111 +175,163 @@ def _given_layers(net: nn.Module, layers: Sequence[str], sample: torch.Tensor,
                              allowed="each module once")
     for pname, _ in net.named_parameters():
         owners = [p for p in layers if pname.startswith(p + ".")]
-        if not owners:
-            raise _bad(field, pname, "a parameter outside every layer is trained but belongs "
-                       "to no clipping group", f"add its module to [model] layers = "
-                       f"{list(layers)}")
         if len(owners) > 1:
-            raise UserInputError(field="model.layers", value=owners,
-                                 allowed=f"layers that do not nest: {pname!r} is in each")
+            raise UserInputError(field="model.layers", value=list(layers),
+                                 allowed=f"layers that do not nest: parameter {pname!r} is in "
+                                         f"each of {owners}")
     trace = _trace(net, sample, list(layers))
     unused = [p for p in layers if trace.calls[p] == 0]
     if unused:
-        raise UserInputError(field="model.layers", value=unused[0],
-                             allowed="modules the forward calls (this one never runs)")
+        raise UserInputError(field="model.layers", value=list(layers),
+                             allowed=f"modules the forward calls (module {unused[0]!r} never "
+                                     "runs)")
     return {path: path for path in trace.order}
 
 
 def _check_outputs(model: WrappedModel, sample: torch.Tensor, num_classes: int,
-                   field: str) -> None:
+                   field: str, value: object) -> None:
     with torch.no_grad():
         model.eval()
         try:
             out, irs = model.forward_with_irs(sample)
         except TypeError as exc:
-            raise _bad(field, type(model.net).__name__, str(exc),
+            raise _bad(field, value, _network(model.net), str(exc),
                        "make each layer return a tensor") from None
         if not isinstance(out, torch.Tensor) or tuple(out.shape) != (len(sample), num_classes):
             shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-            raise _bad(field, type(model.net).__name__, f"forward returned {shape}",
+            raise _bad(field, value, _network(model.net), f"forward returned {shape}",
                        f"return logits of shape [batch, {num_classes}]")
         for name, ir in irs.items():
             if ir.shape[0] != len(sample):
-                raise _bad(field, name, f"its output has {ir.shape[0]} rows for a batch of "
-                           f"{len(sample)}", "keep the batch as the first dimension")
+                raise _bad(field, value, f"layer {name!r}", f"its output has {ir.shape[0]} "
+                           f"rows for a batch of {len(sample)}",
+                           "keep the batch as the first dimension")
         if sample.is_floating_point():
             alone = model(sample[:1])
             if not torch.allclose(alone[0], out[0], rtol=_MIX_TOL, atol=_MIX_TOL):
-                raise _bad(field, type(model.net).__name__, "an example's output changes when "
+                raise _bad(field, value, _network(model.net), "an example's output changes when "
                            "another example joins its batch", "remove whatever mixes "
                            "examples across the batch dimension")
         model.train()
 
 
-def _check_buffers(net: nn.Module, sample: torch.Tensor, field: str) -> None:
+def _check_buffers(net: nn.Module, sample: torch.Tensor, field: str, value: object) -> None:
     before = {n: b.detach().clone() for n, b in net.named_buffers()}
     net.train()
     with torch.no_grad():
         net(sample)
     for name, buf in net.named_buffers():
         if name in before and not torch.equal(before[name], buf):
-            raise _bad(field, name, "a buffer the forward pass updates carries statistics of "
-                       "training examples outside the noised gradient",
+            raise _bad(field, value, f"buffer {name!r}", "a buffer the forward pass updates "
+                       "carries statistics of training examples outside the noised gradient",
                        f"stop updating {name!r} in forward (or make it a parameter)")
 
 
-def per_example_path(model: WrappedModel, trace_single: dict[str, bool]) -> str:
-    """Which per-example path the engine takes for this model (see the module docstring)."""
-    from trainables.module_grads import handler_types
-
-    types = handler_types()
-    fallback = [name for name, block in model.blocks.items()
-                if not all(type(m) in types for m in block.modules()
-                           if next(m.parameters(recurse=False), None) is not None)]
-    if not fallback:
-        return ENGINE_PATH
-    if all(trace_single.get(model.layer_paths()[n].removeprefix("net."), False)
-           for n in fallback):
-        return BLOCK_EXACT_PATH
-    return WHOLE_EXACT_PATH
-
-
 def wrap_checked(net: object, *, layers: Sequence[str], sample: torch.Tensor,
-                 num_classes: int, field: str = "model.factory") -> WrappedModel:
-    """``net`` checked (see the module docstring) and wrapped; the first problem is raised."""
+                 num_classes: int, field: str = "model.factory",
+                 reference: str = "") -> WrappedModel:
+    """``net`` checked (see the module docstring) and wrapped; the first problem is raised,
+    as ``field = reference`` (the factory that built ``net``; without one, its class name)
+    with the module and the cause in the explanation."""
+    value = reference or type(net).__name__
     if not isinstance(net, nn.Module):
-        raise UserInputError(field=field, value=type(net).__name__,
-                             allowed="a factory that returns a torch.nn.Module")
-    _check_modules(net, field)
-    paths = (_given_layers(net, layers, sample, field) if layers
-             else _default_layers(net, sample, field))
-    trace = _trace(net, sample, list(paths.values()))
+        raise UserInputError(field=field, value=value,
+                             allowed=f"a factory that returns a torch.nn.Module (it returned "
+                                     f"{type(net).__name__})")
+    _check_modules(net, field, value)
+    paths = (_given_layers(net, layers, sample, field, value) if layers
+             else _default_layers(net, sample, field, value))
     model = WrappedModel(net, layers=paths, num_classes=num_classes)
-    model.per_example_path = per_example_path(model, trace.single_tensor)
-    _check_buffers(net, sample, field)
-    _check_outputs(model, sample, num_classes, field)
-    _check_one_step(model, sample, num_classes, field)
+    _check_buffers(net, sample, field, value)
+    model.ir_batch_dims = _ir_batch_dims(model, sample, field, value)
+    _check_outputs(model, sample, num_classes, field, value)
+    model.per_example_path = _check_one_step(model, sample, num_classes, field, value)
     return model
 
 
-def _check_one_step(model: WrappedModel, sample: torch.Tensor, num_classes: int,
-                    field: str) -> None:
-    strategy = "vmap" if model.per_example_path == WHOLE_EXACT_PATH else "auto"
-    y = torch.arange(len(sample)) % num_classes
+def _ir_batch_dims(model: WrappedModel, sample: torch.Tensor, field: str,
+                   value: object) -> dict[str, int]:
+    """Where each layer's output keeps the batch (an ``nn.LSTM(batch_first=False)`` returns
+    [T, B, H]): the audit reads every layer's output with the batch first."""
+    modules = {i: model.blocks[name] for i, name in enumerate(model.layer_names)}
+    names = {i: f"layer {name!r}" for i, name in enumerate(model.layer_names)}
     try:
-        view = GradEngine(model, strategy=strategy).compute(
-            sample, y, live=[True] * len(model.layer_names))
-        view.weighted_sum(torch.ones_like(view.norms, dtype=torch.float32))
+        calls = probe_calls(model.net, sample, modules, names)
+    except NotPerExample as exc:
+        raise _bad(field, value, _network(model.net), str(exc),
+                   "keep every layer's output per example") from None
+    out: dict[str, int] = {}
+    for i, name in enumerate(model.layer_names):
+        dims = [d for d in calls[i][-1].outputs if d is not None] if calls[i] else []
+        if not dims:
+            raise _bad(field, value, f"layer {name!r}", "its output has no batch dimension",
+                       "return a tensor with one row per example")
+        out[name] = dims[0]
+    return out
+
+
+def _check_one_step(model: WrappedModel, sample: torch.Tensor, num_classes: int,
+                    field: str, value: object) -> str:
+    """Which per-example path the model takes (the engine's; the exact path over the whole
+    model when the engine cannot follow a module's batch), after one step on ``sample`` whose
+    per-example norms match a one-example-at-a-time autograd reference."""
+    y = torch.arange(len(sample)) % num_classes
+    model.eval()  # no dropout: the engine and the reference below must see one function
+    try:
+        return _one_step(model, sample, y, field, value)
+    finally:
+        model.train()
+
+
+def _one_step(model: WrappedModel, sample: torch.Tensor, y: torch.Tensor, field: str,
+              value: object) -> str:
+    try:
+        engine = GradEngine(model)
+        view = engine.compute(sample, y, live=[True] * engine.num_layers)
+        path = engine.path
+    except NotPerExample as exc:
+        try:
+            model.per_example_path = WHOLE_EXACT_PATH
+            engine = GradEngine(model)
+            view = engine.compute(sample, y, live=[True] * engine.num_layers)
+            path = WHOLE_EXACT_PATH
+        except Exception as whole:
+            raise _bad(field, value, _network(model.net), f"no per-example gradient: {exc}; "
+                       f"over the whole model: {type(whole).__name__}: {whole}",
+                       "keep each example's computation separate from the others'") from None
     except UserInputError:
         raise
     except Exception as exc:
-        raise _bad(field, type(model.net).__name__, f"per-example gradients failed: "
+        raise _bad(field, value, _network(model.net), f"per-example gradients failed: "
                    f"{type(exc).__name__}: {exc}", "use modules torch.func can differentiate "
                    "per example (no in-place parameter updates, no .item() in forward)") \
             from None
+    view.weighted_sum(torch.ones_like(view.norms, dtype=torch.float32))
     if not torch.isfinite(view.norms).all():
-        raise _bad(field, type(model.net).__name__, "per-example gradient norms are not finite "
+        raise _bad(field, value, _network(model.net), "per-example gradient norms are not finite "
                    "at initialisation", "check the model's initialisation")
+    reference = _loop_norms(engine, sample, y)
+    if not torch.allclose(view.norms, reference, rtol=_NORM_CHECK_TOL, atol=1e-12):
+        bad = int(((view.norms - reference).abs() / reference.clamp_min(1e-30)).amax(0).argmax())
+        raise _bad(field, value, f"layer {engine.layer_names[bad]!r}", "its per-example "
+                   "gradient norms differ from one-example-at-a-time autograd (something in it "
+                   "mixes examples)", "keep each example's computation separate")
+    return path
+
+
+def _loop_norms(engine: GradEngine, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """[B, L] per-layer gradient norms by autograd on one example at a time (the reference)."""
+    params = dict(engine.model.named_parameters())
+    rows = []
+    for i in range(x.shape[0]):
+        loss = torch.nn.functional.cross_entropy(engine.model(x[i:i + 1]), y[i:i + 1])
+        grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
+        sq = torch.zeros(engine.num_layers, dtype=torch.float64, device=x.device)
+        for name, g in zip(params, grads, strict=True):
+            if g is not None:
+                sq[engine.layer_of[name]] += g.double().square().sum()
+        rows.append(sq.sqrt())
+    return torch.stack(rows)
 
 
 def sample_batch(*, input_shape: Sequence[int], tokens: bool, rows: int = 2) -> torch.Tensor:

@@ -2,6 +2,7 @@
 
 BatchNorm normalises each example with its batch's statistics, so one example's gradient
 depends on the others and per-example clipping no longer bounds one person's influence.
+``[model] fix = true`` replaces it with a GroupNorm instead (see sweep.toml).
 """
 
 from torch import nn

@@ -144,6 +144,10 @@ class ModelConfig:
                       rule=_names, allowed_text="a list of module names")
     code_dir: str = _f("", "folder your factory modules are imported from (shipped to every Ray "
                            "worker); '' = the config file's folder")
+    fix: bool = _f(False, "replace BatchNorm in model.factory's network with GroupNorm "
+                          "(gcd(32, C) groups; 1 for BatchNorm1d) and drop InstanceNorm running "
+                          "statistics, instead of refusing them; each trial's privacy record "
+                          "lists what was replaced (method_record.model_fixes)")
 
 
 @dataclass(frozen=True)
@@ -377,7 +381,7 @@ class Config:
 
         m = self.model
         return ModelSource(name=m.name, activation=m.activation, factory=m.factory,
-                           args=m.args, layers=tuple(m.layers), code_dir=m.code_dir)
+                           args=m.args, layers=tuple(m.layers), code_dir=m.code_dir, fix=m.fix)
 
     def file_source(self) -> FileSource | None:
         """The user's data (``dataset = 'file'``), else None."""
@@ -394,13 +398,16 @@ class Config:
 
     @functools.cached_property
     def num_layers(self) -> int:
-        """How many layers the trials' network has; a user's network is built and checked
-        (``trainables.validator``) the first time this is read, during validation."""
+        """How many layers DP training trains (``trainables.models.TrainableLayers``: a frozen
+        layer is none, a trainable parameter of a parent is one); a user's network is built and
+        checked (``trainables.validator``) the first time this is read, during validation."""
         if not self.model.factory and not self.user_data:
             name = model_for(model=self.model.name, dataset=self.data.dataset)
             check_input_shape(model=name, input_shape=INPUT_SHAPES[self.data.dataset])
             return layer_count(model=name, dataset=self.data.dataset)
-        return len(self.build_network().layer_names)
+        from trainables.trainable import trainable_layers
+
+        return len(trainable_layers(self.build_network()).layer_names)
 
     def data_splits(self) -> DataSplits:
         """The config's splits (the pool is cached in-process); bad data raise UserInputError."""

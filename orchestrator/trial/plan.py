@@ -162,6 +162,8 @@ def config_from_spec(spec: Mapping[str, Any]) -> Config:
     if user_model:  # ModelSource.to_dict(): the [model] keys of the same names
         raw["model"].update({k: user_model[k] for k in ("factory", "args", "layers",
                                                          "code_dir")})
+        if "fix" in user_model:  # written only when set
+            raw["model"]["fix"] = user_model["fix"]
     if data_source:  # FileSource.to_dict(): [data] keys, and the code folder of its factory
         raw["data"].update({k: v for k, v in data_source.items() if k != "code_dir"})
         raw["model"]["code_dir"] = raw["model"].get("code_dir") or data_source["code_dir"]

@@ -196,9 +196,7 @@ def stray(input_shape, num_classes):
 
 
 def frozen(input_shape, num_classes):
-    net = Net()
-    net.head.bias.requires_grad_(False)
-    return net
+    return Net().requires_grad_(False)
 
 
 def raises(input_shape, num_classes):
@@ -212,7 +210,7 @@ def not_a_module(input_shape, num_classes):
 
 def _user(model: str = "", data: str = "", rows: Callable[..., object] | None = None,
           command: str = "check", table: bool = False,
-          layers: str = "") -> Callable[[Ctx], list[str]]:
+          layers: str = "", fix: str = "") -> Callable[[Ctx], list[str]]:
     """A user's project: ``user_net.py`` next to the config, and the digits as ``digits.npz``
     (or ``digits.csv`` with ``table``), damaged by ``rows(x, y)`` first."""
     def argv(ctx: Ctx) -> list[str]:
@@ -234,7 +232,8 @@ def _user(model: str = "", data: str = "", rows: Callable[..., object] | None = 
             source = "path = 'digits.npz'"
         text = (f"[data]\ndataset = 'file'\n{source}\n{data}\n"
                 f"[model]\nfactory = 'user_net:{model or 'good'}'\n"
-                + (f"layers = {layers}\n" if layers else "") + "[training]\nepochs = 1\n")
+                + (f"layers = {layers}\n" if layers else "")
+                + (f"fix = {fix}\n" if fix else "") + "[training]\nepochs = 1\n")
         path = ctx.config(text)
         return ["config", "--check", path] if command == "check" else [
             command, path, "--out", ctx.path("out")]
@@ -482,20 +481,22 @@ SPLIT = "train_size + validation_size + holdout_size + shadow_size"
 
 CASES = [
     # ---- a user's model and data (refused before anything is written or Ray starts) -----------
-    Case("user-model-batchnorm", _user("batchnorm", command="run"), "model.factory", "'1'",
-         "replace BatchNorm2d '1' with GroupNorm"),
-    Case("user-model-parameter-outside-layers", _user("stray"), "model.factory", "'scale'",
-         "move 'scale' into a submodule"),
-    Case("user-model-frozen-parameter", _user("frozen", command="train"), "model.factory",
-         "'head.bias'", "register it as a buffer"),
-    Case("user-model-factory-raises", _user("raises"), "model.factory", "'raises'",
+    Case("user-model-batchnorm", _user("batchnorm", command="run"), "model.factory",
+         "'user_net:batchnorm'", "set [model] fix = true to replace every BatchNorm with "
+         "GroupNorm, or replace them yourself (GroupNorm or LayerNorm) (1 BatchNorm module "
+         "('1'): "),
+    Case("user-model-batchnorm-fix-not-a-bool", _user("batchnorm", fix="'yes'"), "model.fix",
+         "'yes'", "true or false"),
+    Case("user-model-every-parameter-frozen", _user("frozen", command="train"),
+         "model.factory", "'user_net:frozen'", "leave at least one parameter trainable ("),
+    Case("user-model-factory-raises", _user("raises"), "model.factory", "'user_net:raises'",
          "RuntimeError: no such width"),
-    Case("user-model-not-a-module", _user("not_a_module"), "model.factory", "'str'",
-         "returns a torch.nn.Module"),
+    Case("user-model-not-a-module", _user("not_a_module"), "model.factory",
+         "'user_net:not_a_module'", "returns a torch.nn.Module (it returned str)"),
     Case("user-model-missing-function", _user("absent"), "model.factory", "'user_net:absent'",
          "it has no 'absent'"),
     Case("user-model-layer-not-a-module", _user(layers="['body', 'tail']"), "model.layers",
-         "'tail'", "a module name"),
+         "['body', 'tail']", "module names of the model ('tail' is not one)"),
     Case("user-data-label-out-of-range", _user(data="num_classes = 10", rows=_label(12)),
          "data.num_classes", "10", "private row 7 holds label 12"),
     Case("user-data-negative-label", _user(rows=_label(-1), command="run"), "data.path",

@@ -44,7 +44,7 @@ def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 def test_every_example_is_listed_in_the_readme() -> None:
     readme = (REPO / "README.md").read_text()
     folders = sorted(p.name for p in EXAMPLES.iterdir() if p.is_dir())
-    assert folders == ["batchnorm_refused", "fashion_cnn", "tabular_digits"]
+    assert folders == ["batchnorm_refused", "fashion_cnn", "stock_models", "tabular_digits"]
     for name in folders:
         assert f"examples/{name}" in readme, name
 
@@ -97,9 +97,18 @@ def test_an_example_runs_end_to_end(name: str,
     assert len(frame) == len(methods) and (frame["status"] == "ok").all(), frame["error"]
 
 
-def test_the_batchnorm_example_is_refused_with_its_fix() -> None:
-    proc = _run(str(BIN / "dpsweep"), "config", "--check",
-                str(EXAMPLES / "batchnorm_refused" / "sweep.toml"), cwd=REPO)
+def test_the_batchnorm_example_is_refused_with_its_fix(tmp_path: Path) -> None:
+    folder = EXAMPLES / "batchnorm_refused"
+    proc = _run(str(BIN / "dpsweep"), "config", "--check", str(folder / "sweep.toml"), cwd=REPO)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "replace BatchNorm2d '1' with GroupNorm" in lines[0]
+    assert len(lines) == 1 and "model.factory = 'bn_model:build'" in lines[0]
+    assert "set [model] fix = true" in lines[0] and "1 BatchNorm module ('1')" in lines[0]
+    # the comment's own fix: uncommented, the same check passes
+    shutil.copy(folder / "bn_model.py", tmp_path)
+    text = (folder / "sweep.toml").read_text()
+    assert "\n# fix = true\n" in text
+    (tmp_path / "sweep.toml").write_text(text.replace("\n# fix = true\n", "\nfix = true\n"))
+    proc = _run(str(BIN / "dpsweep"), "config", "--check", str(tmp_path / "sweep.toml"),
+                cwd=REPO)
+    assert proc.returncode == 0, proc.stderr

@@ -523,13 +523,9 @@ class LMDPSGD(DPStep):
             raise UserInputError(field="method_params.risk", value=None,
                                  allowed="the per-layer risk vector; lm_dpsgd.prepare() "
                                          "computes it once per sweep (plan_trial calls it)")
-        if len(p["risk"]) != self.num_layers:
-            raise UserInputError(field="method_params.risk", value=p["risk"],
-                                 allowed=f"one error rate per layer of the model "
-                                         f"({self.num_layers}: {self.model.layer_names})")
         self.weights_rule: str = p["weights"]
         self.r = float(p["r"])
-        self.risk = torch.tensor(p["risk"], dtype=torch.float64)
+        self.risk = torch.tensor(self._trained_risk(list(p["risk"])), dtype=torch.float64)
         self.u_estimator = _U_FROM[self.mode.sources[U_STAT]]()
         if self.mode.sources[U_STAT] is Source.PUBLIC:
             self.public_refresh_every = self.refresh_period(
@@ -539,6 +535,21 @@ class LMDPSGD(DPStep):
         self._refreshed_at: int | None = None
         self._lag_num = torch.zeros(self.num_layers, dtype=torch.float64)
         self._lag_den = torch.zeros(self.num_layers, dtype=torch.float64)
+
+    def _trained_risk(self, risk: list[float]) -> list[float]:
+        """The risk of each trained layer. Stage 1 estimates one per layer of the model (its
+        audit's layers); a frozen layer is not trained and a parameter that is a layer of its
+        own has no output to attack, so it gets the lowest error rate of the model (the
+        leakiest layer's: the cautious choice)."""
+        full = list(self.model.model.layer_names)
+        if len(risk) == len(full) and full != self.model.layer_names:
+            by_name = dict(zip(full, risk, strict=True))
+            return [by_name.get(n, min(risk)) for n in self.model.layer_names]
+        if len(risk) != self.num_layers:
+            raise UserInputError(field="method_params.risk", value=risk,
+                                 allowed=f"one error rate per layer of the model "
+                                         f"({len(full)}: {full})")
+        return risk
 
     @property
     def weight_vector(self) -> list[float]:

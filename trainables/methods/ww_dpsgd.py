@@ -160,7 +160,8 @@ class WWDPSGD(DPStep):
         """(name, weight module) of each probe layer, checked against the model's layers."""
         weighted: dict[str, nn.Module] = {}
         for name in self.model.layer_names:
-            module = _weight_module(self.model.blocks[name])
+            block = self.model.blocks.get(name)  # none for a parameter that is a layer
+            module = None if block is None else _weight_module(block)
             if module is not None:
                 weighted[name] = module
         if spec == FIRST_DENSE:

@@ -141,8 +141,11 @@ def test_refusals_name_the_constraint_and_the_closest_trials(run_dir: Path) -> N
         choose(frame, validation_size=2000, max_peak_mia=1.5)
     with pytest.raises(UserInputError, match="--min-val-acc"):
         choose(frame, validation_size=2000, min_val_acc=float("nan"))
-    with pytest.raises(UserInputError, match="run the audit first"):
-        choose(frame.assign(peak_mia_accuracy=float("nan")), validation_size=2000)
+    with pytest.raises(UserInputError, match="run the audit first") as info:
+        choose(frame.assign(peak_mia_accuracy=float("nan")), validation_size=2000,
+               run_dir="runs/a")
+    assert info.value.field == "RUN_DIR" and info.value.value == "runs/a"  # not the scope
+    assert "non-degenerate DP trial in all series" in info.value.allowed
 
 
 def test_cli_refusal_is_one_line_and_exit_2(run_dir: Path, capsys: pytest.CaptureFixture
@@ -308,8 +311,9 @@ def test_private_choice_reads_the_noisy_score_only() -> None:
     assert choose_private(frame, allow_invalid_dp=True).trial_id == "t3"
     assert choose_private(frame, allow_replayable=True).trial_id == "t4"
     with pytest.raises(UserInputError, match="K = 0") as info:
-        choose_private(frame[frame["trial_id"].isin(["t6", "t7", "nonprivate"])])
-    assert info.value.field == "RUN_DIR"
+        choose_private(frame[frame["trial_id"].isin(["t6", "t7", "nonprivate"])],
+                       run_dir="runs/p")
+    assert info.value.field == "RUN_DIR" and info.value.value == "runs/p"
     with pytest.raises(UserInputError) as info:
         choose_private(frame[frame["trial_id"].isin(["t3", "t4"])])
     assert info.value.field == "--allow-invalid-dp/--allow-replayable"

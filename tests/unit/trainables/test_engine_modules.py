@@ -339,9 +339,9 @@ def test_plans_name_the_new_modules_and_the_fallback() -> None:
     plan = GradEngine(_every_gated()).plan(x)
     assert [(p.layer, p.kind) for p in plan] == [
         ("embed", "Embedding"), ("embed", "LayerNorm"), ("conv1d", "Conv1d"),
-        ("conv1d", "GroupNorm"), ("gate", "block"), ("conv2d", "Conv2d"), ("head", "Linear")]
+        ("conv1d", "GroupNorm"), ("gate", "torch.func"), ("conv2d", "Conv2d"), ("head", "Linear")]
     norms = {p.kind: p.norm for p in plan}
-    assert norms["block"] == "vmap" and norms["LayerNorm"] == "per-channel"
+    assert norms["torch.func"] == "vmap" and norms["LayerNorm"] == "per-channel"
     conv1d = next(p for p in plan if p.kind == "Conv1d")
     assert (conv1d.geometry.positions, conv1d.geometry.fan_in, conv1d.geometry.groups) == (
         8, 4 * 3, 2)

@@ -12,14 +12,17 @@ from torch import nn
 from core.errors import UserInputError
 from trainables.engine import BLOCK_EXACT_PATH, ENGINE_PATH, WHOLE_EXACT_PATH, GradEngine
 from trainables.model_source import ModelSource, source_of_callable
+from trainables.trainable import trainable_layers
 from trainables.validator import sample_batch, wrap_checked
 
 IMAGE = sample_batch(input_shape=(1, 8, 8), tokens=False, rows=4)
+#: The factory reference every refusal shows as ``model.factory``'s value.
+REF = "my_models:build"
 
 
 def _wrap(net: nn.Module, layers: tuple[str, ...] = (), sample: torch.Tensor = IMAGE,
           classes: int = 10):
-    return wrap_checked(net, layers=layers, sample=sample, num_classes=classes)
+    return wrap_checked(net, layers=layers, sample=sample, num_classes=classes, reference=REF)
 
 
 def _cnn(norm: nn.Module) -> nn.Module:
@@ -63,6 +66,31 @@ class _TwoInputs(nn.Module):
         return self.head(self.scale(h, shift=h.detach() * 0))
 
 
+class _FoldedScale(nn.Module):
+    """Runs its parameterised module on the batch folded into rows of 8."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = _Scale(8)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.scale(h.reshape(-1, 8)).reshape(h.shape)
+
+
+class _Folded(nn.Module):
+    """The engine cannot follow the batch inside ``mix``; the exact path over the whole model
+    can."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Flatten(), nn.Linear(64, 16))
+        self.mix = _FoldedScale()
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.mix(self.body(x)))
+
+
 class _MixesBatch(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -85,13 +113,28 @@ class _CountsCalls(nn.Module):
 
 
 @pytest.mark.parametrize(("norm", "says"), [
-    (nn.BatchNorm2d(4), "replace BatchNorm2d 'features.1' with GroupNorm"),
-    (nn.InstanceNorm2d(4, track_running_stats=True), "track_running_stats=False"),
+    (nn.BatchNorm2d(4), r"set \[model\] fix = true to replace every BatchNorm with GroupNorm.* "
+                        r"\(1 BatchNorm module \('features.1'\): BatchNorm normalises"),
+    (nn.InstanceNorm2d(4, track_running_stats=True),
+     r"track_running_stats=False \(1 InstanceNorm module \('features.1'\)"),
 ])
 def test_batch_statistics_are_refused_with_the_fix(norm: nn.Module, says: str) -> None:
     with pytest.raises(UserInputError, match=says) as err:
         _wrap(_cnn(norm))
-    assert err.value.field == "model.factory" and err.value.value == "features.1"
+    assert err.value.field == "model.factory" and err.value.value == REF
+    assert str(err.value).startswith(f"model.factory = {REF!r} is not allowed")
+
+
+def test_every_batchnorm_is_counted_and_the_first_named_in_one_line() -> None:
+    blocks = [nn.Sequential(nn.Conv2d(1 if i == 0 else 4, 4, 3, padding=1), nn.BatchNorm2d(4),
+                            nn.ReLU()) for i in range(5)]
+    net = nn.Sequential(*blocks, nn.Flatten(), nn.Linear(4 * 64, 10))
+    with pytest.raises(UserInputError) as err:
+        _wrap(net)
+    text = str(err.value)
+    assert "\n" not in text and err.value.value == REF
+    assert "5 BatchNorm modules ('0.1', '1.1', '2.1' and 2 more)" in text
+    assert "[model] fix = true" in text
 
 
 @pytest.mark.parametrize(("net", "field", "says"), [
@@ -108,18 +151,28 @@ def test_what_dp_training_cannot_use_is_named(net: nn.Module, field: str, says: 
     assert err.value.field == field
 
 
-def test_a_frozen_parameter_and_a_stray_one_are_refused() -> None:
+def test_frozen_parameters_are_not_trained_and_a_parents_parameter_is_a_layer() -> None:
     frozen = _cnn(nn.GroupNorm(2, 4))
+    for p in frozen.features.parameters():
+        p.requires_grad_(False)
     frozen.head[1].bias.requires_grad_(False)
-    with pytest.raises(UserInputError, match="register it as a buffer") as err:
-        _wrap(frozen)
-    assert err.value.value == "head.1.bias"
+    model = _wrap(frozen)
+    assert model.layer_names == ["features", "head"]  # the audit still reads the frozen one
+    trained = trainable_layers(model)
+    assert trained.layer_names == ["head"]
+    assert [n for n, _ in trained.named_parameters()] == ["net.head.1.weight"]
     stray = _Reversed()
     stray.offset = nn.Parameter(torch.zeros(10))
-    with pytest.raises(UserInputError, match="move 'offset' into a submodule"):
-        _wrap(stray)
-    with pytest.raises(UserInputError, match=r"add its module to \[model\] layers"):
-        _wrap(_cnn(nn.GroupNorm(2, 4)), layers=("features",))
+    trained = trainable_layers(_wrap(stray))
+    assert trained.layer_names == ["offset", "body", "head"]
+    assert trained.layer_sizes() == [10, 64 * 16 + 16, 16 * 10 + 10]
+    given = trainable_layers(_wrap(_cnn(nn.GroupNorm(2, 4)), layers=("features.0",
+                                                                        "features.1")))
+    assert given.layer_names == ["head.1", "features.0", "features.1"]  # its module's
+    every = _cnn(nn.GroupNorm(2, 4)).requires_grad_(False)
+    with pytest.raises(UserInputError, match="every parameter is frozen") as err:
+        _wrap(every)
+    assert err.value.value == REF
 
 
 def test_layers_follow_the_forward_order_and_given_layers_must_be_modules() -> None:
@@ -131,9 +184,9 @@ def test_layers_follow_the_forward_order_and_given_layers_must_be_modules() -> N
     assert given.layer_names == ["features.0", "features.1", "head"]
     _, irs = given.forward_with_irs(IMAGE)
     assert [tuple(v.shape) for v in irs.values()] == [(4, 4, 8, 8), (4, 4, 8, 8), (4, 10)]
-    with pytest.raises(UserInputError, match="a module name") as err:
+    with pytest.raises(UserInputError, match="module names of the model \\('tail' is not") as err:
         _wrap(_Reversed(), layers=("body", "tail"))
-    assert err.value.field == "model.layers"
+    assert err.value.field == "model.layers" and err.value.value == ["body", "tail"]
     with pytest.raises(UserInputError, match="do not nest"):
         _wrap(_cnn(nn.GroupNorm(2, 4)), layers=("features", "features.0", "head"))
 
@@ -144,7 +197,8 @@ def test_each_model_gets_the_per_example_path_it_can_use() -> None:
                                                          _Scale(16)),
                                       head=nn.Linear(16, 10)))
     assert _wrap(block).per_example_path == BLOCK_EXACT_PATH
-    whole = _wrap(_TwoInputs())
+    assert _wrap(_TwoInputs()).per_example_path == BLOCK_EXACT_PATH  # kwargs, any inputs
+    whole = _wrap(_Folded())
     assert whole.per_example_path == WHOLE_EXACT_PATH
     assert GradEngine(whole).strategy == "vmap" and GradEngine(whole).path == WHOLE_EXACT_PATH
 
@@ -155,7 +209,7 @@ def test_the_exact_paths_agree_with_the_reference(build: str) -> None:
     net = (nn.Sequential(OrderedDict(body=nn.Sequential(nn.Flatten(), nn.Linear(64, 16),
                                                         _Scale(16)),
                                      head=nn.Linear(16, 10)))
-           if build == "block" else _TwoInputs())
+           if build == "block" else _Folded())
     model = _wrap(net.double(), sample=IMAGE.double())
     x = torch.randn(6, 1, 8, 8, dtype=torch.float64)
     y = torch.arange(6) % 10

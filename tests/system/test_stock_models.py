@@ -1,0 +1,181 @@
+"""Stock PyTorch and torchvision models train unmodified: each built by a factory that only
+calls constructors, checked by ``dpsweep config --check`` and trained for one epoch by
+``dpsweep train`` on an image folder or a token ``.npz``, with a valid epsilon at its target,
+a finite loss, its trainable weights changed and its frozen ones untouched."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from core import layout
+from orchestrator.cli import main
+from trainables.training import _derived_seeds, load_checkpoint_state
+
+pytestmark = pytest.mark.slow
+
+FACTORIES = textwrap.dedent('''\
+    import torch
+    import torchvision
+    from torch import nn
+
+
+    def _gn(channels):
+        return nn.GroupNorm(min(32, channels), channels)
+
+
+    def resnet_gn(input_shape, num_classes):
+        return torchvision.models.resnet18(norm_layer=_gn, num_classes=num_classes)
+
+
+    def resnet_head(input_shape, num_classes):
+        net = torchvision.models.resnet18(norm_layer=_gn, num_classes=num_classes)
+        for name, param in net.named_parameters():
+            param.requires_grad_(name.startswith("fc."))
+        return net
+
+
+    def resnet_bn(input_shape, num_classes):
+        return torchvision.models.resnet18(num_classes=num_classes)
+
+
+    def vit(input_shape, num_classes):
+        return torchvision.models.VisionTransformer(
+            image_size=input_shape[1], patch_size=8, num_layers=1, num_heads=2, hidden_dim=16,
+            mlp_dim=32, num_classes=num_classes)
+
+
+    class Recurrent(nn.Module):
+        def __init__(self, num_classes, cell, bidirectional):
+            super().__init__()
+            self.embed = nn.Embedding(50, 16)
+            self.rnn = cell(16, 12, num_layers=2, batch_first=True, bidirectional=bidirectional)
+            self.head = nn.Linear(24 if bidirectional else 12, num_classes)
+
+        def forward(self, x):
+            out, _ = self.rnn(self.embed(x))
+            return self.head(out[:, -1])
+
+
+    def lstm(input_shape, num_classes):
+        return Recurrent(num_classes, nn.LSTM, False)
+
+
+    def bigru(input_shape, num_classes):
+        return Recurrent(num_classes, nn.GRU, True)
+
+
+    class Encoder(nn.Module):
+        def __init__(self, length, num_classes):
+            super().__init__()
+            self.embed = nn.Embedding(50, 16)
+            self.position = nn.Parameter(torch.zeros(1, length, 16))
+            layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.1, batch_first=True)
+            self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+            self.head = nn.Linear(16, num_classes)
+
+        def forward(self, x):
+            return self.head(self.encoder(self.embed(x) + self.position).mean(1))
+
+
+    def encoder(input_shape, num_classes):
+        return Encoder(input_shape[0], num_classes)
+    ''')
+#: The smallest splits the checks accept (validation: enough to tell a model from chance).
+SIZES = "train_size = 60\nvalidation_size = 90\nholdout_size = 20\ntest_size = 30\n" \
+        "shadow_size = 40\n"
+#: (factory, data, extra [model] lines, the layers DP training must train)
+CASES = {
+    "resnet18_groupnorm": ("resnet_gn", "images", "", None),
+    "resnet18_frozen_backbone": ("resnet_head", "images", "", ["fc"]),
+    "vision_transformer": ("vit", "images", "", None),
+    "embedding_lstm": ("lstm", "tokens", "", None),
+    "embedding_bigru": ("bigru", "tokens", "", None),
+    "transformer_encoder": ("encoder", "tokens", "", None),
+    "resnet18_batchnorm_fixed": ("resnet_bn", "images", "fix = true\n", None),
+}
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("stock")
+    (root / "code").mkdir()
+    (root / "code" / "stock.py").write_text(FACTORIES)
+    rng = np.random.default_rng(0)
+    for label, name in enumerate(["cat", "dog", "fox"]):
+        folder = root / "images" / name
+        folder.mkdir(parents=True)
+        for i in range(80):
+            pixels = rng.integers(0, 90, size=(16, 16, 3)) + 80 * label
+            Image.fromarray(pixels.astype(np.uint8)).save(folder / f"{i}.png")
+    y = rng.integers(0, 3, size=240)
+    x = rng.integers(0, 50, size=(240, 12))
+    x[:, 0] = y + 1  # the label is readable from the first token
+    np.savez(root / "tokens.npz", x=x.astype(np.int64), y=y.astype(np.int64))
+    return root
+
+
+def _config(root: Path, name: str) -> Path:
+    factory, data, extra, _ = CASES[name]
+    source = (f'path = "{root / "images"}"\n' if data == "images"
+              else f'path = "{root / "tokens.npz"}"\ninputs = "tokens"\n')
+    text = (f'[data]\ndataset = "file"\n{source}{SIZES}'
+            f'[model]\nfactory = "stock:{factory}"\ncode_dir = "{root / "code"}"\n{extra}'
+            '[training]\nepochs = 1\nbatch_size = 20\nmethod = "dpsgd"\n'
+            '[privacy]\nepsilon = 3.0\n')
+    path = root / f"{name}.toml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_stock_model_checks_and_trains_unmodified(workspace: Path, name: str) -> None:
+    config = _config(workspace, name)
+    assert main(["config", "--check", str(config)]) == 0
+    out = workspace / f"run-{name}"
+    assert main(["train", str(config), "--out", str(out)]) == 0
+    privacy = json.loads(next(out.rglob(layout.PRIVACY)).read_text())
+    assert privacy["dp_valid"] is True
+    assert privacy["epsilon_upper"] <= 3.0 and privacy["epsilon_upper"] >= 0.99 * 3.0
+    record = privacy["method_record"]
+    trained = CASES[name][3]
+    if trained is not None:
+        assert record["trained_layers"] == trained
+    assert 0 < record["trained_parameters"] <= record["model_parameters"]
+    checkpoint = next(out.rglob(layout.CHECKPOINT_FILE)).parent
+    state = load_checkpoint_state(checkpoint)
+    assert np.isfinite(state["history"][-1]["train_loss_nonprivate"])
+    initial = _initial_weights(workspace, name, state["spec"])
+    frozen = [k for k, v in initial.items() if not v.requires_grad]
+    moved = [k for k, v in initial.items()
+             if v.requires_grad and not torch.equal(v.detach(), state["model"]["net." + k])]
+    assert moved, "no trainable weight changed"
+    assert all(torch.equal(initial[k].detach(), state["model"]["net." + k]) for k in frozen)
+    if name == "resnet18_frozen_backbone":
+        assert len(frozen) == sum(1 for k in initial if not k.startswith("fc."))
+
+
+def _initial_weights(root: Path, name: str, spec: dict) -> dict[str, torch.Tensor]:
+    """The factory's weights before training: the trial seeds the build from its spec."""
+    import importlib.util
+
+    module_spec = importlib.util.spec_from_file_location("stock_check", root / "code" /
+                                                         "stock.py")
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    seed_model, _ = _derived_seeds(spec["seed"])
+    shape = (12,) if CASES[name][1] == "tokens" else (3, 16, 16)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed_model)
+        net = getattr(module, CASES[name][0])(shape, 3)
+    if name == "resnet18_batchnorm_fixed":
+        from trainables.model_fix import fix_model
+
+        net, _ = fix_model(net)
+    return dict(net.named_parameters())
