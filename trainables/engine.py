@@ -7,9 +7,10 @@ sum_i coef[i, l] * g_i for every parameter. ``torch.func.vmap(grad)`` materialis
 
 * one forward with hooks that keep each module's input ``a``, and one backward of the summed
   per-example cross-entropy that stops at module outputs (parameters are detached for the pass,
-  so autograd never computes a parameter gradient; a ``_Tap`` identity per module output
-  receives the output gradient ``b``). Examples do not interact (no BatchNorm), so ``b_i`` is
-  the gradient of example i's own loss and g_i(W) = a_i^T b_i for a Linear / Conv weight.
+  so autograd never computes a parameter gradient; a hook on each module's output tensor
+  receives the output gradient ``b``, in-place changes of that output downstream included).
+  Examples do not interact (no BatchNorm), so ``b_i`` is the gradient of example i's own loss
+  and g_i(W) = a_i^T b_i for a Linear / Conv weight.
 * per module, the per-example squared norm of a_i^T b_i, by one of two algorithms:
 
   - *ghost norm* (Goodfellow 2015, "Efficient Per-Example Gradient Computations", arXiv
@@ -57,14 +58,17 @@ sum_i coef[i, l] * g_i for every parameter. ``torch.func.vmap(grad)`` materialis
   picks ghost unless T^2 (p + 1) exceeds about 2 V p. Positions holding ``padding_idx`` get no
   gradient, as in PyTorch. ``max_norm`` (rewrites the weight in forward), ``scale_grad_by_freq``
   (each example's gradient depends on the batch's token counts) and ``sparse`` (no
-  ``torch.func`` form) are refused at construction, in a fallback block too.
+  ``torch.func`` form) are refused at construction, wherever they sit.
 * ``nn.GroupNorm`` / ``nn.LayerNorm``: per-example grads of weight and bias are [B, C]-sized
   (sum over positions of b * x_hat, x_hat recomputed from the kept input): always kept.
-* Any other module that owns parameters makes its whole block fall back to ``torch.func``: the
-  block's input and output gradient are kept, and per-example gradients of the block's
-  parameters come from ``vmap`` of the vjp of the block alone (exact for the same reason).
-  A module called more than once per forward (shared weights) is materialised and summed over
-  calls (ghost norms do not add up over calls).
+* ``nn.LSTM`` / ``nn.GRU`` / ``nn.RNN``: run step by step during the pass, with the Linear
+  rules on their gate projections (:mod:`trainables.rnn_grads`).
+* Any other module that owns parameters (and ``nn.MultiheadAttention`` as a whole) falls back to
+  ``torch.func`` for its own parameters: every input and output gradient of each call is kept,
+  and per-example gradients come from ``vmap`` over that module alone
+  (:mod:`trainables.func_grads`, exact for the same reason). Batch dimensions of hooked
+  tensors are found once by probing (same module). A module called more than once per
+  forward is materialised and summed over calls (ghost norms do not add up over calls).
 
 The norm of a layer (block) is the root of the sum of its parameters' squared norms, in float64:
 every squared norm is formed from row-scaled factors (each example's block, or its input and

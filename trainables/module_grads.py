@@ -3,7 +3,7 @@
 One handler per parameterised module type (Linear, Conv1d, Conv2d, Embedding, GroupNorm,
 LayerNorm) turns a module's kept input ``a`` and output gradient ``b`` into per-example squared
 norms (ghost or materialised, chosen by :func:`choose`) and coefficient-weighted sums; any other
-module makes its block fall back to ``torch.func`` (:class:`BlockFallback`). An Embedding whose
+module falls back to ``torch.func`` (:mod:`trainables.func_grads`). An Embedding whose
 forward or backward is not a per-example linear map (``max_norm``, ``scale_grad_by_freq``,
 ``sparse``) is refused wherever it sits (:func:`check_embedding`). The costs and the reasons for
 each choice are in the engine's docstring; this module holds the algebra so the engine file
