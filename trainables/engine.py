@@ -522,7 +522,7 @@ class GradEngine:
         self.num_layers = len(self.layer_names)
         self.layer_of = self.model.layer_of_parameter()
         self._units = build_units(self.model.named_modules(), self.layer_of)
-        self._dims: dict[int, list[CallDims]] | None = None
+        self._probed = False
 
     # -- introspection
     @property
@@ -542,7 +542,7 @@ class GradEngine:
 
     def call_dims(self, unit: Handler | OwnerFallback, call: int) -> CallDims:
         """Batch dimensions of ``unit``'s ``call``-th call in a forward (probed once)."""
-        calls = (self._dims or {}).get(id(unit), [])
+        calls = getattr(unit, "dims", [])
         if call >= len(calls):
             raise NotPerExample(f"{unit.qualname or 'the model'} ran more often than in the "
                                 "probe forward (a data-dependent number of calls)")
@@ -550,12 +550,15 @@ class GradEngine:
 
     def probe(self, x: torch.Tensor) -> None:
         """Find every hooked module's batch dimensions (``trainables.func_grads``), once."""
-        if self._dims is not None or self.strategy == "vmap":
+        if self._probed or self.strategy == "vmap":
             return
         probed = [u for u in self._units if not isinstance(u, RecurrentUnit)]
-        modules = {id(u): u.module for u in probed}
-        names = {id(u): u.qualname or "the model" for u in probed}
-        self._dims = probe_calls(self.model.model, x, modules, names)
+        modules = {i: u.module for i, u in enumerate(probed)}
+        names = {i: u.qualname or "the model" for i, u in enumerate(probed)}
+        found = probe_calls(self.model.model, x, modules, names)
+        for i, u in enumerate(probed):  # on the unit: a deep copy of the engine keeps them
+            u.dims = found[i]
+        self._probed = True
 
     def plan(self, sample: torch.Tensor) -> list[ModulePlan]:
         """Each module's algorithm for inputs shaped like ``sample`` (one forward, no grads)."""
@@ -578,9 +581,11 @@ class GradEngine:
                                            kind=unit.kind, geometry=Geometry(1, 1, 1),
                                            norm=how, keep=True))
                     return
-                dims = self.call_dims(unit, 0)
                 flat, _ = leaves((args, kwargs))
                 first = next(i for i, v in enumerate(flat) if isinstance(v, torch.Tensor))
+                # the whole-model path needs no batch dimensions: its plan assumes them first
+                dims = (self.call_dims(unit, 0) if self.strategy != "vmap"
+                        else CallDims(inputs=(0,) * len(flat), outputs=(0,)))
                 a = unit.prepare(_batch_first(flat[first], dims.inputs[first], unit))
                 geometry = unit.geometry(a, _batch_first(output, dims.outputs[0], unit))
                 if unit.per_channel:

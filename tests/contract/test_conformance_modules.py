@@ -66,7 +66,7 @@ def test_the_workloads_take_the_paths_they_are_named_for(
     kinds = {kind for _, kind in plans["engine"]}
     assert kinds == {"Embedding", "LayerNorm", "Conv1d", "GroupNorm", "Conv2d", "Linear"}
     assert "vmap" not in plans["engine"].values()
-    assert plans["block"][("gate", "block")] == "vmap"
+    assert plans["block"][("gate", "torch.func")] == "vmap"
     assert {norm for (layer, _), norm in plans["block"].items() if layer != "gate"} <= {
         "ghost", "materialize", "per-channel"}
     assert set(plans["whole"].values()) <= {"vmap", "per-channel"}
