@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from core.lazy import lazy_module
-from trainables.norms import row_scale, scaled_sq_norms
+from trainables.norms import row_scale, row_sums, scaled_sq_norms
 
 if TYPE_CHECKING:
     import torch
@@ -211,8 +211,8 @@ class LinearHandler(Handler):
         if a3.shape[1] == 1:
             return scaled_sq_norms(a3[:, 0]) * scaled_sq_norms(b3[:, 0])
         (ua, sa), (ub, sb) = row_scale(a3), row_scale(b3)
-        unit = (torch.bmm(ua, ua.transpose(1, 2)) * torch.bmm(ub, ub.transpose(1, 2))).sum((1, 2))
-        return unit.double() * (sa * sb).square()
+        unit = row_sums(torch.bmm(ua, ua.transpose(1, 2)) * torch.bmm(ub, ub.transpose(1, 2)))
+        return unit * (sa * sb).square()
 
     def weight_sum(self, a: torch.Tensor, bc: torch.Tensor) -> torch.Tensor:
         return bc.reshape(-1, bc.shape[-1]).t() @ a.reshape(-1, a.shape[-1])
@@ -339,7 +339,7 @@ class Conv2dHandler(Handler):
         gram_a = self._input_gram(ua)
         bf = ub.reshape(n, g, -1, gram_a.shape[-1])  # [n, g, p, T]
         gram_b = torch.matmul(bf.transpose(2, 3), bf)
-        return (gram_a * gram_b).sum((1, 2, 3)).double() * (sa * sb).square()
+        return row_sums(gram_a * gram_b) * (sa * sb).square()
 
     def weight_sum(self, a: torch.Tensor, bc: torch.Tensor) -> torch.Tensor:
         m = self.module
@@ -490,8 +490,8 @@ class EmbeddingHandler(Handler):
     def weight_ghost_sq(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         ub, sb = row_scale(self._rows(a, b))
         same = (a.unsqueeze(2) == a.unsqueeze(1)).to(ub.dtype)  # [B, T, T]
-        unit = (torch.bmm(ub, ub.transpose(1, 2)) * same).sum((1, 2))
-        return unit.double() * sb.square()
+        unit = row_sums(torch.bmm(ub, ub.transpose(1, 2)) * same)
+        return unit * sb.square()
 
     def weight_sum(self, a: torch.Tensor, bc: torch.Tensor) -> torch.Tensor:
         m = self.module

@@ -6,7 +6,6 @@ a finite loss, its trainable weights changed and its frozen ones untouched."""
 from __future__ import annotations
 
 import json
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -20,73 +19,8 @@ from trainables.training import _derived_seeds, load_checkpoint_state
 
 pytestmark = pytest.mark.slow
 
-FACTORIES = textwrap.dedent('''\
-    import torch
-    import torchvision
-    from torch import nn
-
-
-    def _gn(channels):
-        return nn.GroupNorm(min(32, channels), channels)
-
-
-    def resnet_gn(input_shape, num_classes):
-        return torchvision.models.resnet18(norm_layer=_gn, num_classes=num_classes)
-
-
-    def resnet_head(input_shape, num_classes):
-        net = torchvision.models.resnet18(norm_layer=_gn, num_classes=num_classes)
-        for name, param in net.named_parameters():
-            param.requires_grad_(name.startswith("fc."))
-        return net
-
-
-    def resnet_bn(input_shape, num_classes):
-        return torchvision.models.resnet18(num_classes=num_classes)
-
-
-    def vit(input_shape, num_classes):
-        return torchvision.models.VisionTransformer(
-            image_size=input_shape[1], patch_size=8, num_layers=1, num_heads=2, hidden_dim=16,
-            mlp_dim=32, num_classes=num_classes)
-
-
-    class Recurrent(nn.Module):
-        def __init__(self, num_classes, cell, bidirectional):
-            super().__init__()
-            self.embed = nn.Embedding(50, 16)
-            self.rnn = cell(16, 12, num_layers=2, batch_first=True, bidirectional=bidirectional)
-            self.head = nn.Linear(24 if bidirectional else 12, num_classes)
-
-        def forward(self, x):
-            out, _ = self.rnn(self.embed(x))
-            return self.head(out[:, -1])
-
-
-    def lstm(input_shape, num_classes):
-        return Recurrent(num_classes, nn.LSTM, False)
-
-
-    def bigru(input_shape, num_classes):
-        return Recurrent(num_classes, nn.GRU, True)
-
-
-    class Encoder(nn.Module):
-        def __init__(self, length, num_classes):
-            super().__init__()
-            self.embed = nn.Embedding(50, 16)
-            self.position = nn.Parameter(torch.zeros(1, length, 16))
-            layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.1, batch_first=True)
-            self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
-            self.head = nn.Linear(16, num_classes)
-
-        def forward(self, x):
-            return self.head(self.encoder(self.embed(x) + self.position).mean(1))
-
-
-    def encoder(input_shape, num_classes):
-        return Encoder(input_shape[0], num_classes)
-    ''')
+#: The factories, shipped as the user's code (a file of constructors only).
+FACTORIES = Path(__file__).resolve().parents[1] / "stock_nets.py"
 #: The smallest splits the checks accept (validation: enough to tell a model from chance).
 SIZES = "train_size = 60\nvalidation_size = 90\nholdout_size = 20\ntest_size = 30\n" \
         "shadow_size = 40\n"
@@ -106,7 +40,7 @@ CASES = {
 def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("stock")
     (root / "code").mkdir()
-    (root / "code" / "stock.py").write_text(FACTORIES)
+    (root / "code" / "stock.py").write_text(FACTORIES.read_text())
     rng = np.random.default_rng(0)
     for label, name in enumerate(["cat", "dog", "fox"]):
         folder = root / "images" / name

@@ -137,11 +137,13 @@ def per_example_signals(*, model: LayeredModel, x: torch.Tensor, y: torch.Tensor
     work = copy.deepcopy(model).to(dtype=torch.float64).eval()
     xs = x.to(dtype=torch.float64, device=next(work.parameters()).device)
     ys = y.to(device=xs.device, dtype=torch.long)
-    names = work.layer_names
     out: dict[str, list[np.ndarray]] = {LOGIT: [], LOSS: []}
     if grad_norms:
-        out.update({grad_norm_name(n): [] for n in names})
         engine = GradEngine(work, max_physical_batch=batch)
+        # trained layers with an output: a frozen layer has no gradient to measure (its
+        # output is still attacked by the IR classifier), a parameter alone has no output row
+        names = [n for n in engine.layer_names if n in work.layer_names]
+        out.update({grad_norm_name(n): [] for n in names})
     for start in range(0, xs.shape[0], batch):
         xb, yb = xs[start:start + batch], ys[start:start + batch]
         with torch.no_grad():
@@ -150,9 +152,9 @@ def per_example_signals(*, model: LayeredModel, x: torch.Tensor, y: torch.Tensor
             out[LOSS].append(torch.nn.functional.cross_entropy(logits, yb, reduction="none")
                              .cpu().numpy())
         if grad_norms:
-            norms = engine.compute(xb, yb, live=[True] * len(names)).norms.detach().cpu().numpy()
-            logs = np.log(np.maximum(norms, MIN_GRAD_NORM))
-            for i, n in enumerate(names):
-                out[grad_norm_name(n)].append(logs[:, i])
+            norms = engine.compute(xb, yb, live=[True] * engine.num_layers).norms
+            logs = np.log(np.maximum(norms.detach().cpu().numpy(), MIN_GRAD_NORM))
+            for n in names:
+                out[grad_norm_name(n)].append(logs[:, engine.layer_names.index(n)])
     return {k: (np.concatenate(v) if v else np.zeros(0)) for k, v in out.items()}
 

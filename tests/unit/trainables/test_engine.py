@@ -367,6 +367,23 @@ def test_norms_do_not_underflow_or_overflow(dtype: torch.dtype, entry: float) ->
     assert float(scaled_sq_norms(torch.tensor([[1.0, math.inf]], dtype=dtype))[0]) == math.inf
 
 
+@pytest.mark.parametrize("length", [3_000_001, 9_000_000])
+def test_norms_and_sums_of_long_rows_keep_float64_accuracy(length: int) -> None:
+    """A float32 reduction over a whole row loses precision with its length (a 9M-entry
+    ``vector_norm`` came out 3e-4 low: an example clipped by it overshoots C by as much).
+    The engine's norms and Gram sums of float32 rows match float64 to 1e-7 relative at layer
+    sizes of a ResNet-18 (a deliberately naive float32 norm misses by more than 1e-6)."""
+    from trainables.norms import row_sums, scaled_sq_norms
+
+    g = torch.randn(2, length, generator=torch.Generator().manual_seed(3))
+    exact = g.double().square().sum(dim=1)
+    torch.testing.assert_close(scaled_sq_norms(g), exact, rtol=1e-7, atol=0)
+    torch.testing.assert_close(row_sums(g.abs()), g.double().abs().sum(dim=1), rtol=1e-7,
+                               atol=0)
+    naive = torch.linalg.vector_norm(g, dim=1).double().square()
+    assert float(((naive - exact) / exact).abs().max()) > 1e-6  # the check has teeth here
+
+
 def test_engine_norms_of_tiny_gradients_match_float64() -> None:
     """The real engine on digits_cnn whose last layer is scaled by 1e-22: every earlier layer's
     per-example gradient has entries whose float32 squares are subnormal. Its float32 norms
