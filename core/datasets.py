@@ -15,6 +15,16 @@ INPUT_SHAPES: dict[str, tuple[int, int, int]] = {
     "cifar10": (3, 32, 32),
 }
 NUM_CLASSES: dict[str, int] = {name: 10 for name in DATASET_NAMES}
+#: What each label means, in label order (an export's ``model.json`` names its classes, so
+#: its predictions can be read without the dataset's documentation).
+CLASS_NAMES: dict[str, tuple[str, ...]] = {
+    "digits": tuple(str(i) for i in range(10)),
+    "mnist": tuple(str(i) for i in range(10)),
+    "fashion-mnist": ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
+                      "Sneaker", "Bag", "Ankle boot"),
+    "cifar10": ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship",
+                "truck"),
+}
 #: Examples in each dataset's pool and in its official test split (0: none, the test split is
 #: cut from the pool). ``tests/unit/orchestrator/test_config.py`` checks digits' against the
 #: loaded data.

@@ -1,4 +1,5 @@
-"""The run directory's layout: every file name of a run and of a trial, written once.
+"""The run directory's layout: every file name of a run and of a trial (and of an export),
+written once.
 
 Training (``trainables``) writes a trial's records, the driver (``orchestrator``) the run's, the
 report (``reports``) reads both; each imports its names from here, so a name cannot drift
@@ -53,3 +54,20 @@ CHECKPOINT_DIR = "checkpoint"
 CHECKPOINT_FILE = "state.pt"
 #: A trial's record files, in the order training writes them.
 TRIAL_FILES = (SPEC, HISTORY, PRIVACY, AUDIT_SCORES, AUDIT, RESULT, ERROR)
+
+# ---- an export (``dpsweep export --out DIR``: what leaves the run) -----------------------------
+#: The released network's ``state_dict``: torch's format (``weights_only`` loading) and
+#: safetensors.
+EXPORT_WEIGHTS = "weights.pt"
+EXPORT_SAFETENSORS = "model.safetensors"
+#: How to rebuild the network: builder, classes, input kind and normalisation, code hashes.
+EXPORT_MODEL = "model.json"
+#: What the epsilon covers and what it does not, for a machine and for a reviewer.
+EXPORT_STATEMENT_JSON = "privacy_statement.json"
+EXPORT_STATEMENT_MD = "privacy_statement.md"
+#: A plain-Python loader (stdlib + torch): rebuilds the network from EXPORT_CODE, loads the
+#: weights and wraps the network in its input normalisation (``orchestrator/release/loader.py``).
+EXPORT_LOADER = "load.py"
+#: The network's Python source: the ``.py`` files of the user's code folder, or the dpsweep
+#: modules a built-in model is made of.
+EXPORT_CODE = "code"

@@ -27,7 +27,7 @@ from orchestrator.config.paths import check_path_form
 if TYPE_CHECKING:
     import pandas as pd
 
-    from orchestrator.release.statement import ExportResult
+    from orchestrator.release.bundle import ExportResult
     from orchestrator.sweep.driver import SweepSummary
 
 __all__ = ["Config", "UserInputError", "export", "from_dict", "load_config", "pick", "report",
@@ -109,8 +109,10 @@ def report(run_dir: str | Path) -> Path:
 def pick(run_dir: str | Path, *, max_peak_mia: float | None = None,
          min_val_acc: float | None = None, series: str | None = None,
          allow_invalid_dp: bool = False, allow_replayable: bool = False,
-         export_to: str | Path | None = None) -> str:
-    """Choose the deployable trial (writes pick.toml); returns the text ``dpsweep pick`` prints."""
+         export_to: str | Path | None = None, allow_degenerate: bool = False) -> str:
+    """Choose the deployable trial (writes pick.toml); returns the text ``dpsweep pick`` prints.
+    ``allow_degenerate`` lets ``export_to`` release a trial at chance level (private tuning
+    picks by the noisy score alone, which can choose one)."""
     from orchestrator.release.pick import pick_and_write
 
     if export_to is not None:
@@ -118,14 +120,19 @@ def pick(run_dir: str | Path, *, max_peak_mia: float | None = None,
     return pick_and_write(Path(run_dir), max_peak_mia=max_peak_mia, min_val_acc=min_val_acc,
                           series=series, allow_invalid_dp=allow_invalid_dp,
                           allow_replayable=allow_replayable,
-                          export_to=None if export_to is None else Path(export_to))
+                          export_to=None if export_to is None else Path(export_to),
+                          allow_degenerate=allow_degenerate)
 
 
 def export(run_dir: str | Path, *, trial_id: str, out: str | Path,
-           allow_replayable: bool = False, allow_invalid_dp: bool = False) -> ExportResult:
-    """Write the trial's release (weights, model description, privacy statement) into ``out``."""
+           allow_replayable: bool = False, allow_invalid_dp: bool = False,
+           allow_degenerate: bool = False) -> ExportResult:
+    """Write the trial's release into ``out``: weights, model description, the network's code
+    and a loader (``docs/export.md``), and the privacy statement. A degenerate trial (at
+    chance level) is refused unless ``allow_degenerate``."""
     from orchestrator.release.export import export_from_run
 
     return export_from_run(Path(run_dir), trial_id=trial_id,
                            out=check_path_form(out, field="out"),
-                           allow_replayable=allow_replayable, allow_invalid_dp=allow_invalid_dp)
+                           allow_replayable=allow_replayable, allow_invalid_dp=allow_invalid_dp,
+                           allow_degenerate=allow_degenerate)

@@ -288,7 +288,8 @@ def cmd_pick(args: argparse.Namespace) -> int:
                          min_val_acc=args.min_val_acc, series=args.series,
                          allow_invalid_dp=args.allow_invalid_dp,
                          allow_replayable=args.allow_replayable,
-                         export_to=Path(args.export) if args.export else None))
+                         export_to=Path(args.export) if args.export else None,
+                         allow_degenerate=args.allow_degenerate))
     return 0
 
 
@@ -297,7 +298,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     result = export_from_run(Path(args.run_dir), trial_id=args.trial, out=Path(args.out),
                              allow_replayable=args.allow_replayable,
-                             allow_invalid_dp=args.allow_invalid_dp)
+                             allow_invalid_dp=args.allow_invalid_dp,
+                             allow_degenerate=args.allow_degenerate)
     print(result.summary())
     return 0
 
@@ -392,12 +394,16 @@ def _add_pick(sub: Any) -> None:
     pk.add_argument("--allow-replayable", action="store_true",
                     help="also consider reproducible trials (seeded noise: not releasable)")
     pk.add_argument("--export", metavar="DIR", help="also export the picked trial's release")
+    pk.add_argument("--allow-degenerate", action="store_true",
+                    help="with --export: export the picked trial even at chance level (private "
+                         "tuning picks by the noisy score alone)")
     pk.set_defaults(func=cmd_pick)
 
 
 def _add_export(sub: Any) -> None:
     """``dpsweep export``'s arguments."""
-    ex = sub.add_parser("export", help="write a trial's release: weights + privacy statement")
+    ex = sub.add_parser("export", help="write a trial's release: weights, code, loader and "
+                                       "privacy statement")
     ex.add_argument("run_dir", help="RUN_DIR")
     ex.add_argument("--trial", required=True, help="trial id")
     ex.add_argument("--out", required=True, help="new directory for the release")
@@ -405,6 +411,8 @@ def _add_export(sub: Any) -> None:
                     help="export a reproducible (seeded, replayable) trial anyway")
     ex.add_argument("--allow-invalid-dp", action="store_true",
                     help="export a trial whose epsilon claim is invalid anyway")
+    ex.add_argument("--allow-degenerate", action="store_true",
+                    help="export a degenerate trial (at chance level) anyway")
     ex.set_defaults(func=cmd_export)
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import UserInputError
+from core.layout import EXPORT_MODEL, EXPORT_STATEMENT_JSON
 
 #: ``package.module:function`` (dotted module path, colon, dotted attribute path).
 REFERENCE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
@@ -127,10 +128,15 @@ def file_sha256(path: str | Path) -> str:
 
 
 def code_files(code_dir: str | Path) -> list[Path]:
-    """Every ``.py`` file under ``code_dir`` (caches and environments left out), sorted."""
+    """Every ``.py`` file under ``code_dir`` (caches and environments left out), sorted. A
+    dpsweep export in the folder is left out too: its ``load.py`` and ``code/`` copy are not
+    the user's code, and exporting next to the config must not change the run's code hash."""
     root = Path(code_dir)
+    exports = {p.parent for p in root.rglob(EXPORT_STATEMENT_JSON)
+               if (p.parent / EXPORT_MODEL).is_file()}
     return sorted(p for p in root.rglob("*.py")
-                  if not any(part in _SKIPPED_DIRS for part in p.relative_to(root).parts[:-1]))
+                  if not any(part in _SKIPPED_DIRS for part in p.relative_to(root).parts[:-1])
+                  and exports.isdisjoint(p.parents))
 
 
 def tree_sha256(code_dir: str | Path) -> str:

@@ -5,6 +5,11 @@ the run's manifest first, so an edited record can never be exported as a privacy
 tuning statement comes from the run's ``summary.json`` (written by the sweep), the audit's
 lower bound from the trial's results row. A private-tuning run releases one trial, the best
 noisy score (``reports.pick.choose_private``): its end-to-end statement covers no other.
+
+A degenerate trial (at chance level, ``reports.store.is_degenerate``: never on a front or
+picked) is refused unless ``allow_degenerate``, and an export made anyway says so in its
+``model.json``. Under private tuning it is judged on the noisy validation score, the one score
+the end-to-end epsilon covers, so the refusal itself reveals nothing uncovered.
 """
 
 from __future__ import annotations
@@ -15,11 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from core import layout
+from core.datasets import NUM_CLASSES
 from core.errors import UserInputError
 from core.layout import RESULTS
 from core.layout import SUMMARY as SUMMARY_FILE
 from core.records import PrivacyRecord
-from orchestrator.release.statement import ExportResult, export_trial
+from orchestrator.release.bundle import ExportResult, export_trial
 from orchestrator.rundir import RunDir, check_trial_id
 from reports import store
 
@@ -28,6 +34,7 @@ CANARY_CONFIDENCE = 0.95
 #: ``method`` of the non-private baseline's row (``reports.pareto.NONPRIVATE``, the sweep's
 #: ``BASELINE_ID``): a reference line, no DP trial.
 NONPRIVATE = "nonprivate"
+ALLOW_DEGENERATE_FLAG = "--allow-degenerate"
 
 
 def check_not_baseline(row: dict[str, Any], trial_id: str, *, why: str) -> None:
@@ -89,20 +96,67 @@ def audit_bound(row: dict[str, Any]) -> dict[str, Any] | None:
             "confidence": CANARY_CONFIDENCE, "kind": str(row["eps_lower_bound_kind"])}
 
 
+def _num_classes(run: RunDir, trial_id: str) -> int:
+    """The trial's class count, from its verified spec (a user's data is read for it)."""
+    from trainables.training import TrialSpec, load_trial_data
+
+    rel = f"{layout.TRIALS}/{trial_id}/{layout.SPEC}"
+    try:
+        spec = json.loads(run.verify(rel).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise UserInputError(field="spec", value=rel,
+                             allowed=f"valid JSON ({type(exc).__name__})") from None
+    if spec.get("dataset") in NUM_CLASSES:
+        return NUM_CLASSES[spec["dataset"]]
+    return load_trial_data(TrialSpec.from_dict(spec)).num_classes
+
+
+def check_degenerate(run: RunDir, row: dict[str, Any], trial_id: str, *, private: bool,
+                     allow_degenerate: bool) -> str | None:
+    """Why the trial is at chance level (None if it is not); refused unless allowed. Under
+    private tuning the noisy score decides (covered by the end-to-end epsilon); otherwise the
+    row's ``degenerate``, from the noiseless validation accuracy like every adaptive choice."""
+    if private:
+        noisy = row.get("noisy_val_score")
+        score = math.nan if noisy is None else float(noisy)
+        if not store.is_degenerate(score, num_classes=_num_classes(run, trial_id)):
+            return None
+        why = "its noisy validation score"
+    elif not bool(row.get("degenerate")):
+        return None
+    else:
+        why = "its validation accuracy"
+    reason = (f"{why} is below chance (1 / classes) + {store.DEGENERATE_MARGIN:g}, so it "
+              f"predicts no better than guessing")
+    if not allow_degenerate:
+        raise UserInputError(field="--trial", value=trial_id,
+                             allowed=f"a trial above chance level: this one is degenerate "
+                                     f"({reason}; kept off fronts and picks); "
+                                     f"{ALLOW_DEGENERATE_FLAG} exports it anyway")
+    return reason
+
+
 def export_from_run(run_dir: Path, *, trial_id: str, out: Path, allow_replayable: bool = False,
-                    allow_invalid_dp: bool = False) -> ExportResult:
-    """Verify, then export the trial's weights, model description and privacy statement."""
+                    allow_invalid_dp: bool = False,
+                    allow_degenerate: bool = False) -> ExportResult:
+    """Verify, then export the trial's weights, model description, code, loader and privacy
+    statement."""
     check_trial_id(trial_id)
     run = RunDir.open(Path(run_dir), write=False)
     row = _row(run, trial_id)
     tuning = _tuning(run, target=float(row["target_epsilon"]))
-    if tuning is not None and tuning.get("mode") == "private":
+    private = tuning is not None and tuning.get("mode") == "private"
+    if private:
         _check_selected(run, trial_id, allow_invalid_dp=allow_invalid_dp,
                         allow_replayable=allow_replayable)
+    degenerate = check_degenerate(run, row, trial_id, private=private,
+                                  allow_degenerate=allow_degenerate)
     privacy = PrivacyRecord.load(run.verify(str(row["privacy_record"])))
     checkpoint = run.path / str(row["checkpoint"])
     run.verify(str(Path(str(row["checkpoint"])) / layout.CHECKPOINT_FILE))
     return export_trial(checkpoint_dir=checkpoint, privacy=privacy, out=Path(out),
                         tuning=tuning,
                         audit_bound=audit_bound(row),
-                        allow_replayable=allow_replayable, allow_invalid_dp=allow_invalid_dp)
+                        allow_replayable=allow_replayable, allow_invalid_dp=allow_invalid_dp,
+                        code_sha256=(run.manifest.get("inputs") or {}).get("model_code"),
+                        degenerate=degenerate)

@@ -322,7 +322,7 @@ def format_pick(pick: Pick) -> str:
 
 def pick_and_write(run_dir: Path, *, max_peak_mia: float | None, min_val_acc: float | None,
                    series: str | None, allow_invalid_dp: bool, allow_replayable: bool,
-                   export_to: Path | None) -> str:
+                   export_to: Path | None, allow_degenerate: bool = False) -> str:
     """Choose the trial, verify and read its records, export it if asked, write pick.toml and
     pick_config.toml; return the terminal text."""
     run = RunDir.open(Path(run_dir), write=False)
@@ -358,7 +358,8 @@ def pick_and_write(run_dir: Path, *, max_peak_mia: float | None, min_val_acc: fl
 
         result = export_from_run(run.path, trial_id=tid, out=Path(export_to),
                                  allow_replayable=allow_replayable,
-                                 allow_invalid_dp=allow_invalid_dp)
+                                 allow_invalid_dp=allow_invalid_dp,
+                                 allow_degenerate=allow_degenerate)
         summary = getattr(result, "summary", None)
         export_summary = summary() if callable(summary) else str(export_to)
     pick = Pick(choice=choice, config=config, privacy=privacy, checkpoint=checkpoint,

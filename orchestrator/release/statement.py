@@ -1,75 +1,44 @@
-"""``dpsweep export``: write one trial's release, and only what its epsilon covers.
+"""The privacy statement of a release: what its epsilon covers, and what it does not cover.
 
 A DP guarantee covers the released model (and anything computed from it alone), nothing else.
 A run directory holds much that the epsilon does not cover: the training loss, validation and
-test scores, audit metrics, every other trial, seeds and data paths. The export therefore
-writes a new directory with exactly five files:
-
-* ``weights.pt`` — the model's ``state_dict`` only (``torch.load(..., weights_only=True)``);
-* ``model.safetensors`` — the same tensors in the safetensors format;
-* ``model.json`` — the architecture needed to rebuild the model (no data, no seeds);
-* ``privacy_statement.json`` / ``privacy_statement.md`` — what the epsilon covers, how it was
-  computed, and what it does not cover, for a reviewer.
+test scores, audit metrics, every other trial, seeds and data paths. The statement says which is
+which for a reviewer (``privacy_statement.json`` / ``.md``), from the trial's privacy record and
+spec alone. ``orchestrator.release.bundle`` writes it into the export beside the weights, the
+model description, the network's code and the loader.
 
 No trial id is written either: under private tuning the index of the selected trial bounds the
-secret number of trials. The release is assembled in a staging directory next to ``out`` and
-renamed into place, so a failure leaves no half-written release behind.
+secret number of trials.
 """
 
 from __future__ import annotations
 
 import decimal
-import hashlib
-import io
 import json
 import math
-import os
-import secrets
-import shutil
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
+from dataclasses import asdict, dataclass, field
 from typing import Any
-
-import safetensors.torch
-import torch
 
 from core.checks import number, whole
 from core.errors import UserInputError
+from core.layout import EXPORT_SAFETENSORS as SAFETENSORS_FILE
+from core.layout import EXPORT_STATEMENT_JSON as STATEMENT_JSON
+from core.layout import EXPORT_STATEMENT_MD as STATEMENT_MD
+from core.layout import EXPORT_WEIGHTS as WEIGHTS_FILE
 from core.records import PrivacyRecord
-from core.storage import TMP_PREFIX, atomic_write_bytes, json_bytes
-from orchestrator.release.model_card import fresh_model, load_instructions, model_description
-from orchestrator.rundir import check_creatable
-from trainables.models import WrappedModel
-from trainables.training import load_checkpoint_state
 
 __all__ = [
-    "RELEASE_FILES",
-    "ExportResult",
+    "STATEMENT_JSON",
+    "STATEMENT_MD",
     "PrivacyStatement",
-    "export_trial",
     "privacy_statement",
 ]
-
-WEIGHTS_FILE = "weights.pt"
-SAFETENSORS_FILE = "model.safetensors"
-MODEL_FILE = "model.json"
-STATEMENT_JSON = "privacy_statement.json"
-STATEMENT_MD = "privacy_statement.md"
-#: Everything an export writes, in writing order; nothing else is ever written.
-RELEASE_FILES = (WEIGHTS_FILE, SAFETENSORS_FILE, MODEL_FILE, STATEMENT_JSON, STATEMENT_MD)
 
 STATEMENT_FORMAT = "dpsweep-privacy-statement"
 STATEMENT_VERSION = 1
 #: Decimals of displayed privacy figures. Upper bounds round up and lower bounds round down,
 #: so a displayed figure never overstates the protection.
 DISPLAY_DECIMALS = 4
-
-#: Permission bits a released file may get (read/write, never execute).
-FILE_MODE_MASK = 0o666
-
-ALLOW_REPLAYABLE_FLAG = "--allow-replayable"
-ALLOW_INVALID_FLAG = "--allow-invalid-dp"
-OUT_FIELD = "--out"
 
 NEIGHBOURING = ("datasets that differ by adding or removing one example of the training split "
                 "(Poisson subsampling, add/remove adjacency)")
@@ -471,125 +440,3 @@ def _markdown(s: PrivacyStatement) -> str:
     lines += ["", "## Versions", ""]
     lines += [f"- {name}: {value}" for name, value in sorted(s.versions.items())]
     return "\n".join(lines) + "\n"
-
-
-# --------------------------------------------------------------------------------------------
-# The export
-
-
-@dataclass(frozen=True)
-class ExportResult:
-    out: Path
-    files: tuple[str, ...]
-    statement: PrivacyStatement
-    model: dict[str, Any]
-
-    def summary(self) -> str:
-        return (f"exported {self.out}: {', '.join(self.files)}\n{self.statement.headline}")
-
-
-def export_trial(*, checkpoint_dir: Path, privacy: PrivacyRecord, out: Path,
-                 tuning: dict[str, Any] | None = None,
-                 audit_bound: dict[str, Any] | None = None, allow_replayable: bool = False,
-                 allow_invalid_dp: bool = False) -> ExportResult:
-    """Write the release of the trial whose final checkpoint is ``checkpoint_dir``.
-
-    Everything is validated before anything is written: a replayable (reproducible) trial or
-    an invalid mode is refused unless explicitly allowed, ``out`` must be new or an empty
-    directory, and the privacy record must match the checkpoint's trial and step count.
-    """
-    out = Path(out)
-    if not isinstance(privacy, PrivacyRecord):
-        raise _bad("privacy", type(privacy).__name__,
-                   "the trial's privacy record (a core.records.PrivacyRecord)")
-    if (not privacy.release_safe or privacy.randomness == "reproducible") \
-            and not allow_replayable:
-        raise _bad("randomness", privacy.randomness,
-                   f"a release-safe trial (secret or secure randomness): a reproducible trial's "
-                   f"noise can be replayed from recorded seeds, so no epsilon holds for its "
-                   f"release; pass {ALLOW_REPLAYABLE_FLAG} to export it anyway")
-    if not privacy.dp_valid and not allow_invalid_dp:
-        raise _bad("dp_valid", False,
-                   f"a trial whose epsilon claim holds ({privacy.validity_reason}); "
-                   f"pass {ALLOW_INVALID_FLAG} to export it anyway")
-    _check_out(out)
-
-    state = load_checkpoint_state(Path(checkpoint_dir))
-    spec = state.get("spec")
-    if not isinstance(spec, dict):
-        raise _bad("checkpoint", str(checkpoint_dir), "a checkpoint with its trial spec")
-    statement = privacy_statement(privacy=privacy, spec=spec, tuning=tuning,
-                                  audit_bound=audit_bound)
-    method_state = state.get("method")
-    done = method_state.get("step_count") if isinstance(method_state, dict) else None
-    if state.get("epoch") != spec.get("epochs") or done != statement.steps:
-        raise _bad("checkpoint", str(checkpoint_dir),
-                   f"the trial's final checkpoint (epoch {spec.get('epochs')}, "
-                   f"{statement.steps} steps; this one is epoch {state.get('epoch')}, "
-                   f"{done} steps)")
-
-    info = model_description(spec)
-    model = fresh_model(info)
-    try:
-        model.load_state_dict(state["model"], strict=True)
-    except (RuntimeError, KeyError, TypeError) as exc:
-        raise _bad("checkpoint", str(checkpoint_dir),
-                   f"weights of a {info['architecture']} model "
-                   f"({' '.join(str(exc).split())[:200]})") from None
-    # A user's weights are their own module's (no wrapper prefix): they load into what the
-    # factory returns.
-    released = model.net if isinstance(model, WrappedModel) else model
-    tensors = {k: v.detach().cpu().clone().contiguous()
-               for k, v in released.state_dict().items()}
-    info.update({"layers": model.layer_names, "layer_parameters": model.layer_sizes(),
-                 "parameters": sum(p.numel() for p in model.parameters()),
-                 "weights": {"torch": WEIGHTS_FILE, "safetensors": SAFETENSORS_FILE},
-                 "load": load_instructions(info, weights=WEIGHTS_FILE)})
-
-    buffer = io.BytesIO()
-    torch.save(tensors, buffer)
-    blobs: dict[str, bytes] = {
-        WEIGHTS_FILE: buffer.getvalue(),
-        SAFETENSORS_FILE: safetensors.torch.save(tensors, metadata={"format": "pt"}),
-        MODEL_FILE: json_bytes(info, allow_nan=False),
-    }
-    statement = replace(statement, artifacts={name: hashlib.sha256(data).hexdigest()
-                                              for name, data in blobs.items()})
-    blobs[STATEMENT_JSON] = json_bytes(statement.to_dict(), allow_nan=False)
-    blobs[STATEMENT_MD] = statement.to_markdown().encode("utf-8")
-    _write_release(out, blobs)
-    return ExportResult(out=out, files=RELEASE_FILES, statement=statement, model=info)
-
-
-def _check_out(out: Path) -> None:
-    """``out`` is a new path, or an empty directory, where a directory can be created."""
-    if out.is_symlink():
-        raise _bad(OUT_FIELD, str(out), "a path that is not a symbolic link")
-    if out.is_dir() and any(out.iterdir()):
-        raise _bad(OUT_FIELD, str(out), "a new or empty directory for the release")
-    check_creatable(out, field_name=OUT_FIELD)
-
-
-def _write_release(out: Path, blobs: dict[str, bytes]) -> None:
-    """Fill a staging directory beside ``out``, then rename it into place (all or nothing)."""
-    parent = out.absolute().parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-        staging = parent / f"{TMP_PREFIX}{out.name}-{secrets.token_hex(8)}"
-        staging.mkdir()
-    except OSError as exc:
-        raise _bad(OUT_FIELD, str(out), f"a location you can write ({exc.strerror})") from None
-    try:
-        # atomic_write's temporary files are private (0600); a release is meant to be shared,
-        # so its files get the directory's umask-derived mode without the execute bits.
-        file_mode = staging.stat().st_mode & FILE_MODE_MASK
-        for name in RELEASE_FILES:
-            os.chmod(atomic_write_bytes(staging / name, blobs[name]), file_mode)
-        os.replace(staging, out)  # onto a missing path or an empty directory
-    except OSError as exc:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise _bad(OUT_FIELD, str(out), f"a new or empty directory you can write "
-                                        f"({exc.strerror})") from None
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise

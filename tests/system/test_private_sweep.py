@@ -105,7 +105,8 @@ def test_pick_export_states_the_end_to_end_epsilon_and_no_other_trial_leaves(
     assert statement["tuning"]["end_to_end_epsilon"] == e2e
     assert statement["headline"].startswith(f"({round_up(e2e)}, ")
     assert "end to end" in statement["headline"]
-    released = "".join(p.read_bytes().decode("latin-1") for p in (tmp_path / "release").iterdir())
+    released = "".join(p.read_bytes().decode("latin-1")
+                       for p in (tmp_path / "release").rglob("*") if p.is_file())
     frame = read_results(run)
     assert not any(str(tid) in released for tid in frame["trial_id"])
 

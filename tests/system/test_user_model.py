@@ -142,11 +142,14 @@ def test_the_export_loads_into_the_factorys_module_with_the_recorded_accuracy(
     assert main(["export", str(cli_run), "--trial", trial, "--out", str(tmp_path / "rel")]) == 0
     info = json.loads((tmp_path / "rel" / "model.json").read_text())
     assert info["layers"] == LAYERS and len(info["code_sha256"]) == 64
-    sys.path.insert(0, info["model_source"]["code_dir"])
+    code_dir = str(tmp_path / "rel" / info["model_source"]["code_dir"])  # the export's copy
+    assert info["code"]["files"] == {"user_net.py": info["code"]["files"]["user_net.py"]}
+    sys.modules.pop("user_net", None)  # imported from the project folder by the run
+    sys.path.insert(0, code_dir)
     try:
         build = importlib.import_module("user_net").build
     finally:
-        sys.path.remove(info["model_source"]["code_dir"])
+        sys.path.remove(code_dir)
     net = build(input_shape=tuple(info["input_shape"]), num_classes=info["num_classes"],
                 **info["model_source"]["args"])
     net.load_state_dict(torch.load(tmp_path / "rel" / "weights.pt", weights_only=True))

@@ -152,8 +152,8 @@ def test_train_writes_a_run_directory(tmp_path: Path, capsys: pytest.CaptureFixt
     release = tmp_path / "release"
     assert main(["export", str(out), "--trial", "trial-000", "--out", str(release)]) == 0
     assert sorted(p.name for p in release.iterdir()) == sorted(
-        ["weights.pt", "model.safetensors", "model.json", "privacy_statement.json",
-         "privacy_statement.md"])
+        ["weights.pt", "model.safetensors", "model.json", "load.py", "code",
+         "privacy_statement.json", "privacy_statement.md"])
 
 
 def test_train_holds_the_one_budget_target(tmp_path: Path,

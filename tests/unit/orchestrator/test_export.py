@@ -1,11 +1,13 @@
-"""``orchestrator.release.statement``: the release holds the model and its privacy statement,
-nothing else."""
+"""``orchestrator.release.bundle`` and ``statement``: the release holds the model, its code, a
+loader and its privacy statement, nothing else; ``dpsweep export`` refuses a degenerate trial
+unless asked. (``tests/system/test_export_standalone.py`` loads exports in a fresh process.)"""
 
 from __future__ import annotations
 
 import copy
 import hashlib
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,16 +21,20 @@ from core.errors import UserInputError
 from core.records import PrivacyRecord
 from orchestrator import __version__
 from orchestrator.accounting.tuning.adaptive import adaptive_statement
+from orchestrator.release.bundle import RELEASE_ENTRIES, RELEASE_FILES, export_trial
+from orchestrator.release.export import check_degenerate
 from orchestrator.release.statement import (
     NOT_COVERED_PRIVATE_K,
     NOT_COVERED_SELECTION,
-    RELEASE_FILES,
-    export_trial,
     privacy_statement,
     round_down,
     round_up,
 )
+from orchestrator.rundir import RunDir
 from orchestrator.sweep.studies import ATTACK_OBJECTIVE, VALIDATION_OBJECTIVE
+from orchestrator.trial.single import TRIAL_ID as SINGLE_TRIAL
+from orchestrator.trial.single import train_single
+from reports import store
 from tests.conftest import tiny_config
 from trainables.data import DataSplits
 from trainables.methods import get_method
@@ -128,7 +134,9 @@ def replayable(tmp_path_factory: pytest.TempPathFactory) -> Trained:
 def release(trained: Trained, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("releases") / "release"
     result = export_trial(checkpoint_dir=trained.checkpoint, privacy=trained.record(), out=out)
-    assert result.out == out and result.files == RELEASE_FILES
+    assert result.out == out and result.files[:4] == RELEASE_FILES[:4]
+    assert result.files[-2:] == RELEASE_FILES[-2:]
+    assert all(f.startswith("code/") for f in result.files[4:-2])
     return out
 
 
@@ -142,16 +150,32 @@ def _tree(path: Path) -> list[str]:
     return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
 
 
+def _files(release: Path) -> list[Path]:
+    return sorted(p for p in release.rglob("*") if p.is_file())
+
+
+#: What a built-in model's code/ holds (at least): dpsweep's modules that build it, as they are.
+BUILTIN_CODE = {"core/errors.py", "trainables/catalog.py", "trainables/models.py"}
+REPO = Path(__file__).resolve().parents[3]
+
+
 # --------------------------------------------------------------------------------------------
 # The release
 
 
-def test_release_holds_exactly_the_five_files(release: Path) -> None:
-    assert sorted(p.name for p in release.iterdir()) == sorted(RELEASE_FILES)
-    assert all(p.is_file() for p in release.iterdir())
+def test_release_holds_exactly_its_files(release: Path) -> None:
+    assert sorted(p.name for p in release.iterdir()) == sorted(RELEASE_ENTRIES)
+    assert all((release / name).is_file() for name in RELEASE_FILES)
     mode = release.stat().st_mode & 0o666  # umask-derived, as the directory's
-    assert all(p.stat().st_mode & 0o777 == mode for p in release.iterdir())
-    assert _tree(release.parent) == sorted(["release", *(f"release/{f}" for f in RELEASE_FILES)])
+    assert all(p.stat().st_mode & 0o777 == mode for p in _files(release))
+    code = sorted(p.relative_to(release / "code").as_posix() for p in _files(release / "code"))
+    assert BUILTIN_CODE | {"core/__init__.py", "trainables/__init__.py"} <= set(code)
+    for name in code:  # copied as they are: the source the weights were trained with
+        assert (release / "code" / name).read_bytes() == (REPO / name).read_bytes(), name
+    assert (release / "load.py").read_bytes() == (
+        REPO / "orchestrator" / "release" / "loader.py").read_bytes()
+    assert _tree(release.parent) == sorted(
+        ["release", *(f"release/{p.relative_to(release)}" for p in release.rglob("*"))])
 
 
 def test_weights_reproduce_the_recorded_test_accuracy(trained: Trained, release: Path) -> None:
@@ -193,6 +217,16 @@ def test_model_json_describes_the_architecture(release: Path) -> None:
     assert info["dpsweep_version"] == __version__
     assert info["input_normalization"] == {"max_value": 16.0, "mean": [0.3], "std": [0.37],
                                            "rule": info["input_normalization"]["rule"]}
+    assert info["classes"] == [str(i) for i in range(10)]
+    assert info["input_kind"] == "images"
+    assert info["build"] == {"factory": "trainables.models:build_model",
+                             "args": {"name": "digits_cnn", "activation": "tanh"}}
+    assert info["loader"] == "load.py" and "load.load(" in info["load"]
+    assert info["code"]["dir"] == "code" and info["code"]["origin"] == "dpsweep"
+    assert info["code"]["files"] == {
+        p.relative_to(release / "code").as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in _files(release / "code")}
+    assert "degenerate" not in info
 
 
 def test_statement_matches_privacy_json(trained: Trained, release: Path) -> None:
@@ -223,8 +257,12 @@ def test_statement_matches_privacy_json(trained: Trained, release: Path) -> None
     assert s["tuning"] is None and s["selection_covered"] is False
     assert s["audit"] is None and s["audit_contradicts"] is False
     assert NOT_COVERED_SELECTION in s["not_covered"]
-    assert s["artifacts"] == {name: hashlib.sha256((release / name).read_bytes()).hexdigest()
-                              for name in ("weights.pt", "model.safetensors", "model.json")}
+    statements = {"privacy_statement.json", "privacy_statement.md"}
+    assert s["artifacts"] == {
+        p.relative_to(release).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in _files(release) if p.name not in statements}
+    assert {"weights.pt", "model.safetensors", "model.json", "load.py",
+            "code/trainables/models.py"} <= set(s["artifacts"])
 
     md = (release / "privacy_statement.md").read_text()
     for text in ("epsilon: **3.9877**", "delta: **1e-05**", "q = 0.1", "20 steps",
@@ -245,10 +283,11 @@ def test_release_contains_nothing_private(trained: Trained, release: Path) -> No
     assert b"train_loss" in run_files["history.json"]
     # ... except the secret seed, which is never written anywhere.
     assert not any(str(SECRET_SEED).encode() in data for data in run_files.values())
-    for path in release.iterdir():
+    for path in _files(release):
         data = path.read_bytes().lower()
         for text in forbidden:
             assert text.lower().encode() not in data, (path.name, text)
+    assert str(REPO).encode() not in (release / "model.json").read_bytes()  # no paths
 
 
 # --------------------------------------------------------------------------------------------
@@ -278,8 +317,8 @@ def test_reproducible_trial_is_refused_unless_allowed(replayable: Trained, tmp_p
     assert (s.holds, s.release_safe, s.randomness) == (False, False, "reproducible")
     assert s.headline.startswith("NO differential-privacy guarantee")
     assert "replayable" in s.headline
-    assert sorted(p.name for p in out.iterdir()) == sorted(RELEASE_FILES)
-    for path in out.iterdir():
+    assert sorted(p.name for p in out.iterdir()) == sorted(RELEASE_ENTRIES)
+    for path in _files(out):
         assert str(SPEC_SEED).encode() not in path.read_bytes()
 
 
@@ -313,10 +352,10 @@ def test_out_must_be_new_or_empty(trained: Trained, tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
     export_trial(out=empty, **kwargs)
-    assert sorted(p.name for p in empty.iterdir()) == sorted(RELEASE_FILES)
+    assert sorted(p.name for p in empty.iterdir()) == sorted(RELEASE_ENTRIES)
     nested = tmp_path / "new" / "deeper" / "release"
     export_trial(out=nested, **kwargs)
-    assert sorted(p.name for p in nested.iterdir()) == sorted(RELEASE_FILES)
+    assert sorted(p.name for p in nested.iterdir()) == sorted(RELEASE_ENTRIES)
     assert not [p for p in tmp_path.rglob(".tmp-*")]
 
 
@@ -460,3 +499,101 @@ def test_display_rounding_never_overstates_protection() -> None:
     assert round_up(1.00001) == "1.0001"
     assert round_down(0.99999) == "0.9999"
     assert float(round_up(0.1 + 0.2)) >= 0.1 + 0.2
+
+
+# --------------------------------------------------------------------------------------------
+# load.py: the normalisation inside the model, and no code it was not given
+
+
+def test_raw_input_applies_the_training_normalisation_exactly(trained: Trained,
+                                                              release: Path) -> None:
+    from orchestrator.release.loader import RawInput
+    from trainables.data import load_pool, normalise
+
+    info = json.loads((release / "model.json").read_text())
+    test = trained.data.test
+    raw = load_pool(dataset="digits").x[test.indices]
+    assert torch.equal(normalise(raw, dataset="digits"), test.x)  # the raw rows of the split
+    wrapped = RawInput(torch.nn.Identity(), normalization=info["input_normalization"],
+                       input_shape=info["input_shape"], classes=info["classes"])
+    assert torch.equal(wrapped(torch.from_numpy(raw)), test.x)
+    with pytest.raises(ValueError, match=r"raw inputs of shape \[N, 1, 8, 8\]"):
+        wrapped(torch.from_numpy(raw[0]))
+
+
+def test_loader_refuses_changed_extra_or_shadowed_code(release: Path, tmp_path: Path) -> None:
+    from orchestrator.release import loader
+
+    copy = tmp_path / "copy"
+    shutil.copytree(release, copy)
+    # Intact, but this process imported dpsweep's own trainables: refused, never mixed.
+    with pytest.raises(ImportError, match="already imported from elsewhere"):
+        loader.load(copy)
+    models = copy / "code" / "trainables" / "models.py"
+    models.write_bytes(models.read_bytes() + b"\n# edited\n")
+    with pytest.raises(ImportError, match="changed since export"):
+        loader.load(copy)
+    shutil.copy(release / "code" / "trainables" / "models.py", models)
+    (copy / "code" / "sitecustomize.py").write_text("raise SystemExit\n")
+    with pytest.raises(ImportError, match=r"model\.json lists"):
+        loader.load(copy)
+
+
+# --------------------------------------------------------------------------------------------
+# A degenerate trial (at chance level) is exported only when asked for
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real single-trial run directory (``dpsweep train``'s code)."""
+    train_single(tiny_config(), out=(out := tmp_path_factory.mktemp("single") / "run"))
+    return out
+
+
+def _degenerate_copy(run_dir: Path, tmp_path: Path) -> Path:
+    """A copy whose results row says degenerate, re-recorded in the manifest."""
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy, symlinks=True)
+    frame = store.read_results(copy)
+    frame.loc[0, "degenerate"] = True
+    store.write_results(copy, frame.to_dict("records"))
+    with RunDir.open(copy, write=True) as opened:
+        opened.record([store.RESULTS_FILE])
+    return copy
+
+
+def test_export_of_a_degenerate_trial_is_refused_unless_allowed(
+        run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator.cli import main
+
+    run = _degenerate_copy(run_dir, tmp_path)
+    out = tmp_path / "release"
+    before = _tree(tmp_path)
+    capsys.readouterr()
+    assert main(["export", str(run), "--trial", SINGLE_TRIAL, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith(f"dpsweep: error: --trial = '{SINGLE_TRIAL}' is not allowed")
+    assert "chance" in err and "--allow-degenerate exports it anyway" in err
+    assert _tree(tmp_path) == before  # nothing written
+
+    assert main(["export", str(run), "--trial", SINGLE_TRIAL, "--out", str(out),
+                 "--allow-degenerate"]) == 0
+    assert "WARNING: exported with --allow-degenerate" in capsys.readouterr().out
+    degenerate = json.loads((out / "model.json").read_text())["degenerate"]
+    assert "at chance level" in degenerate and "validation accuracy" in degenerate
+
+
+def test_private_tuning_judges_degeneracy_by_the_noisy_score(run_dir: Path) -> None:
+    """The noisy score is what the end-to-end epsilon covers; the noiseless flag is not read."""
+    run = RunDir.open(run_dir, write=False)
+    kw = {"allow_degenerate": False}
+    high = {"degenerate": True, "noisy_val_score": 0.9}
+    assert check_degenerate(run, high, SINGLE_TRIAL, private=True, **kw) is None
+    low = {"degenerate": False, "noisy_val_score": 0.12}  # 10 classes: chance 0.1 + 0.1
+    with pytest.raises(UserInputError) as info:
+        check_degenerate(run, low, SINGLE_TRIAL, private=True, **kw)
+    assert info.value.field == "--trial" and "noisy validation score" in str(info.value)
+    reason = check_degenerate(run, low, SINGLE_TRIAL, private=True, allow_degenerate=True)
+    assert reason is not None and "noisy validation score" in reason
+    assert check_degenerate(run, low, SINGLE_TRIAL, private=False, **kw) is None

@@ -218,8 +218,11 @@ def test_export_is_delegated_to_release(run_dir: Path, tmp_path: Path,
     monkeypatch.setitem(sys.modules, "orchestrator.release.export", fake)
     text = _pick(run_dir, allow_replayable=True, export_to=tmp_path / "out")
     assert calls == [(run_dir, {"trial_id": "t13", "out": tmp_path / "out",
-                                "allow_replayable": True, "allow_invalid_dp": False})]
+                                "allow_replayable": True, "allow_invalid_dp": False,
+                                "allow_degenerate": False})]
     assert "exported             release written to OUT" in text
+    _pick(run_dir, export_to=tmp_path / "again", allow_degenerate=True)
+    assert calls[-1][1]["allow_degenerate"] is True  # --allow-degenerate reaches the export
 
 
 @pytest.mark.parametrize("index", [0, 3, 5, 6, 8, 11])

@@ -1,0 +1,260 @@
+"""``dpsweep export``'s directory: what the epsilon covers, and what a stranger needs to use it.
+
+The export is a new directory (names in ``core.layout``) holding:
+
+* ``weights.pt`` — the network's ``state_dict`` only (``torch.load(..., weights_only=True)``);
+* ``model.safetensors`` — the same tensors in the safetensors format;
+* ``model.json`` — how to rebuild the network (builder and arguments, input shape, the classes
+  in label order, the input kind and normalisation, each code file's SHA-256): no data, no
+  seeds, no paths;
+* ``load.py`` and ``code/`` — a plain-Python loader and the network's source
+  (``orchestrator.release.standalone``), so the model runs without dpsweep, the run directory
+  or the training machine's code folder;
+* ``privacy_statement.json`` / ``privacy_statement.md`` — what the epsilon covers, how it was
+  computed, and what it does not cover (``orchestrator.release.statement``), with the SHA-256
+  of every other file.
+
+Everything is checked before anything is written, and the release is assembled in a staging
+directory next to ``out`` and renamed into place, so a failure leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import secrets
+import shutil
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import safetensors.torch
+import torch
+
+from core.errors import UserInputError
+from core.layout import (
+    EXPORT_CODE,
+    EXPORT_LOADER,
+    EXPORT_MODEL,
+    EXPORT_SAFETENSORS,
+    EXPORT_STATEMENT_JSON,
+    EXPORT_STATEMENT_MD,
+    EXPORT_WEIGHTS,
+)
+from core.records import PrivacyRecord
+from core.storage import TMP_PREFIX, atomic_write_bytes, json_bytes
+from orchestrator.release import standalone
+from orchestrator.release.model_card import (
+    fresh_model,
+    load_instructions,
+    model_description,
+    source_of,
+)
+from orchestrator.release.statement import PrivacyStatement, privacy_statement
+from orchestrator.rundir import check_creatable
+from trainables.models import WrappedModel
+from trainables.training import load_checkpoint_state
+
+__all__ = ["RELEASE_ENTRIES", "RELEASE_FILES", "ExportResult", "export_trial"]
+
+#: The files at the top of every export, in writing order.
+RELEASE_FILES = (EXPORT_WEIGHTS, EXPORT_SAFETENSORS, EXPORT_MODEL, EXPORT_LOADER,
+                 EXPORT_STATEMENT_JSON, EXPORT_STATEMENT_MD)
+#: Everything at the top of an export: those files and the code folder; nothing else.
+RELEASE_ENTRIES = (*RELEASE_FILES, EXPORT_CODE)
+
+#: Permission bits a released file may get (read/write, never execute).
+FILE_MODE_MASK = 0o666
+
+ALLOW_REPLAYABLE_FLAG = "--allow-replayable"
+ALLOW_INVALID_FLAG = "--allow-invalid-dp"
+OUT_FIELD = "--out"
+#: model.json's note on a trial exported at chance level.
+DEGENERATE_NOTE = "exported with --allow-degenerate: the trial is at chance level"
+
+
+def _bad(field: str, value: Any, allowed: str) -> UserInputError:
+    return UserInputError(field=field, value=value, allowed=allowed)
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """What an export wrote: ``files`` are its relative paths (``code/`` files included)."""
+
+    out: Path
+    files: tuple[str, ...]
+    statement: PrivacyStatement
+    model: dict[str, Any]
+
+    def summary(self) -> str:
+        code = sum(1 for f in self.files if f.startswith(f"{EXPORT_CODE}/"))
+        names = [*RELEASE_FILES[:-2], f"{EXPORT_CODE}/ ({code} files)", *RELEASE_FILES[-2:]]
+        lines = [f"exported {self.out}: {', '.join(names)}"]
+        if self.model.get("degenerate"):
+            lines.append(f"WARNING: {self.model['degenerate']}")
+        return "\n".join([*lines, self.statement.headline])
+
+
+def export_trial(*, checkpoint_dir: Path, privacy: PrivacyRecord, out: Path,
+                 tuning: dict[str, Any] | None = None,
+                 audit_bound: dict[str, Any] | None = None, allow_replayable: bool = False,
+                 allow_invalid_dp: bool = False, code_sha256: str | None = None,
+                 degenerate: str | None = None) -> ExportResult:
+    """Write the release of the trial whose final checkpoint is ``checkpoint_dir``.
+
+    Everything is validated before anything is written: a replayable (reproducible) trial or
+    an invalid mode is refused unless explicitly allowed, ``out`` must be new or an empty
+    directory, and the privacy record must match the checkpoint's trial and step count.
+    ``code_sha256`` is the run's record of the user's code folder (manifest ``inputs``): the
+    code shipped must be the code the weights were trained with. ``degenerate`` says why a trial
+    at chance level is exported anyway (``--allow-degenerate``); model.json records it.
+    """
+    out = Path(out)
+    _check_release_safe(privacy, allow_replayable=allow_replayable,
+                        allow_invalid_dp=allow_invalid_dp)
+    _check_out(out)
+    state, statement = _final_state(Path(checkpoint_dir), privacy=privacy, tuning=tuning,
+                                    audit_bound=audit_bound)
+    info = model_description(state["spec"])
+    origin, code = standalone.code_files(source_of(info))
+    info["code"] = standalone.code_record(origin, code)
+    _check_code(info, recorded=code_sha256)  # before the code is imported to build the model
+    tensors, model_info = _released_weights(info, state["model"], checkpoint_dir)
+    if "model_source" in info:  # the export's own copy of the code, not the training folder
+        info["model_source"] = {**info["model_source"], "code_dir": EXPORT_CODE}
+    info.update(model_info)
+    info.update({"weights": {"torch": EXPORT_WEIGHTS, "safetensors": EXPORT_SAFETENSORS},
+                 "loader": EXPORT_LOADER})
+    info["load"] = load_instructions(info, loader=EXPORT_LOADER, weights=EXPORT_WEIGHTS)
+    if degenerate:
+        info["degenerate"] = f"{DEGENERATE_NOTE} ({degenerate})"
+
+    buffer = io.BytesIO()
+    torch.save(tensors, buffer)
+    blobs: dict[str, bytes] = {
+        EXPORT_WEIGHTS: buffer.getvalue(),
+        EXPORT_SAFETENSORS: safetensors.torch.save(tensors, metadata={"format": "pt"}),
+        EXPORT_MODEL: json_bytes(info, allow_nan=False),
+        EXPORT_LOADER: standalone.LOADER_SOURCE.read_bytes(),
+        **{f"{EXPORT_CODE}/{name}": data for name, data in code.items()},
+    }
+    statement = replace(statement, artifacts={name: hashlib.sha256(data).hexdigest()
+                                              for name, data in blobs.items()})
+    blobs[EXPORT_STATEMENT_JSON] = json_bytes(statement.to_dict(), allow_nan=False)
+    blobs[EXPORT_STATEMENT_MD] = statement.to_markdown().encode("utf-8")
+    _write_release(out, blobs)
+    return ExportResult(out=out, files=tuple(blobs), statement=statement, model=info)
+
+
+def _check_release_safe(privacy: PrivacyRecord, *, allow_replayable: bool,
+                        allow_invalid_dp: bool) -> None:
+    """No epsilon holds for replayable noise or an invalid mode: refused unless asked for."""
+    if not isinstance(privacy, PrivacyRecord):
+        raise _bad("privacy", type(privacy).__name__,
+                   "the trial's privacy record (a core.records.PrivacyRecord)")
+    if (not privacy.release_safe or privacy.randomness == "reproducible") \
+            and not allow_replayable:
+        raise _bad("randomness", privacy.randomness,
+                   f"a release-safe trial (secret or secure randomness): a reproducible trial's "
+                   f"noise can be replayed from recorded seeds, so no epsilon holds for its "
+                   f"release; pass {ALLOW_REPLAYABLE_FLAG} to export it anyway")
+    if not privacy.dp_valid and not allow_invalid_dp:
+        raise _bad("dp_valid", False,
+                   f"a trial whose epsilon claim holds ({privacy.validity_reason}); "
+                   f"pass {ALLOW_INVALID_FLAG} to export it anyway")
+
+
+def _final_state(checkpoint_dir: Path, *, privacy: PrivacyRecord,
+                 tuning: dict[str, Any] | None, audit_bound: dict[str, Any] | None
+                 ) -> tuple[dict[str, Any], PrivacyStatement]:
+    """The checkpoint (it must be the trial's last) and the statement of its privacy record."""
+    state = load_checkpoint_state(checkpoint_dir)
+    spec = state.get("spec")
+    if not isinstance(spec, dict):
+        raise _bad("checkpoint", str(checkpoint_dir), "a checkpoint with its trial spec")
+    statement = privacy_statement(privacy=privacy, spec=spec, tuning=tuning,
+                                  audit_bound=audit_bound)
+    method_state = state.get("method")
+    done = method_state.get("step_count") if isinstance(method_state, dict) else None
+    if state.get("epoch") != spec.get("epochs") or done != statement.steps:
+        raise _bad("checkpoint", str(checkpoint_dir),
+                   f"the trial's final checkpoint (epoch {spec.get('epochs')}, "
+                   f"{statement.steps} steps; this one is epoch {state.get('epoch')}, "
+                   f"{done} steps)")
+    return state, statement
+
+
+def _released_weights(info: dict[str, Any], weights: Any, checkpoint_dir: Path
+                      ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The tensors to release (a user's are their own module's, without the wrapper's
+    prefix, so they load into what the factory returns) and model.json's layer fields; with
+    ``[model] fix``, the modules the loader replaces (``torch.nn`` class and arguments) before
+    loading them."""
+    model = fresh_model(info)
+    try:
+        model.load_state_dict(weights, strict=True)
+    except (RuntimeError, KeyError, TypeError) as exc:
+        raise _bad("checkpoint", str(checkpoint_dir),
+                   f"weights of a {info['architecture']} model "
+                   f"({' '.join(str(exc).split())[:200]})") from None
+    released = model.net if isinstance(model, WrappedModel) else model
+    tensors = {k: v.detach().cpu().clone().contiguous()
+               for k, v in released.state_dict().items()}
+    fields: dict[str, Any] = {"layers": model.layer_names,
+                              "layer_parameters": model.layer_sizes(),
+                              "parameters": sum(p.numel() for p in model.parameters())}
+    fixes = getattr(model, "model_fixes", None)  # ``[model] fix``: modules replaced in training
+    if fixes:
+        fields["build"] = {**info["build"], "replace": [
+            {key: fix[key] for key in ("module", "kind", "kwargs")} for fix in fixes]}
+    return tensors, fields
+
+
+def _check_code(info: dict[str, Any], *, recorded: str | None) -> None:
+    """The user's code folder must still be the one the run hashed: shipping edited code with
+    the weights would rebuild another network (or fail to load)."""
+    code = info["code"]
+    if recorded is None or code["origin"] != standalone.ORIGIN_USER \
+            or code["sha256"] == recorded:
+        return
+    raise _bad("model.code_dir", info["model_source"]["code_dir"],
+               f"the code the run trained with (its .py files hashed to {recorded}; they now "
+               f"hash to {code['sha256']}): restore them, then export")
+
+
+def _check_out(out: Path) -> None:
+    """``out`` is a new path, or an empty directory, where a directory can be created."""
+    if out.is_symlink():
+        raise _bad(OUT_FIELD, str(out), "a path that is not a symbolic link")
+    if out.is_dir() and any(out.iterdir()):
+        raise _bad(OUT_FIELD, str(out), "a new or empty directory for the release")
+    check_creatable(out, field_name=OUT_FIELD)
+
+
+def _write_release(out: Path, blobs: dict[str, bytes]) -> None:
+    """Fill a staging directory beside ``out``, then rename it into place (all or nothing)."""
+    parent = out.absolute().parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        staging = parent / f"{TMP_PREFIX}{out.name}-{secrets.token_hex(8)}"
+        staging.mkdir()
+    except OSError as exc:
+        raise _bad(OUT_FIELD, str(out), f"a location you can write ({exc.strerror})") from None
+    try:
+        # atomic_write's temporary files are private (0600); a release is meant to be shared,
+        # so its files get the directory's umask-derived mode without the execute bits.
+        file_mode = staging.stat().st_mode & FILE_MODE_MASK
+        (staging / EXPORT_CODE).mkdir()
+        for name, data in blobs.items():
+            target = staging / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.chmod(atomic_write_bytes(target, data), file_mode)
+        os.replace(staging, out)  # onto a missing path or an empty directory
+    except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise _bad(OUT_FIELD, str(out), f"a new or empty directory you can write "
+                                        f"({exc.strerror})") from None
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise

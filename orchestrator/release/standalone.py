@@ -1,0 +1,127 @@
+"""What a stranger needs to run an export without dpsweep: the network's source and a loader.
+
+``model.json`` alone names a factory; a stranger has neither the training machine's code folder
+nor dpsweep. So the export carries the code itself, under ``code/``:
+
+* a user's factory: the ``.py`` files of ``model.code_dir``, exactly the files whose SHA-256 the
+  run's manifest records (``trainables.usercode.code_files``). Only Python files leave: data,
+  checkpoints and anything else in the folder stay behind, so private data kept beside the code
+  is never released;
+* a built-in model: dpsweep's own modules that build it (``trainables/models.py`` and what it
+  imports from dpsweep at module level, found by reading the imports, with their packages'
+  ``__init__.py``), copied as they are: no second copy of the architectures to drift.
+
+``load.py`` is ``orchestrator/release/loader.py`` copied unchanged: plain Python on torch that
+checks each code file's SHA-256 against ``model.json`` before importing it, rebuilds the network,
+loads the weights (tensors only) and wraps it in the training input normalisation.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+from core.layout import EXPORT_CODE
+from trainables import usercode
+from trainables.model_source import ModelSource
+
+#: The built-in models' builder, as a factory reference (what ``load.py`` imports).
+BUILTIN_FACTORY = "trainables.models:build_model"
+#: Where each kind of code in ``code/`` comes from (``model.json``'s ``code.origin``).
+ORIGIN_USER = "model.code_dir"
+ORIGIN_BUILTIN = "dpsweep"
+ORIGIN_INSTALLED = "installed package"
+#: The loader's source file, shipped as ``layout.EXPORT_LOADER``.
+LOADER_SOURCE = Path(__file__).with_name("loader.py")
+
+
+def build_record(source: ModelSource, *, architecture: str) -> dict[str, Any]:
+    """The call ``load.py`` makes: ``factory(input_shape=..., num_classes=..., **args)``."""
+    if source.is_user:
+        return {"factory": source.factory, "args": dict(source.args)}
+    return {"factory": BUILTIN_FACTORY,
+            "args": {"name": architecture, "activation": source.activation}}
+
+
+def code_files(source: ModelSource) -> tuple[str, dict[str, bytes]]:
+    """(origin, relative path under ``code/`` -> bytes) of the network's source; a user's in
+    ``usercode.code_files``' order (the order its tree hash is taken in)."""
+    if not source.is_user:
+        return ORIGIN_BUILTIN, {name: path.read_bytes()
+                                for name, path in _module_closure(BUILTIN_FACTORY).items()}
+    if not source.code_dir:  # a factory from an installed package: importable as installed
+        return ORIGIN_INSTALLED, {}
+    root = Path(source.code_dir)
+    return ORIGIN_USER, {p.relative_to(root).as_posix(): p.read_bytes()
+                         for p in usercode.code_files(root)}
+
+
+def code_record(origin: str, files: dict[str, bytes]) -> dict[str, Any]:
+    """``model.json``'s ``code``: the folder, where it came from, each file's SHA-256 (what
+    ``load.py`` checks) and one SHA-256 over them all in ``files``' order, computed as the run's
+    manifest computes ``inputs.model_code``, so the two can be compared."""
+    hashes = {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
+    return {"dir": EXPORT_CODE, "origin": origin, "files": hashes,
+            "sha256": usercode.combined_sha256(hashes.items())}
+
+
+def _module_closure(reference: str) -> dict[str, Path]:
+    """The files of ``reference``'s module and of every dpsweep module it imports at module
+    level (and their packages), by relative path from dpsweep's source root."""
+    root = Path(_origin("core")).parents[1]
+    todo, found = [reference.split(":")[0]], {}
+    while todo:
+        name = todo.pop()
+        if name in found:
+            continue
+        origin = _origin(name)
+        if origin is None or not _first_party(Path(origin), root=root):
+            continue  # the standard library or a third-party package: not shipped
+        found[name] = Path(origin)
+        parts = name.split(".")
+        todo += [".".join(parts[:i]) for i in range(1, len(parts))]
+        package = name if Path(origin).name == "__init__.py" else ".".join(parts[:-1])
+        todo += _imported(Path(origin), package=package)
+    return {path.relative_to(root).as_posix(): path for path in found.values()}
+
+
+def _first_party(path: Path, *, root: Path) -> bool:
+    """Whether ``path`` is in one of dpsweep's packages (a package folder directly under the
+    source root; an environment inside the checkout is not one)."""
+    if root not in path.parents:
+        return False
+    return (root / path.relative_to(root).parts[0] / "__init__.py").is_file()
+
+
+def _origin(name: str) -> str | None:
+    """The file a module is loaded from; None for a name that is no module (an attribute
+    imported with ``from x import y``)."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    return None if spec is None or not spec.has_location else spec.origin
+
+
+def _imported(path: Path, *, package: str) -> list[str]:
+    """Module names a file imports when it is imported: module-level statements, ``if`` and
+    ``try`` blocks included, ``if TYPE_CHECKING:`` and function bodies not (they do not run)."""
+    names: list[str] = []
+    stack = list(ast.parse(path.read_text(encoding="utf-8")).body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = importlib.util.resolve_name("." * node.level + (node.module or ""), package) \
+                if node.level else node.module or ""
+            names += [base, *(f"{base}.{alias.name}" for alias in node.names)]
+        elif isinstance(node, ast.If) and "TYPE_CHECKING" not in ast.unparse(node.test):
+            stack += node.body + node.orelse
+        elif isinstance(node, ast.Try):
+            stack += node.body + node.orelse + node.finalbody
+            stack += [stmt for handler in node.handlers for stmt in handler.body]
+    return names
