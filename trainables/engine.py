@@ -98,6 +98,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from core.errors import UserInputError
 from core.lazy import lazy_module
+from trainables.attention_grads import AttentionUnit, decomposable
 from trainables.func_grads import (
     Call,
     CallDims,
@@ -117,6 +118,7 @@ from trainables.module_grads import (
     scale_rows,
 )
 from trainables.norms import scaled_sq_norms
+from trainables.param_grads import ParamUses, probe_uses, uses_mode
 from trainables.rnn_grads import RecurrentUnit, recurrent_types
 from trainables.trainable import TrainableLayers, trainable_layers
 
@@ -231,6 +233,7 @@ class _Pass:
         self.calls: dict[int, int] = {}
         self.fallback_calls: list[tuple[OwnerFallback, Call, tuple[torch.Tensor, int]]] = []
         self.anchor = torch.zeros((), dtype=dtype, device=device, requires_grad=True)
+        self.uses: list[tuple[ParamUses, list[Any], list[tuple[torch.Tensor, int]]]] = []
 
     def _tapped(self, value: torch.Tensor, sink: Callable[[torch.Tensor], None]) -> torch.Tensor:
         if not value.requires_grad:
@@ -277,7 +280,26 @@ class _Pass:
         self.fallback_calls.append((unit, (kept, spec, dims, grads), version))
         return rebuild(tapped, out_spec)
 
-    def recurrent_tap(self, parts: list[tuple[Handler, Any, Any]], z: torch.Tensor
+    def on_use(self, unit: ParamUses, func: Any, key: int, local: str, args: tuple[Any, ...],
+               kwargs: dict[str, Any], out: torch.Tensor) -> torch.Tensor:
+        """A use of a container's own parameter (:mod:`trainables.param_grads`): kept with
+        its output's batch dimension; the output gradient arrives by the hook."""
+        call = self.calls.get(id(unit), 0)
+        self.calls[id(unit)] = call + 1
+        if call >= len(unit.dims):
+            raise NotPerExample(f"a parameter of {unit.qualname or 'the model'} is used more "
+                                "often than in the probe forward")
+        use: list[Any] = [func, key, local, args, kwargs, unit.dims[call], None]
+        versions = [(v, v._version) for v in leaves((args, kwargs))[0]
+                    if isinstance(v, torch.Tensor)]
+        self.uses.append((unit, use, versions))
+
+        def sink(grad: torch.Tensor) -> None:
+            use[6] = grad if use[6] is None else use[6] + grad
+
+        return self._tapped(out, sink)
+
+    def part_tap(self, parts: list[tuple[Handler, Any, Any]], z: torch.Tensor
                       ) -> torch.Tensor:
         """A recurrent unit's projection ``z`` ([B, T, G]): its gradient goes to each part
         with that part's kept input (a tensor, or a function giving it once the forward is
@@ -326,6 +348,17 @@ class _Pass:
             by_unit.setdefault(id(unit), (unit, []))[1].append(call)
         self.fallback_calls = []
         layer_of = self.engine.layer_of
+        for unit, use, versions in self.uses:
+            for version in versions:
+                _check_version(version, f"a use of {unit.qualname or 'the model'}'s parameter")
+            layer = layer_of[f"{unit.qualname}.{use[2]}" if unit.qualname else use[2]]
+            if use[6] is None or not self.live[layer]:
+                continue
+            got = unit.per_example(tuple(use), coef=None if self.coef is None
+                                   else self.coef[:, layer])
+            for n, g in got.items():
+                _accumulate(self.kept if self.coef is None else self.sums, n, g)
+        self.uses = []
         for unit, calls in by_unit.values():
             # per-example in both modes: a forward that draws randomness (dropout) redraws it
             # identically when a chunk is recomputed (``_replaying``), so the sums are formed
@@ -364,7 +397,7 @@ def _replaying(state: tuple[torch.Tensor, torch.Tensor | None], x: torch.Tensor
 
 
 def _layers(unit: Unit) -> list[int]:
-    return list(unit.layers) if isinstance(unit, OwnerFallback) else [unit.layer]
+    return list(unit.layers) if isinstance(unit, OwnerFallback | ParamUses) else [unit.layer]
 
 
 def _batch_first(t: torch.Tensor, dim: int | None, unit: Handler) -> torch.Tensor:
@@ -426,7 +459,9 @@ class BookkeepingView:
 
 
 # ---- units ------------------------------------------------------------------------------------
-Unit = Handler | OwnerFallback | RecurrentUnit
+Unit = Handler | OwnerFallback | RecurrentUnit | AttentionUnit | ParamUses
+#: Units whose module runs a re-stated forward during the pass (hooks on inner projections).
+PATCHED = (RecurrentUnit, AttentionUnit)
 
 
 #: Modules whose children's forwards never run (the parent reads the children's parameters
@@ -453,7 +488,11 @@ def build_units(modules: Iterable[tuple[str, nn.Module]], layer_of: dict[str, in
 
         if isinstance(module, _atomic_types()):
             mine = [n for n, _ in module.named_parameters() if full(n) in layer_of]
-            if mine:
+            layers = {layer_of[full(n)] for n in mine}
+            if mine and decomposable(module) and len(layers) == 1:
+                units.append(AttentionUnit(module, qualname=qual, layer=layers.pop(),
+                                           trainable={full(n) for n in mine}))
+            elif mine:
                 units.append(OwnerFallback(module, qualname=qual, params=mine,
                                            layer_of=layer_of))
             claimed.append(qual)
@@ -466,8 +505,9 @@ def build_units(modules: Iterable[tuple[str, nn.Module]], layer_of: dict[str, in
         handler = types.get(type(module))
         if isinstance(module, recurrent_types()):
             handler = RecurrentUnit  # type: ignore[assignment]
-        if handler is None:
-            units.append(OwnerFallback(module, qualname=qual, params=own, layer_of=layer_of))
+        if handler is None:  # a container's own parameters by their uses, else torch.func
+            kind = ParamUses if next(module.children(), None) is not None else OwnerFallback
+            units.append(kind(module, qualname=qual, params=own, layer_of=layer_of))
             continue
         layers = {layer_of[full(n)] for n in own}
         if len(layers) != 1:
@@ -552,7 +592,13 @@ class GradEngine:
         """Find every hooked module's batch dimensions (``trainables.func_grads``), once."""
         if self._probed or self.strategy == "vmap":
             return
-        probed = [u for u in self._units if not isinstance(u, RecurrentUnit)]
+        try:
+            probe_uses([u for u in self._units if isinstance(u, ParamUses)], self.model.model, x)
+        except NotPerExample:  # a parameter transformed on its own before it meets the batch
+            self._units = [OwnerFallback(u.module, qualname=u.qualname, params=u.local,
+                                         layer_of=self.layer_of)
+                           if isinstance(u, ParamUses) else u for u in self._units]
+        probed = [u for u in self._units if isinstance(u, Handler | OwnerFallback)]
         modules = {i: u.module for i, u in enumerate(probed)}
         names = {i: u.qualname or "the model" for i, u in enumerate(probed)}
         found = probe_calls(self.model.model, x, modules, names)
@@ -576,7 +622,9 @@ class GradEngine:
                     return
                 layer = self.layer_names[_layers(unit)[0]]
                 if not isinstance(unit, Handler):
-                    how = "vmap" if isinstance(unit, OwnerFallback) else "Linear rules per step"
+                    how = {OwnerFallback: "vmap", ParamUses: "per use",
+                           RecurrentUnit: "Linear rules per step",
+                           AttentionUnit: "Linear rules on projections"}[type(unit)]
                     seen.append(ModulePlan(layer=layer, module=unit.qualname or "(model)",
                                            kind=unit.kind, geometry=Geometry(1, 1, 1),
                                            norm=how, keep=True))
@@ -664,15 +712,17 @@ class GradEngine:
         saved = [q.requires_grad for q in params]
         active = [u for u in self._units if any(live[i] for i in _layers(u))]
         handles = [u.module.register_forward_hook(p.hook(u), with_kwargs=True)
-                   for u in active if not isinstance(u, RecurrentUnit)]
+                   for u in active if isinstance(u, Handler | OwnerFallback)]
+        uses = [u for u in active if isinstance(u, ParamUses)]
         for u in active:
-            if isinstance(u, RecurrentUnit):  # an instance attribute shadows the class's
-                u.module.forward = functools.partial(u.forward, p.recurrent_tap)
+            if isinstance(u, PATCHED):  # an instance attribute shadows the class's
+                u.module.forward = functools.partial(u.forward, p.part_tap)
         try:
             for q in params:
                 q.requires_grad_(False)
             with torch.enable_grad():
-                logits = self.model(x)
+                with uses_mode(uses, p.on_use) if uses else contextlib.nullcontext():
+                    logits = self.model(x)
                 losses = torch.nn.functional.cross_entropy(logits, y, reduction="none")
                 for h in handles:
                     h.remove()
@@ -684,7 +734,7 @@ class GradEngine:
             for h in handles:
                 h.remove()
             for u in active:
-                if isinstance(u, RecurrentUnit):
+                if isinstance(u, PATCHED):
                     del u.module.forward
             for q, s in zip(params, saved, strict=True):
                 q.requires_grad_(s)
