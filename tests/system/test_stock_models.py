@@ -93,6 +93,33 @@ def test_a_stock_model_checks_and_trains_unmodified(workspace: Path, name: str) 
     assert all(torch.equal(initial[k].detach(), state["model"]["net." + k]) for k in frozen)
     if name == "resnet18_frozen_backbone":
         assert len(frozen) == sum(1 for k in initial if not k.startswith("fc."))
+        _audit_lists_every_layer(config, checkpoint, state["spec"])
+
+
+def _audit_lists_every_layer(config: Path, checkpoint: Path, spec: dict) -> None:
+    """The membership audit of the frozen-backbone model attacks every layer's output, the
+    frozen ones included (the gradient-norm attacks cover the trained layer only)."""
+    from orchestrator import config as config_mod
+    from orchestrator.audit.membership import (
+        AuditSettings,
+        audit_trial_model,
+        budgets_from_config,
+        reference_budgets,
+    )
+    from trainables.training import TrialSpec
+
+    cfg = config_mod.load(config)
+    data = cfg.data_splits()
+    trial = TrialSpec.from_dict(spec)
+    budgets = reference_budgets(cfg, method="dpsgd", params=trial.method_params, epsilon=3.0,
+                                data=data, cache_dir=None)
+    record = audit_trial_model(spec=trial, checkpoint=checkpoint, data=data,
+                               settings=AuditSettings.from_config(cfg.audit),
+                               budgets=budgets_from_config(budgets))
+    attacked = {entry["layer"] for entry in record["attacks"]}
+    assert {"conv1", "bn1", "layer1", "layer2", "layer3", "layer4", "fc"} <= attacked
+    assert {e["layer"] for e in record["attacks"] if e["attack"].endswith(":grad_norm")} \
+        == {"fc"}
 
 
 def _initial_weights(root: Path, name: str, spec: dict) -> dict[str, torch.Tensor]:
