@@ -252,7 +252,11 @@ class _Pass:
             flat_in, spec = leaves((args, kwargs))
             if isinstance(unit, OwnerFallback):
                 return self._hook_fallback(unit, flat_in, spec, dims, output)
-            first = next(i for i, v in enumerate(flat_in) if isinstance(v, torch.Tensor))
+            tensors = [i for i, v in enumerate(flat_in) if isinstance(v, torch.Tensor)]
+            if len(tensors) != 1:
+                raise NotPerExample(f"{unit.qualname} ({unit.kind}) is called with "
+                                    f"{len(tensors)} tensors; its rule reads one input")
+            first = tensors[0]
             a_in = flat_in[first]
             version = (a_in, a_in._version)
             a = unit.prepare(_batch_first(a_in.detach(), dims.inputs[first], unit))
@@ -500,9 +504,11 @@ def build_units(modules: Iterable[tuple[str, nn.Module]], layer_of: dict[str, in
         own = [n for n, _ in module.named_parameters(recurse=False) if full(n) in layer_of]
         if not own:
             continue
-        if isinstance(module, torch.nn.Embedding):
+        if isinstance(module, torch.nn.Embedding | torch.nn.EmbeddingBag):
             check_embedding(module, qual)
         handler = types.get(type(module))
+        if isinstance(module, torch.nn.EmbeddingBag) and module.mode == "max":
+            handler = None  # a max has no linear rule: the exact fallback
         if isinstance(module, recurrent_types()):
             handler = RecurrentUnit  # type: ignore[assignment]
         if handler is None:  # a container's own parameters by their uses, else torch.func

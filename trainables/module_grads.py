@@ -500,8 +500,33 @@ class EmbeddingHandler(Handler):
             bc.reshape(-1, bc.shape[-1]), a.reshape(-1), m.num_embeddings, pad, False)
 
 
+class EmbeddingBagHandler(EmbeddingHandler):
+    """``nn.EmbeddingBag`` (``mode`` "sum" or "mean") on ids [B, T], one bag per example: the
+    Embedding rules with output-gradient row b_t = b_bag (sum) or b_bag / (positions not
+    holding ``padding_idx``) (mean), zero at padding. Offsets (1-D input) and per-sample
+    weights are other inputs, so the engine's one-input hook refuses them by name (the exact
+    path over the whole model takes such a model); mode "max" takes the exact fallback."""
+
+    kind = "EmbeddingBag"
+    batch_anywhere = False
+
+    def _rows(self, ids: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        pad = self.module.padding_idx
+        keep = torch.ones(ids.shape, dtype=b.dtype, device=b.device) if pad is None \
+            else (ids != pad).to(b.dtype)
+        if self.module.mode == "mean":
+            keep = keep / keep.sum(dim=1, keepdim=True).clamp_min(1)
+        return b.reshape(ids.shape[0], 1, -1) * keep.unsqueeze(-1)
+
+    def weight_sum(self, a: torch.Tensor, bc: torch.Tensor) -> torch.Tensor:
+        rows = self._rows(a, bc)
+        return torch.ops.aten.embedding_dense_backward(
+            rows.reshape(-1, rows.shape[-1]), a.reshape(-1), self.module.num_embeddings, -1,
+            False)
+
+
 def handler_types() -> dict[type, type[Handler]]:
     nn_ = torch.nn
     return {nn_.Linear: LinearHandler, nn_.Conv1d: Conv1dHandler, nn_.Conv2d: Conv2dHandler,
-            nn_.Embedding: EmbeddingHandler, nn_.GroupNorm: GroupNormHandler,
-            nn_.LayerNorm: LayerNormHandler}
+            nn_.Embedding: EmbeddingHandler, nn_.EmbeddingBag: EmbeddingBagHandler,
+            nn_.GroupNorm: GroupNormHandler, nn_.LayerNorm: LayerNormHandler}

@@ -125,12 +125,14 @@ def _owns_parameters(module: nn.Module) -> bool:
 def _check_modules(net: nn.Module, field: str, value: object) -> None:
     _check_batch_statistics(net, field, value)
     for name, module in net.named_modules():
-        if isinstance(module, nn.Embedding) and (module.max_norm is not None or module.sparse
-                                                 or module.scale_grad_by_freq):
+        lookup = isinstance(module, nn.Embedding | nn.EmbeddingBag)
+        if lookup and (module.max_norm is not None or module.sparse
+                       or module.scale_grad_by_freq):
             raise _bad(field, value, f"module {name!r}", "max_norm rewrites the weight "
                        "inside forward, scale_grad_by_freq scales every example by the batch's "
                        "token counts and sparse gradients have no per-example form",
-                       f"build Embedding {name!r} without max_norm or scale_grad_by_freq and "
+                       f"build {type(module).__name__} {name!r} without max_norm or "
+                       "scale_grad_by_freq and "
                        "with sparse=False")
     owners: dict[int, str] = {}
     for pname, param in net.named_parameters(remove_duplicate=False):

@@ -228,3 +228,31 @@ def test_a_chunked_view_releases_the_gradients_it_clipped_under_dropout() -> Non
             sq = sum(float(v.square().sum()) for n, v in sums.items()
                      if engine.layer_of[n] == layer)
             assert sq ** 0.5 == pytest.approx(float(view.norms[i, layer]), rel=1e-9)
+
+
+class _Bag(nn.Module):
+    def __init__(self, mode: str) -> None:
+        super().__init__()
+        self.bag = nn.EmbeddingBag(20, 6, mode=mode, padding_idx=0)
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.bag(x))
+
+
+@pytest.mark.parametrize(("mode", "unit"), [("mean", "EmbeddingBagHandler"),
+                                            ("sum", "EmbeddingBagHandler"),
+                                            ("max", "OwnerFallback")])
+def test_embedding_bags_take_their_rule_or_the_exact_fallback(mode: str, unit: str) -> None:
+    engine = _agrees(lambda: _Bag(mode), chunk=2)
+    assert next(type(u).__name__ for u in engine._units) == unit
+
+
+def test_an_embedding_bag_that_rewrites_its_weight_is_refused() -> None:
+    from core.errors import UserInputError
+    from trainables.validator import wrap_checked
+
+    net = _Bag("mean")
+    net.bag.max_norm = 1.0
+    with pytest.raises(UserInputError, match="build EmbeddingBag 'bag' without max_norm"):
+        wrap_checked(net, layers=(), sample=_tokens()[0][:2], num_classes=3)
