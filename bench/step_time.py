@@ -29,8 +29,14 @@ steps) and, with memory, the ratio of peak memory increases. Once-per-sweep prep
 parameters are given fixed stand-ins (``STANDINS``: lm_dpsgd's risk vector; its values do not
 change the step's cost). A method that fails to build or step is reported, not fatal.
 
+Stock torch / torchvision models (ResNet-18, ViT, LSTM, GRU, TransformerEncoder; issue 32):
+``--stock`` hands the rest of the command line to ``bench/stock_models.py``, which times our
+DP-SGD step through the user-model path against Opacus's hooks and a non-private step and writes
+``bench/results/step_time_stock.json`` (the table in ``docs/stock-models.md``).
+
 Run from the repository root: ``.venv/bin/python -m bench.step_time [--quick] [--models ...]
-[--methods ...]``
+[--methods ...]`` or ``.venv/bin/python -m bench.step_time --stock [--models ...] [--rounds N]
+[--batch B]``
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ import argparse
 import dataclasses
 import math
 import statistics
+import sys
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -60,7 +67,7 @@ from core.errors import UserInputError
 from trainables.dp_step import DPStep, PublicData
 from trainables.engine import GradEngine
 from trainables.methods import METHODS, get_method, parse_series, series_name
-from trainables.models import build_model
+from trainables.models import LayeredModel, build_model
 from trainables.randomness import Randomness
 
 NUM_CLASSES = 10
@@ -237,19 +244,25 @@ def method_params(name: str, mode: str, *, num_layers: int) -> dict[str, Any]:
 
 def build_method(cfg: Config, series: str) -> DPStep:
     """A registered method on the config's model, as a trial builds it (see module doc)."""
-    series, _, kind = series.partition("@")
-    name, mode = parse_series(series, field="--methods")
-    cls = get_method(name)
     model = _model(cfg)
-    params = method_params(name, mode, num_layers=len(model.layer_names))
-    schedule = cls.noise_shape(epochs=1, steps_per_epoch=SCHEDULE_STEPS,
-                               params=params).scaled(NOISE_MULTIPLIER)
     g = torch.Generator().manual_seed(SEED + 2)
     public = PublicData(x=torch.randn(PUBLIC_POOL, *cfg.shape, generator=g),
                         y=torch.randint(0, NUM_CLASSES, (PUBLIC_POOL,), generator=g),
                         generator=torch.Generator().manual_seed(SEED + 3))
+    return method_on(model, series, batch=cfg.batch, public=public)
+
+
+def method_on(model: LayeredModel, series: str, *, batch: int, public: PublicData) -> DPStep:
+    """A registered method (``METHOD[:MODE][@RANDOMNESS]``) on ``model``, as a trial builds it:
+    its preset, a long constant-shape schedule, reproducible noise unless told otherwise."""
+    series, _, kind = series.partition("@")
+    name, mode = parse_series(series, field="--methods")
+    cls = get_method(name)
+    params = method_params(name, mode, num_layers=len(model.layer_names))
+    schedule = cls.noise_shape(epochs=1, steps_per_epoch=SCHEDULE_STEPS,
+                               params=params).scaled(NOISE_MULTIPLIER)
     method = cls(model=model, params=params, noise_schedule=schedule, sample_rate=SAMPLE_RATE,
-                 expected_batch_size=float(cfg.batch), steps_per_epoch=SCHEDULE_STEPS,
+                 expected_batch_size=float(batch), steps_per_epoch=SCHEDULE_STEPS,
                  randomness=Randomness(kind=kind or "reproducible", device=torch.device("cpu"),
                                        seed=SEED + 1 if kind in ("", "reproducible") else None),
                  public=public)
@@ -499,8 +512,18 @@ def _method_series(ap: argparse.ArgumentParser, names: list[str] | None) -> list
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--stock" in argv:  # the stock models' table: bench/stock_models.py takes the rest
+        from bench.stock_models import main as stock_main
+
+        stock_main([a for a in argv if a != "--stock"])
+        return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--stock", action="store_true",
+                    help="time the stock torch / torchvision models against Opacus hooks "
+                         "instead (bench/stock_models.py; see its --help: --models, --rounds, "
+                         "--batch)")
     ap.add_argument("--quick", action="store_true", help="few timing rounds")
     ap.add_argument("--models", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
     ap.add_argument("--strategies", action="store_true",
@@ -527,7 +550,7 @@ def main() -> None:
                          "average to drop below this (shared machines)")
     ap.add_argument("--no-memory", action="store_true", help="skip the memory subprocesses")
     ap.add_argument("--name", default="step_time", help="results file bench/results/NAME.json")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.method_steps is not None and args.method_steps < 1:
         ap.error("--method-steps must be >= 1")
     if args.no_methods and args.methods:

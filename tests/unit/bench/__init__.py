@@ -1,0 +1,1 @@
+"""Unit tests of bench/ (the stock models' speed bench and its docs table)."""
