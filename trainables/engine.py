@@ -284,22 +284,18 @@ class _Pass:
         self.fallback_calls.append((unit, (kept, spec, dims, grads), version))
         return rebuild(tapped, out_spec)
 
-    def on_use(self, unit: ParamUses, func: Any, key: int, local: str, args: tuple[Any, ...],
-               kwargs: dict[str, Any], out: torch.Tensor) -> torch.Tensor:
+    def on_use(self, unit: ParamUses, call: int, recipe: Callable[[Any], Any], local: str,
+               read: list[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
         """A use of a container's own parameter (:mod:`trainables.param_grads`): kept with
         its output's batch dimension; the output gradient arrives by the hook."""
-        call = self.calls.get(id(unit), 0)
-        self.calls[id(unit)] = call + 1
         if call >= len(unit.dims):
             raise NotPerExample(f"a parameter of {unit.qualname or 'the model'} is used more "
                                 "often than in the probe forward")
-        use: list[Any] = [func, key, local, args, kwargs, unit.dims[call], None]
-        versions = [(v, v._version) for v in leaves((args, kwargs))[0]
-                    if isinstance(v, torch.Tensor)]
-        self.uses.append((unit, use, versions))
+        use: list[Any] = [recipe, local, unit.dims[call], None]
+        self.uses.append((unit, use, [(t, t._version) for t in read]))
 
         def sink(grad: torch.Tensor) -> None:
-            use[6] = grad if use[6] is None else use[6] + grad
+            use[3] = grad if use[3] is None else use[3] + grad
 
         return self._tapped(out, sink)
 
@@ -355,8 +351,8 @@ class _Pass:
         for unit, use, versions in self.uses:
             for version in versions:
                 _check_version(version, f"a use of {unit.qualname or 'the model'}'s parameter")
-            layer = layer_of[f"{unit.qualname}.{use[2]}" if unit.qualname else use[2]]
-            if use[6] is None or not self.live[layer]:
+            layer = layer_of[f"{unit.qualname}.{use[1]}" if unit.qualname else use[1]]
+            if use[3] is None or not self.live[layer]:
                 continue
             got = unit.per_example(tuple(use), coef=None if self.coef is None
                                    else self.coef[:, layer])
@@ -398,6 +394,12 @@ def _replaying(state: tuple[torch.Tensor, torch.Tensor | None], x: torch.Tensor
         if state[1] is not None:
             torch.cuda.set_rng_state(state[1], x.device)
         yield
+
+
+def _unpatch(units: Iterable[Unit]) -> None:
+    for u in units:
+        if isinstance(u, PATCHED) and "forward" in vars(u.module):
+            del u.module.forward
 
 
 def _layers(unit: Unit) -> list[int]:
@@ -727,21 +729,21 @@ class GradEngine:
             for q in params:
                 q.requires_grad_(False)
             with torch.enable_grad():
-                with uses_mode(uses, p.on_use) if uses else contextlib.nullcontext():
+                with (uses_mode(uses, p.on_use, model=self.model.model) if uses
+                      else contextlib.nullcontext()):
                     logits = self.model(x)
                 losses = torch.nn.functional.cross_entropy(logits, y, reduction="none")
                 for h in handles:
                     h.remove()
                 if losses.requires_grad:
                     torch.autograd.grad(losses.sum(), [p.anchor], allow_unused=True)
+            _unpatch(active)  # a fallback's own forward, below, runs the modules as they are
             with torch.no_grad():
                 p.finish()
         finally:
             for h in handles:
                 h.remove()
-            for u in active:
-                if isinstance(u, PATCHED):
-                    del u.module.forward
+            _unpatch(active)
             for q, s in zip(params, saved, strict=True):
                 q.requires_grad_(s)
         return p, losses.detach()

@@ -60,16 +60,8 @@ class ParamUses:
         """{full name: [B, *shape]} of one use (``coef``: its coefficient-weighted sum)."""
         from torch.func import vjp, vmap
 
-        func, key, local, args, kwargs, dim, b = use
+        apply, local, dim, b = use
         param = dict(self.module.named_parameters(recurse=False))[local].detach()
-
-        flat, spec = leaves((args, kwargs))
-
-        def apply(p: torch.Tensor) -> torch.Tensor:
-            a, k = rebuild([p if isinstance(v, torch.Tensor) and id(v) == key else v
-                            for v in flat], spec)
-            return func(*a, **k)
-
         _, pull = vjp(apply, param)
         full = f"{self.qualname}.{local}" if self.qualname else local
         shape = [1] * b.dim()
@@ -87,19 +79,25 @@ class ParamUses:
         return {full: torch.cat(parts)}
 
 
-#: One use: (op, id of the parameter, its local name, args, kwargs, its output's batch
-#: dimension, the output gradient).
-Use = tuple[Any, int, str, tuple[Any, ...], dict[str, Any], int, "torch.Tensor"]
-#: on_use(unit, op, parameter id, local name, args, kwargs, output) -> the output to return.
+#: One use: (the op as a function of the parameter, the parameter's local name, the batch
+#: dimension of its output, the output gradient).
+Use = tuple[Callable[["torch.Tensor"], "torch.Tensor"], str, int, "torch.Tensor"]
+#: on_use(unit, call index, recipe, local name, tensors read, output) -> the output to return.
 OnUse = Callable[..., "torch.Tensor"]
 
 
-def uses_mode(units: Sequence[ParamUses], on_use: OnUse) -> Any:
-    """A function mode that hands every use of the units' parameters to ``on_use`` (once per
-    parameter an op takes)."""
-    owners: dict[int, tuple[ParamUses, str, str]] = {}
+def uses_mode(units: Sequence[ParamUses], on_use: OnUse, *, model: nn.Module) -> Any:
+    """A function mode that hands every use of the units' parameters to ``on_use``, as a
+    function of the parameter. An op whose tensors are all the parameter, tensors derived
+    from it, or the model's other parameters and buffers (``self.pos[:, :T]``,
+    ``self.class_token.expand(n, -1, -1)``) derives a tensor that is followed to its uses;
+    an op that also reads an activation is a use."""
+    tracked: dict[int, tuple[ParamUses, str, Callable[[Any], Any], Any]] = {}
     for unit in units:
-        owners.update(unit.tensors())
+        for key, (_, local, _) in unit.tensors().items():
+            tracked[key] = (unit, local, lambda p: p, None)
+    constants = {id(t) for t in [*model.parameters(), *model.buffers()]}
+    counts: dict[int, int] = {}
 
     class Uses(torch.overrides.TorchFunctionMode):
         def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
@@ -108,15 +106,35 @@ def uses_mode(units: Sequence[ParamUses], on_use: OnUse) -> Any:
             out = func(*args, **kwargs)
             if not (isinstance(out, torch.Tensor) and out.is_floating_point()):
                 return out
-            seen: set[int] = set()
-            for v in leaves((args, kwargs))[0]:
-                if isinstance(v, torch.Tensor) and id(v) in owners and id(v) not in seen:
-                    seen.add(id(v))
-                    unit, local, _ = owners[id(v)]
-                    out = on_use(unit, func, id(v), local, args, kwargs, out)
+            flat, spec = leaves((args, kwargs))
+            tensors = [t for t in flat if isinstance(t, torch.Tensor)]
+            hits = list(dict.fromkeys(id(t) for t in tensors if id(t) in tracked))
+            if not hits:
+                return out
+            derived = all(id(t) in tracked or id(t) in constants for t in tensors)
+            for key in hits:
+                unit, local, chain, _ = tracked[key]
+                recipe = _recipe(func, flat, spec, key, chain)
+                if derived:  # kept alive while tracked, so its id is not reused
+                    tracked[id(out)] = (unit, local, recipe, out)
+                    continue
+                call = counts.get(id(unit), 0)
+                counts[id(unit)] = call + 1
+                out = on_use(unit, call, recipe, local, tensors, out)
             return out
 
     return Uses()
+
+
+def _recipe(func: Any, flat: list[Any], spec: Any, key: int,
+            chain: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """The op as a function of the parameter at the root of ``chain``."""
+    def apply(p: Any) -> Any:
+        v = chain(p)
+        args, kwargs = rebuild([v if isinstance(t, torch.Tensor) and id(t) == key else t
+                                for t in flat], spec)
+        return func(*args, **kwargs)
+    return apply
 
 
 def probe_uses(units: Sequence[ParamUses], model: nn.Module, x: torch.Tensor) -> None:
@@ -127,13 +145,13 @@ def probe_uses(units: Sequence[ParamUses], model: nn.Module, x: torch.Tensor) ->
     for size in PROBE_SIZES:
         shapes: dict[int, list[tuple[int, ...]]] = {id(u): [] for u in units}
 
-        def record(unit: ParamUses, func: Any, key: int, local: str, args: Any, kwargs: Any,
+        def record(unit: ParamUses, call: int, recipe: Any, local: str, read: Any,
                    out: torch.Tensor, shapes: dict[int, list[Any]] = shapes) -> torch.Tensor:
-            del func, key, local, args, kwargs
+            del call, recipe, local, read
             shapes[id(unit)].append(tuple(out.shape))
             return out
 
-        with uses_mode(units, record), torch.no_grad():
+        with uses_mode(units, record, model=model), torch.no_grad():
             model(x[:1].expand(size, *x.shape[1:]).contiguous())
         runs.append(shapes)
     for unit in units:

@@ -82,8 +82,8 @@ class _Container(nn.Module):
         h = self.embed(x)
         token = self.token.expand(x.shape[0], -1, -1)
         h = torch.cat([token, h], dim=1) * self.scale
-        if self.early:  # the parameter transformed on its own, then broadcast
-            h = h + (self.scale * 2).tanh()
+        if self.early:  # the parameter transformed on its own (sliced), then broadcast
+            h = h + (self.scale[:4].repeat(2)[:6] * 2).tanh()
         return self.head(torch.relu_(h.mean(1) + self.scale))
 
 
@@ -153,10 +153,13 @@ def test_recurrent_layers_take_linear_rules(cell: type[nn.Module], kwargs: dict[
     assert engine.path == ENGINE_PATH
 
 
-def test_a_containers_parameters_go_by_their_uses_or_by_torch_func() -> None:
-    assert _agrees(_Container, chunk=2).path == ENGINE_PATH  # by uses
-    engine = _agrees(lambda: _Container(early=True))
-    assert next(type(u).__name__ for u in engine._units) == "OwnerFallback"
+def test_a_containers_parameters_go_by_their_uses() -> None:
+    """Uses directly on activations, in a list, and through ops on the parameter alone
+    (followed to where it meets the batch)."""
+    for early in (False, True):
+        engine = _agrees(lambda early=early: _Container(early=early), chunk=2)
+        assert engine.path == ENGINE_PATH
+        assert next(type(u).__name__ for u in engine._units) == "ParamUses"
 
 
 def test_frozen_parameters_are_left_out_of_every_norm() -> None:
