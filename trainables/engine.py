@@ -249,9 +249,10 @@ class _Pass:
             call = self.calls.get(id(unit), 0)
             self.calls[id(unit)] = call + 1
             dims = self.engine.call_dims(unit, call)
-            flat_in, spec = leaves((args, kwargs))
             if isinstance(unit, OwnerFallback):
+                flat_in, spec = leaves((args, kwargs))
                 return self._hook_fallback(unit, flat_in, spec, dims, output)
+            flat_in = list(args) if not kwargs else leaves((args, kwargs))[0]
             tensors = [i for i, v in enumerate(flat_in) if isinstance(v, torch.Tensor)]
             if len(tensors) != 1:
                 raise NotPerExample(f"{unit.qualname} ({unit.kind}) is called with "
@@ -440,7 +441,8 @@ class BookkeepingView:
         self._live = live
         self._bounds = bounds
         self._states = states
-        self._versions = engine._versions()
+        #: parameter versions at compute(), for a view that must recompute earlier chunks
+        self._versions = engine._versions() if len(bounds) > 1 else None
 
     def weighted_sum(self, coef: torch.Tensor) -> dict[str, torch.Tensor]:
         _check_coef(coef, self.norms)
@@ -459,9 +461,11 @@ class BookkeepingView:
                                         live=self._live)
             for n, s in part.items():
                 _accumulate(total, n, s)
+        names = engine.live_parameters(self._live)
+        if all(n in total for n in names):
+            return {n: total[n] for n in names}
         params = dict(engine.model.named_parameters())
-        return {n: total[n] if n in total else torch.zeros_like(params[n])
-                for n in engine.live_parameters(self._live)}
+        return {n: total[n] if n in total else torch.zeros_like(params[n]) for n in names}
 
 
 # ---- units ------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ divided by their largest magnitude first and the scale is multiplied back in flo
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from core.lazy import lazy_module
@@ -44,6 +45,8 @@ def row_sums(x: torch.Tensor) -> torch.Tensor:
     """[B] float64 sums of each example's entries of x (any shape), accurately: float32
     partial sums over ``PARTIAL`` entries, added in float64."""
     flat = x.reshape(x.shape[0], -1)
+    if flat.shape[1] <= PARTIAL:
+        return flat.sum(dim=1).double()
     head, tail = _chunks(flat)
     total = head.sum(dim=2).double().sum(dim=1)
     return total if tail is None else total + tail.sum(dim=1).double()
@@ -51,11 +54,21 @@ def row_sums(x: torch.Tensor) -> torch.Tensor:
 
 def _sq_norms(flat: torch.Tensor) -> torch.Tensor:
     """[B] float64 squared norms of the rows of ``flat``, from per-chunk float32 norms."""
+    if flat.shape[1] <= PARTIAL:  # one chunk: one kernel
+        return torch.linalg.vector_norm(flat, dim=1).double().square()
     head, tail = _chunks(flat)
     total = torch.linalg.vector_norm(head, dim=2).double().square().sum(dim=1)
     if tail is not None:
         total = total + torch.linalg.vector_norm(tail, dim=1).double().square()
     return total
+
+
+#: Entries below which the rows are normed without asking whether they need scaling (a host
+#: read of a reduction costs more than the work on a small block): widened to float64 where
+#: that is exact, else always scaled.
+SMALL = 1 << 14
+#: Dtypes whose squares are normal float64 numbers over their whole range.
+_WIDENED = ("float32", "float16", "bfloat16")
 
 
 def _in_range(scale: torch.Tensor) -> bool:
@@ -79,8 +92,12 @@ def scaled_sq_norms(g: torch.Tensor) -> torch.Tensor:
     flat = g.reshape(g.shape[0], -1)
     if flat.shape[1] == 0:
         return torch.zeros(flat.shape[0], dtype=torch.float64, device=flat.device)
+    if flat.numel() <= SMALL and str(flat.dtype).removeprefix("torch.") in _WIDENED:
+        # a float32 square never underflows or overflows in float64: no scaling to do
+        sq = torch.linalg.vector_norm(flat.double(), dim=1).square()
+        return torch.nan_to_num(sq, nan=math.inf, posinf=math.inf)
     scale = flat.abs().amax(dim=1)
-    if _in_range(scale):
+    if flat.numel() > SMALL and _in_range(scale):
         return _sq_norms(flat)
     finite = torch.isfinite(scale)
     safe = torch.where(finite & (scale > 0), scale, torch.ones_like(scale))

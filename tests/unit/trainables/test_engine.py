@@ -365,6 +365,7 @@ def test_norms_do_not_underflow_or_overflow(dtype: torch.dtype, entry: float) ->
     huge = torch.full((1, n), 1e30 if dtype == torch.float32 else 1e150, dtype=dtype)
     assert math.isfinite(float(scaled_sq_norms(huge)[0]))
     assert float(scaled_sq_norms(torch.tensor([[1.0, math.inf]], dtype=dtype))[0]) == math.inf
+    assert float(scaled_sq_norms(torch.tensor([[1.0, math.nan]], dtype=dtype))[0]) == math.inf
 
 
 @pytest.mark.parametrize("length", [3_000_001, 9_000_000])
