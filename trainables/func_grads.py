@@ -130,11 +130,8 @@ def probe_calls(model: nn.Module, x: torch.Tensor, modules: dict[int, nn.Module]
     return out
 
 
-class OwnerFallback:
-    """Exact per-example gradients of one module's parameters by ``torch.func`` (see the module
-    docstring). ``params`` are the local names it differentiates (its own, or every one under
-    it for a module whose children's forwards never run, like ``nn.MultiheadAttention``'s
-    ``out_proj``); ``layer_of`` maps their full names to layers."""
+class OwnParams:
+    """A module's parameters handled together, by name (full names for the records)."""
 
     kind = "torch.func"
     per_channel = False
@@ -147,6 +144,13 @@ class OwnerFallback:
         self.names = [f"{qualname}.{n}" if qualname else n for n in self.local]
         self.layer_of = {f: layer_of[f] for f in self.names}
         self.layers = sorted(set(self.layer_of.values()))
+
+
+class OwnerFallback(OwnParams):
+    """Exact per-example gradients of one module's parameters by ``torch.func`` (see the module
+    docstring). ``params`` are the local names it differentiates (its own, or every one under
+    it for a module whose children's forwards never run, like ``nn.MultiheadAttention``'s
+    ``out_proj``); ``layer_of`` maps their full names to layers."""
 
     def _params(self, names: Sequence[str] | None = None) -> dict[str, torch.Tensor]:
         own = dict(self.module.named_parameters())

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from core.lazy import lazy_module
-from trainables.func_grads import PROBE_SIZES, NotPerExample, leaves, rebuild
+from trainables.func_grads import PROBE_SIZES, NotPerExample, OwnParams, leaves, rebuild
 
 if TYPE_CHECKING:
     import torch
@@ -34,19 +34,14 @@ else:
 SLICE_ELEMENTS = 1 << 24
 
 
-class ParamUses:
+class ParamUses(OwnParams):
     """The engine's unit for a container module's own parameters (see the module docstring)."""
 
     kind = "param uses"
-    per_channel = False
 
     def __init__(self, module: nn.Module, *, qualname: str, params: Sequence[str],
                  layer_of: dict[str, int]) -> None:
-        self.module = module
-        self.qualname = qualname
-        self.local = list(params)
-        self.names = [f"{qualname}.{n}" if qualname else n for n in self.local]
-        self.layers = sorted({layer_of[n] for n in self.names})
+        super().__init__(module, qualname=qualname, params=params, layer_of=layer_of)
         #: Per use in a forward, in order, the batch dimension of its output (probed).
         self.dims: list[int] = []
 
