@@ -67,3 +67,15 @@ class Encoder(nn.Module):
 
 def encoder(input_shape, num_classes):
     return Encoder(input_shape[0], num_classes)
+
+
+def pretrained(input_shape, num_classes, weights=""):
+    """The common DP recipe: a backbone whose weights come from a file (``[model.args]
+    weights``), frozen, and a new trainable head. An empty path builds it untrained (what an
+    export's loader passes: the exported weights replace every parameter)."""
+    backbone = nn.Sequential(nn.Conv2d(input_shape[0], 8, 3, padding=1), nn.GroupNorm(2, 8),
+                             nn.ReLU(inplace=True), nn.AdaptiveAvgPool2d(2), nn.Flatten())
+    if weights:
+        backbone.load_state_dict(torch.load(weights, weights_only=True))
+    backbone.requires_grad_(False)
+    return nn.Sequential(backbone, nn.Linear(32, num_classes))

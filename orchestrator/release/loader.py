@@ -71,8 +71,11 @@ class RawInput(nn.Module):
         return self.network((x - self.mean.reshape(shape)) / self.std.reshape(shape))
 
 
-def load(export_dir: str | Path = HERE, *, device: str | torch.device = "cpu") -> RawInput:
-    """The exported model, ready for raw inputs, in eval mode on ``device``."""
+def load(export_dir: str | Path = HERE, *, device: str | torch.device = "cpu",
+         args: dict[str, Any] | None = None) -> RawInput:
+    """The exported model, ready for raw inputs, in eval mode on ``device``. ``args`` replace
+    factory arguments the training machine had (a pretrained-weights path: the exported
+    weights replace every parameter anyway)."""
     root = Path(export_dir).resolve()
     info = json.loads((root / MODEL_FILE).read_text(encoding="utf-8"))
     code = root / info["code"]["dir"]
@@ -80,7 +83,7 @@ def load(export_dir: str | Path = HERE, *, device: str | torch.device = "cpu") -
     build = info["build"]
     factory = _import(build["factory"], code, provides=_top_names(info["code"]["files"]))
     network = factory(input_shape=tuple(info["input_shape"]),
-                      num_classes=int(info["num_classes"]), **build["args"])
+                      num_classes=int(info["num_classes"]), **{**build["args"], **(args or {})})
     network = replace_modules(network, build.get("replace", []))
     state = torch.load(root / info["weights"]["torch"], map_location="cpu", weights_only=True)
     network.load_state_dict(state, strict=True)

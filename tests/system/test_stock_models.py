@@ -6,6 +6,8 @@ a finite loss, its trainable weights changed and its frozen ones untouched."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +17,7 @@ from PIL import Image
 
 from core import layout
 from orchestrator.cli import main
+from orchestrator.trial.single import TRIAL_ID
 from trainables.training import _derived_seeds, load_checkpoint_state
 
 pytestmark = pytest.mark.slow
@@ -140,3 +143,37 @@ def _initial_weights(root: Path, name: str, spec: dict) -> dict[str, torch.Tenso
 
         net, _ = fix_model(net)
     return dict(net.named_parameters())
+
+
+def test_a_pretrained_backbone_from_a_file_trains_only_its_head(workspace: Path) -> None:
+    """``[model.args]`` names the backbone's weights file; the trial trains the head alone,
+    leaves every backbone weight as the file has it, and its export loads without that file."""
+    torch.manual_seed(1)
+    saved = workspace / "backbone.pt"
+    donor = __import__("tests.stock_nets", fromlist=["pretrained"]).pretrained((3, 16, 16), 3)
+    torch.save(donor[0].state_dict(), saved)
+    config = workspace / "pretrained.toml"
+    config.write_text(_config(workspace, "resnet18_frozen_backbone").read_text().replace(
+        'factory = "stock:resnet_head"', f'factory = "stock:pretrained"\nargs = {{weights = '
+        f'"{saved}"}}'))
+    out = workspace / "run-pretrained"
+    assert main(["train", str(config), "--out", str(out)]) == 0
+    state = load_checkpoint_state(next(out.rglob(layout.CHECKPOINT_FILE)).parent)
+    backbone = torch.load(saved, weights_only=True)
+    for name, value in backbone.items():
+        assert torch.equal(state["model"][f"net.0.{name}"], value), name
+    privacy = json.loads(next(out.rglob(layout.PRIVACY)).read_text())
+    assert privacy["method_record"]["trained_layers"] == ["1"]
+    assert privacy["method_record"]["trained_parameters"] == 32 * 3 + 3
+    release = workspace / "pretrained-release"
+    assert main(["export", str(out), "--trial", TRIAL_ID, "--out", str(release),
+                 "--allow-degenerate"]) == 0
+    saved.unlink()  # the stranger has the export, not the training machine's backbone file
+    probe = "x = torch.full((2, 3, 16, 16), 128, dtype=torch.uint8)"
+    script = ("import sys, torch; sys.path.insert(0, sys.argv[1]); import load; "
+              f"m = load.load(sys.argv[1], args={{'weights': ''}}); {probe}; "
+              "print(m(x).argmax(1).tolist())")
+    proc = subprocess.run([sys.executable, "-I", "-c", script, str(release)],
+                          capture_output=True, text=True, timeout=120, cwd=workspace)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert len(json.loads(proc.stdout.strip())) == 2
