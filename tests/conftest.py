@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,20 @@ def tiny_config(**training: object) -> Config:
     base.update(training)
     return dataclasses.replace(Config(), training=TrainingConfig(**base),
                                method_params={"lr": 1.0, "clip_norm": 1.0, **params})
+
+
+@pytest.fixture(scope="module")
+def one_thread() -> Iterator[None]:
+    """One intra-op thread for a module of tiny tensors: a second thread only adds
+    synchronisation, which on a busy 2-core host made each kernel several times slower (a
+    conformance file ran 6x longer). Restored afterwards; a module opts in with
+    ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,8 @@ from core.lazy import lazy_module
 from trainables.attention_grads import AttentionUnit, decomposable
 from trainables.func_grads import Call, CallDims, NotPerExample, OwnerFallback, leaves, rebuild
 from trainables.module_grads import (
+    CANCELLATION,
+    Geometry,
     Handler,
     check_embedding,
     choose,
@@ -172,26 +174,63 @@ class Pass:
                 version: tuple[torch.Tensor, int] | None) -> None:
         if version is not None:
             check_version(version, handler.qualname)
-        if self.coef is not None:
-            for n, s in handler.weighted(a, b, self.coef[:, handler.layer]).items():
-                accumulate(self.sums, n, s)
-            return
-        if handler.per_channel or self.calls[id(handler)] > 1:
+        once = not handler.per_channel and self.calls[id(handler)] == 1
+        if not once:  # per-example gradients, kept (ghost norms do not add over calls)
             for n, g in handler.per_example(a, b).items():
-                accumulate(self.kept, n, g)
+                if self.coef is None:
+                    accumulate(self.kept, n, g)
+                else:
+                    accumulate(self.sums, n, combine(self.coef[:, handler.layer], g))
             return
         geometry = handler.geometry(a, b)
         norm, keep = choose(geometry, strategy=self.engine.strategy)
         if handler.bias_name is not None:
-            self.kept[handler.bias_name] = handler.bias_per_example(b)
+            bias = handler.bias_per_example(b)
+            if self.coef is None:
+                self.kept[handler.bias_name] = bias
+            else:
+                accumulate(self.sums, handler.bias_name,
+                           combine(self.coef[:, handler.layer], bias))
         if handler.weight_name is None:
             return
         if keep:
-            self.kept[handler.weight_name] = handler.weight_per_example(a, b)
-        else:
-            self.sq[:, handler.layer] += handler.weight_sq(a, b, geometry=geometry,
-                                                           ghost=norm == "ghost")
-            self.pending.append((handler, a, b))
+            g = handler.weight_per_example(a, b)
+            if self.coef is None:
+                self.kept[handler.weight_name] = g
+            else:
+                accumulate(self.sums, handler.weight_name,
+                           combine(self.coef[:, handler.layer], g))
+            return
+        self._by_rule(handler, a, b, geometry=geometry, ghost=norm == "ghost")
+
+    def _by_rule(self, handler: Handler, a: torch.Tensor, b: torch.Tensor, *,
+                 geometry: Geometry, ghost: bool) -> None:
+        """A weight normed without its per-example gradients (ghost, or materialised and
+        dropped) and summed by the native kernel, except the examples whose gradient cancels
+        below what float32 resolves in that norm (``CANCELLATION``): theirs are materialised
+        and kept, so what is released for them is exactly what was normed."""
+        sq = handler.weight_sq(a, b, geometry=geometry, ghost=ghost)
+        bound = handler.cancellation_bound(a, b)
+        unsure = sq < CANCELLATION * bound
+        if bool(unsure.any()):  # rare: a host read, and only on this path
+            rows = unsure.nonzero().flatten()
+            g = handler.weight_per_example(a[rows], b[rows])
+            full = g.new_zeros((a.shape[0], *g.shape[1:]))
+            full[rows] = g
+            if self.coef is None:
+                accumulate(self.kept, str(handler.weight_name), full)
+            else:
+                accumulate(self.sums, str(handler.weight_name),
+                           combine(self.coef[:, handler.layer], full))
+            sq = sq.masked_fill(unsure, 0.0)
+            b = b.clone()
+            b[rows] = 0
+        if self.coef is not None:
+            accumulate(self.sums, str(handler.weight_name), handler.weight_sum(
+                a, scale_rows(b, self.coef[:, handler.layer])))
+            return
+        self.sq[:, handler.layer] += sq
+        self.pending.append((handler, a, b))
 
     def finish(self) -> None:
         """After the backward: the fallbacks' calls, then the squared norms of what was kept."""

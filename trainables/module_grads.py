@@ -30,6 +30,10 @@ else:
 KEEP_RATIO = 2
 #: Cost of materialising a_i^T b_i for every example, in native weight-gradient kernels.
 MATERIALIZE_COST = 2.0
+#: An example's weight gradient a^T b is a sum of T rank-one terms; when they cancel below
+#: this fraction of (sum_t ||a_t|| ||b_t||)^2, a float32 ghost norm (or a norm and a native sum
+#: rounded apart) no longer tells its size, and the example is materialised and kept.
+CANCELLATION = 2.0 ** -16
 #: Elements of transient per-example tensors (unfolded inputs, dropped gradients) per slice:
 #: bounds the working memory of one module's norm (16 MiB in float32).
 TRANSIENT_ELEMENTS = 1 << 22
@@ -97,6 +101,13 @@ def _slices(n: int, per_example: int) -> Iterator[slice]:
     step = max(1, TRANSIENT_ELEMENTS // max(1, per_example))
     for start in range(0, n, step):
         yield slice(start, min(n, start + step))
+
+
+def _terms_bound(a3: torch.Tensor, b3: torch.Tensor) -> torch.Tensor:
+    """[B] float64 (sum_t ||a_t|| ||b_t||)^2 of [B, T, *] factors, at unit scale per example."""
+    (ua, sa), (ub, sb) = row_scale(a3), row_scale(b3)
+    terms = (torch.linalg.vector_norm(ua, dim=2) * torch.linalg.vector_norm(ub, dim=2)).sum(1)
+    return terms.double().square() * (sa * sb).square()
 
 
 def scale_rows(b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
@@ -172,6 +183,11 @@ class Handler:
                 parts.append(scaled_sq_norms(self.weight_per_example(a[s], b[s])))
         return torch.cat(parts) if len(parts) > 1 else parts[0]
 
+    def cancellation_bound(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """[B] float64 (sum_t ||a_t|| ||b_t||)^2, the size of the rank-one terms an example's
+        weight gradient sums (see ``CANCELLATION``); zero where nothing can cancel."""
+        return torch.zeros(a.shape[0], dtype=torch.float64, device=a.device)
+
     def weighted(self, a: torch.Tensor, b: torch.Tensor,
                  c: torch.Tensor) -> dict[str, torch.Tensor]:
         """sum_i c_i g_i(p) for this call's parameters, without per-example gradients."""
@@ -216,6 +232,12 @@ class LinearHandler(Handler):
 
     def weight_sum(self, a: torch.Tensor, bc: torch.Tensor) -> torch.Tensor:
         return bc.reshape(-1, bc.shape[-1]).t() @ a.reshape(-1, a.shape[-1])
+
+    def cancellation_bound(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        a3, b3 = self._flat(a), self._flat(b)
+        if a3.shape[1] == 1:  # one term: its norm is exact
+            return super().cancellation_bound(a, b)
+        return _terms_bound(a3, b3)
 
 
 class Conv2dHandler(Handler):
@@ -345,6 +367,19 @@ class Conv2dHandler(Handler):
         m = self.module
         return self._weight_grad(a, self._4d(bc), m.groups, self.kernel_shape).view(
             m.weight.shape)
+
+    def cancellation_bound(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """Per group, patch norms from a convolution of the squared input with a box kernel
+        (no unfolding), then summed over groups."""
+        n, g = a.shape[0], self.module.groups
+        (ua, sa), (ub, sb) = row_scale(a), row_scale(self._4d(b))
+        sq = ua.square().reshape(n, g, -1, *ua.shape[2:]).sum(2)
+        box = sq.new_ones(g, 1, *self.kernel_size)
+        patches = torch.nn.functional.conv2d(sq, box, stride=self.stride, padding=self.padding,
+                                             dilation=self.dilation, groups=g)
+        out = ub.square().reshape(n, g, -1, *ub.shape[2:]).sum(2)
+        terms = (patches.clamp_min(0).sqrt() * out.sqrt()).reshape(n, g, -1).sum(2)
+        return terms.double().square().sum(1) * (sa * sb).square()
 
 
 class Conv1dHandler(Conv2dHandler):
@@ -492,6 +527,10 @@ class EmbeddingHandler(Handler):
         same = (a.unsqueeze(2) == a.unsqueeze(1)).to(ub.dtype)  # [B, T, T]
         unit = row_sums(torch.bmm(ub, ub.transpose(1, 2)) * same)
         return unit * sb.square()
+
+    def cancellation_bound(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        rows = self._rows(a, b)
+        return _terms_bound(torch.ones_like(rows[..., :1]), rows)
 
     def weight_sum(self, a: torch.Tensor, bc: torch.Tensor) -> torch.Tensor:
         m = self.module

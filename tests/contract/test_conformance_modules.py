@@ -13,7 +13,6 @@ reads explicit gradients, which do not depend on the model's modules.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -38,15 +37,7 @@ SOUND = [pytest.param(name, mode.name, id=f"{name}:{mode.name}")
          for name, cls in sorted(METHODS.items()) for mode in cls.modes if mode.dp_valid]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    """One intra-op thread: on these tiny tensors a second thread only adds synchronisation,
-    which on a busy 2-core host made each kernel several times slower (the file ran 6x
-    longer). Restored afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

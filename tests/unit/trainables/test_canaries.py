@@ -26,7 +26,6 @@ import dataclasses
 import json
 import math
 import random
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -134,12 +133,7 @@ class NonPrivateSGD(DPSGD):
         return summed
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def claim_config(method: str, **training: Any) -> Any:

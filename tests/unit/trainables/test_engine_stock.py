@@ -259,3 +259,30 @@ def test_an_embedding_bag_that_rewrites_its_weight_is_refused() -> None:
     net.bag.max_norm = 1.0
     with pytest.raises(UserInputError, match="build EmbeddingBag 'bag' without max_norm"):
         wrap_checked(net, layers=(), sample=_tokens()[0][:2], num_classes=3)
+
+
+def test_a_gradient_that_cancels_is_released_as_normed() -> None:
+    """A transformer whose embedding is scaled by 1e15: in an attention projection the
+    per-example terms a_t b_t^T cancel to ~1e-8 of their size, below what a float32 ghost norm
+    resolves (it reads 0 where the gradient is 7e19). Such examples are materialised, so each
+    example's release, alone, has exactly the norm the view reports, layer by layer."""
+    from tests import stock_nets
+
+    for seed in range(4):
+        torch.manual_seed(0)
+        model = WrappedModel(stock_nets.encoder((7,), 3), num_classes=3, layers={
+            n: n for n in ("embed", "encoder", "head")})
+        with torch.no_grad():
+            model.net.embed.weight.mul_(1e15)
+        x, y = _tokens(seed)
+        engine = GradEngine(model)
+        torch.manual_seed(seed)
+        view = engine.compute(x, y, live=[True] * engine.num_layers)
+        for i in range(N):
+            coef = torch.zeros(N, engine.num_layers, dtype=torch.float64)
+            coef[i] = 1.0
+            sums = view.weighted_sum(coef)
+            for layer in range(engine.num_layers):
+                got = sum(float(v.double().square().sum()) for n, v in sums.items()
+                          if engine.layer_of[n] == layer) ** 0.5
+                assert got <= float(view.norms[i, layer]) * (1 + 1e-5) + 1e-30, (seed, i, layer)
