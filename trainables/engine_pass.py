@@ -209,8 +209,7 @@ class Pass:
         dropped) and summed by the native kernel, except the examples whose gradient cancels
         below what float32 resolves in that norm (``CANCELLATION``): theirs are materialised
         and kept, so what is released for them is exactly what was normed."""
-        sq = handler.weight_sq(a, b, geometry=geometry, ghost=ghost)
-        bound = handler.cancellation_bound(a, b)
+        sq, bound = handler.weight_sq(a, b, geometry=geometry, ghost=ghost)
         unsure = sq < CANCELLATION * bound
         if bool(unsure.any()):  # rare: a host read, and only on this path
             rows = unsure.nonzero().flatten()

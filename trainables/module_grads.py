@@ -103,6 +103,14 @@ def _slices(n: int, per_example: int) -> Iterator[slice]:
         yield slice(start, min(n, start + step))
 
 
+def _diagonal_bound(gram_a: torch.Tensor, gram_b: torch.Tensor) -> torch.Tensor:
+    """[B] float64 (sum_t ||a_t|| ||b_t||)^2 (summed over groups) from [B, (g,) T, T] Grams."""
+    terms = (gram_a.diagonal(dim1=-2, dim2=-1).clamp_min(0)
+             * gram_b.diagonal(dim1=-2, dim2=-1).clamp_min(0)).sqrt().sum(-1)
+    terms = terms.double().square()
+    return terms.reshape(terms.shape[0], -1).sum(1)
+
+
 def _terms_bound(a3: torch.Tensor, b3: torch.Tensor) -> torch.Tensor:
     """[B] float64 (sum_t ||a_t|| ||b_t||)^2 of [B, T, *] factors, at unit scale per example."""
     (ua, sa), (ub, sb) = row_scale(a3), row_scale(b3)
@@ -160,7 +168,9 @@ class Handler:
     def bias_per_example(self, b: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def weight_ghost_sq(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    def weight_ghost_sq(self, a: torch.Tensor, b: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        """([B] squared norms, [B] ``cancellation_bound``, read off the Grams' diagonals)."""
         raise NotImplementedError
 
     def weight_sum(self, a: torch.Tensor, bc: torch.Tensor) -> torch.Tensor:
@@ -173,15 +183,21 @@ class Handler:
         return g * (d * t + 2 * t * t) if ghost else g * p * d
 
     def weight_sq(self, a: torch.Tensor, b: torch.Tensor, *, geometry: Geometry,
-                  ghost: bool) -> torch.Tensor:
-        """[B] squared norms of the weight's per-example gradients, slice by slice."""
-        parts = []
+                  ghost: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """([B] squared norms of the weight's per-example gradients, [B] their
+        ``cancellation_bound``), slice by slice."""
+        parts, bounds = [], []
         for s in _slices(a.shape[0], self.transient(geometry, ghost=ghost)):
             if ghost:
-                parts.append(self.weight_ghost_sq(a[s], b[s]))
+                sq, bound = self.weight_ghost_sq(a[s], b[s])
             else:
-                parts.append(scaled_sq_norms(self.weight_per_example(a[s], b[s])))
-        return torch.cat(parts) if len(parts) > 1 else parts[0]
+                sq = scaled_sq_norms(self.weight_per_example(a[s], b[s]))
+                bound = self.cancellation_bound(a[s], b[s])
+            parts.append(sq)
+            bounds.append(bound)
+        if len(parts) == 1:
+            return parts[0], bounds[0]
+        return torch.cat(parts), torch.cat(bounds)
 
     def cancellation_bound(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         """[B] float64 (sum_t ||a_t|| ||b_t||)^2, the size of the rank-one terms an example's
@@ -222,13 +238,16 @@ class LinearHandler(Handler):
     def bias_per_example(self, b: torch.Tensor) -> torch.Tensor:
         return self._flat(b).sum(1)
 
-    def weight_ghost_sq(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    def weight_ghost_sq(self, a: torch.Tensor, b: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
         a3, b3 = self._flat(a), self._flat(b)
-        if a3.shape[1] == 1:
-            return scaled_sq_norms(a3[:, 0]) * scaled_sq_norms(b3[:, 0])
+        if a3.shape[1] == 1:  # one term: its norm is exact
+            sq = scaled_sq_norms(a3[:, 0]) * scaled_sq_norms(b3[:, 0])
+            return sq, torch.zeros_like(sq)
         (ua, sa), (ub, sb) = row_scale(a3), row_scale(b3)
-        unit = row_sums(torch.bmm(ua, ua.transpose(1, 2)) * torch.bmm(ub, ub.transpose(1, 2)))
-        return unit * (sa * sb).square()
+        gram_a, gram_b = torch.bmm(ua, ua.transpose(1, 2)), torch.bmm(ub, ub.transpose(1, 2))
+        scale = (sa * sb).square()
+        return row_sums(gram_a * gram_b) * scale, _diagonal_bound(gram_a, gram_b) * scale
 
     def weight_sum(self, a: torch.Tensor, bc: torch.Tensor) -> torch.Tensor:
         return bc.reshape(-1, bc.shape[-1]).t() @ a.reshape(-1, a.shape[-1])
@@ -361,7 +380,8 @@ class Conv2dHandler(Handler):
         gram_a = self._input_gram(ua)
         bf = ub.reshape(n, g, -1, gram_a.shape[-1])  # [n, g, p, T]
         gram_b = torch.matmul(bf.transpose(2, 3), bf)
-        return row_sums(gram_a * gram_b) * (sa * sb).square()
+        scale = (sa * sb).square()
+        return row_sums(gram_a * gram_b) * scale, _diagonal_bound(gram_a, gram_b) * scale
 
     def weight_sum(self, a: torch.Tensor, bc: torch.Tensor) -> torch.Tensor:
         m = self.module
@@ -522,11 +542,13 @@ class EmbeddingHandler(Handler):
         out = b3.new_zeros(n * v, b3.shape[-1])
         return out.index_add_(0, rows, b3.reshape(-1, b3.shape[-1])).view(n, v, -1)
 
-    def weight_ghost_sq(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    def weight_ghost_sq(self, a: torch.Tensor, b: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
         ub, sb = row_scale(self._rows(a, b))
         same = (a.unsqueeze(2) == a.unsqueeze(1)).to(ub.dtype)  # [B, T, T]
-        unit = row_sums(torch.bmm(ub, ub.transpose(1, 2)) * same)
-        return unit * sb.square()
+        gram_b = torch.bmm(ub, ub.transpose(1, 2))
+        scale = sb.square()
+        return row_sums(gram_b * same) * scale, _diagonal_bound(same, gram_b) * scale
 
     def cancellation_bound(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         rows = self._rows(a, b)
