@@ -305,9 +305,9 @@ def _one_step(model: WrappedModel, sample: torch.Tensor, y: torch.Tensor, field:
         raise
     except Exception as exc:
         raise _bad(field, value, _network(model.net), f"per-example gradients failed: "
-                   f"{type(exc).__name__}: {exc}", "use modules torch.func can differentiate "
-                   "per example (no in-place parameter updates, no .item() in forward)") \
-            from None
+                   f"{type(exc).__name__}: {exc}", "a model whose per-example gradients the "
+                   "engine or torch.func can form (docs/user-models.md, Per-example "
+                   "gradients)") from None
     view.weighted_sum(torch.ones_like(view.norms, dtype=torch.float32))
     if not torch.isfinite(view.norms).all():
         raise _bad(field, value, _network(model.net), "per-example gradient norms are not finite "
