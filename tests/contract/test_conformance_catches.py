@@ -133,6 +133,7 @@ def test_float32_norms_squared_without_scaling_are_caught(monkeypatch: pytest.Mo
     With that engine restored by hand, the float32 lifecycle fails on the underflow pattern."""
     import trainables.dp_step
     import trainables.engine
+    import trainables.engine_pass
     import trainables.module_grads
     import trainables.norms
 
@@ -141,6 +142,7 @@ def test_float32_norms_squared_without_scaling_are_caught(monkeypatch: pytest.Mo
 
     monkeypatch.setattr(trainables.norms, "scaled_sq_norms", unscaled)
     monkeypatch.setattr(trainables.engine, "scaled_sq_norms", unscaled)
+    monkeypatch.setattr(trainables.engine_pass, "scaled_sq_norms", unscaled)
     monkeypatch.setattr(trainables.module_grads, "scaled_sq_norms", unscaled)
     monkeypatch.setattr(trainables.dp_step, "scaled_sq_norms", unscaled)
     run = lifecycle(METHODS["lm_dpsgd"], "lagged", steps=4, resume_at=2)

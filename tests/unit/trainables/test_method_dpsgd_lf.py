@@ -103,7 +103,9 @@ def test_trial_freezes_at_t_f_and_records_it(tmp_path: Path) -> None:
     result = train_trial(spec, checkpoint_root=tmp_path)
     record = result.privacy_record.method_record
     assert record == {"t_f": 10, "t_f_fraction": 0.5, "m_f": 2,
-                      "frozen_layers": ["conv1", "conv2"], "per_example_path": "engine"}
+                      "frozen_layers": ["conv1", "conv2"], "per_example_path": "engine",
+                      "trained_layers": ["conv1", "conv2", "fc1", "fc2"],
+                      "trained_parameters": 9258, "model_parameters": 9258}
     at_tf = load_checkpoint_state(tmp_path / "epoch_001")["model"]
     end = load_checkpoint_state(tmp_path / "epoch_002")["model"]
     for name in at_tf:
