@@ -210,8 +210,8 @@ class Pass:
         below what float32 resolves in that norm (``CANCELLATION``): theirs are materialised
         and kept, so what is released for them is exactly what was normed."""
         sq, bound = handler.weight_sq(a, b, geometry=geometry, ghost=ghost)
-        unsure = sq < CANCELLATION * bound
-        if bool(unsure.any()):  # rare: a host read, and only on this path
+        unsure = None if bound is None else sq < CANCELLATION * bound
+        if unsure is not None and bool(unsure.any()):  # a host read, on this path only
             rows = unsure.nonzero().flatten()
             g = handler.weight_per_example(a[rows], b[rows])
             full = g.new_zeros((a.shape[0], *g.shape[1:]))

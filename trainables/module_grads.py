@@ -169,8 +169,9 @@ class Handler:
         raise NotImplementedError
 
     def weight_ghost_sq(self, a: torch.Tensor, b: torch.Tensor
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
-        """([B] squared norms, [B] ``cancellation_bound``, read off the Grams' diagonals)."""
+                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """([B] squared norms, [B] ``cancellation_bound`` read off the Grams' diagonals, or
+        None where nothing can cancel)."""
         raise NotImplementedError
 
     def weight_sum(self, a: torch.Tensor, bc: torch.Tensor) -> torch.Tensor:
@@ -183,7 +184,7 @@ class Handler:
         return g * (d * t + 2 * t * t) if ghost else g * p * d
 
     def weight_sq(self, a: torch.Tensor, b: torch.Tensor, *, geometry: Geometry,
-                  ghost: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                  ghost: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """([B] squared norms of the weight's per-example gradients, [B] their
         ``cancellation_bound``), slice by slice."""
         parts, bounds = [], []
@@ -197,6 +198,8 @@ class Handler:
             bounds.append(bound)
         if len(parts) == 1:
             return parts[0], bounds[0]
+        if any(b is None for b in bounds):
+            return torch.cat(parts), None
         return torch.cat(parts), torch.cat(bounds)
 
     def cancellation_bound(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -204,15 +207,6 @@ class Handler:
         weight gradient sums (see ``CANCELLATION``); zero where nothing can cancel."""
         return torch.zeros(a.shape[0], dtype=torch.float64, device=a.device)
 
-    def weighted(self, a: torch.Tensor, b: torch.Tensor,
-                 c: torch.Tensor) -> dict[str, torch.Tensor]:
-        """sum_i c_i g_i(p) for this call's parameters, without per-example gradients."""
-        out = {}
-        if self.weight_name is not None:
-            out[self.weight_name] = self.weight_sum(a, scale_rows(b, c))
-        if self.bias_name is not None:
-            out[self.bias_name] = combine(c, self.bias_per_example(b))
-        return out
 
 
 class LinearHandler(Handler):
@@ -239,11 +233,10 @@ class LinearHandler(Handler):
         return self._flat(b).sum(1)
 
     def weight_ghost_sq(self, a: torch.Tensor, b: torch.Tensor
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
+                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
         a3, b3 = self._flat(a), self._flat(b)
-        if a3.shape[1] == 1:  # one term: its norm is exact
-            sq = scaled_sq_norms(a3[:, 0]) * scaled_sq_norms(b3[:, 0])
-            return sq, torch.zeros_like(sq)
+        if a3.shape[1] == 1:  # one term: its norm is exact, nothing can cancel
+            return scaled_sq_norms(a3[:, 0]) * scaled_sq_norms(b3[:, 0]), None
         (ua, sa), (ub, sb) = row_scale(a3), row_scale(b3)
         gram_a, gram_b = torch.bmm(ua, ua.transpose(1, 2)), torch.bmm(ub, ub.transpose(1, 2))
         scale = (sa * sb).square()
@@ -439,9 +432,6 @@ class NormHandler(Handler):
             out[self.bias_name] = b.sum(dims) if dims else b
         return out
 
-    def weighted(self, a: torch.Tensor, b: torch.Tensor,
-                 c: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {n: combine(c, g) for n, g in self.per_example(a, b).items()}
 
 
 class GroupNormHandler(NormHandler):
