@@ -208,7 +208,6 @@ class Handler:
         return torch.zeros(a.shape[0], dtype=torch.float64, device=a.device)
 
 
-
 class LinearHandler(Handler):
     """``nn.Linear`` on [B, d] or [B, *, d]: positions are the middle dimensions."""
 
@@ -431,7 +430,6 @@ class NormHandler(Handler):
         if self.bias_name is not None:
             out[self.bias_name] = b.sum(dims) if dims else b
         return out
-
 
 
 class GroupNormHandler(NormHandler):
