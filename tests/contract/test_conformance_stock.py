@@ -68,8 +68,8 @@ def _workload(name: str) -> Workload:
                                                     for i in range(layers)]}})
 
 
-#: Every sound method on every network but the 11M-parameter ResNet-18, whose adversarial views
-#: take ~45 s a method on 2 cores: DP-SGD there (its frozen twin runs every method).
+#: Every sound method on every network but the 11M-parameter ResNet-18: DP-SGD there, through
+#: the engine's views (its frozen twin runs every method and the explicit patterns).
 #: DP-SGD-LF freezes some of >= 2 trained layers: the frozen backbone trains one (refused below).
 CASES = [pytest.param(net, *p.values, id=f"{p.id}-{net}") for net in NETWORKS for p in SOUND
          if (net != "resnet18" or p.values[0] == "dpsgd")
@@ -87,7 +87,8 @@ def test_release_is_bounded_on_stock_networks(network: str, method: str, mode: s
     x, y = w.train
     for t in range(2):
         step.begin_step(step.step_count)
-        check = check_release(step, engine=True, crafted=w.crafted)
+        check = check_release(step, engine=True, crafted=w.crafted,
+                              patterns=network != "resnet18")
         assert check.holds, f"state {t}: {check}"
         if t == 0:
             for _ in range(3):
