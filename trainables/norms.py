@@ -34,11 +34,23 @@ SAFE_RANGE = (2.0 ** -20, 2.0 ** 20)
 PARTIAL = 1024
 
 
+#: The shortest chunk worth a view of its own (see ``_chunks``).
+MIN_CHUNK = 64
+
+
 def _chunks(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """[B, M] as [B, M // PARTIAL, PARTIAL] (a view) and the [B, M % PARTIAL] tail."""
-    whole = flat.shape[1] // PARTIAL * PARTIAL
+    """[B, M] as [B, M / k, k] chunks and a tail: without a copy (no tail) where a power of
+    two k in [``MIN_CHUNK``, ``PARTIAL``] divides M (a 3x3 convolution's 2,304 entries: k =
+    256), else chunks of ``PARTIAL`` and the [B, M % PARTIAL] rest."""
+    n = flat.shape[1]
+    k = PARTIAL
+    while k > MIN_CHUNK and n % k:
+        k //= 2
+    if n % k == 0 and flat.is_contiguous():
+        return flat.view(flat.shape[0], n // k, k), None
+    whole = n // PARTIAL * PARTIAL
     head = flat[:, :whole].reshape(flat.shape[0], -1, PARTIAL)
-    return head, (flat[:, whole:] if whole < flat.shape[1] else None)
+    return head, (flat[:, whole:] if whole < n else None)
 
 
 def row_sums(x: torch.Tensor) -> torch.Tensor:
