@@ -200,7 +200,8 @@ def _no_pool(frame: pd.DataFrame, *, scope: str, run_dir: object) -> UserInputEr
 
 
 def _shown(run_dir: object) -> str:
-    """RUN_DIR's value as the line shows it (the caller's path; without one, a placeholder)."""
+    """RUN_DIR's value as the line shows it: the path the caller was given (an in-sweep
+    choice has none, and says so)."""
     return "(the run directory)" if run_dir is None else str(run_dir)
 
 

@@ -337,11 +337,12 @@ def pick_and_write(run_dir: Path, *, max_peak_mia: float | None, min_val_acc: fl
     if private is not None:
         _no_constraints(max_peak_mia=max_peak_mia, min_val_acc=min_val_acc, series=series)
         choice = choose_private(frame, allow_invalid_dp=allow_invalid_dp,
-                                allow_replayable=allow_replayable)
+                                allow_replayable=allow_replayable, run_dir=run_dir)
     else:
         choice = choose(frame, validation_size=_validation_size(run),
                         max_peak_mia=max_peak_mia, min_val_acc=min_val_acc, series=series,
-                        allow_invalid_dp=allow_invalid_dp, allow_replayable=allow_replayable)
+                        allow_invalid_dp=allow_invalid_dp, allow_replayable=allow_replayable,
+                        run_dir=run_dir)
     row = choice.trial
     tid = choice.trial_id
     spec = _verified_json(run, f"{layout.TRIALS}/{tid}/{layout.SPEC}", what="spec")

@@ -18,9 +18,10 @@ from orchestrator.cli import main
 from orchestrator.config import from_dict, load
 from orchestrator.release.pick import PICK_CONFIG_FILE, PICK_FILE, pick_and_write
 from orchestrator.trial.plan import config_from_spec
+from orchestrator.trial.single import train_single
 from reports import store
 from reports.pick import choose
-from tests.conftest import leaves
+from tests.conftest import leaves, tiny_config
 from tests.unit.reports.test_report import INVALID_REASON, SIZES, make_run
 
 if sys.version_info >= (3, 11):
@@ -351,3 +352,13 @@ def test_private_pick_writes_the_noisy_score_and_the_statement_only(
     assert "private-tuning run" in capsys.readouterr().err
     _pick(run, allow_invalid_dp=True)
     assert _doc(run)["selection"]["trial_id"] == "t7"
+
+
+def test_a_refusal_shows_the_run_directory_the_user_typed(tmp_path: Path) -> None:
+    """A single unaudited trial: nothing to pick; the line's RUN_DIR is the path given."""
+    run = tmp_path / "run"
+    train_single(tiny_config(), out=run)
+    with pytest.raises(UserInputError, match="audited") as info:
+        pick_and_write(run, max_peak_mia=None, min_val_acc=None, series=None,
+                       allow_invalid_dp=False, allow_replayable=False, export_to=None)
+    assert info.value.field == "RUN_DIR" and info.value.value == str(run)
