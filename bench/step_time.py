@@ -75,11 +75,16 @@ LR = 0.1
 CLIP_NORM = 1.0
 NOISE_MULTIPLIER = 1.0
 NORM_EPS = 1e-6
+#: Relative difference between two plans' median steps taken as noise on this machine.
+PLAN_NOISE = 0.05
 SEED = 0
 QUIET_TIMEOUT_S = 600
 BASELINE = "non-private"
+#: Our step as a trial runs it: the plan measured on this machine before the first step.
 ENGINE = "engine DP-SGD"
-ENTRIES = (BASELINE, ENGINE, "vmap DP-SGD", "opacus hooks", "opacus ghost")
+#: The same step on the cost model's plan (what the measured plan must never lose to).
+COST_MODEL = "engine cost model"
+ENTRIES = (BASELINE, ENGINE, COST_MODEL, "vmap DP-SGD", "opacus hooks", "opacus ghost")
 OPACUS = ("opacus hooks", "opacus ghost")
 #: The engine with one algorithm forced on every Linear / Conv2d (``--strategies``).
 FORCED = ("engine ghost", "engine materialize")
@@ -140,12 +145,15 @@ def _model(cfg: Config) -> torch.nn.Module:
                        activation="relu" if cfg.model in ("resnet20_gn", "wrn16_4") else "tanh")
 
 
-def _ours(cfg: Config, strategy: str) -> Callable[[], None]:
-    """DP-SGD as ``DPStep`` does it, on the engine: norms, clip coefficients, one sum, noise."""
+def _ours(cfg: Config, strategy: str, *, measure: bool = False) -> Callable[[], None]:
+    """DP-SGD as ``DPStep`` does it, on the engine: norms, clip coefficients, one sum, noise
+    (``measure``: on the plan timed on this machine first, as a trial does)."""
     x, y = _data(cfg)
     model = _model(cfg)
     engine = GradEngine(model, strategy=strategy, max_physical_batch=cfg.batch)
     live = [True] * engine.num_layers
+    if measure:
+        engine.measure_plan(x, y, live=live)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     noise = torch.Generator().manual_seed(SEED + 1)
     params = dict(model.named_parameters())
@@ -268,6 +276,8 @@ def method_on(model: LayeredModel, series: str, *, batch: int, public: PublicDat
                  public=public)
     if not method.dp_valid:
         raise ValueError(f"{series}: mode {mode!r} is not DP-valid ({method.validity_reason})")
+    x, y = public.batch(batch)  # measured on public data, as a trial plans
+    method.engine.measure_plan(x, y, live=method.trainable_layers())
     return method
 
 
@@ -291,6 +301,8 @@ def make_step(*, model: str, entry: str, method_steps: int = 1) -> Callable[[], 
     if entry == BASELINE:
         return _plain(cfg)
     if entry == ENGINE:
+        return _ours(cfg, "auto", measure=True)
+    if entry == COST_MODEL:
         return _ours(cfg, "auto")
     if entry.startswith("engine "):  # "engine ghost" / "engine materialize"
         return _ours(cfg, entry.split()[1])
@@ -410,9 +422,11 @@ def bench_model(cfg: Config, *, quick: bool, entries: list[str], memory: bool,
                 method_steps: int | None = None) -> dict[str, Any]:
     torch.set_num_threads(cfg.threads)
     model = _model(cfg)
-    plan = GradEngine(model).plan(_data(cfg)[0])
+    engine = GradEngine(model, max_physical_batch=cfg.batch)
+    engine.measure_plan(*_data(cfg), live=[True] * engine.num_layers)
+    plan = engine.plan(_data(cfg)[0])
     print(f"\n== {cfg.model}: {cfg.shape}, batch {cfg.batch}, {cfg.threads} thread(s); "
-          f"engine plan (auto):")
+          f"engine plan (measured here):")
     for p in plan:
         print("   " + p.describe())
     steps = {e: make_step(model=cfg.model, entry=e) for e in entries}
@@ -464,6 +478,10 @@ def bench_model(cfg: Config, *, quick: bool, entries: list[str], memory: bool,
                        for o in OPACUS if o in summary})
         if cfg.time_target is not None:
             checks[f"time <= {cfg.time_target}x"] = ours <= cfg.time_target
+        if COST_MODEL in summary:  # the measured plan never loses beyond the noise
+            checks["measured plan <= cost model + noise"] = (
+                summary[ENGINE]["median_s"]
+                <= summary[COST_MODEL]["median_s"] * (1 + PLAN_NOISE))
         if cfg.memory_target is not None and mem_ratio:
             checks[f"memory <= {cfg.memory_target}x"] = mem_ratio[ENGINE] <= cfg.memory_target
     if methods:

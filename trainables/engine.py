@@ -29,7 +29,11 @@ sum_i coef[i, l] * g_i for every parameter. ``torch.func.vmap(grad)`` materialis
     larger than ``KEEP_RATIO`` times the output gradient the ghost path would keep, otherwise
     dropped after their norm and the sum is formed natively as above.
 
-  ``strategy="auto"`` picks per module the cheaper in multiply-adds per example. Mixed ghost
+  ``strategy="auto"`` runs per module the fastest candidate as timed on the trial's device
+  (``measure_plan``, :mod:`trainables.engine_plan`: ghost, materialised kept or dropped, each
+  with the native kernels or, for a convolution, the unfolded patches and batched products
+  that run fast on a GPU); where nothing was timed, the cheaper in multiply-adds per example,
+  the cost model below, which also breaks near-ties. Mixed ghost
   clipping (Bu et al. 2022, "Scalable and Efficient Training of Large Convolutional Neural
   Networks with Differential Privacy", arXiv 2205.10683) picks by *space* (ghost iff
   2 T^2 < p d); we pick by time and keep the space concern in ``KEEP_RATIO``. With
@@ -38,9 +42,10 @@ sum_i coef[i, l] * g_i for every parameter. ``torch.func.vmap(grad)`` materialis
       ghost       = gram_a + T^2 p + wgrad   (gram_a: C_g (HW)^2 + K T^2, or d T^2 unfolded)
       materialise = MATERIALIZE_COST * wgrad + (p d if kept else wgrad)
 
-  (measured on 2 AVX2 cores, the grouped kernel costs 0.4-2.7 native weight gradients,
-  ``MATERIALIZE_COST`` = 2). Choices at the benchmark shapes (``GradEngine.plan`` prints them
-  for any model; the benchmark prints them too)::
+  (on 2 AVX2 cores the grouped kernel costs 0.4-2.7 native weight gradients,
+  ``MATERIALIZE_COST`` = 2). The cost model's choices at the benchmark shapes
+  (``GradEngine.plan`` prints the plan in force for any model, measured or not, with each
+  candidate's time)::
 
       cnn28 (1x28x28):  conv1 materialise (kept); conv2, fc1, fc2 ghost
       cnn5 (3x32x32):   conv1, conv2 materialise (kept); conv3, fc1, fc2 ghost
@@ -112,6 +117,7 @@ from trainables.engine_pass import (
     unit_layers,
     unpatch,
 )
+from trainables.engine_plan import ModuleTiming, measure, plan_key
 from trainables.func_grads import (
     CallDims,
     NotPerExample,
@@ -120,9 +126,9 @@ from trainables.func_grads import (
     probe_calls,
 )
 from trainables.module_grads import (
+    Choice,
     Geometry,
     Handler,
-    choose,
     combine,
 )
 from trainables.norms import scaled_sq_norms
@@ -131,6 +137,8 @@ from trainables.rnn_grads import RecurrentUnit
 from trainables.trainable import TrainableLayers, trainable_layers
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import torch
     from torch import nn
 
@@ -246,10 +254,19 @@ class ModulePlan:
     geometry: Geometry
     norm: str  # "ghost", "materialize", "per-channel" or "vmap"
     keep: bool
+    kernel: str = "native"
+    source: str = ""  # "measured", "cache" or "cost model" for a handled module's weight
+    timings_ms: dict[str, float] = field(default_factory=dict)
 
     def describe(self) -> str:
         g = self.geometry
-        how = self.norm + (" (kept)" if self.keep and self.norm == "materialize" else "")
+        how = (Choice(self.norm, self.keep, self.kernel).label
+               if self.norm in ("ghost", "materialize") else self.norm)
+        if self.source:
+            how += f" [{self.source}]"
+        if self.timings_ms:
+            how += " " + ", ".join(f"{k} {v:.3g} ms" for k, v in
+                                   sorted(self.timings_ms.items(), key=lambda kv: kv[1]))
         return (f"{self.layer:<8} {self.module:<28} {self.kind:<10} T={g.positions:<5} "
                 f"d={g.fan_in:<5} p={g.fan_out:<4} g={g.groups:<2} {how}")
 
@@ -281,6 +298,9 @@ class GradEngine:
         self.layer_of = self.model.layer_of_parameter()
         self._units = build_units(self.model.named_modules(), self.layer_of)
         self._probed = False
+        #: the measured plan (``measure_plan``): (module, geometry) -> choice, and its record
+        self._measured: dict[tuple[str, Geometry], ModuleTiming] = {}
+        self._dropped: torch.Tensor | None = None
 
     # -- introspection
     @property
@@ -291,6 +311,48 @@ class GradEngine:
         if any(isinstance(u, OwnerFallback) for u in self._units):
             return BLOCK_EXACT_PATH
         return ENGINE_PATH
+
+    def choice(self, handler: Handler, geometry: Geometry) -> Choice:
+        """How ``handler``'s weight is normed and summed at ``geometry``: the measured plan's
+        choice, else the cost model's (always under a forced strategy)."""
+        if self.strategy == "auto":
+            timed = self._measured.get((handler.qualname, geometry))
+            if timed is not None:
+                return timed.choice
+        return handler.cost_choice(geometry, strategy=self.strategy)
+
+    @property
+    def timings(self) -> list[ModuleTiming]:
+        """The measured plan, module by module (empty before ``measure_plan``)."""
+        return list(self._measured.values())
+
+    def measure_plan(self, x: torch.Tensor, y: torch.Tensor, *, live: Sequence[bool],
+                     cache: Path | None = None) -> list[ModuleTiming]:
+        """Time every candidate of every handled module on one chunk of ``x`` (public data:
+        the plan must not depend on private examples) and keep the fastest
+        (:mod:`trainables.engine_plan`); ``cache``: the run's cache folder. A no-op under a
+        forced strategy or on the whole-model exact path."""
+        if self.strategy != "auto" or x.shape[0] == 0:
+            return []
+        x, y = x[:self.max_physical_batch], y[:self.max_physical_batch]
+        self.probe(x)
+        p, _ = self._run(x, y, live=[bool(v) for v in live], coef=None, capture=True)
+        captured = p.capture or []
+        key = plan_key(device=x.device, dtype=self._dtype(), rows=x.shape[0],
+                       captured=captured)
+        found = measure(captured, strategy=self.strategy, cache=cache, key=key)
+        self._measured = {(t.module, t.geometry): t for t in found}
+        return found
+
+    def count_dropped(self, unsure: torch.Tensor) -> None:
+        """Add the examples a rule gave nothing for cancellation (on the device: no read)."""
+        n = unsure.sum()
+        self._dropped = n if self._dropped is None else self._dropped + n
+
+    def dropped(self) -> int:
+        """Examples x layers given nothing for cancellation so far (one host read: call it
+        where the loop logs, not per step)."""
+        return 0 if self._dropped is None else int(self._dropped)
 
     def live_parameters(self, live: Sequence[bool]) -> list[str]:
         return [n for n, _ in self.model.named_parameters() if live[self.layer_of[n]]]
@@ -354,14 +416,18 @@ class GradEngine:
                         else CallDims(inputs=(0,) * len(flat), outputs=(0,)))
                 a = unit.prepare(batch_first(flat[first], dims.inputs[first], unit))
                 geometry = unit.geometry(a, batch_first(output, dims.outputs[0], unit))
-                if unit.per_channel:
-                    norm, keep = "per-channel", True
-                elif self.strategy == "vmap":
-                    norm, keep = "vmap", True
-                else:
-                    norm, keep = choose(geometry, strategy=self.strategy)
-                seen.append(ModulePlan(layer=layer, module=unit.qualname, kind=unit.kind,
-                                       geometry=geometry, norm=norm, keep=keep))
+                if unit.per_channel or self.strategy == "vmap":
+                    how = "per-channel" if unit.per_channel else "vmap"
+                    seen.append(ModulePlan(layer=layer, module=unit.qualname, kind=unit.kind,
+                                           geometry=geometry, norm=how, keep=True))
+                    return
+                choice = self.choice(unit, geometry)
+                timed = self._measured.get((unit.qualname, geometry))
+                seen.append(ModulePlan(
+                    layer=layer, module=unit.qualname, kind=unit.kind, geometry=geometry,
+                    norm=choice.norm, keep=choice.keep, kernel=choice.kernel,
+                    source="cost model" if timed is None else timed.source,
+                    timings_ms={} if timed is None else dict(timed.timings_ms)))
             return hook
 
         handles = [u.module.register_forward_hook(record(u), with_kwargs=True)
@@ -415,7 +481,8 @@ class GradEngine:
     def _norms(self, x: torch.Tensor, y: torch.Tensor, *,
                live: list[bool]) -> tuple[ChunkState, torch.Tensor, torch.Tensor]:
         p, losses = self._run(x, y, live=live, coef=None)
-        return ChunkState(kept=p.kept, pending=p.pending), p.sq.clamp_min(0).sqrt(), losses
+        state = ChunkState(kept=p.kept, pending=p.pending, rows=p.rows)
+        return state, p.sq.clamp_min(0).sqrt(), losses
 
     def _sums(self, x: torch.Tensor, y: torch.Tensor, coef: torch.Tensor, *,
               live: list[bool]) -> dict[str, torch.Tensor]:
@@ -423,9 +490,11 @@ class GradEngine:
         return p.sums
 
     def _run(self, x: torch.Tensor, y: torch.Tensor, *, live: list[bool],
-             coef: torch.Tensor | None) -> tuple[Pass, torch.Tensor]:
-        """One forward + backward of the summed per-example loss over one chunk."""
+             coef: torch.Tensor | None, capture: bool = False) -> tuple[Pass, torch.Tensor]:
+        """One forward + backward of the summed per-example loss over one chunk (``capture``:
+        keep every handled module's input and output gradient, for ``measure_plan``)."""
         p = Pass(self, x.shape[0], live=live, dtype=self._dtype(), device=x.device, coef=coef)
+        p.capture = [] if capture else None
         params = list(self.model.parameters())
         saved = [q.requires_grad for q in params]
         active = [u for u in self._units if any(live[i] for i in unit_layers(u))]

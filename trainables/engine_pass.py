@@ -9,21 +9,27 @@ weighted sums (:class:`ChunkState`).
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from core.lazy import lazy_module
 from trainables.attention_grads import AttentionUnit, decomposable
+from trainables.embedding_grads import EmbeddingBagHandler, EmbeddingHandler, check_embedding
 from trainables.func_grads import Call, CallDims, NotPerExample, OwnerFallback, leaves, rebuild
+from trainables.host_reads import host_reads_allowed
 from trainables.module_grads import (
     CANCELLATION,
+    Choice,
+    Conv1dHandler,
+    Conv2dHandler,
     Geometry,
+    GroupNormHandler,
     Handler,
-    check_embedding,
-    choose,
+    LayerNormHandler,
+    LinearHandler,
     combine,
-    handler_types,
     scale_rows,
 )
 from trainables.norms import scaled_sq_norms
@@ -46,12 +52,17 @@ class ChunkState:
 
     kept: dict[str, torch.Tensor]
     pending: list[tuple[Handler, torch.Tensor, torch.Tensor]]
+    #: (parameter, layer, example rows, their gradients): the kept rows of a weight otherwise
+    #: summed natively (``Pass._by_rule``)
+    rows: list[tuple[str, int, torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
     def weighted_sum(self, coef: torch.Tensor,
                      layer_of: dict[str, int]) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}
         for n, g in self.kept.items():
             accumulate(out, n, combine(coef[:, layer_of[n]], g))
+        for n, layer, rows, g in self.rows:
+            accumulate(out, n, combine(coef[rows, layer], g))
         for handler, a, b in self.pending:
             weight = handler.weight_sum(a, scale_rows(b, coef[:, handler.layer]))
             accumulate(out, str(handler.weight_name), weight)
@@ -83,6 +94,9 @@ class Pass:
         self.sq = torch.zeros(n, engine.num_layers, dtype=torch.float64, device=device)
         self.kept: dict[str, torch.Tensor] = {}
         self.pending: list[tuple[Handler, torch.Tensor, torch.Tensor]] = []
+        self.rows: list[tuple[str, int, torch.Tensor, torch.Tensor]] = []
+        #: planning: every once-called handler's (handler, a, b, geometry) of this pass
+        self.capture: list[tuple[Handler, torch.Tensor, torch.Tensor, Geometry]] | None = None
         self.sums: dict[str, torch.Tensor] = {}
         self.calls: dict[int, int] = {}
         self.fallback_calls: list[tuple[OwnerFallback, Call, tuple[torch.Tensor, int]]] = []
@@ -183,7 +197,9 @@ class Pass:
                     accumulate(self.sums, n, combine(self.coef[:, handler.layer], g))
             return
         geometry = handler.geometry(a, b)
-        norm, keep = choose(geometry, strategy=self.engine.strategy)
+        choice = self.engine.choice(handler, geometry)
+        if self.capture is not None:
+            self.capture.append((handler, a, b, geometry))
         if handler.bias_name is not None:
             bias = handler.bias_per_example(b)
             if self.coef is None:
@@ -193,39 +209,48 @@ class Pass:
                            combine(self.coef[:, handler.layer], bias))
         if handler.weight_name is None:
             return
-        if keep:
-            g = handler.weight_per_example(a, b)
+        if choice.keep:
+            g = handler.weight_per_example(a, b, kernel=choice.kernel)
             if self.coef is None:
                 self.kept[handler.weight_name] = g
             else:
                 accumulate(self.sums, handler.weight_name,
                            combine(self.coef[:, handler.layer], g))
             return
-        self._by_rule(handler, a, b, geometry=geometry, ghost=norm == "ghost")
+        self._by_rule(handler, a, b, geometry=geometry, choice=choice)
 
     def _by_rule(self, handler: Handler, a: torch.Tensor, b: torch.Tensor, *,
-                 geometry: Geometry, ghost: bool) -> None:
+                 geometry: Geometry, choice: Choice) -> None:
         """A weight normed without its per-example gradients (ghost, or materialised and
         dropped) and summed by the native kernel, except the examples whose gradient cancels
-        below what float32 resolves in that norm (``CANCELLATION``): theirs are materialised
-        and kept, so what is released for them is exactly what was normed."""
-        sq, bound = handler.weight_sq(a, b, geometry=geometry, ghost=ghost)
+        below what float32 resolves in that norm (``CANCELLATION``). Where the host may read
+        (the CPU), theirs are materialised and kept, so what is released for them is exactly
+        what was normed. On an accelerator, finding them would stop the device once per module
+        and step: their norm is set to infinity instead, which every clipping rule answers
+        with a zero coefficient (the example gives this layer nothing, whatever a recomputed
+        chunk rounds), and they are counted (``GradEngine.dropped``)."""
+        name = str(handler.weight_name)
+        if self.coef is not None and not host_reads_allowed(a.device):
+            accumulate(self.sums, name, handler.weight_sum(
+                a, scale_rows(b, self.coef[:, handler.layer])))
+            return
+        sq, bound = handler.weight_sq(a, b, geometry=geometry, ghost=choice.norm == "ghost",
+                                      kernel=choice.kernel)
         unsure = None if bound is None else sq < CANCELLATION * bound
-        if unsure is not None and bool(unsure.any()):  # a host read, on this path only
+        if unsure is not None and not host_reads_allowed(a.device):
+            self.engine.count_dropped(unsure)
+            sq = sq.masked_fill(unsure, math.inf)
+        elif unsure is not None and bool(unsure.any()):  # a free read on the CPU
             rows = unsure.nonzero().flatten()
             g = handler.weight_per_example(a[rows], b[rows])
-            full = g.new_zeros((a.shape[0], *g.shape[1:]))
-            full[rows] = g
             if self.coef is None:
-                accumulate(self.kept, str(handler.weight_name), full)
+                self.rows.append((name, handler.layer, rows, g))
+                sq = sq.index_put((rows,), scaled_sq_norms(g))
             else:
-                accumulate(self.sums, str(handler.weight_name),
-                           combine(self.coef[:, handler.layer], full))
-            sq = sq.masked_fill(unsure, 0.0)
-            b = b.clone()
-            b[rows] = 0
+                accumulate(self.sums, name, combine(self.coef[rows, handler.layer], g))
+            b = b.index_put((rows,), b.new_zeros(()))
         if self.coef is not None:
-            accumulate(self.sums, str(handler.weight_name), handler.weight_sum(
+            accumulate(self.sums, name, handler.weight_sum(
                 a, scale_rows(b, self.coef[:, handler.layer])))
             return
         self.sq[:, handler.layer] += sq
@@ -326,6 +351,14 @@ PATCHED = (RecurrentUnit, AttentionUnit)
 #: directly): one exact fallback covers all of their parameters.
 def _atomic_types() -> tuple[type, ...]:
     return (torch.nn.MultiheadAttention,)
+
+
+def handler_types() -> dict[type, type[Handler]]:
+    """The modules the engine has algebra for, and their handlers."""
+    nn_ = torch.nn
+    return {nn_.Linear: LinearHandler, nn_.Conv1d: Conv1dHandler, nn_.Conv2d: Conv2dHandler,
+            nn_.Embedding: EmbeddingHandler, nn_.EmbeddingBag: EmbeddingBagHandler,
+            nn_.GroupNorm: GroupNormHandler, nn_.LayerNorm: LayerNormHandler}
 
 
 def build_units(modules: Iterable[tuple[str, nn.Module]], layer_of: dict[str, int]

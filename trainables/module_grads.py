@@ -1,13 +1,13 @@
 """Per-module per-example gradient algebra for :mod:`trainables.engine`.
 
-One handler per parameterised module type (Linear, Conv1d, Conv2d, Embedding, GroupNorm,
-LayerNorm) turns a module's kept input ``a`` and output gradient ``b`` into per-example squared
-norms (ghost or materialised, chosen by :func:`choose`) and coefficient-weighted sums; any other
-module falls back to ``torch.func`` (:mod:`trainables.func_grads`). An Embedding whose
-forward or backward is not a per-example linear map (``max_norm``, ``scale_grad_by_freq``,
-``sparse``) is refused wherever it sits (:func:`check_embedding`). The costs and the reasons for
-each choice are in the engine's docstring; this module holds the algebra so the engine file
-holds the passes.
+One handler per parameterised module type (Linear, Conv1d, Conv2d, GroupNorm, LayerNorm here;
+Embedding and EmbeddingBag in :mod:`trainables.embedding_grads`) turns a module's kept input
+``a`` and output gradient ``b`` into per-example squared norms (ghost or materialised, each
+with its kernels: a :class:`Choice`) and coefficient-weighted sums; any other module falls back
+to ``torch.func`` (:mod:`trainables.func_grads`). Which choice runs is measured per trial
+(:mod:`trainables.engine_plan`); :func:`choose`, the cost model, decides where nothing was
+measured and breaks near-ties. The costs are in the engine's docstring; this module holds the
+algebra so the engine file holds the passes.
 """
 
 from __future__ import annotations
@@ -75,6 +75,41 @@ class Geometry:
         return self.fan_in * t * t
 
 
+#: Kernels: "native" is each path's default (for a Conv2d ghost norm, the shifted or the
+#: unfolded input Gram by ``Geometry.shifted_gram``; for its materialisation, the grouped
+#: weight-gradient kernel); "unfold" forms a Conv2d's per-example gradients, or its input Gram,
+#: from the unfolded patches with batched matrix products (no per-tap loop; fast on a GPU).
+KERNELS = ("native", "unfold")
+
+
+@dataclass(frozen=True)
+class Choice:
+    """How one module's weight is normed and summed: ``norm`` "ghost" or "materialize",
+    ``keep`` the per-example gradients for the weighted sum, and the ``kernel`` used."""
+
+    norm: str
+    keep: bool
+    kernel: str = "native"
+
+    @property
+    def label(self) -> str:
+        keep = " kept" if self.keep else (" dropped" if self.norm == "materialize" else "")
+        kernel = "" if self.kernel == "native" else f" ({self.kernel})"
+        return f"{self.norm}{keep}{kernel}"
+
+    def to_dict(self) -> dict[str, object]:
+        return {"norm": self.norm, "keep": self.keep, "kernel": self.kernel}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, object]) -> Choice:
+        """A choice read back from a plan cache: anything but a known choice is refused."""
+        norm, keep, kernel = d.get("norm"), d.get("keep"), d.get("kernel")
+        if norm not in ("ghost", "materialize") or not isinstance(keep, bool) \
+                or kernel not in KERNELS or (keep and norm == "ghost"):
+            raise ValueError(f"not a plan choice: {d!r}")
+        return cls(norm=str(norm), keep=keep, kernel=str(kernel))
+
+
 def choose(geometry: Geometry, *, strategy: str) -> tuple[str, bool]:
     """(norm algorithm, keep per-example gradients) for one module; see the module docstring."""
     t, d, p, g = geometry.positions, geometry.fan_in, geometry.fan_out, geometry.groups
@@ -103,7 +138,7 @@ def _slices(n: int, per_example: int) -> Iterator[slice]:
         yield slice(start, min(n, start + step))
 
 
-def _diagonal_bound(gram_a: torch.Tensor, gram_b: torch.Tensor) -> torch.Tensor:
+def diagonal_bound(gram_a: torch.Tensor, gram_b: torch.Tensor) -> torch.Tensor:
     """[B] float64 (sum_t ||a_t|| ||b_t||)^2 (summed over groups) from [B, (g,) T, T] Grams."""
     terms = (gram_a.diagonal(dim1=-2, dim2=-1).clamp_min(0)
              * gram_b.diagonal(dim1=-2, dim2=-1).clamp_min(0)).sqrt().sum(-1)
@@ -111,7 +146,7 @@ def _diagonal_bound(gram_a: torch.Tensor, gram_b: torch.Tensor) -> torch.Tensor:
     return terms.reshape(terms.shape[0], -1).sum(1)
 
 
-def _terms_bound(a3: torch.Tensor, b3: torch.Tensor) -> torch.Tensor:
+def terms_bound(a3: torch.Tensor, b3: torch.Tensor) -> torch.Tensor:
     """[B] float64 (sum_t ||a_t|| ||b_t||)^2 of [B, T, *] factors, at unit scale per example."""
     (ua, sa), (ub, sb) = row_scale(a3), row_scale(b3)
     terms = (torch.linalg.vector_norm(ua, dim=2) * torch.linalg.vector_norm(ub, dim=2)).sum(1)
@@ -162,13 +197,27 @@ class Handler:
             out[self.bias_name] = self.bias_per_example(b)
         return out
 
-    def weight_per_example(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    def weight_per_example(self, a: torch.Tensor, b: torch.Tensor, *,
+                           kernel: str = "native") -> torch.Tensor:
         raise NotImplementedError
 
     def bias_per_example(self, b: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def weight_ghost_sq(self, a: torch.Tensor, b: torch.Tensor
+    def candidates(self, geometry: Geometry) -> list[Choice]:
+        """Every way this module's weight can be normed and summed at ``geometry`` (what a
+        measured plan times): ghost, and materialised kept (where ``KEEP_RATIO`` allows the
+        memory) or dropped."""
+        keep = geometry.fan_in <= KEEP_RATIO * geometry.positions
+        out = [Choice("ghost", False), Choice("materialize", False)]
+        return [*out, Choice("materialize", True)] if keep else out
+
+    def cost_choice(self, geometry: Geometry, *, strategy: str) -> Choice:
+        """The cost model's choice (:func:`choose`)."""
+        norm, keep = choose(geometry, strategy=strategy)
+        return Choice(norm, keep)
+
+    def weight_ghost_sq(self, a: torch.Tensor, b: torch.Tensor, *, kernel: str = "native"
                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """([B] squared norms, [B] ``cancellation_bound`` read off the Grams' diagonals, or
         None where nothing can cancel)."""
@@ -178,21 +227,23 @@ class Handler:
         """sum_i a_i^T bc_i with the native kernel (bc: output gradients already scaled)."""
         raise NotImplementedError
 
-    def transient(self, geometry: Geometry, *, ghost: bool) -> int:
+    def transient(self, geometry: Geometry, *, ghost: bool, kernel: str = "native") -> int:
         """Elements per example of the temporaries of one norm computation."""
+        del kernel
         t, d, p, g = geometry.positions, geometry.fan_in, geometry.fan_out, geometry.groups
         return g * (d * t + 2 * t * t) if ghost else g * p * d
 
     def weight_sq(self, a: torch.Tensor, b: torch.Tensor, *, geometry: Geometry,
-                  ghost: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+                  ghost: bool, kernel: str = "native"
+                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """([B] squared norms of the weight's per-example gradients, [B] their
         ``cancellation_bound``), slice by slice."""
         parts, bounds = [], []
-        for s in _slices(a.shape[0], self.transient(geometry, ghost=ghost)):
+        for s in _slices(a.shape[0], self.transient(geometry, ghost=ghost, kernel=kernel)):
             if ghost:
-                sq, bound = self.weight_ghost_sq(a[s], b[s])
+                sq, bound = self.weight_ghost_sq(a[s], b[s], kernel=kernel)
             else:
-                sq = scaled_sq_norms(self.weight_per_example(a[s], b[s]))
+                sq = scaled_sq_norms(self.weight_per_example(a[s], b[s], kernel=kernel))
                 bound = self.cancellation_bound(a[s], b[s])
             parts.append(sq)
             bounds.append(bound)
@@ -222,7 +273,9 @@ class LinearHandler(Handler):
         return Geometry(positions=self._flat(b).shape[1], fan_in=a.shape[-1],
                         fan_out=b.shape[-1])
 
-    def weight_per_example(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    def weight_per_example(self, a: torch.Tensor, b: torch.Tensor, *,
+                           kernel: str = "native") -> torch.Tensor:
+        del kernel
         a3, b3 = self._flat(a), self._flat(b)
         if a3.shape[1] == 1:
             return b3[:, 0, :, None] * a3[:, 0, None, :]
@@ -231,15 +284,16 @@ class LinearHandler(Handler):
     def bias_per_example(self, b: torch.Tensor) -> torch.Tensor:
         return self._flat(b).sum(1)
 
-    def weight_ghost_sq(self, a: torch.Tensor, b: torch.Tensor
+    def weight_ghost_sq(self, a: torch.Tensor, b: torch.Tensor, *, kernel: str = "native"
                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        del kernel
         a3, b3 = self._flat(a), self._flat(b)
         if a3.shape[1] == 1:  # one term: its norm is exact, nothing can cancel
             return scaled_sq_norms(a3[:, 0]) * scaled_sq_norms(b3[:, 0]), None
         (ua, sa), (ub, sb) = row_scale(a3), row_scale(b3)
         gram_a, gram_b = torch.bmm(ua, ua.transpose(1, 2)), torch.bmm(ub, ub.transpose(1, 2))
         scale = (sa * sb).square()
-        return row_sums(gram_a * gram_b) * scale, _diagonal_bound(gram_a, gram_b) * scale
+        return row_sums(gram_a * gram_b) * scale, diagonal_bound(gram_a, gram_b) * scale
 
     def weight_sum(self, a: torch.Tensor, bc: torch.Tensor) -> torch.Tensor:
         return bc.reshape(-1, bc.shape[-1]).t() @ a.reshape(-1, a.shape[-1])
@@ -248,7 +302,7 @@ class LinearHandler(Handler):
         a3, b3 = self._flat(a), self._flat(b)
         if a3.shape[1] == 1:  # one term: its norm is exact
             return super().cancellation_bound(a, b)
-        return _terms_bound(a3, b3)
+        return terms_bound(a3, b3)
 
 
 class Conv2dHandler(Handler):
@@ -303,10 +357,18 @@ class Conv2dHandler(Handler):
                         fan_out=m.out_channels // m.groups, groups=m.groups, taps=kh * kw,
                         padded_positions=(a.shape[2] + 2 * ph) * (a.shape[3] + 2 * pw))
 
-    def transient(self, geometry: Geometry, *, ghost: bool) -> int:
+    def candidates(self, geometry: Geometry) -> list[Choice]:
+        """The base candidates, each also with the other kernel (unfolded patches)."""
+        base = super().candidates(geometry)
+        return base + [Choice(c.norm, c.keep, "unfold") for c in base]
+
+    def transient(self, geometry: Geometry, *, ghost: bool, kernel: str = "native") -> int:
+        t, g = geometry.positions, geometry.groups
+        if kernel == "unfold":  # the unfolded patches, and the Grams or the gradients
+            extra = 2 * t * t if ghost else geometry.fan_out * geometry.fan_in
+            return g * (geometry.fan_in * t + extra)
         if not ghost:
             return super().transient(geometry, ghost=ghost)
-        t, g = geometry.positions, geometry.groups
         if geometry.shifted_gram:
             return g * (geometry.padded_positions ** 2 + (geometry.taps + 2) * t * t)
         return g * (geometry.fan_in * t + 2 * t * t)
@@ -324,9 +386,7 @@ class Conv2dHandler(Handler):
         if shifted is None:
             shifted = self.geometry(a, a).shifted_gram
         if not shifted:
-            u = torch.nn.functional.unfold(a, self.kernel_size, dilation=self.dilation,
-                                           padding=self.padding, stride=self.stride)
-            u = u.view(n, g, -1, u.shape[-1])  # [n, g, d, T]
+            u = self._unfolded(a)
             return torch.matmul(u.transpose(2, 3), u)
         ph, pw = self.padding
         padded = torch.nn.functional.pad(a, (pw, pw, ph, ph)) if ph or pw else a
@@ -355,9 +415,20 @@ class Conv2dHandler(Handler):
             b, a, weight, None, list(self.stride), list(self.padding), list(self.dilation),
             False, [0, 0], groups, [False, True, False])[1]
 
-    def weight_per_example(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    def _unfolded(self, a: torch.Tensor) -> torch.Tensor:
+        """[n, g, d, T] patches of each example's input, per group."""
+        u = torch.nn.functional.unfold(a, self.kernel_size, dilation=self.dilation,
+                                       padding=self.padding, stride=self.stride)
+        return u.view(a.shape[0], self.module.groups, -1, u.shape[-1])
+
+    def weight_per_example(self, a: torch.Tensor, b: torch.Tensor, *,
+                           kernel: str = "native") -> torch.Tensor:
         m = self.module
         n, b = a.shape[0], self._4d(b)
+        if kernel == "unfold":  # [n, g, p, T] x [n, g, T, d]: one batched product
+            u = self._unfolded(a)
+            bf = b.reshape(n, m.groups, -1, u.shape[-1])
+            return torch.matmul(bf, u.transpose(2, 3)).view(n, *m.weight.shape)
         a1 = a.reshape(1, n * a.shape[1], *a.shape[2:])
         b1 = b.reshape(1, n * b.shape[1], *b.shape[2:])
         shape = (n * m.out_channels, *self.kernel_shape[1:])
@@ -366,14 +437,15 @@ class Conv2dHandler(Handler):
     def bias_per_example(self, b: torch.Tensor) -> torch.Tensor:
         return b.sum(tuple(range(2, b.dim())))
 
-    def weight_ghost_sq(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    def weight_ghost_sq(self, a: torch.Tensor, b: torch.Tensor, *, kernel: str = "native"
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
         n, g = a.shape[0], self.module.groups
         (ua, sa), (ub, sb) = row_scale(a), row_scale(b)
-        gram_a = self._input_gram(ua)
+        gram_a = self._input_gram(ua, shifted=False if kernel == "unfold" else None)
         bf = ub.reshape(n, g, -1, gram_a.shape[-1])  # [n, g, p, T]
         gram_b = torch.matmul(bf.transpose(2, 3), bf)
         scale = (sa * sb).square()
-        return row_sums(gram_a * gram_b) * scale, _diagonal_bound(gram_a, gram_b) * scale
+        return row_sums(gram_a * gram_b) * scale, diagonal_bound(gram_a, gram_b) * scale
 
     def weight_sum(self, a: torch.Tensor, bc: torch.Tensor) -> torch.Tensor:
         m = self.module
@@ -453,129 +525,3 @@ class LayerNormHandler(NormHandler):
 
     def reduce_dims(self, a: torch.Tensor) -> tuple[int, ...]:
         return tuple(range(1, a.dim() - len(self.module.normalized_shape)))
-
-
-def check_embedding(module: nn.Module, qualname: str) -> None:
-    """Refuse an Embedding whose gradient is not a per-example linear map of its output
-    gradient, wherever it sits (handled, or in a block that falls back to ``torch.func``).
-
-    Refused rather than left to the fallback, which would not make them sound:
-
-    * ``max_norm``: forward renormalises the looked-up rows *in place*, so the weights change
-      with the private batch's tokens outside the noised update (an unnoised release), and a
-      chunked view's recomputed forward would see other weights.
-    * ``scale_grad_by_freq``: backward divides each row by the token's count in the whole
-      batch, so one example's gradient depends on the others and adding an example rescales
-      everyone's contribution: clipping no longer bounds one example's influence.
-    * ``sparse``: only the layout of autograd's ``.grad``; the engine's sums are dense and the
-      noised gradient is dense in every row anyway, while ``torch.func`` (the fallback and the
-      reference) cannot differentiate it. ``sparse=False`` computes the same values.
-    """
-    reasons = [why for flag, why in (
-        (module.max_norm is not None, "max_norm rewrites the weight inside forward"),
-        (module.scale_grad_by_freq, "scale_grad_by_freq makes each example's gradient depend "
-                                    "on the batch's token counts"),
-        (module.sparse, "sparse gradients have no per-example form in torch.func"))
-        if flag]
-    if reasons:
-        from core.errors import UserInputError
-
-        raise UserInputError(field=f"model.{qualname}", value=type(module).__name__,
-                             allowed=f"an Embedding with max_norm=None, "
-                                     f"scale_grad_by_freq=False and sparse=False "
-                                     f"({'; '.join(reasons)})")
-
-
-class EmbeddingHandler(Handler):
-    """``nn.Embedding`` on token ids [B] or [B, *] (T positions per example).
-
-    Its weight gradient is a^T b with a the one-hot ids: example i's gradient adds output
-    gradient row b_t into vocabulary row id_t. Ghost norm: ||g_i||^2 = sum over position pairs
-    with the same token of <b_t, b_t'> (T^2 p, no V-sized tensor); materialised: a dense
-    [V, p] scatter per example. Positions holding ``padding_idx`` get no gradient, as in
-    PyTorch (their b rows are zeroed before either path).
-    """
-
-    kind = "Embedding"
-    batch_anywhere = True
-
-    def __init__(self, module: nn.Module, *, qualname: str, layer: int,
-                 trainable: set[str] | None = None) -> None:
-        check_embedding(module, qualname)
-        super().__init__(module, qualname=qualname, layer=layer, trainable=trainable)
-
-    def prepare(self, a: torch.Tensor) -> torch.Tensor:
-        return a.detach().reshape(a.shape[0], -1).long()  # [B, T]
-
-    def _rows(self, ids: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        """[B, T, p] output gradient, zero at padding positions."""
-        b3 = b.reshape(ids.shape[0], ids.shape[1], b.shape[-1])
-        pad = self.module.padding_idx
-        return b3 if pad is None else b3.masked_fill((ids == pad).unsqueeze(-1), 0.0)
-
-    def geometry(self, a: torch.Tensor, b: torch.Tensor) -> Geometry:
-        del b
-        m = self.module
-        return Geometry(positions=a.shape[1], fan_in=m.num_embeddings, fan_out=m.embedding_dim,
-                        index_input=True)
-
-    def transient(self, geometry: Geometry, *, ghost: bool) -> int:
-        t, d, p = geometry.positions, geometry.fan_in, geometry.fan_out
-        return 2 * t * t + t * p if ghost else d * p
-
-    def weight_per_example(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        n, v = a.shape[0], self.module.num_embeddings
-        b3 = self._rows(a, b)
-        rows = (a + v * torch.arange(n, device=a.device).unsqueeze(1)).reshape(-1)
-        out = b3.new_zeros(n * v, b3.shape[-1])
-        return out.index_add_(0, rows, b3.reshape(-1, b3.shape[-1])).view(n, v, -1)
-
-    def weight_ghost_sq(self, a: torch.Tensor, b: torch.Tensor
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
-        ub, sb = row_scale(self._rows(a, b))
-        same = (a.unsqueeze(2) == a.unsqueeze(1)).to(ub.dtype)  # [B, T, T]
-        gram_b = torch.bmm(ub, ub.transpose(1, 2))
-        scale = sb.square()
-        return row_sums(gram_b * same) * scale, _diagonal_bound(same, gram_b) * scale
-
-    def cancellation_bound(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        rows = self._rows(a, b)
-        return _terms_bound(torch.ones_like(rows[..., :1]), rows)
-
-    def weight_sum(self, a: torch.Tensor, bc: torch.Tensor) -> torch.Tensor:
-        m = self.module
-        pad = -1 if m.padding_idx is None else m.padding_idx
-        return torch.ops.aten.embedding_dense_backward(
-            bc.reshape(-1, bc.shape[-1]), a.reshape(-1), m.num_embeddings, pad, False)
-
-
-class EmbeddingBagHandler(EmbeddingHandler):
-    """``nn.EmbeddingBag`` (``mode`` "sum" or "mean") on ids [B, T], one bag per example: the
-    Embedding rules with output-gradient row b_t = b_bag (sum) or b_bag / (positions not
-    holding ``padding_idx``) (mean), zero at padding. Offsets (1-D input) and per-sample
-    weights are other inputs, so the engine's one-input hook refuses them by name (the exact
-    path over the whole model takes such a model); mode "max" takes the exact fallback."""
-
-    kind = "EmbeddingBag"
-    batch_anywhere = False
-
-    def _rows(self, ids: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        pad = self.module.padding_idx
-        keep = torch.ones(ids.shape, dtype=b.dtype, device=b.device) if pad is None \
-            else (ids != pad).to(b.dtype)
-        if self.module.mode == "mean":
-            keep = keep / keep.sum(dim=1, keepdim=True).clamp_min(1)
-        return b.reshape(ids.shape[0], 1, -1) * keep.unsqueeze(-1)
-
-    def weight_sum(self, a: torch.Tensor, bc: torch.Tensor) -> torch.Tensor:
-        rows = self._rows(a, bc)
-        return torch.ops.aten.embedding_dense_backward(
-            rows.reshape(-1, rows.shape[-1]), a.reshape(-1), self.module.num_embeddings, -1,
-            False)
-
-
-def handler_types() -> dict[type, type[Handler]]:
-    nn_ = torch.nn
-    return {nn_.Linear: LinearHandler, nn_.Conv1d: Conv1dHandler, nn_.Conv2d: Conv2dHandler,
-            nn_.Embedding: EmbeddingHandler, nn_.EmbeddingBag: EmbeddingBagHandler,
-            nn_.GroupNorm: GroupNormHandler, nn_.LayerNorm: LayerNormHandler}

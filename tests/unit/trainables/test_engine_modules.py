@@ -32,10 +32,11 @@ from tests.contract.conformance import (
     make_method,
     token_task,
 )
+from trainables.embedding_grads import EmbeddingHandler
 from trainables.engine import GradEngine, PerExampleView
 from trainables.methods import METHODS
 from trainables.models import LayeredModel
-from trainables.module_grads import EmbeddingHandler, Geometry, choose
+from trainables.module_grads import Geometry, choose
 from trainables.norms import scaled_sq_norms
 from trainables.randomness import Randomness, poisson_batches
 

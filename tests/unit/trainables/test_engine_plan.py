@@ -1,0 +1,177 @@
+"""The plan by measurement: every candidate is exact, the fastest is kept (the cost model breaks
+near-ties), the plan is cached per device and shapes and a bad cache is measured again, and the
+step reads nothing on the host."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from tests.unit.trainables.test_engine import (
+    _batch,
+    _coef,
+    _conv_variants,
+    _sequence_model,
+)
+from trainables import engine_plan
+from trainables.engine import GradEngine
+from trainables.host_reads import HostRead, forbid_host_reads
+from trainables.models import LayeredModel
+from trainables.module_grads import Choice, Geometry, Handler
+
+RTOL = 1e-9
+ATOL = 1e-12
+
+
+def _forcing(target: Choice | None) -> object:
+    """A stand-in for ``time_candidates`` that makes ``target`` (per module, when it is a
+    candidate there) the fastest by far, and every other candidate slower."""
+    def fake(handler: Handler, a: torch.Tensor, b: torch.Tensor,
+             geometry: Geometry) -> dict[Choice, float]:
+        del a, b
+        return {c: (0.001 if c == target else 1.0 + i)
+                for i, c in enumerate(handler.candidates(geometry))}
+    return fake
+
+
+def _token_conv_model() -> LayeredModel:
+    torch.manual_seed(6)
+    return LayeredModel([
+        ("embed", nn.Sequential(nn.Embedding(11, 6, padding_idx=0))),
+        ("conv", nn.Sequential(_Transpose(), nn.Conv1d(6, 4, 3, padding=1), nn.Tanh())),
+        ("out", nn.Sequential(nn.Flatten(), nn.Linear(4 * 5, 3))),
+    ], num_classes=3).double()
+
+
+class _Transpose(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.transpose(1, 2)
+
+
+CANDIDATES = [Choice("ghost", False), Choice("materialize", False), Choice("materialize", True),
+              Choice("ghost", False, "unfold"), Choice("materialize", False, "unfold"),
+              Choice("materialize", True, "unfold")]
+
+
+@pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel")
+@pytest.mark.parametrize("target", CANDIDATES, ids=lambda c: c.label)
+@pytest.mark.parametrize("build", [_conv_variants, _sequence_model, _token_conv_model])
+def test_every_candidate_gives_the_reference_norms_and_sums(
+        target: Choice, build: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever a measurement picks, the norms and weighted sums are the vmap reference's."""
+    model = build()
+    if build is _token_conv_model:
+        g = torch.Generator().manual_seed(1)
+        x, y = torch.randint(0, 11, (6, 5), generator=g), torch.randint(0, 3, (6,), generator=g)
+    else:
+        x, y = _batch((2, 9, 9) if build is _conv_variants else (12,), 6, classes=3)
+    live = [True] * len(model.layer_names)
+    monkeypatch.setattr(engine_plan, "time_candidates", _forcing(target))
+    engine = GradEngine(model, max_physical_batch=4)
+    timings = engine.measure_plan(x, y, live=live)
+    forced = [t for t in timings if t.choice == target]
+    assert forced or target.kernel == "unfold" or target.keep  # not every module offers all
+    ref = GradEngine(model, strategy="vmap").compute(x, y, live=live)
+    view = engine.compute(x, y, live=live)
+    torch.testing.assert_close(view.norms, ref.norms, rtol=RTOL, atol=ATOL)
+    coef = _coef(x.shape[0], len(live))
+    got, want = view.weighted_sum(coef), ref.weighted_sum(coef)
+    for name, w in want.items():
+        torch.testing.assert_close(got[name], w, rtol=RTOL, atol=ATOL, msg=name)
+
+
+def test_the_fastest_is_kept_unless_the_cost_model_is_within_the_tie() -> None:
+    ghost, kept = Choice("ghost", False), Choice("materialize", True)
+    assert engine_plan.pick({ghost: 1.0, kept: 2.0}, cost=kept) == ghost
+    assert engine_plan.pick({ghost: 1.0, kept: 1.0 + engine_plan.TIE / 2}, cost=kept) == kept
+    assert engine_plan.pick({ghost: 1.0, kept: math.inf}, cost=kept) == ghost
+
+
+def test_real_timing_runs_every_candidate_once_and_plan_prints_it() -> None:
+    model = _conv_variants()
+    x, y = _batch((2, 9, 9), 4, classes=3)
+    engine = GradEngine(model)
+    timings = engine.measure_plan(x, y, live=[True] * 4)
+    conv = next(t for t in timings if t.kind == "Conv2d" and t.source == "measured")
+    assert set(conv.timings_ms) == {c.label for c in CANDIDATES}
+    assert all(v > 0 for v in conv.timings_ms.values())
+    text = "\n".join(p.describe() for p in engine.plan(x[:1]))
+    assert "[measured]" in text and "ms" in text
+
+
+def test_the_plan_is_cached_and_a_bad_cache_is_measured_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _sequence_model()
+    x, y = _batch((12,), 6, classes=3)
+    live = [True] * 3
+    monkeypatch.setattr(engine_plan, "time_candidates", _forcing(Choice("materialize", False)))
+    first = GradEngine(model).measure_plan(x, y, live=live, cache=tmp_path)
+    files = list(tmp_path.glob(f"{engine_plan.PLAN_PREFIX}*.json"))
+    assert len(files) == 1 and {t.source for t in first} >= {"measured"}
+
+    def refuse(*_a: object) -> None:
+        raise AssertionError("a cached plan was timed again")
+
+    monkeypatch.setattr(engine_plan, "time_candidates", refuse)
+    again = GradEngine(model).measure_plan(x, y, live=live, cache=tmp_path)
+    assert [t.choice for t in again] == [t.choice for t in first]
+    assert {t.source for t in again} <= {"cache", "cost model"}
+
+    data = json.loads(files[0].read_text())
+    data["modules"][0]["choice"] = {"norm": "ghost", "keep": True, "kernel": "native"}
+    files[0].write_text(json.dumps(data))
+    monkeypatch.setattr(engine_plan, "time_candidates", _forcing(Choice("ghost", False)))
+    remeasured = GradEngine(model).measure_plan(x, y, live=live, cache=tmp_path)
+    assert "measured" in {t.source for t in remeasured}
+    # another batch size is another shape: measured, not read
+    other = GradEngine(model).measure_plan(x[:5], y[:5], live=live, cache=tmp_path)
+    assert "measured" in {t.source for t in other}
+    assert len(list(tmp_path.glob(f"{engine_plan.PLAN_PREFIX}*.json"))) == 2
+
+
+def test_a_step_reads_nothing_on_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Norms and weighted sums under the guard, on every candidate's path."""
+    model = _conv_variants()
+    x, y = _batch((2, 9, 9), 6, classes=3)
+    live = [True] * 4
+    for target in CANDIDATES:
+        monkeypatch.setattr(engine_plan, "time_candidates", _forcing(target))
+        engine = GradEngine(model, max_physical_batch=4)
+        engine.measure_plan(x, y, live=live)
+        coef = _coef(6, 4)
+        engine.compute(x, y, live=live).weighted_sum(coef)  # warm (probes read)
+        with forbid_host_reads():
+            view = engine.compute(x, y, live=live)
+            view.weighted_sum(coef)
+    with pytest.raises(HostRead), forbid_host_reads():
+        float(view.norms.sum())  # the guard itself can fail
+
+
+def test_a_cancelling_gradient_is_given_nothing_where_the_host_may_not_read() -> None:
+    """On an accelerator (the guard) an example whose terms cancel below float32's resolution
+    gets an infinite norm (a zero coefficient) and is counted, with no read; on the CPU it is
+    materialised exactly."""
+    model = LayeredModel([("fc", nn.Sequential(nn.Unflatten(1, (2, 3)), nn.Linear(3, 2))),
+                          ("out", nn.Sequential(nn.Flatten(), nn.Linear(4, 3)))],
+                         num_classes=3)
+    x = torch.randn(4, 6)
+    x[0, 3:] = -x[0, :3]  # example 0: two positions whose inputs cancel exactly ...
+    y = torch.tensor([0, 1, 2, 0])
+    with torch.no_grad():
+        model.blocks["out"][1].weight.zero_()  # ... under equal output gradients at both
+        model.blocks["out"][1].weight[:, :2] = 1.0
+        model.blocks["out"][1].weight[:, 2:] = 1.0
+    engine = GradEngine(model, strategy="ghost")
+    cpu = engine.compute(x, y, live=[True, True])
+    assert engine.dropped() == 0 and bool(torch.isfinite(cpu.norms).all())
+    with forbid_host_reads():
+        view = engine.compute(x, y, live=[True, True])
+        released = view.weighted_sum(torch.ones(4, 2))
+    assert math.isinf(float(view.norms[0, 0])) and bool(torch.isfinite(view.norms[1:]).all())
+    assert engine.dropped() == 1
+    assert bool(torch.isfinite(released["blocks.fc.1.weight"]).all())
