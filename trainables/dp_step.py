@@ -32,7 +32,7 @@ silently spend more than it was granted.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -43,6 +43,7 @@ from core.modes import Mode
 from core.params import Param, ParamSet, ValidatedParams
 from core.schedule import Schedule
 from trainables.engine import GradEngine, PerExampleView
+from trainables.host_reads import host_resident
 from trainables.norms import scaled_sq_norms
 from trainables.optim import Update
 from trainables.trainable import TrainableLayers, trainable_layers
@@ -104,7 +105,8 @@ def example_norms(norms: torch.Tensor) -> torch.Tensor:
 
 
 def bound_coefficients(coef: torch.Tensor, norms: torch.Tensor, *, sensitivity: float,
-                       layer_bounds: list[float] | None) -> tuple[torch.Tensor, torch.Tensor]:
+                       layer_bounds: Sequence[float] | torch.Tensor | None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """(coefficients capped so every realised contribution meets the bound, each example's
     requested realised norm over its bound).
 
@@ -112,13 +114,16 @@ def bound_coefficients(coef: torch.Tensor, norms: torch.Tensor, *, sensitivity: 
     ``layer_bounds[l]`` per layer where the method declares per-layer bounds, else
     ``sensitivity`` on the example's whole contribution. Computed in float64 from the engine's
     float64 norms, so the cap is exact up to the rounding of the float32 products that follow.
+    ``layer_bounds`` may be a tensor on the norms' device already (:meth:`DPStep.bounded`
+    passes one: copying a list to an accelerator every step would wait for it).
     """
     n = norms.to(torch.float64)
     c = coef.to(device=n.device, dtype=torch.float64)
     c = torch.where((n > 0) & torch.isfinite(c), c, torch.zeros_like(c)).clamp(0, MAX_COEFFICIENT)
     realised = c * n
     if layer_bounds is not None:
-        bounds = torch.tensor(layer_bounds, dtype=torch.float64, device=n.device).unsqueeze(0)
+        bounds = (layer_bounds if isinstance(layer_bounds, torch.Tensor) else torch.tensor(
+            layer_bounds)).to(device=n.device, dtype=torch.float64).unsqueeze(0)
         ratio = torch.where(bounds > 0, realised / bounds,
                             torch.where(realised > 0, math.inf, 0.0))
         c = c * torch.where(ratio > 1, 1 / ratio, 1.0)
@@ -196,11 +201,19 @@ class PublicData:
     x: torch.Tensor
     y: torch.Tensor
     generator: torch.Generator
+    #: Where batches are used (the model's device), when the pool stays in host memory.
+    device: torch.device | None = None
 
     def batch(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """A uniform batch of the public pool (no privacy cost: not private data)."""
-        idx = torch.randperm(self.x.shape[0], generator=self.generator)[:size].to(self.x.device)
-        return self.x[idx], self.y[idx]
+        """A uniform batch of the public pool (no privacy cost: not private data), on the
+        model's device; its order is drawn on the host and copied without a wait."""
+        from trainables.randomness import to_device
+
+        idx = torch.randperm(self.x.shape[0], generator=self.generator)[:size]
+        x, y = self.x[to_device(idx, self.x.device)], self.y[to_device(idx, self.y.device)]
+        if self.device is None:
+            return x, y
+        return to_device(x, self.device), to_device(y, self.device)
 
 
 class DPStep:
@@ -325,16 +338,46 @@ class DPStep:
         self.randomness = randomness
         self.max_physical_batch = max_physical_batch
         self.layer_of = self.model.layer_of_parameter()
+        first = next(iter(self.model.parameters()), None)
+        #: Where the model trains, and where a method keeps the state its step reads.
+        self.device = torch.device("cpu") if first is None else first.device
         self.num_layers = len(self.model.layer_names)
         self.step_count = 0
-        #: Example-steps whose own coefficients overreached the bound and were capped by the
-        #: guard (0 for a sound rule; recorded with the trial's privacy record).
-        self.guard_capped = 0
-        #: The largest requested realised norm over its bound at the last guarded release.
-        self.last_guard_ratio = 0.0
+        #: The guard's counters (:attr:`guard_capped`, :attr:`last_guard_ratio`), tensors on
+        #: the device once a release has been guarded: a step never reads them.
+        self._guard_capped: torch.Tensor | int = 0
+        self._guard_ratio: torch.Tensor | float = 0.0
+        self._constants: dict[str, tuple[tuple[Any, ...], torch.Tensor]] = {}  # by name
         self.ledger = Ledger(sample_rate=sample_rate)
         self.optimizer = self._make_optimizer(lr=self.lr, momentum=float(p.get("momentum", 0.0)))
         self.engine = GradEngine(self.model, max_physical_batch=max_physical_batch)
+
+    # ---- the guard's counters: on the device, read where they are recorded -------------------
+    @property
+    def guard_capped(self) -> int:
+        """Example-steps whose own coefficients overreached the bound and were capped by the
+        guard (0 for a sound rule; recorded with the trial's privacy record). Counted on the
+        device: reading it waits for the device, so only the record and a checkpoint do."""
+        return int(self._guard_capped)
+
+    @property
+    def last_guard_ratio(self) -> float:
+        """The largest requested realised norm over its bound at the last guarded release."""
+        return float(self._guard_ratio)
+
+    def device_constant(self, name: str, values: Sequence[float], *, device: torch.device,
+                        dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        """``values`` as a tensor on ``device``, copied again only when they change (a refresh,
+        a controller step): a copy from the host to an accelerator per step would make the
+        host wait for the device's queue, as ``torch.tensor(..., device=...)`` does."""
+        key = (tuple(float(v) for v in values), str(device), dtype)
+        held = self._constants.get(name)
+        if held is None or held[0] != key:
+            from trainables.randomness import to_device
+
+            held = (key, to_device(torch.tensor(key[0], dtype=dtype), torch.device(device)))
+            self._constants[name] = held
+        return held[1]
 
     # ---- validity (derived from the mode's declaration) --------------------------------------
     @property
@@ -410,11 +453,14 @@ class DPStep:
         """The final guard on every release: ``coef`` capped so that each example's realised
         contribution meets ``layer_bounds()`` / ``sensitivity()`` whatever the rule computed
         (an underflowed norm, an overflowing coefficient, a bug); caps beyond rounding are
-        counted in ``guard_capped``."""
-        capped, ratio = bound_coefficients(coef, norms, sensitivity=self.sensitivity(),
-                                           layer_bounds=self.layer_bounds())
-        self.last_guard_ratio = float(ratio.max()) if ratio.numel() else 0.0
-        self.guard_capped += int((ratio > 1 + GUARD_ROUNDING).sum())
+        counted in ``guard_capped``. Nothing is read on the host: the counters stay tensors."""
+        bounds = self.layer_bounds()
+        capped, ratio = bound_coefficients(
+            coef, norms, sensitivity=self.sensitivity(),
+            layer_bounds=None if bounds is None else self.device_constant(
+                "layer_bounds", bounds, device=norms.device))
+        self._guard_ratio = ratio.max() if ratio.numel() else ratio.new_zeros(())
+        self._guard_capped = self._guard_capped + (ratio > 1 + GUARD_ROUNDING).sum()
         return capped
 
     def clip(self, view: PerExampleView) -> dict[str, torch.Tensor]:
@@ -471,6 +517,13 @@ class DPStep:
             g = noisy.get(n)
             p.grad = None if g is None else g / self.expected_batch_size
         self.optimizer.step()
+        self._mark_host_counters()
+
+    def _mark_host_counters(self) -> None:
+        """Adam's step counters stay on the host beside parameters on any device (torch's
+        ``capturable=False``), and torch reads them every step without waiting for the device:
+        marked so that the host-read guard knows them (``trainables.host_reads``)."""
+        host_resident(*(s["step"] for s in self.optimizer.state.values() if "step" in s))
 
     # ---- phase 6 -----------------------------------------------------------------------------
     def end_step(self, noisy: dict[str, torch.Tensor]) -> None:
@@ -535,9 +588,10 @@ class DPStep:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
+        self._mark_host_counters()
         self.randomness.load_state(state["randomness"])
         self.step_count = int(state["step_count"])
-        self.guard_capped = int(state["guard_capped"])
+        self._guard_capped = int(state["guard_capped"])
         self.ledger = Ledger.from_dict(state["ledger"])
         if self.public is not None and state.get("public_rng") is not None:
             self.public.generator.set_state(state["public_rng"])

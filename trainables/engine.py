@@ -337,7 +337,7 @@ class GradEngine:
         x, y = x[:self.max_physical_batch], y[:self.max_physical_batch]
         self.probe(x)
         p, _ = self._run(x, y, live=[bool(v) for v in live], coef=None, capture=True)
-        captured = p.capture or []
+        captured = (p.capture or [])[::-1]  # caught in backward order: forward order
         key = plan_key(device=x.device, dtype=self._dtype(), rows=x.shape[0],
                        captured=captured)
         found = measure(captured, strategy=self.strategy, cache=cache, key=key)

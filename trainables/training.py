@@ -33,6 +33,13 @@ from trainables.dp_step import DEFAULT_PHYSICAL_BATCH, DPStep, PublicData
 from trainables.methods import get_method
 from trainables.model_source import ModelSource
 from trainables.models import LayeredModel
+from trainables.placement import (
+    ON_DEVICE,
+    decide_placement,
+    ensure_headroom,
+    gather,
+    place,
+)
 from trainables.randomness import Randomness, poisson_batches
 
 CHECKPOINT_FORMAT = "dpsweep-checkpoint"
@@ -60,6 +67,9 @@ class TrialSpec:
     ``method_params`` are the method's validated hyperparameters (its declaration: mode, lr,
     clip_norm, ...). ``seed`` fixes initialisation and public-batch order only; the noise and
     the Poisson sampling come from ``randomness`` (fresh OS entropy unless reproducible).
+    ``gpu_share`` is the fraction of one GPU the trial was given (``resources.gpus_per_trial``,
+    at most 1): on CUDA it caps the trial's memory (``trainables.placement``). It is written
+    only when below 1, so specs stored before it existed still compare equal.
     """
 
     method: str
@@ -85,12 +95,18 @@ class TrialSpec:
     max_physical_batch: int = DEFAULT_PHYSICAL_BATCH
     trial_id: str = "trial"
     extra: dict[str, Any] = field(default_factory=dict)
+    gpu_share: float = 1.0
 
     def __post_init__(self) -> None:
         # The one check of a spec's hyperparameters on the training side: a spec arrives as
         # plain data (Ray, spec.json, a checkpoint); a planner's already validated values pass.
         object.__setattr__(self, "method_params",
                            get_method(self.method).validate_params(self.method_params))
+        share = self.gpu_share
+        if isinstance(share, bool) or not isinstance(share, int | float) \
+                or not 0.0 < share <= 1.0:
+            raise UserInputError(field="resources.gpus_per_trial", value=share,
+                                 allowed="a share in (0, 1] of one GPU")
 
     @property
     def model_source(self) -> ModelSource:
@@ -121,8 +137,12 @@ class TrialSpec:
         return self.randomness != "reproducible"
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain, mutable data (what Ray ships and ``spec.json`` holds)."""
-        return {**asdict(self), "method_params": dict(self.method_params)}
+        """Plain, mutable data (what Ray ships and ``spec.json`` holds); ``gpu_share`` only
+        when below 1 (the class docstring)."""
+        d = {**asdict(self), "method_params": dict(self.method_params)}
+        if self.gpu_share == 1.0:
+            del d["gpu_share"]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrialSpec:
@@ -190,6 +210,9 @@ class _Run:
     steps_per_epoch: int
     device: torch.device
     history: list[dict[str, Any]]
+    #: Where the splits live (``trainables.placement``) and so where batches are drawn.
+    placement: str = ON_DEVICE
+    sample_device: torch.device | None = None
     epoch: int = 0
 
 
@@ -221,29 +244,39 @@ def _build(spec: TrialSpec, data: DataSplits | None) -> _Run:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed_model)
         model = build_trial_model(spec, data).to(device)
-    randomness = Randomness(kind=spec.randomness, device=device, seed=spec.seed)
+    placement = decide_placement(data, device=device, share=spec.gpu_share)
+    sample_device = device if placement == ON_DEVICE else torch.device("cpu")
+    randomness = Randomness(kind=spec.randomness, device=device, seed=spec.seed,
+                            sample_device=sample_device)
     method_cls = get_method(spec.method)
     method = method_cls(
         model=model, params=spec.method_params, noise_schedule=schedule, sample_rate=q,
         expected_batch_size=q * n, randomness=randomness, steps_per_epoch=steps_per_epoch,
-        public=PublicData(x=data.shadow.x.to(device), y=data.shadow.y.to(device),
-                          generator=torch.Generator().manual_seed(seed_public)),
+        public=PublicData(x=place(data.shadow.x, placement=placement, device=device),
+                          y=place(data.shadow.y, placement=placement, device=device),
+                          generator=torch.Generator().manual_seed(seed_public),
+                          device=None if placement == ON_DEVICE else device),
         max_physical_batch=spec.max_physical_batch,
     )
     return _Run(spec=spec, data=data, model=model, method=method, randomness=randomness,
-                sample_rate=q, steps_per_epoch=steps_per_epoch, device=device, history=[])
+                sample_rate=q, steps_per_epoch=steps_per_epoch, device=device, history=[],
+                placement=placement, sample_device=sample_device)
 
 
 @torch.no_grad()
 def evaluate(model: LayeredModel, x: torch.Tensor, y: torch.Tensor,
              *, chunk: int = 2048) -> tuple[float, float]:
-    """(accuracy, mean cross-entropy) over a split."""
-    correct, loss = 0, 0.0
+    """(accuracy, mean cross-entropy) over a split, on the model's device (a split kept in
+    host memory is copied a chunk at a time). Summed on the device, read once at the end."""
+    device = next(model.parameters()).device
+    correct = torch.zeros((), dtype=torch.int64, device=device)
+    loss = torch.zeros((), dtype=torch.float64, device=device)
     for i in range(0, x.shape[0], chunk):
-        out = model(x[i:i + chunk])
-        loss += float(F.cross_entropy(out, y[i:i + chunk], reduction="sum"))
-        correct += int((out.argmax(dim=1) == y[i:i + chunk]).sum())
-    return correct / x.shape[0], loss / x.shape[0]
+        xb, yb = x[i:i + chunk].to(device), y[i:i + chunk].to(device)
+        out = model(xb)
+        loss += F.cross_entropy(out, yb, reduction="sum").double()
+        correct += (out.argmax(dim=1) == yb).sum()
+    return int(correct) / x.shape[0], float(loss) / x.shape[0]
 
 
 def save_checkpoint(run: _Run, directory: Path) -> Path:
@@ -371,6 +404,9 @@ def privacy_record(run: _Run) -> PrivacyRecord:
         ledger=run.method.ledger.to_dict(),
         guard_capped=run.method.guard_capped,
         method_record={**run.method.extra_record(), "per_example_path": run.method.engine.path,
+                       "data_placement": run.placement,
+                       "engine_plan": [t.to_dict() for t in run.method.engine.timings],
+                       "cancellation_dropped": run.method.engine.dropped(),
                        "trained_layers": list(run.method.model.layer_names),
                        "trained_parameters": sum(run.method.model.layer_sizes()),
                        "model_parameters": sum(p.numel() for p in run.model.parameters()),
@@ -378,6 +414,21 @@ def privacy_record(run: _Run) -> PrivacyRecord:
         trajectories=run.method.trajectories(),
         versions=_versions(),
     )
+
+
+def plan_engine(run: _Run, *, cache: Path | None) -> None:
+    """Time the engine's candidates on one expected batch of the *public* pool (never private
+    examples: the plan is recorded), tiled if the pool is smaller (``GradEngine.measure_plan``).
+    A reproducible trial keeps the cost model's plan: timings differ between runs, and a replay
+    must take the same kernels to give the same bits."""
+    public = run.method.public
+    if public is None or len(public.y) == 0 or not run.randomness.release_safe:
+        return
+    rows = max(1, min(round(run.sample_rate * len(run.data.train)),
+                      run.method.engine.max_physical_batch))
+    idx = torch.arange(rows, device=public.x.device) % len(public.y)
+    x, y = public.x[idx].to(run.device), public.y[idx].to(run.device)
+    run.method.engine.measure_plan(x, y, live=run.method.trainable_layers(), cache=cache)
 
 
 def train_trial(
@@ -390,6 +441,7 @@ def train_trial(
     rolling_checkpoint: str | None = None,
     instrument: Callable[[DPStep], None] | None = None,
     evaluate_epochs: bool = True,
+    plan_cache: Path | None = None,
 ) -> TrialResult:
     """Train one model; checkpoint and report after every epoch.
 
@@ -403,18 +455,22 @@ def train_trial(
     never read, and evaluating it costs about a tenth of its training). ``instrument(method)``
     is called once with the built (and, on a resume, restored) method before the first step,
     so an audit can wrap its phases without a subclass (``trainables.audit.canaries``).
+    Before the first step the engine's plan is measured on public data (``plan_engine``;
+    ``plan_cache``: the run's cache folder, where the timings are kept per device and shapes).
     """
     start = time.perf_counter()
     run = _build(spec, data)
     if resume_from is not None:
         _restore(run, load_checkpoint_state(resume_from))
+    placed = {name: (place(getattr(run.data, name).x, placement=run.placement, device=run.device),
+                     place(getattr(run.data, name).y, placement=run.placement, device=run.device))
+              for name in ("train", "validation", "test")}
+    x_train, y_train = placed.pop("train")
+    splits = placed
+    plan_engine(run, cache=plan_cache)
+    ensure_headroom(run.method, x_train, y_train, device=run.device, share=spec.gpu_share)
     if instrument is not None:
         instrument(run.method)
-    x_train = run.data.train.x.to(run.device)
-    y_train = run.data.train.y.to(run.device)
-    splits = {name: (getattr(run.data, name).x.to(run.device),
-                     getattr(run.data, name).y.to(run.device))
-              for name in ("validation", "test")}
     last_dir: Path | None = resume_from
     while run.epoch < spec.epochs:
         t0 = time.perf_counter()
@@ -450,16 +506,22 @@ def train_trial(
 
 def _train_epoch(run: _Run, x_train: torch.Tensor, y_train: torch.Tensor) -> float:
     """One epoch of Poisson-sampled steps; the mean non-private training loss (never released).
+
+    The batches are drawn where the data are and gathered onto the model's device
+    (``trainables.placement``); the loss is summed on the device and read once, at the end of
+    the epoch, so no step waits for the device (a non-finite loss still ends the trial here).
     """
-    loss_sum, seen = 0.0, 0
+    loss_sum = torch.zeros((), dtype=torch.float64, device=run.device)
+    seen = 0
     run.model.train()
     for idx in poisson_batches(n=len(y_train), rate=run.sample_rate,
-                               steps=run.steps_per_epoch, randomness=run.randomness):
-        idx = idx.to(run.device)
-        losses = run.method.step(x_train[idx], y_train[idx])
-        loss_sum += float(losses.sum())
-        seen += int(losses.numel())
-    train_loss = loss_sum / max(seen, 1)
+                               steps=run.steps_per_epoch, randomness=run.randomness,
+                               device=run.sample_device or run.device):
+        x, y = gather(x_train, y_train, idx, device=run.device)
+        losses = run.method.step(x, y)
+        loss_sum += losses.detach().sum(dtype=torch.float64)
+        seen += losses.numel()
+    train_loss = float(loss_sum) / max(seen, 1)
     if not math.isfinite(train_loss):
         raise TrialDiverged(f"train loss became {train_loss} in epoch {run.epoch + 1}")
     run.model.eval()

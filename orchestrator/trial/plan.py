@@ -107,7 +107,14 @@ def plan_trial(cfg: Config, *, method: str | None = None, params: Mapping[str, A
         threads=cfg.resources.cpus_per_trial,
         max_physical_batch=cfg.training.max_physical_batch,
         trial_id=trial_id,
+        gpu_share=gpu_share(cfg.resources.gpus_per_trial),
     )
+
+
+def gpu_share(gpus_per_trial: float) -> float:
+    """The fraction of one GPU a trial may fill (``TrialSpec.gpu_share``): what Ray gives it,
+    at most a whole one (a multi-GPU trial trains on one); 1 without GPUs (unused there)."""
+    return min(1.0, float(gpus_per_trial)) if gpus_per_trial > 0 else 1.0
 
 
 def randomness_kind(cfg: Config) -> str:

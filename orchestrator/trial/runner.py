@@ -98,7 +98,8 @@ def execute(config: dict[str, Any], *,
         try:
             result: TrialResult = train_trial(
                 spec, data=data, checkpoint_root=trial_dir, rolling_checkpoint=CHECKPOINT_DIR,
-                resume_from=resumable_checkpoint(trial_dir, spec), report=per_epoch)
+                resume_from=resumable_checkpoint(trial_dir, spec), report=per_epoch,
+                plan_cache=Path(config["run_dir"]) / layout.CACHE)
         except TrialPruned as pruned:
             return _pruned_record(spec, trial_dir, pruned, history=history, started=started,
                                   started_at=started_at)

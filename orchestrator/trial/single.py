@@ -36,7 +36,7 @@ def train_single(cfg: Config, *, out: Path,
     try:
         trial_dir = run.trial_dir(TRIAL_ID)
         result = train_trial(spec, data=data, checkpoint_root=trial_dir,
-                             rolling_checkpoint=CHECKPOINT_DIR,
+                             rolling_checkpoint=CHECKPOINT_DIR, plan_cache=run.cache_dir,
                              report=(lambda m, _c: progress(m)) if progress else None)
         row = store.row_from_trial(
             run_dir=run.path, trial_dir=trial_dir, checkpoint_dir=trial_dir / CHECKPOINT_DIR,

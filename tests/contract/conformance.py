@@ -543,7 +543,7 @@ def lifecycle(cls: type[DPStep], mode: str, *, extra: dict[str, Any] | None = No
         x, y = _as_dtype(workload.train[0], dtype), workload.train[1]
     crafted = None if workload is None else workload.crafted
     batches = poisson_batches(n=len(y), rate=0.1, steps=steps, randomness=Randomness(
-        kind="reproducible", device=torch.device("cpu"), seed=5))
+        kind="reproducible", device=torch.device("cpu"), seed=5), device=torch.device("cpu"))
     releases, noises = [], []
     for t, idx in enumerate(batches):
         if t == resume_at:

@@ -109,6 +109,9 @@ class _Thresholds:
 
 class _PublicThresholds(_Thresholds):
     def before_step(self, m: DPAdamILG, step: int) -> None:
+        # The one host read of this mode, on refresh steps only (every ``refresh_every``): the
+        # C_j are host numbers, since the noise stds and the ledger's whitened multiplier are
+        # computed from them on the host; every other step reads nothing.
         if m.refresh_due(step, last=m.refreshed_at):
             m.set_bounds(m.public_importance())
             m.refreshed_at = step
@@ -116,6 +119,9 @@ class _PublicThresholds(_Thresholds):
 
 class _ReleasedThresholds(_Thresholds):
     def after_release(self, m: DPAdamILG, noisy: dict[str, torch.Tensor]) -> None:
+        # Reads the release's layer norms on the host at every step (the next step's C_j are
+        # host numbers, as in public mode, and change every step here): inherent to this mode
+        # as implemented; the default, public mode reads on refresh steps only.
         m.set_bounds(m.layer_rms(noisy))
 
 
@@ -130,6 +136,8 @@ class _BatchThresholds(_Thresholds):
         # Thresholds are scale-equivariant, so clipping the sum equals the paper's clipping of
         # the mean times the batch size.
         summed = view.weighted_sum(torch.ones_like(view.norms))
+        # a host read every step (the thresholds set the host-side noise stds): this mode
+        # reproduces the paper, not a deployable step
         m.faithful_s = [m.alpha * h for h in m.layer_rms(summed)]
         return {n: g.clamp(-m.faithful_s[m.layer_of[n]], m.faithful_s[m.layer_of[n]])
                 for n, g in summed.items()}
@@ -246,7 +254,7 @@ class DPAdamILG(DPStep):
         sq = torch.zeros(self.num_layers, dtype=torch.float64, device=first.device)
         for n, g in tensors.items():
             sq[self.layer_of[n]] += g.detach().double().pow(2).sum()
-        norms = sq.sqrt().tolist()  # one device sync per call
+        norms = sq.sqrt().tolist()  # one host read per call: a refresh, or a lagged release
         return [h / math.sqrt(n) for h, n in zip(norms, self.sizes, strict=True)]
 
     def public_importance(self) -> list[float]:
@@ -271,7 +279,8 @@ class DPAdamILG(DPStep):
 
     def clip_coefficients(self, norms: torch.Tensor) -> torch.Tensor:
         """coef_ij = min(1, C_j / ||g_ij||) (the sound modes' per-example rule)."""
-        bounds = torch.tensor(self.bounds, dtype=norms.dtype, device=norms.device)
+        bounds = self.device_constant("clip_bounds", self.bounds, device=norms.device,
+                                      dtype=norms.dtype)
         return (bounds / (norms + NORM_EPS)).clamp(max=1.0)
 
     def clip(self, view: PerExampleView) -> dict[str, torch.Tensor]:

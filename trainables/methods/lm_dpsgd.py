@@ -100,13 +100,15 @@ CACHE_VERSION = 1
 
 # ---- weights -----------------------------------------------------------------------------
 def unit(v: torch.Tensor) -> torch.Tensor:
-    """v / ||v|| (float64), robust to overflow; uniform when v has no finite non-zero entry."""
+    """v / ||v|| (float64), robust to overflow; uniform when v has no finite non-zero entry.
+    Chosen on the device (no host read of whether v vanished)."""
     v = torch.where(torch.isfinite(v), v.double(), 0.0)
     top = v.abs().max()
-    if not top > 0:
-        return torch.full_like(v, 1.0 / math.sqrt(v.numel()))
-    v = v / top
-    return v / v.norm()
+    some = top > 0
+    scaled = v / torch.where(some, top, 1.0)
+    norm = scaled.norm()
+    return torch.where(some, scaled / torch.where(norm > 0, norm, 1.0),
+                       torch.full_like(v, 1.0 / math.sqrt(v.numel())))
 
 
 def effective_risk(risk: torch.Tensor) -> torch.Tensor:
@@ -164,17 +166,19 @@ def bias_optimal_weights(a: np.ndarray, b: np.ndarray, *,
 
 
 def risk_terms(norms: torch.Tensor, *, clip_norm: float) -> torch.Tensor:
-    """u(l) = mean_i ||g_i(l)|| / C_i (float64 [L]); examples with G_i = 0 count as 0."""
+    """u(l) = mean_i ||g_i(l)|| / C_i (float64 [L], on the norms' device); examples with
+    G_i = 0 count as 0."""
     c = example_norms(norms).clamp(max=clip_norm)
     ratio = norms / c.unsqueeze(1)
     ratio = torch.where((c.unsqueeze(1) > 0) & torch.isfinite(ratio), ratio, 0.0)
-    return ratio.mean(dim=0).double().cpu()
+    return ratio.mean(dim=0).double()
 
 
 def bias_terms(view: PerExampleView, *, num_layers: int, layer_of: Mapping[str, int],
                clip_norm: float) -> tuple[np.ndarray, np.ndarray]:
     """(a, b) of Appendix D.2 from a batch: a_l = ||u_l||^2, b_l = u_l . mean_i g_i(l),
-    with u_l = mean_i C_i g_i(l) / ||g_i(l)||: two weighted sums of the gradient view."""
+    with u_l = mean_i C_i g_i(l) / ||g_i(l)||: two weighted sums of the gradient view, read
+    on the host for the bisection (``bias_optimal`` reads once per estimate of u)."""
     norms = view.norms
     c = example_norms(norms).clamp(max=clip_norm)
     coef = c.unsqueeze(1) / norms
@@ -375,6 +379,7 @@ class _UEstimator:
 
 class _PublicU(_UEstimator):
     def before_step(self, method: LMDPSGD, step: int) -> None:
+        # no host read with the default 'risk' rule: u, and so w, stay on the device
         if method.refresh_due(step, last=method._refreshed_at):
             x, y = method.public_batch(int(method.params["public_batch_size"]))
             method._w = method.weights_from(method.gradients(x, y))
@@ -388,16 +393,17 @@ class _PrivateU(_UEstimator):
 
 class _ReleasedU(_UEstimator):
     def after_release(self, method: LMDPSGD, noisy: dict[str, torch.Tensor]) -> None:
-        """u(l)^2 = EMA(||g~(l)||^2 - n_l (sigma_l / B)^2) / EMA(w(l)^2)."""
+        """u(l)^2 = EMA(||g~(l)||^2 - n_l (sigma_l / B)^2) / EMA(w(l)^2), on the device: the
+        noise energies n_l (sigma_l / B)^2 are host numbers, copied when they change."""
         batch = method.expected_batch_size
         first = next(iter(noisy.values()))
         sq = torch.zeros(method.num_layers, dtype=torch.float64, device=first.device)
-        count = torch.zeros(method.num_layers, dtype=torch.float64)
+        count = [0] * method.num_layers
         for n, g in noisy.items():
             sq[method.layer_of[n]] += (g.double() / batch).pow(2).sum()
             count[method.layer_of[n]] += g.numel()
-        stds = torch.tensor(method.noise_std(), dtype=torch.float64)
-        signal = sq.cpu() - count * (stds / batch).pow(2)
+        energy = [k * (s / batch) ** 2 for k, s in zip(count, method.noise_std(), strict=True)]
+        signal = sq - method.device_constant("noise_energy", energy, device=sq.device)
         beta = float(method.params["lagged_beta"])
         method._lag_num = beta * method._lag_num + (1 - beta) * signal
         method._lag_den = beta * method._lag_den + (1 - beta) * method._w.pow(2)
@@ -525,16 +531,19 @@ class LMDPSGD(DPStep):
                                          "computes it once per sweep (plan_trial calls it)")
         self.weights_rule: str = p["weights"]
         self.r = float(p["r"])
-        self.risk = torch.tensor(self._trained_risk(list(p["risk"])), dtype=torch.float64)
+        self.risk = torch.tensor(self._trained_risk(list(p["risk"])), dtype=torch.float64,
+                                 device=self.device)
         self.u_estimator = _U_FROM[self.mode.sources[U_STAT]]()
         if self.mode.sources[U_STAT] is Source.PUBLIC:
             self.public_refresh_every = self.refresh_period(
                 p["u_every"], public_batch=int(p["public_batch_size"]))
-        # Uniform u until the first estimate (lagged: until the first release).
-        self._w = calibrate(torch.ones(self.num_layers), risk=self.risk, r=self.r)
+        # Uniform u until the first estimate (lagged: until the first release). w and the
+        # lagged statistics live on the model's device: the step reads none of them.
+        self._w = calibrate(torch.ones(self.num_layers, device=self.device), risk=self.risk,
+                            r=self.r)
         self._refreshed_at: int | None = None
-        self._lag_num = torch.zeros(self.num_layers, dtype=torch.float64)
-        self._lag_den = torch.zeros(self.num_layers, dtype=torch.float64)
+        self._lag_num = torch.zeros(self.num_layers, dtype=torch.float64, device=self.device)
+        self._lag_den = torch.zeros(self.num_layers, dtype=torch.float64, device=self.device)
 
     def _trained_risk(self, risk: list[float]) -> list[float]:
         """The risk of each trained layer. Stage 1 estimates one per layer of the model (its
@@ -563,7 +572,7 @@ class LMDPSGD(DPStep):
             a, b = bias_terms(view, num_layers=self.num_layers, layer_of=self.layer_of,
                               clip_norm=self.clip_norm)
             base, _ = bias_optimal_weights(a, b)
-            return calibrate(torch.from_numpy(base), risk=self.risk, r=self.r)
+            return calibrate(torch.from_numpy(base).to(self.device), risk=self.risk, r=self.r)
         return calibrate(risk_terms(view.norms, clip_norm=self.clip_norm), risk=self.risk,
                          r=self.r)
 
@@ -610,12 +619,12 @@ class LMDPSGD(DPStep):
 
     # ---- checkpointing --------------------------------------------------------------------
     def extra_state(self) -> dict[str, Any]:
-        return {"w": self._w.clone(), "refreshed_at": self._refreshed_at,
-                "lag_num": self._lag_num.clone(), "lag_den": self._lag_den.clone()}
+        return {"w": self._w.cpu().clone(), "refreshed_at": self._refreshed_at,
+                "lag_num": self._lag_num.cpu().clone(), "lag_den": self._lag_den.cpu().clone()}
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
-        self._w = state["w"].double().cpu()
+        self._w = state["w"].double().to(self.device)
         self._refreshed_at = (None if state["refreshed_at"] is None
                               else int(state["refreshed_at"]))
-        self._lag_num = state["lag_num"].double().cpu()
-        self._lag_den = state["lag_den"].double().cpu()
+        self._lag_num = state["lag_num"].double().to(self.device)
+        self._lag_den = state["lag_den"].double().to(self.device)

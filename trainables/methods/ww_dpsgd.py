@@ -192,6 +192,9 @@ class WWDPSGD(DPStep):
             self._probe(step)
 
     def _probe(self, step: int) -> None:
+        # The step's one host read, at probes only (every K steps): the spectral fit runs in
+        # NumPy on the host, and C_t must be a host number (it scales the noise and is
+        # recorded). Between probes the step reads nothing.
         zetas = []
         for w in self._probe_weights:
             fit = weight_tail_exponent(w.detach().to("cpu", torch.float64).numpy())

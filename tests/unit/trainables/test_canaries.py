@@ -311,7 +311,8 @@ def test_white_box_canaries_enter_every_method_and_mode(method: str, mode: str) 
     step.clip = counting_clip  # type: ignore[method-assign]
     batch = 0
     for idx in poisson_batches(n=500, rate=0.1, steps=SMOKE_STEPS, randomness=Randomness(
-            kind="reproducible", device=torch.device("cpu"), seed=5)):
+            kind="reproducible", device=torch.device("cpu"), seed=5),
+            device=torch.device("cpu")):
         batch += len(idx)
         step.step(x[idx], y[idx])
     assert len(rows) == SMOKE_STEPS and inst.counts.steps == SMOKE_STEPS

@@ -370,7 +370,7 @@ def _workload() -> Workload:
 
 def _batches(steps: int) -> list[torch.Tensor]:
     return poisson_batches(n=500, rate=0.1, steps=steps, randomness=Randomness(
-        kind="reproducible", device=torch.device("cpu"), seed=5))
+        kind="reproducible", device=torch.device("cpu"), seed=5), device=torch.device("cpu"))
 
 
 @pytest.mark.parametrize(("method", "mode"), CASES)

@@ -175,3 +175,34 @@ def test_a_cancelling_gradient_is_given_nothing_where_the_host_may_not_read() ->
     assert math.isinf(float(view.norms[0, 0])) and bool(torch.isfinite(view.norms[1:]).all())
     assert engine.dropped() == 1
     assert bool(torch.isfinite(released["blocks.fc.1.weight"]).all())
+
+
+def test_a_trial_measures_its_plan_on_public_data_records_it_and_reuses_the_cache(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A secret trial times its plan before the first step (on the shadow pool), records it
+    and its timings, and a second trial on the same shapes reads it from the run's cache."""
+    from orchestrator.trial.plan import plan_trial
+    from tests.conftest import tiny_config
+    from trainables.training import train_trial
+
+    seen: list[int] = []
+    real = engine_plan.time_candidates
+
+    def spy(handler: Handler, a: torch.Tensor, b: torch.Tensor,
+            geometry: Geometry) -> dict[Choice, float]:
+        seen.append(a.shape[0])
+        return real(handler, a, b, geometry)
+
+    monkeypatch.setattr(engine_plan, "time_candidates", spy)
+    spec = plan_trial(tiny_config(epochs=1), method="dpsgd",
+                      params={"lr": 1.0, "clip_norm": 1.0})
+    first = train_trial(spec, plan_cache=tmp_path).privacy_record.method_record
+    plan = first["engine_plan"]
+    assert [e["kind"] for e in plan] == ["Conv2d", "Conv2d", "Linear", "Linear"]
+    assert {e["source"] for e in plan} == {"measured"} and all(e["timings_ms"] for e in plan)
+    assert seen and set(seen) == {50}  # one expected batch (batch_size 50) of public data
+    assert first["cancellation_dropped"] == 0
+    seen.clear()
+    again = train_trial(spec, plan_cache=tmp_path).privacy_record.method_record
+    assert not seen and {e["source"] for e in again["engine_plan"]} == {"cache"}
+    assert [e["choice"] for e in again["engine_plan"]] == [e["choice"] for e in plan]

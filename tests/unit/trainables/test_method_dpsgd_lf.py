@@ -25,7 +25,7 @@ def _train_steps(step: DPSGDLayerFreeze, steps: int) -> list[dict[str, torch.Ten
     x, y = data.train.x, data.train.y
     snapshots = []
     batches = poisson_batches(n=len(y), rate=0.1, steps=steps, randomness=Randomness(
-        kind="reproducible", device=torch.device("cpu"), seed=3))
+        kind="reproducible", device=torch.device("cpu"), seed=3), device=torch.device("cpu"))
     for idx in batches:
         snapshots.append({n: p.detach().clone() for n, p in step.model.named_parameters()})
         step.step(x[idx], y[idx])
@@ -101,11 +101,15 @@ def test_trial_freezes_at_t_f_and_records_it(tmp_path: Path) -> None:
     spec = plan_trial(tiny_config(reproducible=True), method="dpsgd_lf",
                       params={"lr": 1.0, "clip_norm": 1.0, "t_f_fraction": 0.5, "m_f": 0})
     result = train_trial(spec, checkpoint_root=tmp_path)
-    record = result.privacy_record.method_record
+    record = dict(result.privacy_record.method_record)
+    # a reproducible trial keeps the cost model's plan (no timings: a replay takes its kernels)
+    assert record.pop("engine_plan") == []
+    assert record.pop("cancellation_dropped") == 0
     assert record == {"t_f": 10, "t_f_fraction": 0.5, "m_f": 2,
                       "frozen_layers": ["conv1", "conv2"], "per_example_path": "engine",
                       "trained_layers": ["conv1", "conv2", "fc1", "fc2"],
-                      "trained_parameters": 9258, "model_parameters": 9258}
+                      "trained_parameters": 9258, "model_parameters": 9258,
+                      "data_placement": "device"}
     at_tf = load_checkpoint_state(tmp_path / "epoch_001")["model"]
     end = load_checkpoint_state(tmp_path / "epoch_002")["model"]
     for name in at_tf:

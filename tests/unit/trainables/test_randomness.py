@@ -46,7 +46,7 @@ def test_secure_gaussian_is_standard_normal_and_uses_no_torch_generator() -> Non
     values = _noise("secure")
     assert stats.kstest(values, "norm").pvalue > 1e-3
     source = Randomness(kind="secure", device=torch.device("cpu"))
-    assert source._noise is None and source._sampler is None
+    assert source._noise is None and source._host is None and source._subset is None
     mask = source.poisson_mask(DRAWS, rate=0.1)
     assert abs(float(mask.double().mean()) - 0.1) < 0.005
 
@@ -67,7 +67,7 @@ def test_the_run_directory_holds_no_secret_and_cannot_replay_the_weights(
     monkeypatch.setattr(randomness, "secret_seed", recorded)
     run = tmp_path / "run"
     train_single(tiny_config(), out=run)
-    assert len(secrets_drawn) == 2  # the noise's and the sampler's
+    assert len(secrets_drawn) == 3  # the noise's, the batch sizes' and the subsets'
     for path, data in _all_bytes(run):
         for seed in secrets_drawn:
             for form in (str(seed).encode(), f"{seed:x}".encode(),
