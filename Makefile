@@ -41,5 +41,19 @@ BENCHES := step_time epoch_time accountant_time sweep_overhead demo_phases searc
 bench: $(STAMP)
 	@for b in $(BENCHES); do echo "== bench/$$b"; $(BIN)/python -m bench.$$b || exit 1; done
 
+# What bench/gpu_check.sh carries to a lent GPU machine, both git-ignored (bench/gpu_check.py):
+# the pure-Python wheels its checks import there, at the versions installed here (PyTorch,
+# numpy, scipy, pandas, pyarrow and scikit-learn are there already), and Fashion-MNIST's IDX
+# files from `make data`. Then: carry=["bench/wheels", "bench/data"].
+GPU_WHEELS := opacus prv-accountant dp-accounting absl-py attrs tomli-w opt-einsum
+.PHONY: gpu-carry
+gpu-carry: $(STAMP) data
+	mkdir -p bench/wheels bench/data/fashion-mnist
+	$(BIN)/python -m pip download --quiet --no-deps --only-binary=:all: --dest bench/wheels \
+		$$($(BIN)/python -c 'import sys; from importlib.metadata import version; \
+			print(*(f"{n}=={version(n)}" for n in sys.argv[1:]))' $(GPU_WHEELS))
+	cp /usr/share/datasets/fashion-mnist/*-ubyte.gz bench/data/fashion-mnist/
+	du -sh bench/wheels bench/data
+
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache
