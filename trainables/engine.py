@@ -97,6 +97,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -147,6 +148,8 @@ else:
     torch = lazy_module("torch")
 
 STRATEGIES = ("auto", "ghost", "materialize", "vmap")
+#: Planning time, in passes of the planning batch (about half a step each): a few steps.
+PLAN_PASSES = 10
 #: The per-example paths a model can take, as a trial's record states them: the engine's
 #: algebra throughout; the engine with ``torch.func`` for layers it has no algebra for (block
 #: by block); ``torch.func`` over the whole model (a user model whose unhandled layer takes more
@@ -336,11 +339,16 @@ class GradEngine:
             return []
         x, y = x[:self.max_physical_batch], y[:self.max_physical_batch]
         self.probe(x)
+        started = time.perf_counter()
         p, _ = self._run(x, y, live=[bool(v) for v in live], coef=None, capture=True)
+        if x.device.type == "cuda":
+            torch.cuda.synchronize(x.device)
+        budget = PLAN_PASSES * (time.perf_counter() - started)
         captured = (p.capture or [])[::-1]  # caught in backward order: forward order
         key = plan_key(device=x.device, dtype=self._dtype(), rows=x.shape[0],
                        captured=captured)
-        found = measure(captured, strategy=self.strategy, cache=cache, key=key)
+        found = measure(captured, strategy=self.strategy, cache=cache, key=key,
+                        budget_s=budget)
         self._measured = {(t.module, t.geometry): t for t in found}
         return found
 

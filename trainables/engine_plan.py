@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import platform
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from core.lazy import lazy_module
 from core.storage import atomic_write_json, json_bytes
-from trainables.module_grads import Choice, Geometry, Handler, combine, scale_rows
+from trainables.module_grads import Choice, Geometry, Handler, combine, estimate, scale_rows
 from trainables.norms import scaled_sq_norms
 
 if TYPE_CHECKING:
@@ -39,12 +39,22 @@ if TYPE_CHECKING:
 else:
     torch = lazy_module("torch")
 
-#: Timed runs per candidate, after one untimed warm-up run (the median is kept).
-REPEATS = 3
+#: Timed runs per candidate, after one untimed warm-up run (the fastest is kept: noise on a
+#: shared machine only ever adds time).
+REPEATS = 2
+#: On the CPU, candidates are timed on this many examples of the batch: every candidate's work
+#: grows linearly with the examples there, so the ranking holds and planning stays short. On
+#: an accelerator the whole batch is used (small batches there are bound by launches).
+CPU_ROWS = 32
 #: The cost model's choice stays unless another candidate is faster by more than this fraction.
 TIE = 0.10
 #: A candidate whose warm-up is this many times slower than the best so far is not repeated.
-HOPELESS = 8.0
+HOPELESS = 3.0
+#: Candidates whose multiply-adds exceed the cheapest's by this factor are not timed: no
+#: device's kernels make up that much (the GPU's worst case measured about 4x).
+PRUNE = 16.0
+#: Where the planning time ran out: the module keeps the cost model's choice.
+OVER_BUDGET = "cost model (planning time spent)"
 #: Bumped when what a cached plan means changes (older files are measured again).
 PLAN_VERSION = 1
 PLAN_PREFIX = "engine_plan_"
@@ -106,21 +116,37 @@ def _seconds(run: Callable[[], None], device: torch.device) -> float:
     return time.perf_counter() - start
 
 
+def contenders(handler: Handler, geometry: Geometry, *, cost: Choice) -> list[Choice]:
+    """The candidates worth timing, the cost model's first (so a slow one is seen as hopeless
+    after one run): those whose multiply-adds are within ``PRUNE`` of the cheapest."""
+    options = handler.candidates(geometry)
+    work = {c: estimate(geometry, norm=c.norm, keep=c.keep) for c in options}
+    least = min(work.values())
+    kept = [c for c in options if work[c] <= PRUNE * least or c == cost]
+    return sorted(kept, key=lambda c: (c != cost, work[c]))
+
+
 def time_candidates(handler: Handler, a: torch.Tensor, b: torch.Tensor,
-                    geometry: Geometry) -> dict[Choice, float]:
-    """Median seconds of each candidate (infinite where it ran out of memory)."""
+                    geometry: Geometry, *, cost: Choice,
+                    deadline: float = math.inf) -> dict[Choice, float]:
+    """Seconds of each contender (the fastest timed run; infinite where it ran out of memory;
+    a hopeless one is timed once; none is started after ``deadline``, a ``perf_counter``
+    time, once one has been timed)."""
     out: dict[Choice, float] = {}
     best = float("inf")
+    if a.device.type == "cpu":
+        a, b = a[:CPU_ROWS], b[:CPU_ROWS]
     with torch.no_grad():
-        for choice in handler.candidates(geometry):
+        for choice in contenders(handler, geometry, cost=cost):
+            if out and time.perf_counter() > deadline:
+                break
             run = _runner(handler, a, b, geometry, choice)
             try:
                 first = _seconds(run, a.device)  # warm-up: kernels chosen, memory allocated
                 if first > HOPELESS * best:
                     out[choice] = first
                     continue
-                out[choice] = statistics.median(_seconds(run, a.device)
-                                                for _ in range(REPEATS))
+                out[choice] = min(_seconds(run, a.device) for _ in range(REPEATS))
             except torch.OutOfMemoryError:
                 out[choice] = float("inf")
                 if a.device.type == "cuda":
@@ -178,22 +204,32 @@ def write_cached(path: Path, timings: list[ModuleTiming]) -> None:
         pass
 
 
-def measure(captured: list[Captured], *, strategy: str, cache: Path | None,
-            key: str) -> list[ModuleTiming]:
-    """Each captured module's plan: from the cache when it holds one, else timed."""
+def measure(captured: list[Captured], *, strategy: str, cache: Path | None, key: str,
+            budget_s: float | None = None) -> list[ModuleTiming]:
+    """Each captured module's plan: from the cache when it holds one, else timed (modules of
+    one kind and shape once); once ``budget_s`` is spent, the rest keep the cost model's."""
     path = None if cache is None else cache / f"{PLAN_PREFIX}{key}.json"
     cached = None if path is None else read_cached(path, captured)
+    timed: dict[tuple[object, ...], dict[Choice, float]] = {}
+    deadline = time.perf_counter() + (math.inf if budget_s is None else budget_s)
     out = []
     for i, (handler, a, b, geometry) in enumerate(captured):
         cost = handler.cost_choice(geometry, strategy=strategy)
+        group = (*handler.timing_key(), geometry)
         if handler.weight_name is None:
             out.append(ModuleTiming(handler.qualname, handler.kind, geometry, cost,
                                     "cost model", {}))
         elif cached is not None:
             out.append(ModuleTiming(handler.qualname, handler.kind, geometry, cached[i],
                                     "cache", {}))
+        elif group not in timed and time.perf_counter() > deadline:
+            out.append(ModuleTiming(handler.qualname, handler.kind, geometry, cost,
+                                    OVER_BUDGET, {}))
         else:
-            timings = time_candidates(handler, a, b, geometry)
+            if group not in timed:
+                timed[group] = time_candidates(handler, a, b, geometry, cost=cost,
+                                               deadline=deadline)
+            timings = timed[group]
             out.append(ModuleTiming(handler.qualname, handler.kind, geometry,
                                     pick(timings, cost=cost), "measured",
                                     {c.label: round(s * 1e3, 4) for c, s in timings.items()}))

@@ -110,24 +110,31 @@ class Choice:
         return cls(norm=str(norm), keep=keep, kernel=str(kernel))
 
 
-def choose(geometry: Geometry, *, strategy: str) -> tuple[str, bool]:
-    """(norm algorithm, keep per-example gradients) for one module; see the module docstring."""
+def estimate(geometry: Geometry, *, norm: str, keep: bool) -> float:
+    """Multiply-adds per example of one norm and weighted sum (the engine's cost model)."""
     t, d, p, g = geometry.positions, geometry.fan_in, geometry.fan_out, geometry.groups
-    keep = d <= KEEP_RATIO * t
-    if strategy == "ghost":
-        return "ghost", False
-    if strategy == "materialize":
-        return "materialize", keep
     if geometry.index_input:
         # a^T b is a scatter (T p); materialising fills and norms a dense V x p block per
         # example, so ghost wins unless T^2 (p + 1) exceeds about 2 V p
         scatter = g * t * p
-        ghost = g * (geometry.input_gram_cost() + t * t * p) + scatter
-        materialize = 2 * g * p * d + scatter + (g * p * d if keep else scatter)
-    else:
-        wgrad = g * t * p * d
-        ghost = g * (geometry.input_gram_cost() + t * t * p) + wgrad
-        materialize = MATERIALIZE_COST * wgrad + (g * p * d if keep else wgrad)
+        if norm == "ghost":
+            return g * (geometry.input_gram_cost() + t * t * p) + scatter
+        return 2 * g * p * d + scatter + (g * p * d if keep else scatter)
+    wgrad = g * t * p * d
+    if norm == "ghost":
+        return g * (geometry.input_gram_cost() + t * t * p) + wgrad
+    return MATERIALIZE_COST * wgrad + (g * p * d if keep else wgrad)
+
+
+def choose(geometry: Geometry, *, strategy: str) -> tuple[str, bool]:
+    """(norm algorithm, keep per-example gradients) for one module; see the module docstring."""
+    keep = geometry.fan_in <= KEEP_RATIO * geometry.positions
+    if strategy == "ghost":
+        return "ghost", False
+    if strategy == "materialize":
+        return "materialize", keep
+    ghost = estimate(geometry, norm="ghost", keep=False)
+    materialize = estimate(geometry, norm="materialize", keep=keep)
     return ("ghost", False) if ghost < materialize else ("materialize", keep)
 
 
@@ -211,6 +218,11 @@ class Handler:
         keep = geometry.fan_in <= KEEP_RATIO * geometry.positions
         out = [Choice("ghost", False), Choice("materialize", False)]
         return [*out, Choice("materialize", True)] if keep else out
+
+    def timing_key(self) -> tuple[object, ...]:
+        """What, besides the geometry, a candidate's time depends on: modules of one type with
+        equal keys and geometries are timed once."""
+        return (type(self).__name__,)
 
     def cost_choice(self, geometry: Geometry, *, strategy: str) -> Choice:
         """The cost model's choice (:func:`choose`)."""
@@ -356,6 +368,10 @@ class Conv2dHandler(Handler):
                         fan_in=m.in_channels // m.groups * kh * kw,
                         fan_out=m.out_channels // m.groups, groups=m.groups, taps=kh * kw,
                         padded_positions=(a.shape[2] + 2 * ph) * (a.shape[3] + 2 * pw))
+
+    def timing_key(self) -> tuple[object, ...]:
+        return (type(self).__name__, self.kernel_size, self.stride, self.dilation,
+                self.padding, self._explicit_pad)
 
     def candidates(self, geometry: Geometry) -> list[Choice]:
         """The base candidates, each also with the other kernel (unfolded patches)."""
