@@ -120,7 +120,9 @@ def bound_coefficients(coef: torch.Tensor, norms: torch.Tensor, *, sensitivity: 
     n = norms.to(torch.float64)
     c = coef.to(device=n.device, dtype=torch.float64)
     c = torch.where((n > 0) & torch.isfinite(c), c, torch.zeros_like(c)).clamp(0, MAX_COEFFICIENT)
-    realised = c * n
+    # an infinite norm (a non-finite gradient, or a cancellation the engine could not resolve
+    # without a host read) with a zero coefficient gives nothing, not 0 x inf = NaN
+    realised = torch.where(c > 0, c * n, torch.zeros_like(c))
     if layer_bounds is not None:
         bounds = (layer_bounds if isinstance(layer_bounds, torch.Tensor) else torch.tensor(
             layer_bounds)).to(device=n.device, dtype=torch.float64).unsqueeze(0)

@@ -236,3 +236,20 @@ def test_a_trial_measures_its_plan_on_public_data_records_it_and_reuses_the_cach
     again = train_trial(spec, plan_cache=tmp_path).privacy_record.method_record
     assert not seen and {e["source"] for e in again["engine_plan"]} == {"cache"}
     assert [e["choice"] for e in again["engine_plan"]] == [e["choice"] for e in plan]
+
+
+def test_an_infinite_norm_with_a_zero_coefficient_is_no_contribution() -> None:
+    """What the guard sees for an example the engine gave an infinite norm: a zero realised
+    contribution (not NaN), and a positive coefficient on it capped to zero."""
+    from trainables.dp_step import bound_coefficients
+
+    norms = torch.tensor([[math.inf, 1.0], [0.5, 0.5]], dtype=torch.float64)
+    coef = torch.tensor([[0.0, 0.0], [1.0, 1.0]])
+    capped, ratio = bound_coefficients(coef, norms, sensitivity=1.0, layer_bounds=None)
+    assert ratio.tolist() == [0.0, pytest.approx(math.sqrt(0.5))]
+    assert capped.tolist() == [[0.0, 0.0], [1.0, 1.0]]
+    capped, ratio = bound_coefficients(coef, norms, sensitivity=1.0, layer_bounds=[1.0, 1.0])
+    assert ratio.tolist() == [0.0, 0.5]
+    bad, ratio = bound_coefficients(torch.tensor([[0.5, 0.0]]), norms[:1], sensitivity=1.0,
+                                    layer_bounds=None)
+    assert bad.tolist() == [[0.0, 0.0]] and math.isinf(float(ratio[0]))
