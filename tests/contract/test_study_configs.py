@@ -1,7 +1,7 @@
 """The shipped study configs: valid, and the full-size study's parts form one study.
 
 The full-size Fashion-MNIST study runs as four resumable parts (``configs/fmnist_full_*.toml``)
-whose tables the README puts side by side, so everything but what a part runs (its series, its
+whose tables docs/studies.md puts side by side, so everything but what a part runs (its series, its
 targets, whether it audits and trains the baseline) must be the same in every part.
 """
 
