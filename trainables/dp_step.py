@@ -368,10 +368,12 @@ class DPStep:
         return float(self._guard_ratio)
 
     def device_constant(self, name: str, values: Sequence[float], *, device: torch.device,
-                        dtype: torch.dtype = torch.float64) -> torch.Tensor:
-        """``values`` as a tensor on ``device``, copied again only when they change (a refresh,
-        a controller step): a copy from the host to an accelerator per step would make the
-        host wait for the device's queue, as ``torch.tensor(..., device=...)`` does."""
+                        dtype: torch.dtype | None = None) -> torch.Tensor:
+        """``values`` as a tensor on ``device`` (float64 unless ``dtype``), copied again only
+        when they change (a refresh, a controller step): a copy from the host to an accelerator
+        per step would make the host wait for the device's queue, as
+        ``torch.tensor(..., device=...)`` does."""
+        dtype = torch.float64 if dtype is None else dtype
         key = (tuple(float(v) for v in values), str(device), dtype)
         held = self._constants.get(name)
         if held is None or held[0] != key:
