@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from core.errors import UserInputError
 from orchestrator.config import Config, load, read_toml
 from orchestrator.config import from_dict as config_from_dict
-from orchestrator.config.paths import check_path_form
+from orchestrator.config.paths import check_address_form, check_path_form
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -60,6 +60,7 @@ def run(cfg: Config, *, out: str | Path, address: str | None = None, quiet: bool
     from orchestrator.sweep.driver import run_sweep
 
     run_dir = check_path_form(out, field="out")
+    check_address_form(address, field="address")
     if model is not None:
         cfg = config_from_dict(_with_model(cfg.to_dict(), model))
     return run_sweep(cfg, run_dir=run_dir, address=address, quiet=quiet)
@@ -82,6 +83,7 @@ def resume(run_dir: str | Path, *, address: str | None = None, quiet: bool = Tru
     re-runs are trained again)."""
     from orchestrator.sweep.driver import resume_sweep
 
+    check_address_form(address, field="address")
     return resume_sweep(Path(run_dir), address=address, quiet=quiet, retry_failed=retry_failed)
 
 

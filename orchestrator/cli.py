@@ -468,14 +468,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _check_path_forms(args: argparse.Namespace) -> None:
-    """Every path argument given is usable in form (``orchestrator.config.paths``), before any
-    command."""
-    from orchestrator.config.paths import check_path_form
+    """Every path argument given is usable in form (``orchestrator.config.paths``), and a given
+    --address is not empty, before any command."""
+    from orchestrator.config.paths import check_address_form, check_path_form
 
     for dest, (flag, creates) in PATH_ARGS.items():
         value = getattr(args, dest, None)
         if value is not None:
             check_path_form(value, field=flag, creates=creates)
+    check_address_form(getattr(args, "address", None))
 
 
 def disk_full_line(args: argparse.Namespace, exc: BaseException, full: DiskFull) -> str:

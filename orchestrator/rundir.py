@@ -22,6 +22,7 @@ Read-only commands (``report``, ``pick``, ``export``) verify instead of locking.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
 import json
@@ -65,6 +66,11 @@ VERSION = 1
 #: Files and folders that change outside the driver's control or are never read back: their
 #: contents are not hashed (Optuna validates its own storage; Tune's files are never loaded).
 UNHASHED = (OPTUNA_DB, LOCK, LOCK_INFO, TUNE, CACHE, REPORT)
+#: Modes of everything in a run directory: its owner's alone. It holds every trial's noiseless
+#: scores (the Optuna storage included), which stay with whoever ran the sweep (docs/search.md);
+#: exports, written elsewhere, keep their own modes (``orchestrator.release.bundle``).
+DIR_MODE = 0o700
+FILE_MODE = 0o600
 _TRIAL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@+-]{0,199}$")
 #: What to do about a run directory whose records are damaged: no resume can repair them.
 RESTORE = "restore it from a copy of the run directory, or start a new run"
@@ -120,6 +126,43 @@ def check_creatable(path: Path, *, field_name: str = "--out") -> Path:
     return path
 
 
+def private_file(path: Path) -> Path:
+    """``path`` readable and writable by its owner alone: created empty with FILE_MODE when
+    missing (before SQLite or filelock would create it with the umask's mode), else set to it.
+    A file that cannot be changed (a read-only run directory) is left for the command's own
+    write to report."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
+    except FileExistsError:
+        if not path.is_symlink():
+            with contextlib.suppress(OSError):
+                os.chmod(path, FILE_MODE)
+        return path
+    except OSError:  # not creatable here: the caller's own open reports why, as before
+        return path
+    try:
+        os.fchmod(fd, FILE_MODE)  # O_CREAT's mode went through the umask
+    finally:
+        os.close(fd)
+    return path
+
+
+def protect_tree(root: Path) -> None:
+    """Every folder under ``root`` (itself included) DIR_MODE, every file FILE_MODE: what Ray
+    Tune, SQLite's journals and ``mkdir`` created with the umask's modes. Symbolic links are
+    left alone (a mode cannot be set on a link, and its target is not the run's); an entry
+    that vanished or cannot be changed is skipped."""
+    with contextlib.suppress(OSError):
+        os.chmod(root, DIR_MODE)
+    for folder, dirs, files in os.walk(root):
+        for name, mode in [*((d, DIR_MODE) for d in dirs), *((f, FILE_MODE) for f in files)]:
+            entry = os.path.join(folder, name)
+            with contextlib.suppress(OSError):
+                st = os.lstat(entry)
+                if not os.path.islink(entry) and st.st_mode & 0o7777 != mode:
+                    os.chmod(entry, mode)
+
+
 def _live_holder(path: Path) -> str | None:
     """Who holds the run directory's lock, or None when nobody does (nothing is written)."""
     if not (path / LOCK).is_file():
@@ -171,6 +214,7 @@ class RunDir:
         run = cls(path=path.absolute())
         try:
             path.mkdir(parents=True, exist_ok=True)
+            os.chmod(path, DIR_MODE)  # mkdir's mode goes through the umask
             run.path = path.resolve()
             run._acquire()
             run.manifest = {"format": FORMAT, "version": VERSION, "kind": kind,
@@ -220,7 +264,7 @@ class RunDir:
         return run
 
     def _acquire(self) -> None:
-        lock = FileLock(str(self.path / LOCK))
+        lock = FileLock(str(private_file(self.path / LOCK)), mode=FILE_MODE)
         try:
             lock.acquire(timeout=0)
         except Timeout:
@@ -245,7 +289,9 @@ class RunDir:
             return "its lock is held"
 
     def release(self) -> None:
+        """Set the modes of everything this writer made (:func:`protect_tree`), then unlock."""
         if self._lock is not None:
+            protect_tree(self.path)
             self._lock.release()
             self._lock = None
 

@@ -230,6 +230,20 @@ def check_sizes(cfg: Config) -> None:
         raise UserInputError(field="training.batch_size", value=cfg.training.batch_size,
                              allowed=f"<= train_size = {n}")
     check_validation_size(cfg, sizes)
+    check_max_candidates(cfg, sizes)
+
+
+def check_max_candidates(cfg: Config, sizes: dict[str, int]) -> None:
+    """Refuse ``audit.max_candidates`` above min(train_size, holdout_size): the audit draws that
+    many members and as many non-members, so a larger value would be cut without a word."""
+    value, train, holdout = cfg.audit.max_candidates, sizes["train"], sizes["holdout"]
+    largest = min(train, holdout)
+    if value > largest:
+        raise UserInputError(field="audit.max_candidates", value=value,
+                             allowed=f"0 or at most {largest} = min(train_size = {train}, "
+                                     f"holdout_size = {holdout}): the audit draws that many "
+                                     "members and as many non-members, and the splits hold "
+                                     "no more")
 
 
 # ---- the sweep's series and its search ranges -----------------------------------------------

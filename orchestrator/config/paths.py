@@ -64,3 +64,19 @@ def check_path_form(value: Any, *, field: str, creates: bool = True) -> Path:
                              allowed=f"a path shorter than {PATH_MAX} bytes once absolute "
                                      f"(the system's limit; this one has {absolute})")
     return Path(text)
+
+
+#: The flag a Ray cluster's address is given as.
+ADDRESS_FLAG = "--address"
+
+
+def check_address_form(value: str | None, *, field: str = ADDRESS_FLAG) -> None:
+    """Refuse an address given but empty (or blank): it would silently mean a local Ray, or
+    RAY_ADDRESS's cluster, instead of the cluster the user meant to name. None (the flag left
+    out) is the default and passes; whether a given address answers is ``orchestrator.cluster``'s
+    check."""
+    if value is not None and not str(value).strip():
+        raise UserInputError(field=field, value=value,
+                             allowed="host:port of a running Ray cluster's GCS, 'auto' or "
+                                     "ray://host:port (an empty address would silently run on "
+                                     "a local Ray; leave the flag out for that)")

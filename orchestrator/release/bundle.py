@@ -100,7 +100,7 @@ def export_trial(*, checkpoint_dir: Path, privacy: PrivacyRecord, out: Path,
                  tuning: dict[str, Any] | None = None,
                  audit_bound: dict[str, Any] | None = None, allow_replayable: bool = False,
                  allow_invalid_dp: bool = False, code_sha256: str | None = None,
-                 degenerate: str | None = None) -> ExportResult:
+                 degenerate: str | None = None, out_field: str = OUT_FIELD) -> ExportResult:
     """Write the release of the trial whose final checkpoint is ``checkpoint_dir``.
 
     Everything is validated before anything is written: a replayable (reproducible) trial or
@@ -109,11 +109,12 @@ def export_trial(*, checkpoint_dir: Path, privacy: PrivacyRecord, out: Path,
     ``code_sha256`` is the run's record of the user's code folder (manifest ``inputs``): the
     code shipped must be the code the weights were trained with. ``degenerate`` says why a trial
     at chance level is exported anyway (``--allow-degenerate``); model.json records it.
+    ``out_field`` is the flag the user typed ``out`` as (``pick --export``), for the messages.
     """
     out = Path(out)
     _check_release_safe(privacy, allow_replayable=allow_replayable,
                         allow_invalid_dp=allow_invalid_dp)
-    _check_out(out)
+    _check_out(out, field=out_field)
     state, statement = _final_state(Path(checkpoint_dir), privacy=privacy, tuning=tuning,
                                     audit_bound=audit_bound)
     info = model_description(state["spec"])
@@ -143,7 +144,7 @@ def export_trial(*, checkpoint_dir: Path, privacy: PrivacyRecord, out: Path,
                                               for name, data in blobs.items()})
     blobs[EXPORT_STATEMENT_JSON] = json_bytes(statement.to_dict(), allow_nan=False)
     blobs[EXPORT_STATEMENT_MD] = statement.to_markdown().encode("utf-8")
-    _write_release(out, blobs)
+    _write_release(out, blobs, field=out_field)
     return ExportResult(out=out, files=tuple(blobs), statement=statement, model=info)
 
 
@@ -223,16 +224,16 @@ def _check_code(info: dict[str, Any], *, recorded: str | None) -> None:
                f"hash to {code['sha256']}): restore them, then export")
 
 
-def _check_out(out: Path) -> None:
+def _check_out(out: Path, *, field: str) -> None:
     """``out`` is a new path, or an empty directory, where a directory can be created."""
     if out.is_symlink():
-        raise _bad(OUT_FIELD, str(out), "a path that is not a symbolic link")
+        raise _bad(field, str(out), "a path that is not a symbolic link")
     if out.is_dir() and any(out.iterdir()):
-        raise _bad(OUT_FIELD, str(out), "a new or empty directory for the release")
-    check_creatable(out, field_name=OUT_FIELD)
+        raise _bad(field, str(out), "a new or empty directory for the release")
+    check_creatable(out, field_name=field)
 
 
-def _write_release(out: Path, blobs: dict[str, bytes]) -> None:
+def _write_release(out: Path, blobs: dict[str, bytes], *, field: str) -> None:
     """Fill a staging directory beside ``out``, then rename it into place (all or nothing)."""
     parent = out.absolute().parent
     try:
@@ -240,7 +241,7 @@ def _write_release(out: Path, blobs: dict[str, bytes]) -> None:
         staging = parent / f"{TMP_PREFIX}{out.name}-{secrets.token_hex(8)}"
         staging.mkdir()
     except OSError as exc:
-        raise _bad(OUT_FIELD, str(out), f"a location you can write ({exc.strerror})") from None
+        raise _bad(field, str(out), f"a location you can write ({exc.strerror})") from None
     try:
         # atomic_write's temporary files are private (0600); a release is meant to be shared,
         # so its files get the directory's umask-derived mode without the execute bits.
@@ -253,8 +254,20 @@ def _write_release(out: Path, blobs: dict[str, bytes]) -> None:
         os.replace(staging, out)  # onto a missing path or an empty directory
     except OSError as exc:
         shutil.rmtree(staging, ignore_errors=True)
-        raise _bad(OUT_FIELD, str(out), f"a new or empty directory you can write "
+        raise _bad(field, str(out), f"a new or empty directory you can write "
                                         f"({exc.strerror})") from None
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def check_outside_run(out: Path, *, run_dir: Path, field: str = OUT_FIELD) -> None:
+    """Refuse a release path inside the run directory (or the run directory itself), both
+    resolved: a release is for sharing, the run directory is private (noiseless scores,
+    checkpoints), and a release written into it would be shared with it or copied out of it."""
+    run = Path(run_dir).resolve()
+    target = Path(out).resolve()
+    if target == run or run in target.parents:
+        raise _bad(field, str(out), f"a directory outside the run directory {run} (a release "
+                                    "is meant to be shared; the run directory is private and "
+                                    "holds every trial's noiseless scores)")

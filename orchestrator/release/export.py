@@ -25,7 +25,7 @@ from core.errors import UserInputError
 from core.layout import RESULTS
 from core.layout import SUMMARY as SUMMARY_FILE
 from core.records import PrivacyRecord
-from orchestrator.release.bundle import ExportResult, export_trial
+from orchestrator.release.bundle import OUT_FIELD, ExportResult, check_outside_run, export_trial
 from orchestrator.rundir import RunDir, check_trial_id
 from reports import store
 
@@ -138,10 +138,11 @@ def check_degenerate(run: RunDir, row: dict[str, Any], trial_id: str, *, private
 
 def export_from_run(run_dir: Path, *, trial_id: str, out: Path, allow_replayable: bool = False,
                     allow_invalid_dp: bool = False,
-                    allow_degenerate: bool = False) -> ExportResult:
+                    allow_degenerate: bool = False, out_field: str = OUT_FIELD) -> ExportResult:
     """Verify, then export the trial's weights, model description, code, loader and privacy
-    statement."""
+    statement; ``out_field`` names ``out`` as the user typed it (``--out``, ``--export``)."""
     check_trial_id(trial_id)
+    check_outside_run(out, run_dir=run_dir, field=out_field)
     run = RunDir.open(Path(run_dir), write=False)
     row = _row(run, trial_id)
     tuning = _tuning(run, target=float(row["target_epsilon"]))
@@ -159,4 +160,4 @@ def export_from_run(run_dir: Path, *, trial_id: str, out: Path, allow_replayable
                         audit_bound=audit_bound(row),
                         allow_replayable=allow_replayable, allow_invalid_dp=allow_invalid_dp,
                         code_sha256=(run.manifest.get("inputs") or {}).get("model_code"),
-                        degenerate=degenerate)
+                        degenerate=degenerate, out_field=out_field)

@@ -55,6 +55,8 @@ else:  # pragma: no cover
 
 #: The config alone, ready for ``dpsweep train PICK_CONFIG --out DIR``.
 TEST_NOTE = "reported, not used to choose"
+#: The flag ``dpsweep pick`` takes the release directory as (its messages name it).
+EXPORT_FIELD = "--export"
 NOT_COVERED_NOTE = ("not covered by epsilon: computed on private data without noise; stays "
                     "with whoever ran the sweep")
 #: Fields of the privacy record (``core.records.PrivacyRecord``) copied into pick.toml's
@@ -325,6 +327,10 @@ def pick_and_write(run_dir: Path, *, max_peak_mia: float | None, min_val_acc: fl
                    export_to: Path | None, allow_degenerate: bool = False) -> str:
     """Choose the trial, verify and read its records, export it if asked, write pick.toml and
     pick_config.toml; return the terminal text."""
+    if export_to is not None:  # before anything is read or written
+        from orchestrator.release.bundle import check_outside_run
+
+        check_outside_run(export_to, run_dir=run_dir, field=EXPORT_FIELD)
     run = RunDir.open(Path(run_dir), write=False)
     run.verify(RESULTS)
     frame = store.read_results(run.path)
@@ -360,7 +366,7 @@ def pick_and_write(run_dir: Path, *, max_peak_mia: float | None, min_val_acc: fl
         result = export_from_run(run.path, trial_id=tid, out=Path(export_to),
                                  allow_replayable=allow_replayable,
                                  allow_invalid_dp=allow_invalid_dp,
-                                 allow_degenerate=allow_degenerate)
+                                 allow_degenerate=allow_degenerate, out_field=EXPORT_FIELD)
         summary = getattr(result, "summary", None)
         export_summary = summary() if callable(summary) else str(export_to)
     pick = Pick(choice=choice, config=config, privacy=privacy, checkpoint=checkpoint,

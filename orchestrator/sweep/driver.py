@@ -38,7 +38,8 @@ from core.records import PrivacyRecord
 from core.storage import json_bytes
 from orchestrator import config as config_mod
 from orchestrator.config import Config
-from orchestrator.rundir import RunDir, check_creatable
+from orchestrator.config.paths import check_address_form
+from orchestrator.rundir import RunDir, check_creatable, private_file
 from orchestrator.sweep.plans import precompute, study_plans
 from orchestrator.sweep.signals import (
     Interrupted,
@@ -62,6 +63,7 @@ from orchestrator.sweep.tuning import (
     draw_counts,
     open_plan_study,
     private_tuning_plan,
+    recorded_config_text,
     released_front,
 )
 from orchestrator.trial.plan import data_pool, plan_trial
@@ -358,6 +360,7 @@ class _Driver:
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
+        private_file(self.run.path / layout.OPTUNA_DB)  # SQLite would create it world-readable
         storage = optuna.storages.RDBStorage(self.run.optuna_url)
         studies, tallies = {}, {}
         parallel = self.cfg.sweep.max_concurrent_trials > 1
@@ -725,7 +728,7 @@ def run_sweep(cfg: Config, *, run_dir: Path, address: str | None = None,
     """A new sweep into a new (or empty) RUN_DIR."""
     address = _address(address)
     _validate_before_ray(cfg, out=Path(run_dir), address=address)
-    run = RunDir.create(Path(run_dir), config_text=cfg.to_toml(),
+    run = RunDir.create(Path(run_dir), config_text=recorded_config_text(cfg),
                         inputs=cfg.input_fingerprints())
     return _drive_and_release(run, lambda: cfg, address=address, quiet=quiet, command="run")
 
@@ -757,7 +760,8 @@ def resume_sweep(run_dir: Path, *, address: str | None = None, quiet: bool = Fal
 
 
 def _address(address: str | None) -> str | None:
-    """``--address``, else RAY_ADDRESS, else None (a local Ray)."""
+    """``--address`` (refused when given empty), else RAY_ADDRESS, else None (a local Ray)."""
+    check_address_form(address)
     return address or os.environ.get("RAY_ADDRESS") or None
 
 

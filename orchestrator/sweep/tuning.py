@@ -25,6 +25,27 @@ from orchestrator.sweep.studies import (
     secret_random_sampler,
 )
 
+#: ``[sweep]`` keys private tuning never reads (its points come from OS entropy, by random
+#: search): the run directory's config.toml leaves them out rather than record a value unused.
+PRIVATE_UNUSED = ("seed", "sampler")
+#: config.toml's first line in a private-tuning run directory, saying what was left out.
+PRIVATE_NOTE = ("# sweep.tuning = 'private': sweep.seed and sweep.sampler are not recorded: "
+                "private tuning draws its points from OS entropy (random search) and uses "
+                "neither\n")
+
+
+def recorded_config_text(cfg: Config) -> str:
+    """The config as a run directory records it (config.toml): every key the run uses; with
+    private tuning, without PRIVATE_UNUSED (loading it back gives their defaults, unused too)."""
+    if cfg.sweep.tuning != "private":
+        return cfg.to_toml()
+    import tomli_w
+
+    raw = cfg.to_dict()
+    raw["sweep"] = {k: v for k, v in raw["sweep"].items() if k not in PRIVATE_UNUSED}
+    return PRIVATE_NOTE + tomli_w.dumps(raw)
+
+
 #: Plans already computed in this process, by config text: the sweep validates the plan before
 #: it creates anything, then uses it (the bisection takes seconds; the plan is a pure function
 #: of the config).

@@ -220,7 +220,7 @@ def test_export_is_delegated_to_release(run_dir: Path, tmp_path: Path,
     text = _pick(run_dir, allow_replayable=True, export_to=tmp_path / "out")
     assert calls == [(run_dir, {"trial_id": "t13", "out": tmp_path / "out",
                                 "allow_replayable": True, "allow_invalid_dp": False,
-                                "allow_degenerate": False})]
+                                "allow_degenerate": False, "out_field": "--export"})]
     assert "exported             release written to OUT" in text
     _pick(run_dir, export_to=tmp_path / "again", allow_degenerate=True)
     assert calls[-1][1]["allow_degenerate"] is True  # --allow-degenerate reaches the export
