@@ -56,6 +56,9 @@ IMAGE_MODES: dict[str, int] = {"L": 1, "LA": 2, "RGB": 3, "RGBA": 4}
 """Image modes read as uint8 channels, and how many channels each gives."""
 
 INPUT_KINDS: tuple[str, ...] = ("features", "tokens")
+MAX_CLASSES = 100_000
+"""Most classes a dataset may have: a label of 2^40 would otherwise become an output layer
+that cannot be allocated, blamed on the model instead of the labels."""
 _FACTORY_KEYS: tuple[str, ...] = ("x", "y", "public_x", "public_y", "split")
 _SOURCE_HINT = "a .npz, .csv or .parquet file, or a folder with one sub-folder of images per class"
 #: False while :meth:`FileSource.from_dict` rebuilds a source with ``check_files=False``.
@@ -151,10 +154,10 @@ class FileSource:
                                  allowed="standard deviations > 0")
         count = self.num_classes
         if (isinstance(count, bool) or not isinstance(count, int | np.integer) or count < 0
-                or count == 1):
+                or count == 1 or count > MAX_CLASSES):
             raise UserInputError(field="data.num_classes", value=count,
-                                 allowed="0 (inferred as the largest label + 1) or an "
-                                         "integer >= 2")
+                                 allowed=f"0 (inferred as the largest label + 1) or an "
+                                         f"integer in [2, {MAX_CLASSES:,}]")
         object.__setattr__(self, "num_classes", int(count))
         if self.inputs not in INPUT_KINDS:
             raise UserInputError(field="data.inputs", value=self.inputs,
@@ -270,6 +273,7 @@ class _Origin:
     field: str
     value: str
     columns: tuple[str, ...] = ()
+    part: str = ""  # the labels' place inside the file (an .npz's array), for their messages
 
     def error(self, allowed: str) -> UserInputError:
         return UserInputError(field=self.field, value=self.value, allowed=allowed)
@@ -359,7 +363,8 @@ def _read_npz(path: Path, origin: _Origin, *, public: bool) -> _Raw:
             split = archive["split"] if "split" in names else None
         except Exception as exc:  # object arrays need pickle: refused
             raise origin.error(f"numeric arrays stored without pickle ({_short(exc)})") from None
-    return _Raw(x=x, y=y, origin=origin, labels=origin, split=None if public else split,
+    labels = _Origin(origin.field, origin.value, part="array 'y', ")
+    return _Raw(x=x, y=y, origin=origin, labels=labels, split=None if public else split,
                 splits=origin)
 
 
@@ -628,6 +633,11 @@ def _check_y(y: Any, n: int, origin: _Origin) -> np.ndarray:
     if (y < 0).any():
         row = int(np.argmax(y < 0))
         raise origin.error(f"class labels >= 0; row {row} holds {y[row]}")
+    if (y >= MAX_CLASSES).any():
+        row = int(np.argmax(y >= MAX_CLASSES))
+        raise origin.error(f"class labels below {MAX_CLASSES:,} (at most that many classes; "
+                           f"num_classes is the largest label + 1): {origin.part}row {row} "
+                           f"holds {y[row]}")
     return y.astype(np.int64)
 
 

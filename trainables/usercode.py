@@ -55,6 +55,10 @@ def resolve(*, field: str, reference: str, code_dir: str | Path | None) -> Calla
         _forget_shadowed(module_name.split(".")[0], folder)
     try:
         obj: Any = importlib.import_module(module_name)
+    except SystemExit as exc:
+        raise UserInputError(field=field, value=reference,
+                             allowed=f"a module that imports without exiting; importing "
+                                     f"{module_name!r} exited ({_exit_call(exc)})") from None
     except Exception as exc:
         where = f" (looked in {code_dir} and the installed packages)" if code_dir else ""
         raise UserInputError(field=field, value=reference,
@@ -105,18 +109,32 @@ def call_user(*, field: str, fn: Callable[..., Any], reference: str = "",
               kwargs: Mapping[str, Any] | None = None) -> Any:
     """``fn(**kwargs)`` with any exception turned into one line naming ``field``, its value
     (``reference``, the ``module:function`` the field holds) and the cause. The arguments are
-    a mapping, so a user's argument may have any name."""
+    a mapping, so a user's argument may have any name.
+
+    ``sys.exit`` (``SystemExit``) from the user's code is refused the same way: left alone it
+    would end dpsweep with the factory's exit code and nothing said. ``KeyboardInterrupt`` is
+    an interrupt and passes through (the CLI's exit 130). ``os._exit`` cannot be caught."""
     kwargs = dict(kwargs or {})
     try:
         return fn(**kwargs)
     except UserInputError:
         raise
+    except SystemExit as exc:  # a factory that exits: a refusal, never a silent success
+        name = reference or getattr(fn, "__qualname__", repr(fn))
+        raise UserInputError(field=field, value=name,
+                             allowed=f"a factory that returns; calling it with "
+                                     f"{sorted(kwargs)} exited ({_exit_call(exc)})") from None
     except Exception as exc:
         name = reference or getattr(fn, "__qualname__", repr(fn))
         raise UserInputError(field=field, value=name,
                              allowed=f"a factory that returns; calling it with "
                                      f"{sorted(kwargs)} raised {type(exc).__name__}: {exc}") \
             from None
+
+
+def _exit_call(exc: SystemExit) -> str:
+    """``sys.exit(code)`` as the user's code called it, for the one line."""
+    return f"sys.exit({exc.code!r})"
 
 
 def file_sha256(path: str | Path) -> str:

@@ -37,7 +37,7 @@ from orchestrator.config.checks import (
     file_sizes,
     fixed_keys,
 )
-from orchestrator.config.paths import check_path_form
+from orchestrator.config.paths import resolve_paths
 from trainables.catalog import MODEL_NAMES, check_input_shape, layer_count, model_for
 
 if TYPE_CHECKING:
@@ -502,28 +502,9 @@ def from_dict(raw: Mapping[str, Any], *, base_dir: str | Path | None = None) -> 
                                          "(unknown section)")
     cfg = Config(**{k: _section(k, v) for k, v in raw.items()}, method_params=method_params,
                  search=search)
-    cfg = _resolve_paths(cfg, Path.cwd() if base_dir is None else Path(base_dir))
+    cfg = resolve_paths(cfg, Path.cwd() if base_dir is None else Path(base_dir))
     _cross_checks(cfg)
     return cfg
-
-
-def _resolve_paths(cfg: Config, base: Path) -> Config:
-    """Absolute data paths and code folder, so a run directory's config means the same files
-    wherever it is resumed from; the code folder defaults to ``base`` when a factory is set."""
-    def absolute(value: str) -> str:
-        return str((base / Path(value).expanduser()).resolve()) if value else value
-
-    d, m = cfg.data, cfg.model
-    for key, value in (("data.path", d.path), ("data.public_path", d.public_path),
-                       ("data.data_dir", d.data_dir), ("model.code_dir", m.code_dir)):
-        if value:  # a name the system cannot take is refused here, not as an OSError later
-            check_path_form(value, field=key, creates=False)
-    code_dir = cfg.model.code_dir or (str(base.resolve())
-                                      if cfg.model.factory or cfg.data.factory else "")
-    return dataclasses.replace(
-        cfg, data=dataclasses.replace(cfg.data, path=absolute(cfg.data.path),
-                                      public_path=absolute(cfg.data.public_path)),
-        model=dataclasses.replace(cfg.model, code_dir=absolute(code_dir)))
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:

@@ -10,6 +10,7 @@ prints it. Checked where a path enters (the command line, the Python API), each 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,48 @@ def check_path_form(value: Any, *, field: str, creates: bool = True) -> Path:
                              allowed=f"a path shorter than {PATH_MAX} bytes once absolute "
                                      f"(the system's limit; this one has {absolute})")
     return Path(text)
+
+
+def resolve_paths(cfg: Any, base: Path) -> Any:
+    """A built config (``orchestrator.config.Config``, typed loosely: that module imports this
+    one) with absolute data paths and code folder, so a run directory's config means the same
+    files wherever it is resumed from; the code folder defaults to ``base`` when a factory is
+    set. Every path's form is checked first, and the code folder must exist: one line naming
+    ``model.code_dir`` here, before anything is written, Ray started or user code imported."""
+    def absolute(value: str) -> str:
+        return str((base / Path(value).expanduser()).resolve()) if value else value
+
+    d, m = cfg.data, cfg.model
+    for key, value in (("data.path", d.path), ("data.public_path", d.public_path),
+                       ("data.data_dir", d.data_dir), ("model.code_dir", m.code_dir)):
+        if value:  # a name the system cannot take is refused here, not as an OSError later
+            check_path_form(value, field=key, creates=False)
+    code_dir = m.code_dir or (str(base.resolve()) if m.factory or d.factory else "")
+    code_dir = absolute(code_dir)
+    if code_dir:
+        check_code_dir(code_dir)
+    return dataclasses.replace(
+        cfg, data=dataclasses.replace(d, path=absolute(d.path),
+                                      public_path=absolute(d.public_path)),
+        model=dataclasses.replace(m, code_dir=code_dir))
+
+
+def check_code_dir(code_dir: str) -> None:
+    """One line naming ``model.code_dir`` unless it is an existing, readable folder: a missing
+    one would otherwise reach Ray's upload (a traceback, after the run directory was written)."""
+    folder = Path(code_dir)
+    try:
+        missing = "does not exist" if not folder.exists() else (
+            "is not a folder" if not folder.is_dir() else "")
+        if not missing and not os.access(folder, os.R_OK | os.X_OK):
+            missing = "cannot be read"
+    except OSError as exc:
+        missing = f"cannot be read ({exc.strerror})"
+    if missing:
+        raise UserInputError(field="model.code_dir", value=code_dir,
+                             allowed=f"an existing folder to import the factories from (this "
+                                     f"one {missing}; a relative path is the config file's "
+                                     f"folder's)")
 
 
 #: The flag a Ray cluster's address is given as.
