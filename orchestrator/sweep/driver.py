@@ -9,13 +9,11 @@ and the trainable). Objectives: with the audit inside the trial (default), valid
 accuracy is recorded, never used to choose. No ASHA or other early stopping: a stopped trial
 would enter the front as if complete.
 
-Signals (``signals``): SIGINT / SIGTERM stop the sweep within seconds: running trials stop, their
-Optuna trials are told FAIL (``interrupted``) and re-enqueued under the same ids, state is
-flushed, and the process exits 130 / 143 with a hint to resume. ``resume_sweep`` rebuilds the
-state from the config, the Optuna storage and the trial directories (``studies.reconcile``):
-after a ``kill -9`` of the driver or a worker, no finished trial is trained again, none is lost,
-none stays RUNNING. A full disk at any write stops the sweep the same way, and ``resume`` refuses
-damaged records before Ray starts (``signals.check_records``).
+Signals (``signals``): SIGINT / SIGTERM stop running trials within seconds (told FAIL,
+``interrupted``, and re-enqueued), flush state and exit 130 / 143 with a hint to resume.
+``resume_sweep`` refuses damaged records, a lost Optuna storage and changed inputs before Ray or
+user code runs (``resume_checks``), then rebuilds the state from the config, the storage and the
+trial directories (``studies.reconcile``): no finished trial trained twice, none lost or RUNNING.
 """
 
 from __future__ import annotations
@@ -41,6 +39,7 @@ from orchestrator.config import Config
 from orchestrator.config.paths import check_address_form
 from orchestrator.rundir import RunDir, check_creatable, private_file
 from orchestrator.sweep.plans import precompute, study_plans
+from orchestrator.sweep.resume_checks import check_storage
 from orchestrator.sweep.signals import (
     Interrupted,
     _signals,
@@ -746,10 +745,11 @@ def resume_sweep(run_dir: Path, *, address: str | None = None, quiet: bool = Fal
             raise UserInputError(field="RUN_DIR", value=str(run_dir),
                                  allowed=f"the run directory of a sweep (this one is a "
                                          f"{run.manifest.get('kind')!r} run: nothing to resume)")
-        check_records(run)
+        check_records(run)  # Optuna's storage and the code and data hashes included
         cfg = config_mod.load(run.verify(layout.CONFIG))
         run.check_inputs(cfg.input_fingerprints())
         _validate_before_ray(cfg, out=None, address=address)
+        check_storage(run)  # optuna.db agrees with the trial records: nothing trained twice
         if not quiet:
             print(f"resuming {run.path}", flush=True)
         return cfg

@@ -14,9 +14,10 @@ What keeps the run directory whole when files vanish or the disk fills:
 
 * **Before a resume starts anything** (:func:`check_records`): every file the manifest lists is
   there and unchanged, the results store is readable, every file a results row points to exists,
-  and every trial the Optuna storage counts as finished still has its result record. A deleted
-  trial directory used to be trained again under a new id while its row still claimed the old
-  one; now the resume is refused with one line naming what is missing.
+  the Optuna storage is readable and agrees with the trial records
+  (``orchestrator.sweep.resume_checks.check_storage``), and every trial it counts as finished
+  still has its result record. A deleted trial directory (or storage) would otherwise be
+  trained again under a reused id; the resume is refused with one line naming what is missing.
 * **A full disk** (``core.errors.DiskFull``, at any write: a trial's records, the results store,
   the manifest, the Optuna storage) stops the sweep as an interrupt does: running trials stop,
   the trial it hit is not recorded as failed but runs again on resume, whatever the driver could
@@ -37,7 +38,7 @@ from typing import Any
 from core import layout
 from core.errors import DiskFull, disk_full, disk_full_in
 from orchestrator.rundir import RESTORE, RunDir
-from orchestrator.sweep.studies import finished_trial_ids
+from orchestrator.sweep.resume_checks import check_inputs_first, finished_in_storage
 
 #: Exit codes of a sweep stopped by a signal (128 + signal number, as shells report them).
 EXIT_SIGINT = 130
@@ -130,8 +131,12 @@ def progress(*, total: int, desc: str, quiet: bool) -> Iterator[Any]:
 # ---- records that vanish, a disk that fills ---------------------------------------------
 def check_records(run: RunDir) -> None:
     """Refuse to resume a run directory whose records are damaged, before anything writes or
-    Ray starts: the results store unchanged and readable, then ``RunDir.check_resumable``
-    with the files its rows point to and the trials Optuna counts as finished."""
+    Ray starts: the results store unchanged and readable, the Optuna storage readable
+    (``resume_checks.finished_in_storage``; its agreement with the trial records is
+    ``resume_checks.check_storage``, last before Ray), then
+    ``RunDir.check_resumable`` with the files the rows point to and the trials Optuna counts
+    as finished; last the code and data hashes, before the config is validated
+    (``resume_checks.check_inputs_first``: validation imports the factories it names)."""
     from reports import store
 
     listed = run.manifest.get("files", {})
@@ -144,8 +149,8 @@ def check_records(run: RunDir) -> None:
         if _text(row.get("checkpoint")):
             rels.append(f"{row['checkpoint']}/{layout.CHECKPOINT_FILE}")
         referenced[str(row["trial_id"])] = rels
-    run.check_resumable(referenced=referenced,
-                        finished=finished_trial_ids(run.path / layout.OPTUNA_DB))
+    run.check_resumable(referenced=referenced, finished=finished_in_storage(run))
+    check_inputs_first(run, run.verify(layout.CONFIG))  # before any code the config names
 
 
 def _text(value: Any) -> bool:

@@ -175,7 +175,7 @@ def finished_trial_ids(db: Path) -> set[str]:
 
     Read with SQLite itself, read-only, so that a resume can check them against the trial
     directories before anything (Optuna included) writes; an unreadable storage gives no ids
-    here and is reported by Optuna when the sweep opens it."""
+    here (``resume_checks.check_storage`` refuses it before a resume)."""
     import sqlite3
 
     if not db.is_file():
