@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import errno
 import json
 import logging
 import math
@@ -235,10 +236,18 @@ def _sweep(action: Any) -> int:
     try:
         action()
     except Interrupted as exc:
+        _ignore_further_signals()  # Ray's exit handlers still run: a second Ctrl-C is no error
         sys.stderr.write(f"dpsweep: {exc}; the run directory is consistent: continue with "
                          f"`dpsweep resume {exc.run_dir}`\n")
         return exc.exit_code
     return 0
+
+
+def _ignore_further_signals() -> None:
+    import signal
+
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, signal.SIG_IGN)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -491,6 +500,33 @@ def disk_full_line(args: argparse.Namespace, exc: BaseException, full: DiskFull)
     return f"dpsweep: error: could not write {full.what}: the disk is full; {then}"
 
 
+#: What writing into a directory the user may not write raises (root on a read-only mount).
+NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def not_writable_line(args: argparse.Namespace, exc: BaseException) -> str | None:
+    """One line for a file that could not be written for want of permission or a read-only
+    file system (``resume`` taking the run's lock, ``report`` writing RUN_DIR/report): the
+    directory the user named that holds the file (RUN_DIR, --out or --export) and the file;
+    None for anything else."""
+    if not isinstance(exc, OSError) or exc.errno not in NOT_WRITABLE:
+        return None
+    target = os.fsdecode(exc.filename) if exc.filename is not None else None
+    named = [(flag, str(value)) for flag, value in (
+        ("RUN_DIR", getattr(args, "run_dir", None)),
+        ("--out", getattr(args, "sweep_dir", None) or getattr(args, "out", None)),
+        ("--export", getattr(args, "export", None))) if value is not None]
+    inside = [(flag, value) for flag, value in named if target is not None
+              and Path(os.path.abspath(target)).is_relative_to(os.path.abspath(value))]
+    field, value = (inside or named or [("file", target)])[0]
+    what = "a writable run directory" if field == "RUN_DIR" else "a location you can write"
+    if field == "RUN_DIR" and args.command == "report":
+        what += " (`dpsweep report` writes RUN_DIR/report: copy the run somewhere writable)"
+    where = f"{target}: " if target else ""
+    return (f"dpsweep: error: {field} = {value!r} is not allowed: expected {what}; it is not "
+            f"writable ({where}{exc.strerror or exc})")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -501,9 +537,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"dpsweep: error: {exc}\n")
         return EXIT_USAGE
     except KeyboardInterrupt:  # CalibrationInterrupted included: never an RDP fallback
+        _ignore_further_signals()
         sys.stderr.write("dpsweep: interrupted\n")
         return EXIT_INTERRUPTED
     except BaseException as exc:  # a sweep's stop on a full disk may be a BaseException too
+        line = not_writable_line(args, exc)
+        if line is not None:
+            sys.stderr.write(line + "\n")
+            return EXIT_USAGE
         full = disk_full(exc)
         if full is None:
             raise

@@ -38,6 +38,7 @@ from orchestrator import config as config_mod
 from orchestrator.config import Config
 from orchestrator.config.paths import check_address_form
 from orchestrator.rundir import RunDir, check_creatable, private_file
+from orchestrator.sweep import ray_start
 from orchestrator.sweep.plans import precompute, study_plans
 from orchestrator.sweep.resume_checks import check_storage
 from orchestrator.sweep.signals import (
@@ -643,7 +644,8 @@ def _validate_before_ray(cfg: Config, *, out: Path | None, address: str | None) 
     if cfg.sweep.tuning == "private":  # a target the plan cannot reach: refused before Ray
         private_tuning_plan(cfg)
     if address:
-        check_address(address)
+        with ray_start.native_stderr():  # Ray's C++ warnings (a wrong token): to the log
+            check_address(address)
     else:
         check_temp_dir()
 
@@ -697,9 +699,7 @@ def _drive(cfg: Config, run: RunDir, *, address: str | None, quiet: bool,
         try:
             env = (cluster.code_runtime_env(cfg.model.code_dir, skip=[run.path])
                    if cfg.model.code_dir else None)
-            info = (cluster.connect(address, quiet=quiet, runtime_env=env) if address
-                    else cluster.start_local(num_cpus=None, num_gpus=None, quiet=quiet,
-                                             runtime_env=env))
+            info = ray_start.start_ray(address=address, quiet=quiet, runtime_env=env)
             flag.install()
             if address:
                 cluster.check_resources(cpus_per_trial=cfg.resources.cpus_per_trial,
@@ -727,9 +727,10 @@ def run_sweep(cfg: Config, *, run_dir: Path, address: str | None = None,
     """A new sweep into a new (or empty) RUN_DIR."""
     address = _address(address)
     _validate_before_ray(cfg, out=Path(run_dir), address=address)
-    run = RunDir.create(Path(run_dir), config_text=recorded_config_text(cfg),
-                        inputs=cfg.input_fingerprints())
-    return _drive_and_release(run, lambda: cfg, address=address, quiet=quiet, command="run")
+    with ray_start.discarded_if_ray_fails(Path(run_dir)):  # no half-made run left behind
+        run = RunDir.create(Path(run_dir), config_text=recorded_config_text(cfg),
+                            inputs=cfg.input_fingerprints())
+        return _drive_and_release(run, lambda: cfg, address=address, quiet=quiet, command="run")
 
 
 def resume_sweep(run_dir: Path, *, address: str | None = None, quiet: bool = False,

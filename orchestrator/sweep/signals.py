@@ -2,7 +2,9 @@
 
 SIGINT / SIGTERM set a stop flag (``_StopFlag``): while Ray Tune runs, its stopper polls the flag
 (``orchestrator.sweep.raytune.InterruptStopper``) so running trials stop within seconds and are
-re-enqueued; in every other phase the handler raises :class:`Interrupted` at once. In the budget
+re-enqueued; in every other phase the handler raises :class:`Interrupted` at once. Further
+signals while that stop is under way (Ctrl-C pressed twice) are ignored: raised inside Ray's
+shutdown they became tracebacks and exit 1 instead of the one line and 130. In the budget
 phase that stops the PRV children still computing (``orchestrator.accounting.sandbox``: they
 ignore the terminal's SIGINT themselves), so an interrupt is reported as one, never as an
 accountant's fallback to RDP. The driver then flushes its state and the command exits 130 / 143
@@ -69,6 +71,7 @@ class _StopFlag:
         self.event = threading.Event()
         self.signum: int | None = None
         self.in_tune = False
+        self.repeats = 0  # signals after the first, ignored (the stop is under way)
 
     def install(self) -> None:
         """(Re)install the handlers: ``ray.init`` replaces SIGTERM's with ``sys.exit(15)``."""
@@ -77,8 +80,12 @@ class _StopFlag:
                 signal.signal(s, self.handler)
 
     def handler(self, signum: int, _frame: Any) -> None:
-        if self.event.is_set():  # a second signal: stop now
-            raise Interrupted(signum)
+        if self.event.is_set():
+            # A second signal while the first one stops the sweep: already under way. Raised
+            # here it would land inside Ray (a SystemError from CoreWorker.wait, or a traceback
+            # from ray.shutdown) and leave the records half-reconciled; the stop goes on.
+            self.repeats += 1
+            return
         self.signum = signum
         self.event.set()
         if not self.in_tune:
