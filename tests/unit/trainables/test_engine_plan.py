@@ -28,6 +28,13 @@ RTOL = 1e-9
 ATOL = 1e-12
 
 
+@pytest.fixture(autouse=True)
+def unbounded_planning(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No planning budget unless a test sets one: what is timed must not depend on how
+    loaded the machine is."""
+    monkeypatch.setattr("trainables.engine.PLAN_PASSES", math.inf)
+
+
 def _forcing(target: Choice | None) -> object:
     """A stand-in for ``time_candidates`` that makes ``target`` (per module, when it is a
     candidate there) the fastest by far, and every other candidate slower."""
