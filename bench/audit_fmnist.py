@@ -50,6 +50,7 @@ from sklearn.metrics import roc_auc_score, roc_curve
 from sklearn.preprocessing import StandardScaler
 
 from core.storage import atomic_write_json
+from trainables.audit.layer_attack import reduce_ir
 from trainables.audit.references import (
     PLANS,
     AuditSignals,
@@ -73,9 +74,8 @@ from trainables.audit.scores import (
     rmia_score,
 )
 from trainables.audit.signals import GRAD_NORM, LOSS, grad_norm_name
-from trainables.data import DataSplits, Split, SplitSizes, load_splits
-from trainables.layer_attack import reduce_ir
-from trainables.models import LayeredModel
+from trainables.data.splits import DataSplits, Split, SplitSizes, load_splits
+from trainables.models.networks import LayeredModel
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 LOW_FPRS = (0.01, 0.001)

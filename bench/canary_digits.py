@@ -29,7 +29,7 @@ from orchestrator.trial.plan import plan_trial
 from search_spaces import build_space
 from trainables.audit.canaries import white_box_run
 from trainables.methods import get_method
-from trainables.training import TrialSpec, load_trial_data
+from trainables.training.loop import TrialSpec, load_trial_data
 
 RESULTS = Path(__file__).resolve().parent / "results" / "canary_digits.json"
 CONFIDENCE = 0.95

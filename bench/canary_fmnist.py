@@ -40,7 +40,7 @@ from orchestrator.config import (
 )
 from orchestrator.trial import plan as trial_mod
 from trainables.audit.canaries import CanaryRun, black_box_run, white_box_run
-from trainables.training import load_trial_data
+from trainables.training.loop import load_trial_data
 
 RESULTS = Path(__file__).resolve().parent / "results" / "canary_fmnist.json"
 CONFIDENCE = 0.95

@@ -29,7 +29,7 @@ import torch
 
 from orchestrator import config as config_mod
 from orchestrator.trial.single import train_single
-from trainables.training import resolve_device
+from trainables.training.loop import resolve_device
 
 DEFAULT_CONFIG = Path("configs/fmnist_full_published.toml")
 DEFAULT_REPEATS = 3

@@ -37,7 +37,7 @@ def _audit(run_dir: str, trial_id: str) -> dict[str, Any]:
     )
     from orchestrator.config import load
     from orchestrator.sweep.driver import audit_settings
-    from trainables.training import TrialSpec, load_trial_data
+    from trainables.training.loop import TrialSpec, load_trial_data
 
     torch.set_num_threads(1)
     run = Path(run_dir)

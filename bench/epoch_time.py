@@ -41,10 +41,10 @@ from bench.harness import load_average, wait_for_quiet, write_results
 from core.layout import CHECKPOINT_DIR
 from orchestrator.config import from_dict, read_toml
 from orchestrator.trial.plan import plan_trial
-from trainables.dp_step import DPStep, PublicData
+from trainables.dp.randomness import Randomness
+from trainables.dp.step import DPStep, PublicData
 from trainables.methods import get_method
-from trainables.randomness import Randomness
-from trainables.training import build_trial_model, evaluate, poisson_plan, train_trial
+from trainables.training.loop import build_trial_model, evaluate, poisson_plan, train_trial
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "fmnist_full_a.toml"
 #: The trial the issue quotes (0.867 test accuracy at epsilon 2.985): step lr * C = 0.4.

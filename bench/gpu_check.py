@@ -18,9 +18,9 @@ share of a global time budget, ``--budget``, and its seconds are recorded):
    cudaEventSynchronize calls and DtoH copies per step, less the one synchronize that closes
    the profiled region); ``trial_loop``: the real training loop's marginal count per epoch and
    per step (1- and 2-epoch trials, no evaluation); ``forbid_host_reads``: whether
-   ``trainables.host_reads.forbid_host_reads`` raised over a few method steps.
+   ``trainables.engine.host_reads.forbid_host_reads`` raised over a few method steps.
 4. ``fmnist_trial``: configs/fmnist_full_published.toml's point (1,000 steps at batch 2048)
-   planned by the accountant and trained by ``trainables.training.train_trial``: ``train_s``
+   planned by the accountant and trained by ``trainables.training.loop.train_trial``: ``train_s``
    (as bench/cuda_fmnist.py records it), test accuracy, epsilon.
 5. ``shared_gpu``: the same trial shortened (``--share-steps``, default 200) as ``--share``
    (default 4) spawned processes at once, each with its own secret noise, against one alone:
@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise SystemExit("no CUDA device: `--device cpu --smoke` is the dry run")
-        from trainables.training import full_float32
+        from trainables.training.loop import full_float32
 
         full_float32()  # what training sets: no TF32
     budget = Budget(args.budget)

@@ -94,7 +94,7 @@ def nonprivate_step(cfg: st.Config, device: torch.device) -> Step:
 
 def engine_step(cfg: st.Config, device: torch.device) -> Step:
     """The step table's hand-written DP-SGD step: norms, flat clip, one weighted sum, noise, SGD."""
-    from trainables.engine import GradEngine
+    from trainables.engine.grad_engine import GradEngine
 
     x, y = _batch(cfg, device)
     model = _net(cfg, device)
@@ -137,9 +137,9 @@ def opacus_step(cfg: st.Config, device: torch.device) -> Step:
 def build_method(cfg: st.Config, device: torch.device, series: str) -> Any:
     """A registered method (``name[:mode]``) on ``device`` as a trial builds it: the paper
     preset, a long constant schedule, secret noise drawn on the device, a public pool there."""
-    from trainables.dp_step import PublicData
+    from trainables.dp.randomness import Randomness
+    from trainables.dp.step import PublicData
     from trainables.methods import get_method, parse_series
-    from trainables.randomness import Randomness
 
     name, mode = parse_series(series, field="method")
     model = _net(cfg, device)
@@ -376,9 +376,9 @@ def profile_syncs(fn: Step, device: torch.device, *, steps: int) -> dict[str, An
 
 
 def guard_check(device: torch.device, cfg: st.Config, *, steps: int) -> dict[str, Any]:
-    """The dpsgd method's steps under ``trainables.host_reads.forbid_host_reads``."""
+    """The dpsgd method's steps under ``trainables.engine.host_reads.forbid_host_reads``."""
     try:
-        from trainables.host_reads import forbid_host_reads
+        from trainables.engine.host_reads import forbid_host_reads
     except ImportError as exc:
         return {"error": error_text(exc)}
     fn = method_step(cfg, device)

@@ -3,7 +3,7 @@ host-device synchronisations of the training loop, and several trials sharing on
 
 No Ray and no Optuna: the config is read and validated by ``orchestrator.config`` and the
 budget matched by ``orchestrator.trial.plan.plan_trial`` (the accountant: prv-accountant's
-grid, dp_accounting when a cached answer is verified), then ``trainables.training.train_trial``
+grid, dp_accounting when a cached answer is verified), then ``trainables.training.loop.train_trial``
 trains, as ``dpsweep train`` (``bench/cuda_fmnist.py``) does without its run directory.
 Orchestrator modules are imported inside functions, so a spawned sharing child imports only
 torch and ``trainables``.
@@ -100,7 +100,7 @@ def _checks(row: dict[str, Any]) -> dict[str, bool]:
 def full_trial(ctx: dict[str, Any], *, config_path: Path, device: str,
                data_dir: Path | None, smoke: bool) -> dict[str, Any]:
     """Section 4: the config's point trained once; ``train_s`` as bench/cuda_fmnist.py."""
-    from trainables.training import train_trial
+    from trainables.training.loop import train_trial
 
     found = None if smoke else find_data(data_dir)
     start = time.perf_counter()
@@ -133,7 +133,7 @@ def _count_trial(spec: Any, data: Any, device: torch.device) -> dict[str, int]:
     from torch.profiler import profile
 
     from bench.gpu_check_steps import activities, sync_counts
-    from trainables.training import train_trial
+    from trainables.training.loop import train_trial
 
     sync(device)
     with profile(activities=activities(device)) as prof:
@@ -148,7 +148,7 @@ def loop_syncs(ctx: dict[str, Any], *, config_path: Path, device: str,
     logging; no evaluation): trials of 1 and 2 epochs under the profiler, after one unprofiled
     trial; the difference is one epoch's marginal count, which cancels the one-time build and
     the privacy record."""
-    from trainables.training import poisson_plan, train_trial
+    from trainables.training.loop import poisson_plan, train_trial
 
     dev = torch.device(device)
     data_dir = ctx.get("data_dir") or (None if smoke else find_data(None))
@@ -181,7 +181,7 @@ def _data(ctx: dict[str, Any], cfg: Any) -> Any:
 
 # ---- several trials sharing one GPU -----------------------------------------------------------
 def _train_timed(spec: Any, data: Any) -> dict[str, Any]:
-    from trainables.training import train_trial
+    from trainables.training.loop import train_trial
 
     if torch.cuda.is_initialized():
         torch.cuda.reset_peak_memory_stats()
@@ -200,7 +200,7 @@ def share_child(spec_dict: dict[str, Any], index: int, barrier: Any, results: An
     """One sharing process: load the data and start CUDA, wait for all; child 0 trains alone
     while the others wait; then all train at once. Results go to ``results``."""
     try:
-        from trainables.training import TrialSpec, load_trial_data, resolve_device
+        from trainables.training.loop import TrialSpec, load_trial_data, resolve_device
 
         spec = TrialSpec.from_dict(spec_dict)
         data = load_trial_data(spec)
@@ -223,7 +223,7 @@ def _share_spec(ctx: dict[str, Any], *, config_path: Path, device: str, steps: i
                 processes: int, smoke: bool) -> tuple[Any, dict[str, Any]]:
     import dataclasses
 
-    from trainables.training import TrialSpec, poisson_plan
+    from trainables.training.loop import TrialSpec, poisson_plan
 
     data_dir = ctx.get("data_dir") or (None if smoke else find_data(None))
     probe = trial_config(config_path, device=device, data_dir=data_dir, smoke=smoke)

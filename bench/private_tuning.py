@@ -65,7 +65,7 @@ def matched_per_trial_epsilon(*, cfg: Config, n_trials: int, end_to_end: float) 
     from core.schedule import Schedule
     from orchestrator.accounting.calibration import certify
     from orchestrator.accounting.tuning.adaptive import adaptive_statement
-    from trainables.training import poisson_plan
+    from trainables.training.loop import poisson_plan
 
     q, per_epoch = poisson_plan(dataset_size=cfg.data.train_size,
                                 batch_size=cfg.training.batch_size)

@@ -22,7 +22,7 @@ from orchestrator.config import Config
 from orchestrator.sweep.plans import study_plans
 from orchestrator.trial.plan import plan_trial
 from search_spaces import STEP
-from trainables.training import train_trial
+from trainables.training.loop import train_trial
 
 #: Validation accuracy a digits trial must reach to count as useful (issue 14: >= 0.75).
 USEFUL = 0.75

@@ -2,13 +2,13 @@
 
 Entries per model (same model, data, batch and thread count; timed in interleaved shuffled
 rounds by ``bench.harness``): a non-private SGD step; our DP-SGD step on the book-keeping
-engine (``trainables/engine.py``: per-layer norms, flat clipping coefficient min(1, C/||g_i||),
-one weighted sum, Gaussian noise, SGD update); the same step on the ``torch.func`` vmap path;
-Opacus's hooks (``GradSampleModule`` + ``DPOptimizer``) and Opacus's ghost clipping
+engine (``trainables/engine/grad_engine.py``: per-layer norms, flat clipping coefficient min(1,
+C/||g_i||), one weighted sum, Gaussian noise, SGD update); the same step on the ``torch.func`` vmap
+path; Opacus's hooks (``GradSampleModule`` + ``DPOptimizer``) and Opacus's ghost clipping
 (``grad_sample_mode="ghost"``: ``GradSampleModuleFastGradientClipping`` +
-``DPOptimizerFastGradientClipping`` + ``DPLossFastGradientClipping``). Peak memory of each
-entry comes from a fresh subprocess (see ``bench/harness.py``). Inputs are random tensors: step
-time does not depend on pixel values. Results: ``bench/results/step_time.json``.
+``DPOptimizerFastGradientClipping`` + ``DPLossFastGradientClipping``). Peak memory of each entry
+comes from a fresh subprocess (see ``bench/harness.py``). Inputs are random tensors: step time does
+not depend on pixel values. Results: ``bench/results/step_time.json``.
 
 Registered DP methods vs DP-SGD (the acceptance's "every seed method <= 1.1x DP-SGD on the same
 model"): every method of ``trainables.methods`` (``--methods``; default all) is built as
@@ -64,11 +64,11 @@ from bench.harness import (
     write_results,
 )
 from core.errors import UserInputError
-from trainables.dp_step import DPStep, PublicData
-from trainables.engine import GradEngine
+from trainables.dp.randomness import Randomness
+from trainables.dp.step import DPStep, PublicData
+from trainables.engine.grad_engine import GradEngine
 from trainables.methods import METHODS, get_method, parse_series, series_name
-from trainables.models import LayeredModel, build_model
-from trainables.randomness import Randomness
+from trainables.models.networks import LayeredModel, build_model
 
 NUM_CLASSES = 10
 LR = 0.1

@@ -8,11 +8,11 @@ same input batch, timed in interleaved shuffled rounds by ``bench.harness`` (sam
 
 * ``non-private``: the factory's network, SGD on its trainable parameters, cross-entropy;
 * ``dpsweep DP-SGD``: the network as a config's ``[model] factory`` gets it
-  (``ModelSource.build``: ``trainables.validator.wrap_checked`` with the default layers), then
-  the ``dpsgd`` method's ``DPStep`` built as ``bench.step_time`` builds its method entries
-  (``method_on``: paper preset, reproducible noise). A model the validator refuses is recorded
-  as ``refused`` with its one-line reason, one that fails to build a step or to step as
-  ``failed``: neither is timed;
+  (``ModelSource.build``: ``trainables.models.validator.wrap_checked`` with the default layers),
+  then the ``dpsgd`` method's ``DPStep`` built as ``bench.step_time`` builds its method entries
+  (``method_on``: paper preset, reproducible noise). A model the validator refuses is recorded as
+  ``refused`` with its one-line reason, one that fails to build a step or to step as ``failed``:
+  neither is timed;
 * ``opacus hooks``: the network as an Opacus user runs it: ``ModuleValidator.fix`` when
   ``ModuleValidator.is_valid`` says so (LSTM -> DPLSTM, GRU -> DPGRU, MultiheadAttention ->
   DPMultiheadAttention, BatchNorm -> GroupNorm), ``GradSampleModule`` (hooks; Opacus itself
@@ -71,10 +71,10 @@ from bench.step_time import (
     method_on,
 )
 from core.errors import UserInputError
-from trainables.dp_step import PublicData
-from trainables.model_source import ModelSource
-from trainables.usercode import resolve
-from trainables.validator import sample_batch
+from trainables.dp.step import PublicData
+from trainables.models.source import ModelSource
+from trainables.models.usercode import resolve
+from trainables.models.validator import sample_batch
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The factories' folder: dpsweep imports them from here as it imports a user's code_dir.

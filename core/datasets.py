@@ -1,6 +1,6 @@
 """The built-in datasets as plain data: names, class counts, input shapes and pool sizes.
 
-One table that the data loader (``trainables.data``), config validation
+One table that the data loader (``trainables.data.splits``), config validation
 (``orchestrator.config``, which must not import torch) and the report (``reports``, which sits
 below ``trainables``) all read, instead of copies kept equal by tests.
 """
@@ -34,6 +34,6 @@ POOLS: dict[str, tuple[int, int]] = {
     "mnist": (60000, 10000),
     "cifar10": (50000, 10000),
 }
-#: The ``[data] dataset`` of a user's own data (a file or a factory: ``trainables.datafiles``);
+#: The ``[data] dataset`` of a user's own data (a file or a factory: ``trainables.data.files``);
 #: its shapes, classes and sizes come from the data itself.
 FILE_DATASET = "file"

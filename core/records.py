@@ -24,7 +24,7 @@ from core.storage import atomic_write_json
 
 #: The only mechanism dpsweep trains with (what the accountant certifies).
 MECHANISM = "poisson_subsampled_gaussian"
-#: Where noise and sampling come from (``trainables.randomness.Randomness`` uses these).
+#: Where noise and sampling come from (``trainables.dp.randomness.Randomness`` uses these).
 RANDOMNESS_KINDS = ("secret", "reproducible", "secure")
 #: Accountants a calibration may come from.
 ACCOUNTANTS = ("prv", "rdp")

@@ -68,7 +68,7 @@ def run(cfg: Config, *, out: str | Path, address: str | None = None, quiet: bool
 
 def _with_model(raw: Mapping[str, Any], model: Callable[..., Any]) -> dict[str, Any]:
     """``raw`` with ``[model] factory`` and ``code_dir`` naming the callable ``model``."""
-    from trainables.model_source import source_of_callable
+    from trainables.models.source import source_of_callable
 
     section = dict(raw.get("model") or {})
     source = source_of_callable(model, args=section.get("args"),

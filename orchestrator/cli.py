@@ -48,7 +48,7 @@ def cmd_budget(args: argparse.Namespace) -> int:
     """The calibrated noise for a budget, light enough to answer in about a second.
 
     Neither torch nor opacus is imported: q = 1 / ceil(N / B) is restated from
-    ``trainables.training.poisson_plan`` (the loader's exact rate), and the fresh PRV
+    ``trainables.training.loop.poisson_plan`` (the loader's exact rate), and the fresh PRV
     calibration (no cache: computing is cheaper than verifying a cached answer) runs in a
     forked child. sigma and the upper bound are printed rounded up, the lower bound down.
     """
@@ -331,7 +331,7 @@ def cmd_config(args: argparse.Namespace) -> int:
         return 0
     if args.check:
         cfg = config_mod.load(args.check)
-        from trainables.data import check_available
+        from trainables.data.splits import check_available
 
         where = check_available(dataset=cfg.data.dataset, data_dir=cfg.data.data_dir or None,
                                 source=cfg.file_source())

@@ -30,7 +30,7 @@ from orchestrator.cli import DEMO_SIZES
 from orchestrator.config import SECTIONS, field_param
 from reports.store import COLUMNS
 from search_spaces import SPACES, searched_params
-from trainables.data import DEFAULT_SIZES
+from trainables.data.splits import DEFAULT_SIZES
 from trainables.methods import METHODS
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trainables.data import load_pool
+from trainables.data.splits import load_pool
 
 HERE = Path(__file__).resolve().parent
 

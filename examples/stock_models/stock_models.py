@@ -10,9 +10,9 @@ follow dpsweep's factory signature (``docs/user-models.md``), so a config can na
     code_dir = "examples/stock_models"
 
 and Python code imports them as dpsweep does, with this folder first on ``sys.path``:
-``trainables.usercode.resolve(field=..., reference="stock_models:STOCK"...)`` needs a callable,
-so ``bench.stock_models.load_stock()`` does it and returns this module (``import stock_models``
-after ``sys.path.insert(0, "examples/stock_models")`` works too). Not as
+``trainables.models.usercode.resolve(field=..., reference="stock_models:STOCK"...)`` needs a
+callable, so ``bench.stock_models.load_stock()`` does it and returns this module (``import
+stock_models`` after ``sys.path.insert(0, "examples/stock_models")`` works too). Not as
 ``examples.stock_models.stock_models``: Opacus installs a top-level ``examples`` package that
 shadows the repository's folder. The module needs only ``torch`` and ``torchvision``:
 ``bench/stock_models.py`` (the speed table, ``docs/stock-models.md``) and the acceptance tests

@@ -141,7 +141,7 @@ def audit_with_canaries(run_dir: Path, *, trial_id: str, canaries: int | None = 
     throughout; every file read is verified against the manifest first.
     """
     from trainables.audit.canaries import black_box_run, white_box_run
-    from trainables.training import TrialSpec, load_trial_data
+    from trainables.training.loop import TrialSpec, load_trial_data
 
     check_trial_id(trial_id)
     m = _check_canaries(canaries)

@@ -45,9 +45,9 @@ if TYPE_CHECKING:
     import numpy as np
 
     from trainables.audit.references import Budget, ReferencePlan
-    from trainables.data import DataSplits
-    from trainables.models import LayeredModel
-    from trainables.training import TrialResult, TrialSpec
+    from trainables.data.splits import DataSplits
+    from trainables.models.networks import LayeredModel
+    from trainables.training.loop import TrialResult, TrialSpec
 
 logger = logging.getLogger(__name__)
 
@@ -364,7 +364,7 @@ def audit_trial_model(*, spec: TrialSpec, checkpoint: Path, data: DataSplits,
     """Audit a trained DP trial: references trained like it (``dp_trainer``); the options are
     :func:`audit_model`'s."""
     from trainables.audit.references import dp_trainer
-    from trainables.training import load_model
+    from trainables.training.loop import load_model
 
     target, _ = load_model(checkpoint, data=data, device="cpu")
     return audit_model(target=target, data=data, settings=settings,

@@ -38,13 +38,13 @@ from orchestrator.config.checks import (
     fixed_keys,
 )
 from orchestrator.config.paths import resolve_paths
-from trainables.catalog import MODEL_NAMES, check_input_shape, layer_count, model_for
+from trainables.models.catalog import MODEL_NAMES, check_input_shape, layer_count, model_for
 
 if TYPE_CHECKING:
-    from trainables.data import DataSplits
-    from trainables.datafiles import FileSource
-    from trainables.model_source import ModelSource
-    from trainables.models import LayeredModel
+    from trainables.data.files import FileSource
+    from trainables.data.splits import DataSplits
+    from trainables.models.networks import LayeredModel
+    from trainables.models.source import ModelSource
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -376,8 +376,8 @@ class Config:
         return self.data.dataset == FILE_DATASET
 
     def model_source(self) -> ModelSource:
-        """The network every trial of this config trains (``trainables.model_source``)."""
-        from trainables.model_source import ModelSource
+        """The network every trial of this config trains (``trainables.models.source``)."""
+        from trainables.models.source import ModelSource
 
         m = self.model
         return ModelSource(name=m.name, activation=m.activation, factory=m.factory,
@@ -387,7 +387,7 @@ class Config:
         """The user's data (``dataset = 'file'``), else None."""
         if not self.user_data:
             return None
-        from trainables.datafiles import FileSource
+        from trainables.data.files import FileSource
 
         d = self.data
         return FileSource(path=d.path, factory=d.factory, code_dir=self.model.code_dir,
@@ -398,20 +398,21 @@ class Config:
 
     @functools.cached_property
     def num_layers(self) -> int:
-        """How many layers DP training trains (``trainables.models.TrainableLayers``: a frozen
-        layer is none, a trainable parameter of a parent is one); a user's network is built and
-        checked (``trainables.validator``) the first time this is read, during validation."""
+        """How many layers DP training trains (``trainables.models.networks.TrainableLayers``: a
+        frozen layer is none, a trainable parameter of a parent is one); a user's network is built
+        and checked (``trainables.models.validator``) the first time this is read, during
+        validation."""
         if not self.model.factory and not self.user_data:
             name = model_for(model=self.model.name, dataset=self.data.dataset)
             check_input_shape(model=name, input_shape=INPUT_SHAPES[self.data.dataset])
             return layer_count(model=name, dataset=self.data.dataset)
-        from trainables.trainable import trainable_layers
+        from trainables.models.trainable import trainable_layers
 
         return len(trainable_layers(self.build_network()).layer_names)
 
     def data_splits(self) -> DataSplits:
         """The config's splits (the pool is cached in-process); bad data raise UserInputError."""
-        from trainables.data import SplitSizes, load_splits
+        from trainables.data.splits import SplitSizes, load_splits
 
         return load_splits(dataset=self.data.dataset, seed=self.data.split_seed,
                            sizes=SplitSizes(**self.split_sizes()),
@@ -433,7 +434,7 @@ class Config:
         """Classes of the config's data (a user's data is read for it)."""
         if not self.user_data:
             return NUM_CLASSES[self.data.dataset]
-        from trainables.data import load_pool
+        from trainables.data.splits import load_pool
 
         return load_pool(dataset=FILE_DATASET, source=self.file_source()).num_classes
 
@@ -443,7 +444,7 @@ class Config:
         if self.model.factory or self.data.factory:
             out.update(self.model_source().fingerprint())
             if not out and self.model.code_dir:
-                from trainables.usercode import tree_sha256
+                from trainables.models.usercode import tree_sha256
 
                 out["model_code"] = tree_sha256(self.model.code_dir)
         source = self.file_source()
@@ -453,7 +454,7 @@ class Config:
 
     def split_sizes(self) -> dict[str, int]:
         """Split sizes with dataset defaults filled in."""
-        from trainables.data import DEFAULT_SIZES
+        from trainables.data.splits import DEFAULT_SIZES
 
         d = file_sizes(self) if self.user_data else DEFAULT_SIZES[self.data.dataset]
         return {name: getattr(self.data, f"{name}_size") or getattr(d, name)

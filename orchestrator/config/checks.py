@@ -172,7 +172,7 @@ def check_validation_size(cfg: Config, sizes: dict[str, int]) -> None:
 # ---- sizes ------------------------------------------------------------------------------------
 def file_sizes(cfg: Config) -> Any:
     """A user's data: its own split assignment's counts, else shares of its rows."""
-    from trainables.data import available_size, default_file_sizes
+    from trainables.data.splits import available_size, default_file_sizes
 
     avail = available_size(FILE_DATASET, source=cfg.file_source())
     if avail.assigned is not None:
@@ -183,7 +183,7 @@ def file_sizes(cfg: Config) -> Any:
 
 def _check_file_sizes(cfg: Config, sizes: dict[str, int]) -> int:
     """Sizes a user's data can serve; returns the rows the pool check below counts against."""
-    from trainables.data import available_size
+    from trainables.data.splits import available_size
 
     avail = available_size(FILE_DATASET, source=cfg.file_source())
     if avail.assigned is not None:

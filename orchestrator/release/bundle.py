@@ -53,8 +53,8 @@ from orchestrator.release.model_card import (
 )
 from orchestrator.release.statement import PrivacyStatement, privacy_statement
 from orchestrator.rundir import check_creatable
-from trainables.models import WrappedModel
-from trainables.training import load_checkpoint_state
+from trainables.models.networks import WrappedModel
+from trainables.training.loop import load_checkpoint_state
 
 __all__ = ["RELEASE_ENTRIES", "RELEASE_FILES", "ExportResult", "export_trial"]
 

@@ -98,7 +98,7 @@ def audit_bound(row: dict[str, Any]) -> dict[str, Any] | None:
 
 def _num_classes(run: RunDir, trial_id: str) -> int:
     """The trial's class count, from its verified spec (a user's data is read for it)."""
-    from trainables.training import TrialSpec, load_trial_data
+    from trainables.training.loop import TrialSpec, load_trial_data
 
     rel = f"{layout.TRIALS}/{trial_id}/{layout.SPEC}"
     try:

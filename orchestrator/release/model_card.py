@@ -16,10 +16,10 @@ from core.datasets import CLASS_NAMES, FILE_DATASET, INPUT_SHAPES, NUM_CLASSES
 from core.errors import UserInputError
 from orchestrator import __version__
 from orchestrator.release.standalone import build_record
-from trainables.data import NORMALIZATION
-from trainables.datafiles import class_names
-from trainables.model_source import ModelSource
-from trainables.models import LayeredModel
+from trainables.data.files import class_names
+from trainables.data.splits import NORMALIZATION
+from trainables.models.networks import LayeredModel
+from trainables.models.source import ModelSource
 
 MODEL_FORMAT = "dpsweep-model"
 MODEL_VERSION = 3
@@ -36,7 +36,7 @@ def _bad(field: str, value: object, allowed: str) -> UserInputError:
 def model_description(spec: dict[str, Any]) -> dict[str, Any]:
     """How to rebuild the model from the spec (a user's data is read for its shape, classes
     and normalisation; built-in datasets need no data)."""
-    from trainables.training import TrialSpec, load_trial_data
+    from trainables.training.loop import TrialSpec, load_trial_data
 
     dataset = spec.get("dataset")
     if dataset not in INPUT_SHAPES and dataset != FILE_DATASET:

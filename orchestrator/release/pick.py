@@ -116,7 +116,7 @@ def _validation_size(run: RunDir) -> int | None:
     size = data.get("validation_size", 0)
     if isinstance(size, int) and size > 0:
         return size
-    from trainables.data import DEFAULT_SIZES
+    from trainables.data.splits import DEFAULT_SIZES
 
     defaults = DEFAULT_SIZES.get(str(data.get("dataset", "digits")))
     return defaults.validation if defaults is not None else None

@@ -4,11 +4,11 @@
 nor dpsweep. So the export carries the code itself, under ``code/``:
 
 * a user's factory: the ``.py`` files of ``model.code_dir``, exactly the files whose SHA-256 the
-  run's manifest records (``trainables.usercode.code_files``). Only Python files leave: data,
+  run's manifest records (``trainables.models.usercode.code_files``). Only Python files leave: data,
   checkpoints and anything else in the folder stay behind, so private data kept beside the code
   is never released;
-* a built-in model: dpsweep's own modules that build it (``trainables/models.py`` and what it
-  imports from dpsweep at module level, found by reading the imports, with their packages'
+* a built-in model: dpsweep's own modules that build it (``trainables/models/networks.py`` and
+  what it imports from dpsweep at module level, found by reading the imports, with their packages'
   ``__init__.py``), copied as they are: no second copy of the architectures to drift.
 
 ``load.py`` is ``orchestrator/release/loader.py`` copied unchanged: plain Python on torch that
@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from core.layout import EXPORT_CODE
-from trainables import usercode
-from trainables.model_source import ModelSource
+from trainables.models import usercode
+from trainables.models.source import ModelSource
 
 #: The built-in models' builder, as a factory reference (what ``load.py`` imports).
-BUILTIN_FACTORY = "trainables.models:build_model"
+BUILTIN_FACTORY = "trainables.models.networks:build_model"
 #: Where each kind of code in ``code/`` comes from (``model.json``'s ``code.origin``).
 ORIGIN_USER = "model.code_dir"
 ORIGIN_BUILTIN = "dpsweep"

@@ -120,7 +120,7 @@ def audit_job(*, trial_dir: str, spec: dict[str, Any], settings: dict[str, Any],
         budgets_from_config,
         trial_audit_paths,
     )
-    from trainables.training import TrialSpec, load_trial_data
+    from trainables.training.loop import TrialSpec, load_trial_data
 
     trial_spec = TrialSpec.from_dict(spec)
     data = load_trial_data(trial_spec)
@@ -164,7 +164,7 @@ def baseline_job(*, run_dir: str, spec: dict[str, Any], settings: dict[str, Any]
         nonprivate_trainer,
         train_nonprivate,
     )
-    from trainables.training import TrialSpec, evaluate, load_trial_data
+    from trainables.training.loop import TrialSpec, evaluate, load_trial_data
 
     started_at = time.time()
     trial_spec = TrialSpec.from_dict(spec)

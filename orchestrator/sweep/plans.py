@@ -81,7 +81,7 @@ def precompute_order(plans: list[StudyPlan]) -> list[tuple[StudyPlan, dict[str, 
     method's points stay in order, so a budget the first caches serves the next. One queue,
     not a fixed lane per method: the demo's six DP-AdamILG points alone took one lane 12.2 s
     while the other idled from 8.7 s (balanced: about 10.5 s)."""
-    from trainables.dp_step import DPStep
+    from trainables.dp.step import DPStep
     from trainables.methods import get_method
 
     by_method: dict[str, list[tuple[StudyPlan, dict[str, Any]]]] = {}

@@ -67,7 +67,7 @@ def _private_tuning_plan(cfg: Config) -> Any:
     from orchestrator.accounting.tuning.private import plan_private_tuning
     from orchestrator.sweep.plans import schedule_points, study_plans
     from trainables.methods import get_method
-    from trainables.training import poisson_plan
+    from trainables.training.loop import poisson_plan
 
     sizes = cfg.split_sizes()
     q, steps_per_epoch = poisson_plan(dataset_size=sizes["train"],

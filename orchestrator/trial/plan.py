@@ -18,9 +18,9 @@ from orchestrator.accounting.cache import default_cache_dir
 from orchestrator.accounting.calibration import calibrate, epsilon_curve
 from orchestrator.accounting.certificate import Calibration
 from orchestrator.config import Config, from_dict
-from trainables.data import DataSplits, load_pool
+from trainables.data.splits import DataSplits, load_pool
 from trainables.methods import METHODS, get_method, series_name
-from trainables.training import TrialSpec, poisson_plan
+from trainables.training.loop import TrialSpec, poisson_plan
 
 
 def data_pool(cfg: Config) -> dict[str, Any]:
@@ -118,7 +118,7 @@ def gpu_share(gpus_per_trial: float) -> float:
 
 
 def randomness_kind(cfg: Config) -> str:
-    """Where a trial's noise and sampling come from (``trainables.randomness``)."""
+    """Where a trial's noise and sampling come from (``trainables.dp.randomness``)."""
     if cfg.training.reproducible:
         return "reproducible"
     return "secure" if cfg.training.secure_mode else "secret"

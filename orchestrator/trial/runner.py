@@ -8,10 +8,9 @@ The driver reads those files, never Tune's copies, so a reason survives any Ray 
 finished trial is recognised even if the driver died before hearing about it.
 
 Heavy modules are imported once per worker process and the data splits are cached per process
-(``trainables.data``), so a reused actor starts its next trial without either cost; the raw data
-come from the driver through Ray's object store (``orchestrator.trial.plan.data_pool``), read once
-per sweep.
-"""
+(``trainables.data.splits``), so a reused actor starts its next trial without either cost; the raw
+data come from the driver through Ray's object store (``orchestrator.trial.plan.data_pool``), read
+once per sweep. """
 
 from __future__ import annotations
 
@@ -29,7 +28,7 @@ from core.layout import CHECKPOINT_DIR
 from core.storage import atomic_write_json
 from orchestrator.sweep.studies import DISK_FULL_KEY, ERROR_FILE, RESULT_FILE
 from orchestrator.trial.pruning import PRUNED, TrialPruned, ask_board
-from trainables.training import (
+from trainables.training.loop import (
     CHECKPOINT_FILE,
     TrialResult,
     TrialSpec,
@@ -199,8 +198,8 @@ def use_data_pool(shared: dict[str, Any] | None) -> None:
     (``orchestrator.trial.plan.data_pool``: no scikit-learn import, no file read per worker);
     None leaves the worker to read the data."""
     if shared is not None:
-        from trainables.data import share_pool
-        from trainables.datafiles import FileSource
+        from trainables.data.files import FileSource
+        from trainables.data.splits import share_pool
 
         raw = shared.get("source")  # the pool travels with it: the files need not be here
         source = None if raw is None else FileSource.from_dict(raw, check_files=False)

@@ -15,7 +15,7 @@ from orchestrator.config import Config
 from orchestrator.rundir import RunDir
 from orchestrator.trial.plan import plan_trial
 from reports import store
-from trainables.training import TrialResult, train_trial
+from trainables.training.loop import TrialResult, train_trial
 
 TRIAL_ID = "trial-000"
 

@@ -42,12 +42,12 @@ from typing import Any
 import torch
 
 from core.schedule import Schedule
-from trainables.data import load_splits
-from trainables.dp_step import DPStep, PublicData
-from trainables.engine import GradEngine, MaterializedGrads
+from trainables.data.splits import load_splits
+from trainables.dp.randomness import Randomness, poisson_batches
+from trainables.dp.step import DPStep, PublicData
+from trainables.engine.grad_engine import GradEngine, MaterializedGrads
 from trainables.methods import get_method
-from trainables.models import LayeredModel, build_model
-from trainables.randomness import Randomness, poisson_batches
+from trainables.models.networks import LayeredModel, build_model
 
 NUM_LAYERS = 4  # digits_cnn
 #: Steps of a lifecycle: 3 epochs of 10 steps, long enough for every fast_lifecycle change.

@@ -28,9 +28,9 @@ from tests.contract.conformance import (
     make_method,
     prepared_params,
 )
-from trainables.dp_step import PUBLIC_SHARE, PublicData
+from trainables.dp.step import PUBLIC_SHARE, PublicData
 from trainables.methods import METHODS
-from trainables.training import load_checkpoint_state, train_trial
+from trainables.training.loop import load_checkpoint_state, train_trial
 
 CASES = [pytest.param(name, mode.name, id=f"{name}:{mode.name}")
          for name, cls in sorted(METHODS.items()) for mode in cls.modes]

@@ -21,7 +21,7 @@ from tests.contract.conformance import (
     lifecycle_params,
     make_method,
 )
-from trainables.engine import PerExampleView
+from trainables.engine.grad_engine import PerExampleView
 from trainables.methods import METHODS, registered
 from trainables.methods.dpsgd import DPSGD
 
@@ -131,20 +131,20 @@ def test_float32_norms_squared_without_scaling_are_caught(monkeypatch: pytest.Mo
     """The engine before this suite: float32 squares summed unscaled, so a block of tiny entries
     had its norm under-computed and lm_dpsgd (which divides by it) released above its bound.
     With that engine restored by hand, the float32 lifecycle fails on the underflow pattern."""
-    import trainables.dp_step
-    import trainables.engine
-    import trainables.engine_pass
-    import trainables.module_grads
-    import trainables.norms
+    import trainables.dp.step
+    import trainables.engine.grad_engine
+    import trainables.engine.modules
+    import trainables.engine.norms
+    import trainables.engine.passes
 
     def unscaled(g: torch.Tensor) -> torch.Tensor:
         return g.reshape(g.shape[0], -1).pow(2).sum(1).double()
 
-    monkeypatch.setattr(trainables.norms, "scaled_sq_norms", unscaled)
-    monkeypatch.setattr(trainables.engine, "scaled_sq_norms", unscaled)
-    monkeypatch.setattr(trainables.engine_pass, "scaled_sq_norms", unscaled)
-    monkeypatch.setattr(trainables.module_grads, "scaled_sq_norms", unscaled)
-    monkeypatch.setattr(trainables.dp_step, "scaled_sq_norms", unscaled)
+    monkeypatch.setattr(trainables.engine.norms, "scaled_sq_norms", unscaled)
+    monkeypatch.setattr(trainables.engine.grad_engine, "scaled_sq_norms", unscaled)
+    monkeypatch.setattr(trainables.engine.passes, "scaled_sq_norms", unscaled)
+    monkeypatch.setattr(trainables.engine.modules, "scaled_sq_norms", unscaled)
+    monkeypatch.setattr(trainables.dp.step, "scaled_sq_norms", unscaled)
     run = lifecycle(METHODS["lm_dpsgd"], "lagged", steps=4, resume_at=2)
     failing = [c for c in run.releases if not c.holds]
     assert failing and all(c.pattern == "squares_underflow" for c in failing)

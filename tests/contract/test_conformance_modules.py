@@ -30,7 +30,7 @@ from tests.contract.conformance import (
     make_method,
     token_workload,
 )
-from trainables.engine import GradEngine
+from trainables.engine.grad_engine import GradEngine
 from trainables.methods import METHODS
 
 SOUND = [pytest.param(name, mode.name, id=f"{name}:{mode.name}")

@@ -26,8 +26,8 @@ from tests.contract.conformance import (
     make_method,
 )
 from trainables.methods import METHODS
-from trainables.models import LayeredModel
-from trainables.validator import wrap_checked
+from trainables.models.networks import LayeredModel
+from trainables.models.validator import wrap_checked
 
 SOUND = [pytest.param(name, mode.name, id=f"{name}:{mode.name}")
          for name, cls in sorted(METHODS.items()) for mode in cls.modes if mode.dp_valid]

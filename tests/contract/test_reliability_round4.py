@@ -38,7 +38,7 @@ from tests.conftest import tiny_config
 
 TRIAL = "trial-000"  # orchestrator.trial.single.TRIAL_ID
 PREFIX = "dpsweep: error: "
-#: digits' default splits: train 500, holdout 300 (trainables.data.DEFAULT_SIZES)
+#: digits' default splits: train 500, holdout 300 (trainables.data.splits.DEFAULT_SIZES)
 LARGEST_CANDIDATES = 300
 TINY = "[training]\nepochs = 2\nbatch_size = 50\n[method_params]\nlr = 1.0\nclip_norm = 1.0\n"
 

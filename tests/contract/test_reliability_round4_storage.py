@@ -33,7 +33,7 @@ from orchestrator.rundir import RunDir
 from orchestrator.sweep.resume_checks import check_storage, finished_in_storage
 from orchestrator.sweep.signals import check_records
 from orchestrator.sweep.studies import ID_ATTR
-from trainables.usercode import tree_sha256
+from trainables.models.usercode import tree_sha256
 
 PREFIX = "dpsweep: error: "
 STORAGE_LINE = f"{PREFIX}RUN_DIR = '{layout.OPTUNA_DB}' is not allowed: expected the run's " \

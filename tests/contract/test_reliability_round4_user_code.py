@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trainables.datafiles import MAX_CLASSES
+from trainables.data.files import MAX_CLASSES
 
 REPO = Path(__file__).resolve().parents[2]
 DPSWEEP = Path(sys.executable).parent / "dpsweep"

@@ -137,7 +137,7 @@ def _image_folder(root: Path) -> list[tuple[str, Path]]:
 
 def _training_predictions(run: Path) -> tuple[list[int], list[int], float]:
     """(test rows, what the training code predicts for each, the recorded test accuracy)."""
-    from trainables.training import (
+    from trainables.training.loop import (
         TrialSpec,
         build_trial_model,
         load_checkpoint_state,
@@ -270,7 +270,7 @@ def test_code_changed_since_the_run_is_not_exported(tmp_path: Path,
 
 def test_a_built_in_model_export_runs_without_dpsweep(tmp_path: Path) -> None:
     """Digits' built-in CNN: code/ is dpsweep's own modules, loaded from the copy only."""
-    from trainables.data import load_pool
+    from trainables.data.splits import load_pool
 
     project = tmp_path / "project"
     project.mkdir()

@@ -18,7 +18,7 @@ from PIL import Image
 from core import layout
 from orchestrator.cli import main
 from orchestrator.trial.single import TRIAL_ID
-from trainables.training import _derived_seeds, load_checkpoint_state
+from trainables.training.loop import _derived_seeds, load_checkpoint_state
 
 pytestmark = pytest.mark.slow
 
@@ -109,7 +109,7 @@ def _audit_lists_every_layer(config: Path, checkpoint: Path, spec: dict) -> None
         budgets_from_config,
         reference_budgets,
     )
-    from trainables.training import TrialSpec
+    from trainables.training.loop import TrialSpec
 
     cfg = config_mod.load(config)
     data = cfg.data_splits()
@@ -139,7 +139,7 @@ def _initial_weights(root: Path, name: str, spec: dict) -> dict[str, torch.Tenso
         torch.manual_seed(seed_model)
         net = getattr(module, CASES[name][0])(shape, 3)
     if name == "resnet18_batchnorm_fixed":
-        from trainables.model_fix import fix_model
+        from trainables.models.fix import fix_model
 
         net, _ = fix_model(net)
     return dict(net.named_parameters())

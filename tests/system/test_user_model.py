@@ -136,7 +136,7 @@ def test_every_trial_has_a_row_with_the_users_layers_attacked(cli_run: Path) -> 
 def test_the_export_loads_into_the_factorys_module_with_the_recorded_accuracy(
         cli_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from orchestrator.cli import main
-    from trainables.training import TrialSpec, load_trial_data
+    from trainables.training.loop import TrialSpec, load_trial_data
 
     trial = "dpsgd_eps3-000"
     assert main(["export", str(cli_run), "--trial", trial, "--out", str(tmp_path / "rel")]) == 0

@@ -37,8 +37,8 @@ if TYPE_CHECKING:
     import torch
 
     from trainables.audit.references import CacheableTrainer
-    from trainables.data import DataSplits, Split
-    from trainables.models import LayeredModel
+    from trainables.data.splits import DataSplits, Split
+    from trainables.models.networks import LayeredModel
 else:
     torch = lazy_module("torch")
 

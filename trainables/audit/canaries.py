@@ -5,7 +5,7 @@ m canaries are each included independently with probability 1/2 in ONE training 
 trained run is scored per canary, and the number of correct IN/OUT guesses becomes an epsilon
 lower bound (``trainables.audit.stats.onerun.canary_audit``; the theorem lives there only).
 This module produces the scores and the secret membership; it never changes the method under
-audit: the canaries enter through :func:`trainables.training.train_trial`'s ``instrument``
+audit: the canaries enter through :func:`trainables.training.loop.train_trial`'s ``instrument``
 hook, which wraps the built method's phases, so the method's own clipping, reweighting, noise
 and accounting act on them exactly as on its examples.
 
@@ -37,7 +37,7 @@ and accounting act on them exactly as on its examples.
 
 The IN/OUT draws come from the operating system's entropy pool (:func:`draw_membership`), never
 from a seed that is written anywhere, and the canaries' per-step sampling from a secret
-:class:`~trainables.randomness.Randomness` of their own (``secure`` when the trial is).
+:class:`~trainables.dp.randomness.Randomness` of their own (``secure`` when the trial is).
 
 Why the white-box bound stays sound: the theorem needs IN/OUT draws independent of everything
 else (OS entropy) and guesses that are a function of the released output; the scores use only
@@ -77,11 +77,11 @@ from trainables.audit.stats.onerun import (
 if TYPE_CHECKING:
     import torch
 
-    from trainables.data import DataSplits
-    from trainables.dp_step import DPStep
-    from trainables.models import LayeredModel
-    from trainables.randomness import Randomness
-    from trainables.training import Reporter, TrialSpec
+    from trainables.data.splits import DataSplits
+    from trainables.dp.randomness import Randomness
+    from trainables.dp.step import DPStep
+    from trainables.models.networks import LayeredModel
+    from trainables.training.loop import Reporter, TrialSpec
 else:
     torch = lazy_module("torch")
 
@@ -128,7 +128,7 @@ def canary_sampler(spec: TrialSpec) -> Randomness:
     """The canaries' per-step Poisson source: secret entropy (``secure`` for secure trials),
     separate from the trial's own sampler so that a reproducible trial's seed never decides
     when a canary joins."""
-    from trainables.randomness import Randomness
+    from trainables.dp.randomness import Randomness
 
     kind = "secure" if spec.randomness == "secure" else "secret"
     return Randomness(kind=kind, device=torch.device("cpu"))
@@ -255,7 +255,7 @@ def choose_layer_canaries(*, model: LayeredModel, m: int, norm: float,
 def guarded_coefficients(method: DPStep, norms: torch.Tensor) -> torch.Tensor:
     """The coefficients the method's clip phase releases for rows of ``norms``: its rule,
     capped by the step's guard, without touching the guard's counters."""
-    from trainables.dp_step import bound_coefficients
+    from trainables.dp.step import bound_coefficients
 
     coef, _ = bound_coefficients(method.clip_coefficients(norms), norms,
                                  sensitivity=method.sensitivity(),
@@ -605,7 +605,7 @@ def white_box_run(spec: TrialSpec, *, m: int, seed: int, data: DataSplits | None
                   report: Reporter | None = None,
                   on_install: Callable[[WhiteBoxInstrument], None] | None = None) -> CanaryRun:
     """Re-train ``spec`` once with m layer canaries; score them (module docstring)."""
-    from trainables.training import load_trial_data, train_trial
+    from trainables.training.loop import load_trial_data, train_trial
 
     start = time.perf_counter()
     data = load_trial_data(spec) if data is None else data
@@ -630,7 +630,7 @@ def white_box_run(spec: TrialSpec, *, m: int, seed: int, data: DataSplits | None
 def black_box_run(spec: TrialSpec, *, m: int, seed: int, data: DataSplits | None = None,
                   report: Reporter | None = None) -> CanaryRun:
     """Re-train ``spec`` once with m mislabelled holdout canaries; score them by -loss."""
-    from trainables.training import load_trial_data, train_trial
+    from trainables.training.loop import load_trial_data, train_trial
 
     start = time.perf_counter()
     data = load_trial_data(spec) if data is None else data

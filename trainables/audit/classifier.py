@@ -23,21 +23,21 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from core.lazy import lazy_module
+from trainables.audit.layer_attack import fit_layer_attacks, ir_features, reduce_ir
 from trainables.audit.references import ReferencePlan, ReferenceTrainer
 from trainables.audit.signals import logit_confidence
-from trainables.data import DataSplits
-from trainables.layer_attack import fit_layer_attacks, ir_features, reduce_ir
+from trainables.data.splits import DataSplits
 
 if TYPE_CHECKING:
     import torch
 
-    from trainables.models import LayeredModel
+    from trainables.models.networks import LayeredModel
 else:
     torch = lazy_module("torch")
 
 #: Order statistics kept per block of sorted features.
 QUANTILES = 64
-#: The classifier (``trainables.layer_attack.make_attack`` kinds): logistic regression
+#: The classifier (``trainables.audit.layer_attack.make_attack`` kinds): logistic regression
 #: transferred from shadows to targets more reliably than the MLP on digits.
 KIND = "logreg"
 #: Name of the attack in audit records.

@@ -29,8 +29,8 @@ if TYPE_CHECKING:
     import torch
 
     from trainables.audit.references import ExtraSignals
-    from trainables.data import Split
-    from trainables.models import LayeredModel
+    from trainables.data.splits import Split
+    from trainables.models.networks import LayeredModel
 else:
     torch = lazy_module("torch")
 
@@ -56,7 +56,7 @@ def probe_signals(*, probe_set: Split, num_classes: int) -> ExtraSignals:
     from sklearn.linear_model import LogisticRegression
     from sklearn.preprocessing import StandardScaler
 
-    from trainables.layer_attack import reduce_ir
+    from trainables.audit.layer_attack import reduce_ir
 
     counts = np.bincount(probe_set.y.numpy(), minlength=num_classes)
     if counts.min() < MIN_PER_CLASS:

@@ -59,13 +59,13 @@ from trainables.audit.signals import (
     per_example_signals,
     rmia_input,
 )
-from trainables.data import DataSplits, Split
+from trainables.data.splits import DataSplits, Split
 
 if TYPE_CHECKING:
     import torch
 
-    from trainables.models import LayeredModel
-    from trainables.training import TrialSpec
+    from trainables.models.networks import LayeredModel
+    from trainables.training.loop import TrialSpec
 else:
     torch = lazy_module("torch")
 
@@ -104,7 +104,7 @@ class NonPrivateRecipe:
     epochs: int = 800
     lr: float = 3e-3
     batch_size: int = 32
-    #: The network (``trainables.model_source.ModelSource.to_dict()``; default: the built-in
+    #: The network (``trainables.models.source.ModelSource.to_dict()``; default: the built-in
     #: "auto" model of the dataset).
     model_source: dict = field(default_factory=dict)
 
@@ -116,7 +116,7 @@ def train_nonprivate(*, data: DataSplits, recipe: NonPrivateRecipe, seed: int,
     ``threads`` sets torch's intra-op threads (None leaves them): one thread is several
     times faster than two for these small models on a shared machine.
     """
-    from trainables.optim import Update
+    from trainables.dp.optim import Update
 
     start = time.perf_counter()
     if threads is not None:
@@ -140,7 +140,7 @@ def train_nonprivate(*, data: DataSplits, recipe: NonPrivateRecipe, seed: int,
 
 def _nonprivate_model(data: DataSplits, recipe: NonPrivateRecipe) -> LayeredModel:
     """The recipe's untrained network for ``data`` (initialised from torch's global RNG)."""
-    from trainables.model_source import ModelSource
+    from trainables.models.source import ModelSource
 
     source = ModelSource.from_dict(recipe.model_source) if recipe.model_source else ModelSource()
     return source.build(input_shape=data.input_shape, num_classes=data.num_classes,
@@ -346,7 +346,7 @@ class DPReferenceTrainer:
                               seed=seed, index=index)
 
     def __call__(self, data: DataSplits, seed: int, index: int) -> tuple[LayeredModel, float]:
-        from trainables.training import train_trial
+        from trainables.training.loop import train_trial
 
         result = train_trial(self._spec(data, seed, index), data=data, evaluate_epochs=False)
         if result.model is None:
@@ -361,7 +361,7 @@ class DPReferenceTrainer:
                                     if k not in _UNLEARNED_FIELDS}}
 
     def blank(self, data: DataSplits) -> LayeredModel:
-        from trainables.training import build_trial_model
+        from trainables.training.loop import build_trial_model
 
         with torch.random.fork_rng(devices=[]):
             return build_trial_model(self.spec, data).eval()

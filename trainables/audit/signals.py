@@ -22,8 +22,8 @@ Each signal here is a scalar per (model, example) that is invariant to such perm
   across layers on that target) and their leakage is nearly flat in depth; what they add over
   the output is that they are the quantities per-layer clipping bounds. Computed exactly (not
   estimated)
-  in float64 by ``trainables.engine.GradEngine`` — book-keeping per-example norms, several times
-  cheaper than ``torch.func.vmap(grad)``, which the tests use as the reference.
+  in float64 by ``trainables.engine.grad_engine.GradEngine`` — book-keeping per-example norms,
+  several times cheaper than ``torch.func.vmap(grad)``, which the tests use as the reference.
 * ``logit`` — LiRA's logit-scaled confidence of the true class, log(p_y / (1 - p_y)) =
   z_y - logsumexp_{j != y} z_j, computed from the logits so it never saturates (probabilities
   round to 1 for confident examples). The output units are the classes in every model.
@@ -54,7 +54,7 @@ from core.lazy import lazy_module
 if TYPE_CHECKING:
     import torch
 
-    from trainables.models import LayeredModel
+    from trainables.models.networks import LayeredModel
 else:
     torch = lazy_module("torch")
 
@@ -130,7 +130,7 @@ def per_example_signals(*, model: LayeredModel, x: torch.Tensor, y: torch.Tensor
     overfit model's members have gradient norms many orders below its non-members', and float32
     loses the true class's component of the gradient once p_y rounds to 1.
     """
-    from trainables.engine import GradEngine
+    from trainables.engine.grad_engine import GradEngine
 
     if batch < 1:
         raise UserInputError(field="batch", value=batch, allowed="an integer >= 1")

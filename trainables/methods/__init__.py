@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import TypeVar
 
 from core.errors import UserInputError
-from trainables.dp_step import DPStep
+from trainables.dp.step import DPStep
 
 METHODS: dict[str, type[DPStep]] = {}
 

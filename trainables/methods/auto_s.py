@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar
 
 from core.params import Param, ParamSet
-from trainables.dp_step import CLIP, LR, MOMENTUM, DPStep, example_norms
+from trainables.dp.step import CLIP, LR, MOMENTUM, DPStep, example_norms
 from trainables.methods import register
 
 if TYPE_CHECKING:

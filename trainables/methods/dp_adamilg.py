@@ -50,7 +50,7 @@ from core.lazy import lazy_module
 from core.modes import Mode, Source
 from core.params import Param, ParamSet
 from core.schedule import Phase, Schedule
-from trainables.dp_step import CLIP, LR, NORM_EPS, DPStep, PerExampleView, public_every
+from trainables.dp.step import CLIP, LR, NORM_EPS, DPStep, PerExampleView, public_every
 from trainables.methods import register
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from trainables.dp_step import DPStep
+from trainables.dp.step import DPStep
 from trainables.methods import register
 
 

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 from core.errors import UserInputError
 from core.modes import Mode, Source
 from core.params import Param, ParamSet
-from trainables.dp_step import CLIP, LR, MOMENTUM, DPStep
+from trainables.dp.step import CLIP, LR, MOMENTUM, DPStep
 from trainables.methods import register
 
 

@@ -4,13 +4,13 @@ Membership Inference in Intermediate Representations via Layer-wise MIA-risk-awa
 Stage 1 (:meth:`LMDPSGD.prepare`, once per sweep, public data only, cached on disk): a shadow
 model of the trial's architecture is trained non-privately on half of the public shadow pool;
 one membership attack per layer (an MLP on the layer's sorted IR values, see
-trainables/layer_attack.py) is fitted on the shadow model's IRs of its members and non-members;
-the attack's balanced error rate ER(l) is the layer's risk estimate (lower = leakier). ER is
-measured on held-out attack data by default, on the attack's own training data with
-``er_eval = "train"`` (the paper's Appendix B, line 31). The shadow model uses at most
-``stage1_examples`` pool examples, half members, half non-members, and ``stage1_steps`` Adam
-steps: enough to overfit (train accuracy ~0.98 vs test ~0.83 on Fashion-MNIST, 1.0 vs ~0.9
-on digits) in seconds on one thread.
+trainables/audit/layer_attack.py) is fitted on the shadow model's IRs of its members and
+non-members; the attack's balanced error rate ER(l) is the layer's risk estimate (lower = leakier).
+ER is measured on held-out attack data by default, on the attack's own training data with ``er_eval
+= "train"`` (the paper's Appendix B, line 31). The shadow model uses at most ``stage1_examples``
+pool examples, half members, half non-members, and ``stage1_steps`` Adam steps: enough to overfit
+(train accuracy ~0.98 vs test ~0.83 on Fashion-MNIST, 1.0 vs ~0.9 on digits) in seconds on one
+thread.
 
 Stage 2 (every step): with C_i = min(C, ||G_i||) and a unit weight vector w,
 g^_i(l) = C_i * w(l) * g_i(l) / ||g_i(l)|| (0 for a zero block), so ||G^_i|| = C_i <= C, and
@@ -70,7 +70,8 @@ from core.lazy import lazy_module
 from core.modes import Mode, Source
 from core.params import Constraint, Param, ParamSet, is_real
 from core.storage import JsonCache
-from trainables.dp_step import (
+from trainables.dp.optim import Update
+from trainables.dp.step import (
     CLIP,
     LR,
     MOMENTUM,
@@ -80,12 +81,11 @@ from trainables.dp_step import (
     public_every,
 )
 from trainables.methods import register
-from trainables.optim import Update
 
 if TYPE_CHECKING:
     import torch
 
-    from trainables.models import LayeredModel
+    from trainables.models.networks import LayeredModel
 else:
     torch = lazy_module("torch")
 
@@ -277,7 +277,7 @@ def compute_layer_risk(*, data: Any, model_factory: Callable[[], LayeredModel], 
 
 def _compute_layer_risk(*, data: Any, model_factory: Callable[[], LayeredModel], seed: int,
                         stage1: Stage1) -> dict[str, Any]:
-    from trainables.layer_attack import (
+    from trainables.audit.layer_attack import (
         fit_layer_attacks,
         ir_features,
         layer_accuracies,

@@ -4,7 +4,7 @@ Learning").
 
 Every K steps the controller reads the probe layer's weight (conv kernels reshaped to
 C_out x C_in*kh*kw), fits the power-law tail exponent zeta of its eigenvalues lambda = s^2
-(:mod:`trainables.spectral`; several probe layers -> the median of their zetas), smooths it,
+(:mod:`trainables.dp.spectral`; several probe layers -> the median of their zetas), smooths it,
 zeta^ = beta zeta^ + (1 - beta) zeta, and moves the clipping norm in the log domain:
 e = zeta^ - zeta_star; u = log C; u += kappa * clip(e / radius, -1, 1); C = exp(u), clamped to
 [C_min, C_max]. Between probes C is held, so C_t changes only at multiples of K.
@@ -46,9 +46,9 @@ from core.errors import UserInputError
 from core.lazy import lazy_module
 from core.modes import Mode, Source
 from core.params import Constraint, Param, ParamSet
-from trainables.dp_step import CLIP, LR, MOMENTUM, DPStep
+from trainables.dp.spectral import KS_MIN_EIGS, MIN_TAIL, TOP_K_FRACTION, weight_tail_exponent
+from trainables.dp.step import CLIP, LR, MOMENTUM, DPStep
 from trainables.methods import register
-from trainables.spectral import KS_MIN_EIGS, MIN_TAIL, TOP_K_FRACTION, weight_tail_exponent
 
 if TYPE_CHECKING:
     import torch

@@ -41,8 +41,8 @@ from trainables.audit.references import (
     reference_data,
     train_nonprivate,
 )
-from trainables.data import DataSplits, SplitSizes, load_splits
-from trainables.models import LayeredModel
+from trainables.data.splits import DataSplits, SplitSizes, load_splits
+from trainables.models.networks import LayeredModel
 
 SIZES = SplitSizes(train=300, validation=100, holdout=300, test=297, shadow=800)
 #: Overfits 300 digits (train loss ~1e-3) in a few seconds on one core.

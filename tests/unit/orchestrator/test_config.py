@@ -105,7 +105,7 @@ def test_dataset_pools_hold_the_default_splits() -> None:
     """The torch-free dataset table (core/datasets.py) is true of the data: digits' pool is the
     loaded data's size, and every dataset's default splits fit its pool."""
     from core.datasets import POOLS
-    from trainables.data import DEFAULT_SIZES, available_size
+    from trainables.data.splits import DEFAULT_SIZES, available_size
 
     assert POOLS["digits"] == (available_size("digits").pool, 0)
     for name, (pool, test) in POOLS.items():

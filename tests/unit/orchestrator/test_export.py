@@ -16,7 +16,7 @@ import pytest
 import safetensors.torch
 import torch
 
-import trainables.randomness
+import trainables.dp.randomness
 from core.errors import UserInputError
 from core.records import PrivacyRecord
 from orchestrator import __version__
@@ -36,10 +36,10 @@ from orchestrator.trial.single import TRIAL_ID as SINGLE_TRIAL
 from orchestrator.trial.single import train_single
 from reports import store
 from tests.conftest import tiny_config
-from trainables.data import DataSplits
+from trainables.data.splits import DataSplits
 from trainables.methods import get_method
-from trainables.models import build_model
-from trainables.training import (
+from trainables.models.networks import build_model
+from trainables.training.loop import (
     TrialResult,
     TrialSpec,
     evaluate,
@@ -114,7 +114,7 @@ def _train(base: Path, *, randomness: str) -> Trained:
         return SECRET_SEED
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(trainables.randomness, "secret_seed", known_seed)
+        mp.setattr(trainables.dp.randomness, "secret_seed", known_seed)
         result = train_trial(spec, data=data, checkpoint_root=base / "trial")
     return Trained(root=base / "trial", spec=spec, result=result, data=data, data_dir=data_dir,
                    secret_calls=len(calls))
@@ -155,7 +155,7 @@ def _files(release: Path) -> list[Path]:
 
 
 #: What a built-in model's code/ holds (at least): dpsweep's modules that build it, as they are.
-BUILTIN_CODE = {"core/errors.py", "trainables/catalog.py", "trainables/models.py"}
+BUILTIN_CODE = {"core/errors.py", "trainables/models/catalog.py", "trainables/models/networks.py"}
 REPO = Path(__file__).resolve().parents[3]
 
 
@@ -219,7 +219,7 @@ def test_model_json_describes_the_architecture(release: Path) -> None:
                                            "rule": info["input_normalization"]["rule"]}
     assert info["classes"] == [str(i) for i in range(10)]
     assert info["input_kind"] == "images"
-    assert info["build"] == {"factory": "trainables.models:build_model",
+    assert info["build"] == {"factory": "trainables.models.networks:build_model",
                              "args": {"name": "digits_cnn", "activation": "tanh"}}
     assert info["loader"] == "load.py" and "load.load(" in info["load"]
     assert info["code"]["dir"] == "code" and info["code"]["origin"] == "dpsweep"
@@ -262,7 +262,7 @@ def test_statement_matches_privacy_json(trained: Trained, release: Path) -> None
         p.relative_to(release).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
         for p in _files(release) if p.name not in statements}
     assert {"weights.pt", "model.safetensors", "model.json", "load.py",
-            "code/trainables/models.py"} <= set(s["artifacts"])
+            "code/trainables/models/networks.py"} <= set(s["artifacts"])
 
     md = (release / "privacy_statement.md").read_text()
     for text in ("epsilon: **3.9877**", "delta: **1e-05**", "q = 0.1", "20 steps",
@@ -508,7 +508,7 @@ def test_display_rounding_never_overstates_protection() -> None:
 def test_raw_input_applies_the_training_normalisation_exactly(trained: Trained,
                                                               release: Path) -> None:
     from orchestrator.release.loader import RawInput
-    from trainables.data import load_pool, normalise
+    from trainables.data.splits import load_pool, normalise
 
     info = json.loads((release / "model.json").read_text())
     test = trained.data.test

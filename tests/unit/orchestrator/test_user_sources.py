@@ -83,7 +83,7 @@ def test_resume_refuses_a_run_whose_code_or_data_changed(
 
 
 def test_a_second_folder_with_a_module_of_the_same_name_gets_its_own(tmp_path: Path) -> None:
-    from trainables import usercode
+    from trainables.models import usercode
 
     for name, width in (("one", 3), ("two", 5)):
         (tmp_path / name).mkdir()

@@ -16,7 +16,7 @@ from core.params import ParamSet, ValidatedParams
 from orchestrator.trial.plan import plan_trial
 from tests.conftest import tiny_config
 from trainables.methods import get_method
-from trainables.training import TrialSpec, train_trial
+from trainables.training.loop import TrialSpec, train_trial
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from core.errors import UserInputError
 from reports import store
 from tests.conftest import tiny_config
 from trainables.methods import get_method
-from trainables.training import TrialResult, TrialSpec, poisson_plan, train_trial
+from trainables.training.loop import TrialResult, TrialSpec, poisson_plan, train_trial
 
 SIGMA = 1.1
 EPSILON_UPPER = 2.9876

@@ -23,7 +23,7 @@ from trainables.audit.references import (
     reference_data,
     reference_seed,
 )
-from trainables.data import DataSplits, SplitSizes, load_splits
+from trainables.data.splits import DataSplits, SplitSizes, load_splits
 
 SIZES = SplitSizes(train=100, validation=100, holdout=100, test=100, shadow=400)
 #: Two epochs on 100 digits: a trained, non-initial model in well under a second.

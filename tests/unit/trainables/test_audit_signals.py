@@ -48,8 +48,8 @@ from trainables.audit.signals import (
     per_example_signals,
     rmia_input,
 )
-from trainables.data import DataSplits, SplitSizes, load_splits
-from trainables.models import LayeredModel
+from trainables.data.splits import DataSplits, SplitSizes, load_splits
+from trainables.models.networks import LayeredModel
 
 #: 300 members and 300 non-members; the pool holds the offline references' data.
 SIZES = SplitSizes(train=300, validation=100, holdout=300, test=297, shadow=800)

@@ -59,12 +59,12 @@ from trainables.audit.canaries import (
     draw_membership,
     white_box_run,
 )
-from trainables.engine import MaterializedGrads
+from trainables.dp.randomness import Randomness, poisson_batches
+from trainables.engine.grad_engine import MaterializedGrads
 from trainables.methods import METHODS, registered
 from trainables.methods.dp_adamilg import DPAdamILG
 from trainables.methods.dpsgd import DPSGD
-from trainables.randomness import Randomness, poisson_batches
-from trainables.training import TrialSpec
+from trainables.training.loop import TrialSpec
 
 #: The claim every audited trial makes.
 CLAIM = 1.0

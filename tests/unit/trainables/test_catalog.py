@@ -8,9 +8,9 @@ from core.errors import UserInputError
 from orchestrator.config import MODEL_CHOICES, from_dict
 from orchestrator.sweep.plans import study_plans
 from tests.conftest import tiny_config
-from trainables import catalog
-from trainables.data import DATASET_NAMES, INPUT_SHAPES
-from trainables.models import build_model
+from trainables.data.splits import DATASET_NAMES, INPUT_SHAPES
+from trainables.models import catalog
+from trainables.models.networks import build_model
 
 
 @pytest.mark.parametrize("name", catalog.MODEL_NAMES)

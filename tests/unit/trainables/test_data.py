@@ -1,4 +1,4 @@
-"""Tests for trainables.data: five disjoint seeded splits (train, validation, holdout, test,
+"""Tests for trainables.data.splits: five disjoint seeded splits (train, validation, holdout, test,
 shadow), fixed normalisation, input errors, and the no-download availability check."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import torch
 from sklearn.datasets import load_digits
 
 from core.errors import UserInputError
-from trainables import data
-from trainables.data import (
+from trainables.data import splits as data
+from trainables.data.splits import (
     DATASET_NAMES,
     DEBIAN_FASHION_MNIST_DIR,
     DEFAULT_SIZES,
@@ -538,7 +538,7 @@ def test_a_pool_shared_by_the_driver_serves_the_splits_without_reading_the_data(
     code = """
 import sys
 import numpy as np
-from trainables import data
+from trainables.data import splits as data
 n = 1797
 pool = data.RawPool(x=(np.arange(n) % 251).astype(np.uint8).reshape(n, 1, 1, 1).repeat(64, 1)
                     .reshape(n, 1, 8, 8), y=(np.arange(n) % 10).astype(np.int64), n_train=n,

@@ -1,6 +1,7 @@
-"""Tests for trainables.datafiles and the ``file`` dataset of trainables.data: scikit-learn's
-digits written as .npz, .csv, .parquet, a class-per-folder PNG directory and factories; the
-splits, the normalisation rule (never statistics of private rows) and one error per bad input."""
+"""Tests for trainables.data.files and the ``file`` dataset of trainables.data.splits:
+scikit-learn's digits written as .npz, .csv, .parquet, a class-per-folder PNG directory and
+factories; the splits, the normalisation rule (never statistics of private rows) and one error per
+bad input."""
 
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ from sklearn.datasets import load_digits
 
 from core.datasets import FILE_DATASET
 from core.errors import UserInputError
-from trainables import data
-from trainables.data import (
+from trainables.data import splits as data
+from trainables.data.files import FileSource, public_stats
+from trainables.data.splits import (
     DataSplits,
     FilePool,
     SplitSizes,
@@ -31,7 +33,6 @@ from trainables.data import (
     load_splits,
     share_pool,
 )
-from trainables.datafiles import FileSource, public_stats
 
 SPLIT_NAMES = ("train", "validation", "holdout", "test", "shadow")
 COLUMNS = [f"p{i}" for i in range(64)]

@@ -21,7 +21,9 @@ from scipy import stats
 from core.errors import UserInputError
 from orchestrator.trial.plan import gpu_share, plan_trial
 from tests.conftest import tiny_config
-from trainables.placement import (
+from trainables.dp.randomness import Randomness, poisson_batches
+from trainables.training.loop import TrialSpec, train_trial
+from trainables.training.placement import (
     DATA_SHARE,
     HEADROOM,
     ON_DEVICE,
@@ -30,8 +32,6 @@ from trainables.placement import (
     data_placement,
     gather,
 )
-from trainables.randomness import Randomness, poisson_batches
-from trainables.training import TrialSpec, train_trial
 
 CPU = torch.device("cpu")
 GIB = 1 << 30

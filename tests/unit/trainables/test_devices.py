@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from core.errors import UserInputError
-from trainables.training import resolve_device
+from trainables.training.loop import resolve_device
 
 
 def test_cuda_turns_tf32_off(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,9 +15,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from core.errors import UserInputError
-from trainables.engine import GradEngine, MaterializedGrads, PerExampleView
-from trainables.models import LayeredModel, build_model
-from trainables.module_grads import Conv2dHandler, Geometry, choose
+from trainables.engine.grad_engine import GradEngine, MaterializedGrads, PerExampleView
+from trainables.engine.modules import Conv2dHandler, Geometry, choose
+from trainables.models.networks import LayeredModel, build_model
 
 NUM_CLASSES = 10
 RTOL = 1e-9
@@ -352,7 +352,7 @@ def test_norms_do_not_underflow_or_overflow(dtype: torch.dtype, entry: float) ->
     """Blocks of n equal entries e have norm e sqrt(n), also where e^2 is subnormal or zero in
     float32 (1e-23; 1e-41 is itself subnormal there); squares of 1e30 (float32) would overflow
     the dtype, their scaled float64 sum does not; a non-finite entry gives an infinite norm."""
-    from trainables.norms import scaled_sq_norms
+    from trainables.engine.norms import scaled_sq_norms
 
     n = 160
     value = torch.tensor(entry, dtype=dtype)  # as the dtype holds it
@@ -374,7 +374,7 @@ def test_norms_and_sums_of_long_rows_keep_float64_accuracy(length: int) -> None:
     ``vector_norm`` came out 3e-4 low: an example clipped by it overshoots C by as much).
     The engine's norms and Gram sums of float32 rows match float64 to 1e-7 relative at layer
     sizes of a ResNet-18 (a deliberately naive float32 norm misses by more than 1e-6)."""
-    from trainables.norms import row_sums, scaled_sq_norms
+    from trainables.engine.norms import row_sums, scaled_sq_norms
 
     g = torch.randn(2, length, generator=torch.Generator().manual_seed(3))
     exact = g.double().square().sum(dim=1)

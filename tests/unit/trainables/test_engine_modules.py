@@ -32,13 +32,13 @@ from tests.contract.conformance import (
     make_method,
     token_task,
 )
-from trainables.embedding_grads import EmbeddingHandler
-from trainables.engine import GradEngine, PerExampleView
+from trainables.dp.randomness import Randomness, poisson_batches
+from trainables.engine.embedding import EmbeddingHandler
+from trainables.engine.grad_engine import GradEngine, PerExampleView
+from trainables.engine.modules import Geometry, choose
+from trainables.engine.norms import scaled_sq_norms
 from trainables.methods import METHODS
-from trainables.models import LayeredModel
-from trainables.module_grads import Geometry, choose
-from trainables.norms import scaled_sq_norms
-from trainables.randomness import Randomness, poisson_batches
+from trainables.models.networks import LayeredModel
 
 ALL = ("auto", "ghost", "materialize")
 #: float64 engine against the float64 exact path: the same sums in another order, so their

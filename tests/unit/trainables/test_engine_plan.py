@@ -18,11 +18,11 @@ from tests.unit.trainables.test_engine import (
     _conv_variants,
     _sequence_model,
 )
-from trainables import engine_plan
-from trainables.engine import GradEngine
-from trainables.host_reads import HostRead, forbid_host_reads
-from trainables.models import LayeredModel
-from trainables.module_grads import Choice, Geometry, Handler
+from trainables.engine import plan as engine_plan
+from trainables.engine.grad_engine import GradEngine
+from trainables.engine.host_reads import HostRead, forbid_host_reads
+from trainables.engine.modules import Choice, Geometry, Handler
+from trainables.models.networks import LayeredModel
 
 RTOL = 1e-9
 ATOL = 1e-12
@@ -32,7 +32,7 @@ ATOL = 1e-12
 def unbounded_planning(monkeypatch: pytest.MonkeyPatch) -> None:
     """No planning budget unless a test sets one: what is timed must not depend on how
     loaded the machine is."""
-    monkeypatch.setattr("trainables.engine.PLAN_PASSES", math.inf)
+    monkeypatch.setattr("trainables.engine.grad_engine.PLAN_PASSES", math.inf)
 
 
 def _forcing(target: Choice | None) -> object:
@@ -112,7 +112,7 @@ def test_modules_of_one_shape_are_timed_once_and_the_budget_bounds_planning(
     found = GradEngine(model).measure_plan(x, y, live=[True] * 4)
     assert calls == ["blocks.c0.0", "blocks.fc.1"]
     assert len({tuple(t.timings_ms.items()) for t in found[:3]}) == 1
-    monkeypatch.setattr("trainables.engine.PLAN_PASSES", 0.0)
+    monkeypatch.setattr("trainables.engine.grad_engine.PLAN_PASSES", 0.0)
     calls.clear()
     spent = GradEngine(model).measure_plan(x, y, live=[True] * 4)
     assert calls == []
@@ -220,7 +220,7 @@ def test_a_trial_measures_its_plan_on_public_data_records_it_and_reuses_the_cach
     and its timings, and a second trial on the same shapes reads it from the run's cache."""
     from orchestrator.trial.plan import plan_trial
     from tests.conftest import tiny_config
-    from trainables.training import train_trial
+    from trainables.training.loop import train_trial
 
     seen: list[int] = []
     real = engine_plan.time_candidates
@@ -248,7 +248,7 @@ def test_a_trial_measures_its_plan_on_public_data_records_it_and_reuses_the_cach
 def test_an_infinite_norm_with_a_zero_coefficient_is_no_contribution() -> None:
     """What the guard sees for an example the engine gave an infinite norm: a zero realised
     contribution (not NaN), and a positive coefficient on it capped to zero."""
-    from trainables.dp_step import bound_coefficients
+    from trainables.dp.step import bound_coefficients
 
     norms = torch.tensor([[math.inf, 1.0], [0.5, 0.5]], dtype=torch.float64)
     coef = torch.tensor([[0.0, 0.0], [1.0, 1.0]])

@@ -13,9 +13,9 @@ import pytest
 import torch
 from torch import nn
 
-from trainables.engine import ENGINE_PATH, GradEngine, MaterializedGrads
-from trainables.func_grads import NotPerExample
-from trainables.models import WrappedModel
+from trainables.engine.func import NotPerExample
+from trainables.engine.grad_engine import ENGINE_PATH, GradEngine, MaterializedGrads
+from trainables.models.networks import WrappedModel
 
 N = 5
 
@@ -257,7 +257,7 @@ def test_embedding_bags_take_their_rule_or_the_exact_fallback(mode: str, unit: s
 
 def test_an_embedding_bag_that_rewrites_its_weight_is_refused() -> None:
     from core.errors import UserInputError
-    from trainables.validator import wrap_checked
+    from trainables.models.validator import wrap_checked
 
     net = _Bag("mean")
     net.bag.max_norm = 1.0

@@ -1,12 +1,11 @@
 """A DP step makes no host read of a device value (issue 33, "GPU first").
 
-On the CPU a read costs nothing, so only the guard (``trainables.host_reads``) can show that the
-step a GPU runs waits on nothing: it makes the CPU take the GPU's branches and fails on every
-read. Every registered method runs a few steps under it in its first DP-valid mode, with the
-Poisson draw of each batch inside the guard too, on a small Conv2d + GroupNorm + Linear model.
-One warm-up step runs outside the guard first: it holds the once-per-trial work (the engine's
-plan, a method's first public refresh), which may read.
-"""
+On the CPU a read costs nothing, so only the guard (``trainables.engine.host_reads``) can show that
+the step a GPU runs waits on nothing: it makes the CPU take the GPU's branches and fails on every
+read. Every registered method runs a few steps under it in its first DP-valid mode, with the Poisson
+draw of each batch inside the guard too, on a small Conv2d + GroupNorm + Linear model. One warm-up
+step runs outside the guard first: it holds the once-per-trial work (the engine's plan, a method's
+first public refresh), which may read. """
 
 from __future__ import annotations
 
@@ -17,15 +16,15 @@ import torch
 
 from core.schedule import Schedule
 from tests.contract.conformance import SIGMA, digits, make_method, prepared_params
-from trainables.dp_step import GUARD_ROUNDING, DPStep
-from trainables.host_reads import (
+from trainables.dp.randomness import Randomness, poisson_batches
+from trainables.dp.step import GUARD_ROUNDING, DPStep
+from trainables.engine.host_reads import (
     HostRead,
     forbid_host_reads,
     host_reads_allowed,
     host_resident,
 )
 from trainables.methods import METHODS
-from trainables.randomness import Randomness, poisson_batches
 
 #: Steps taken under the guard after the warm-up (none of them a method's periodic refresh at
 #: the default periods: public refreshes every 26 steps at batch 50, WW probes every 50).

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from core.errors import UserInputError
-from trainables.layer_attack import (
+from trainables.audit.layer_attack import (
     attack_accuracy,
     attack_error_rate,
     balanced_xy,
@@ -18,7 +18,7 @@ from trainables.layer_attack import (
     reduce_ir,
     split_features,
 )
-from trainables.models import cnn28, digits_cnn, resnet20_gn
+from trainables.models.networks import cnn28, digits_cnn, resnet20_gn
 
 # Two examples, 2 channels, 2x2 maps (8 values each).
 MAP = torch.tensor([

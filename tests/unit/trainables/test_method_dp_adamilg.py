@@ -27,7 +27,7 @@ from trainables.methods.dp_adamilg import (
     _ReleasedThresholds,
     paper_floor,
 )
-from trainables.training import train_trial
+from trainables.training.loop import train_trial
 
 K = 0.5  # a visible decay within 2-3 epoch trials
 

@@ -18,10 +18,10 @@ import torch
 from core.errors import PrivacyBoundViolation, UserInputError
 from core.events import PoissonSubsampledGaussian, events_from_list
 from tests.contract.conformance import build_step, digits
-from trainables.dp_step import Ledger
+from trainables.dp.randomness import Randomness
+from trainables.dp.step import Ledger
 from trainables.methods.dpsgd import DPSGD
-from trainables.randomness import Randomness
-from trainables.training import verify_ledger
+from trainables.training.loop import verify_ledger
 
 SIGMA = 1.3
 LR = 0.1

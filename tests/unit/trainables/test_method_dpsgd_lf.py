@@ -12,9 +12,9 @@ from core.errors import UserInputError
 from orchestrator.trial.plan import plan_trial
 from tests.conftest import tiny_config
 from tests.contract.conformance import build_step, digits
+from trainables.dp.randomness import Randomness, poisson_batches
 from trainables.methods.dpsgd_lf import DPSGDLayerFreeze
-from trainables.randomness import Randomness, poisson_batches
-from trainables.training import load_checkpoint_state, train_trial
+from trainables.training.loop import load_checkpoint_state, train_trial
 
 FROZEN = ("blocks.conv1.", "blocks.conv2.")  # digits_cnn's lower half
 

@@ -21,8 +21,8 @@ from core.storage import JsonCache
 from orchestrator.trial.plan import plan_trial
 from tests.conftest import tiny_config
 from tests.contract.conformance import NUM_LAYERS, adversarial_view, build_step
-from trainables.data import load_splits
-from trainables.engine import MaterializedGrads
+from trainables.data.splits import load_splits
+from trainables.engine.grad_engine import MaterializedGrads
 from trainables.methods import get_method
 from trainables.methods import lm_dpsgd as lm_dpsgd_module
 from trainables.methods.lm_dpsgd import (
@@ -41,8 +41,8 @@ from trainables.methods.lm_dpsgd import (
     risk_identity,
     risk_terms,
 )
-from trainables.models import build_model
-from trainables.training import train_trial
+from trainables.models.networks import build_model
+from trainables.training.loop import train_trial
 
 RISK = [0.45, 0.4, 0.35, 0.3]  # digits_cnn: deeper layers leakier, as the paper finds
 
@@ -379,7 +379,7 @@ def test_stage1_refuses_a_shadow_pool_too_small_to_split(tmp_path: Path) -> None
 
 
 def _digits_sizes() -> Any:
-    from trainables.data import DEFAULT_SIZES
+    from trainables.data.splits import DEFAULT_SIZES
 
     return DEFAULT_SIZES["digits"]
 

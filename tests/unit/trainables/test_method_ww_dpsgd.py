@@ -19,11 +19,11 @@ from core.errors import UserInputError
 from orchestrator.trial.plan import plan_trial
 from tests.conftest import tiny_config
 from tests.contract.conformance import build_step
+from trainables.dp.randomness import Randomness
+from trainables.dp.spectral import TailFit
 from trainables.methods import ww_dpsgd
 from trainables.methods.ww_dpsgd import WWDPSGD
-from trainables.randomness import Randomness
-from trainables.spectral import TailFit
-from trainables.training import TrialSpec, train_trial
+from trainables.training.loop import TrialSpec, train_trial
 
 SIGMA = 1.3
 LR = 0.1  # build_step's learning rate

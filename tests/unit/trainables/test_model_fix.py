@@ -15,9 +15,9 @@ from torch import nn
 from core.errors import UserInputError
 from orchestrator import config as config_mod
 from orchestrator.cli import main
-from trainables.model_fix import fix_model, group_count
-from trainables.model_source import ModelSource
-from trainables.validator import sample_batch, wrap_checked
+from trainables.models.fix import fix_model, group_count
+from trainables.models.source import ModelSource
+from trainables.models.validator import sample_batch, wrap_checked
 
 MODULE = """\
 from collections import OrderedDict

@@ -8,9 +8,9 @@ import torch
 from torch import nn
 
 from core.errors import UserInputError
-from trainables.catalog import DEFAULT_MODEL, MODEL_NAMES
-from trainables.engine import GradEngine
-from trainables.models import build_model
+from trainables.engine.grad_engine import GradEngine
+from trainables.models.catalog import DEFAULT_MODEL, MODEL_NAMES
+from trainables.models.networks import build_model
 
 SHAPES = {"digits_cnn": (1, 8, 8), "cnn28": (1, 28, 28), "cnn5": (3, 32, 32),
           "resnet20_gn": (3, 32, 32), "wrn16_4": (3, 32, 32)}

@@ -1,4 +1,5 @@
-"""``trainables.optim.Update`` is torch.optim's SGD and Adam, bit for bit, without torch._dynamo."""
+"""``trainables.dp.optim.Update`` is torch.optim's SGD and Adam, bit for bit, without
+torch._dynamo."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 from core.errors import UserInputError
-from trainables.optim import Update
+from trainables.dp.optim import Update
 
 ROOT = Path(__file__).resolve().parents[3]
 STEPS = 6

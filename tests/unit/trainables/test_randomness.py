@@ -14,9 +14,9 @@ from scipy import stats
 
 from orchestrator.trial.single import TRIAL_ID, train_single
 from tests.conftest import tiny_config
-from trainables import randomness
-from trainables.randomness import Randomness
-from trainables.training import TrialSpec, load_checkpoint_state, train_trial
+from trainables.dp import randomness
+from trainables.dp.randomness import Randomness
+from trainables.training.loop import TrialSpec, load_checkpoint_state, train_trial
 
 DRAWS = 100_000
 #: |correlation| of 1e5 independent standard normals is below 0.05 with overwhelming

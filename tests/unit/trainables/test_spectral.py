@@ -12,15 +12,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainables.data import load_splits
-from trainables.models import digits_cnn
-from trainables.spectral import (
+from trainables.data.splits import load_splits
+from trainables.dp.spectral import (
     KS_MIN_EIGS,
     eigenvalues,
     fit_tail_exponent,
     layer_matrix,
     weight_tail_exponent,
 )
+from trainables.models.networks import digits_cnn
 
 powerlaw = pytest.importorskip("powerlaw")
 

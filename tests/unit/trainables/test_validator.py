@@ -10,10 +10,15 @@ import torch
 from torch import nn
 
 from core.errors import UserInputError
-from trainables.engine import BLOCK_EXACT_PATH, ENGINE_PATH, WHOLE_EXACT_PATH, GradEngine
-from trainables.model_source import ModelSource, source_of_callable
-from trainables.trainable import trainable_layers
-from trainables.validator import sample_batch, wrap_checked
+from trainables.engine.grad_engine import (
+    BLOCK_EXACT_PATH,
+    ENGINE_PATH,
+    WHOLE_EXACT_PATH,
+    GradEngine,
+)
+from trainables.models.source import ModelSource, source_of_callable
+from trainables.models.trainable import trainable_layers
+from trainables.models.validator import sample_batch, wrap_checked
 
 IMAGE = sample_batch(input_shape=(1, 8, 8), tokens=False, rows=4)
 #: The factory reference every refusal shows as ``model.factory``'s value.

@@ -27,23 +27,23 @@ from core.layout import CHECKPOINT_FILE
 from core.records import MECHANISM, PrivacyRecord
 from core.schedule import Schedule
 from core.storage import atomic_write, atomic_write_json
-from trainables.data import DataSplits, SplitSizes, load_splits
-from trainables.datafiles import FileSource
-from trainables.dp_step import DEFAULT_PHYSICAL_BATCH, DPStep, PublicData
+from trainables.data.files import FileSource
+from trainables.data.splits import DataSplits, SplitSizes, load_splits
+from trainables.dp.randomness import Randomness, poisson_batches
+from trainables.dp.step import DEFAULT_PHYSICAL_BATCH, DPStep, PublicData
 from trainables.methods import get_method
-from trainables.model_source import ModelSource
-from trainables.models import LayeredModel
-from trainables.placement import (
+from trainables.models.networks import LayeredModel
+from trainables.models.source import ModelSource
+from trainables.training.placement import (
     ON_DEVICE,
     decide_placement,
     ensure_headroom,
     gather,
     place,
 )
-from trainables.randomness import Randomness, poisson_batches
 
 CHECKPOINT_FORMAT = "dpsweep-checkpoint"
-#: 3: the optimizer state is ``trainables.optim.Update``'s (2 held torch.optim's).
+#: 3: the optimizer state is ``trainables.dp.optim.Update``'s (2 held torch.optim's).
 CHECKPOINT_VERSION = 4
 
 __all__ = ["TrialDiverged", "TrialResult", "TrialSpec", "evaluate", "load_checkpoint_state",
@@ -68,9 +68,8 @@ class TrialSpec:
     clip_norm, ...). ``seed`` fixes initialisation and public-batch order only; the noise and
     the Poisson sampling come from ``randomness`` (fresh OS entropy unless reproducible).
     ``gpu_share`` is the fraction of one GPU the trial was given (``resources.gpus_per_trial``,
-    at most 1): on CUDA it caps the trial's memory (``trainables.placement``). It is written
-    only when below 1, so specs stored before it existed still compare equal.
-    """
+    at most 1): on CUDA it caps the trial's memory (``trainables.training.placement``). It is
+    written only when below 1, so specs stored before it existed still compare equal. """
 
     method: str
     method_params: Mapping[str, Any]
@@ -210,7 +209,7 @@ class _Run:
     steps_per_epoch: int
     device: torch.device
     history: list[dict[str, Any]]
-    #: Where the splits live (``trainables.placement``) and so where batches are drawn.
+    #: Where the splits live (``trainables.training.placement``) and so where batches are drawn.
     placement: str = ON_DEVICE
     sample_device: torch.device | None = None
     epoch: int = 0
@@ -369,7 +368,7 @@ def verify_ledger(method: DPStep) -> None:
 
 def _model_fixes(model: LayeredModel) -> dict[str, Any]:
     """``{"model_fixes": [...]}`` when ``[model] fix`` was set (each module replaced: module,
-    was, now, and the ``torch.nn`` kind and kwargs that rebuild it; ``trainables.model_fix``),
+    was, now, and the ``torch.nn`` kind and kwargs that rebuild it; ``trainables.models.fix``),
     else nothing: the record says what trained."""
     fixes = getattr(model, "model_fixes", None)
     return {} if fixes is None else {"model_fixes": [dict(f) for f in fixes]}
@@ -508,8 +507,8 @@ def _train_epoch(run: _Run, x_train: torch.Tensor, y_train: torch.Tensor) -> flo
     """One epoch of Poisson-sampled steps; the mean non-private training loss (never released).
 
     The batches are drawn where the data are and gathered onto the model's device
-    (``trainables.placement``); the loss is summed on the device and read once, at the end of
-    the epoch, so no step waits for the device (a non-finite loss still ends the trial here).
+    (``trainables.training.placement``); the loss is summed on the device and read once, at the
+    end of the epoch, so no step waits for the device (a non-finite loss still ends the trial here).
     """
     loss_sum = torch.zeros((), dtype=torch.float64, device=run.device)
     seen = 0

@@ -42,17 +42,17 @@ from core.lazy import lazy_module
 from core.modes import Mode
 from core.params import Param, ParamSet, ValidatedParams
 from core.schedule import Schedule
-from trainables.engine import GradEngine, PerExampleView
-from trainables.host_reads import host_resident
-from trainables.norms import scaled_sq_norms
-from trainables.optim import Update
-from trainables.trainable import TrainableLayers, trainable_layers
+from trainables.dp.optim import Update
+from trainables.engine.grad_engine import GradEngine, PerExampleView
+from trainables.engine.host_reads import host_resident
+from trainables.engine.norms import scaled_sq_norms
+from trainables.models.trainable import TrainableLayers, trainable_layers
 
 if TYPE_CHECKING:
     import torch
 
-    from trainables.models import LayeredModel
-    from trainables.randomness import Randomness
+    from trainables.dp.randomness import Randomness
+    from trainables.models.networks import LayeredModel
 else:
     torch = lazy_module("torch")
 
@@ -143,7 +143,7 @@ def ledger_event(*, sample_rate: float, noise_multiplier: float, count: int = 1
     is built (and so checked) as a :class:`PoissonSubsampledGaussian`.
 
     A step may have a multiplier no accounting event takes, and the ledger must still count it
-    so that :func:`trainables.training.verify_ledger` compares every step with the certified
+    so that :func:`trainables.training.loop.verify_ledger` compares every step with the certified
     schedule: inf (no live layer: the step released nothing, and passes) or 0 (no noise on a
     bounded sum: a broken method, which that check refuses; so is a negative or NaN one). Such
     a step gets the same keys, the event of a unit multiplier with its own written in.
@@ -209,7 +209,7 @@ class PublicData:
     def batch(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A uniform batch of the public pool (no privacy cost: not private data), on the
         model's device; its order is drawn on the host and copied without a wait."""
-        from trainables.randomness import to_device
+        from trainables.dp.randomness import to_device
 
         idx = torch.randperm(self.x.shape[0], generator=self.generator)[:size]
         x, y = self.x[to_device(idx, self.x.device)], self.y[to_device(idx, self.y.device)]
@@ -377,7 +377,7 @@ class DPStep:
         key = (tuple(float(v) for v in values), str(device), dtype)
         held = self._constants.get(name)
         if held is None or held[0] != key:
-            from trainables.randomness import to_device
+            from trainables.dp.randomness import to_device
 
             held = (key, to_device(torch.tensor(key[0], dtype=dtype), torch.device(device)))
             self._constants[name] = held
@@ -526,7 +526,7 @@ class DPStep:
     def _mark_host_counters(self) -> None:
         """Adam's step counters stay on the host beside parameters on any device (torch's
         ``capturable=False``), and torch reads them every step without waiting for the device:
-        marked so that the host-read guard knows them (``trainables.host_reads``)."""
+        marked so that the host-read guard knows them (``trainables.engine.host_reads``)."""
         host_resident(*(s["step"] for s in self.optimizer.state.values() if "step" in s))
 
     # ---- phase 6 -----------------------------------------------------------------------------

@@ -6,7 +6,7 @@ grouped convolution-weight kernel costs about two native weight gradients, on an
 im2col and costs four times Opacus's unfold + batched product. So a trial times every candidate
 of every module once, before its first step, on a batch of *public* data (the shadow pool: the
 plan is a function of shapes and speed, never of private examples), and keeps the fastest;
-the cost model (:func:`trainables.module_grads.choose`) decides only where nothing was timed
+the cost model (:func:`trainables.engine.modules.choose`) decides only where nothing was timed
 and breaks near-ties (within ``TIE``), so noise does not flip a plan between runs.
 
 Timings are cached in the run's cache folder per device name, dtype, torch version and the
@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 from core.lazy import lazy_module
 from core.storage import atomic_write_json, json_bytes
-from trainables.module_grads import Choice, Geometry, Handler, combine, estimate, scale_rows
-from trainables.norms import scaled_sq_norms
+from trainables.engine.modules import Choice, Geometry, Handler, combine, estimate, scale_rows
+from trainables.engine.norms import scaled_sq_norms
 
 if TYPE_CHECKING:
     import torch

@@ -9,7 +9,7 @@ dropout and causal flag), so both take the engine's Linear rules (ghost or mater
 instead of a per-example ``torch.func`` pass whose attention kernel has no batching rule.
 Everywhere else the module runs as it is. Cross-attention (different query, key and value),
 separate projection weights, ``add_bias_kv`` and ``add_zero_attn`` keep the exact fallback
-(:class:`trainables.func_grads.OwnerFallback`).
+(:class:`trainables.engine.func.OwnerFallback`).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import math
 from typing import TYPE_CHECKING, ClassVar
 
 from core.lazy import lazy_module
-from trainables.func_grads import NotPerExample
-from trainables.rnn_grads import LinearPart, Tap
+from trainables.engine.func import NotPerExample
+from trainables.engine.rnn import LinearPart, Tap
 
 if TYPE_CHECKING:
     import torch

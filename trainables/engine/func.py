@@ -1,6 +1,6 @@
 """Where each tensor's batch dimension is, and exact per-example gradients by ``torch.func``.
 
-Two pieces of :mod:`trainables.engine` that do not depend on a module's type:
+Two pieces of :mod:`trainables.engine.grad_engine` that do not depend on a module's type:
 
 * **Batch dimensions by probing.** A stock model does not always keep the batch first inside:
   ``nn.TransformerEncoderLayer(batch_first=False)`` runs its Linear layers on [T, B, E], an

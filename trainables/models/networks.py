@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from core.errors import UserInputError
-from trainables.catalog import MODEL_NAMES, check_input_shape
+from trainables.models.catalog import MODEL_NAMES, check_input_shape
 
 ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
@@ -103,7 +103,7 @@ class WrappedModel(LayeredModel):
     The user's own ``forward`` runs unchanged; each layer's output is captured by a forward
     hook (the last call's, for a module called more than once), so the audit sees the same
     representations whatever the forward does. ``layers`` maps layer name -> module path in
-    ``net`` (``trainables.validator`` checks the map before this is built).
+    ``net`` (``trainables.models.validator`` checks the map before this is built).
     """
 
     def __init__(self, net: nn.Module, *, layers: Mapping[str, str], num_classes: int) -> None:
@@ -363,7 +363,7 @@ def build_model(
     *, name: str, input_shape: tuple[int, int, int], num_classes: int, activation: str = "tanh"
 ) -> LayeredModel:
     """Instantiate a model by concrete name for the dataset's input shape (seed torch
-    beforehand); "auto" is resolved first by :func:`trainables.catalog.model_for`."""
+    beforehand); "auto" is resolved first by :func:`trainables.models.catalog.model_for`."""
     if name not in MODEL_NAMES:
         raise UserInputError(field="model.name", value=name, allowed=f"one of {MODEL_NAMES}")
     if activation not in ACTIVATIONS:

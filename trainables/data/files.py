@@ -10,7 +10,7 @@ Sources (:class:`FileSource`; exactly one of ``path`` and ``factory``):
 * a folder with one sub-folder per class (sorted names are class ids 0, 1, ...) holding
   images of one size and one mode (L: one channel; LA, RGB, RGBA); rows are [C, H, W].
 * ``factory = "package.module:function"``: the only source that runs code, imported through
-  :mod:`trainables.usercode` from ``code_dir``. Called with no arguments, it returns
+  :mod:`trainables.models.usercode` from ``code_dir``. Called with no arguments, it returns
   ``(x, y)``, a dict with ``x``, ``y`` and optionally ``public_x``, ``public_y``, ``split``,
   or a map-style Dataset of ``(x, y)`` items.
 
@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from core.errors import UserInputError
-from trainables.usercode import call_user, check_reference, file_sha256, resolve, tree_sha256
+from trainables.models.usercode import call_user, check_reference, file_sha256, resolve, tree_sha256
 
 SPLIT_NAMES: tuple[str, ...] = ("train", "validation", "holdout", "test", "shadow")
 """Split names a user's split assignment may use; a row's code is its index here."""
@@ -187,7 +187,7 @@ class FileSource:
         """The source a config's ``data`` table (or :meth:`to_dict`) describes; unknown keys
         are refused by name, so a typo is not silently ignored. ``check_files=False`` skips
         the checks that need the files (a worker on another node, served the driver's pool
-        through :func:`trainables.data.share_pool`, only needs the source as a key)."""
+        through :func:`trainables.data.splits.share_pool`, only needs the source as a key)."""
         if not isinstance(data, Mapping):
             raise UserInputError(field="data", value=data, allowed="a table of file source "
                                                                    "fields")

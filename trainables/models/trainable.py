@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from trainables.models import LayeredModel
+    from trainables.models.networks import LayeredModel
 
 
 class TrainableLayers:

@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from core.errors import UserInputError
-from trainables import usercode
-from trainables.catalog import model_for
+from trainables.models import usercode
+from trainables.models.catalog import model_for
 
 if TYPE_CHECKING:  # the record is torch-free, so validating a config never imports torch
     import torch
 
-    from trainables.models import LayeredModel
+    from trainables.models.networks import LayeredModel
 
 #: ``[model] args`` values a TOML table can hold and a spec can carry as JSON.
 _ARG_TYPES = (bool, int, float, str, list)
@@ -34,7 +34,7 @@ class ModelSource:
     imported from ``code_dir``) replaces them with ``factory(input_shape=..., num_classes=...,
     **args)``; ``layers`` are module paths inside the returned module (empty: each top-level
     child that owns parameters); ``fix`` replaces its BatchNorms with GroupNorms and drops
-    InstanceNorm running statistics first (``trainables.model_fix``)."""
+    InstanceNorm running statistics first (``trainables.models.fix``)."""
 
     name: str = "auto"
     activation: str = "tanh"
@@ -94,18 +94,19 @@ class ModelSource:
 
     def build(self, *, input_shape: Sequence[int], num_classes: int, dataset: str,
               sample: torch.Tensor | None = None) -> LayeredModel:
-        """A fresh network (seed torch first); a user's is checked by ``trainables.validator``.
+        """A fresh network (seed torch first); a user's is checked by
+        ``trainables.models.validator``.
 
         ``sample`` is a small batch shaped like the data (its dtype tells token ids from
         features); by default standard-normal features. With ``fix``, a user's network is
-        fixed (``trainables.model_fix``) before the checks, and the model's ``model_fixes``
+        fixed (``trainables.models.fix``) before the checks, and the model's ``model_fixes``
         lists what was replaced (plain dicts, for the privacy record).
         """
         from torch import nn
 
-        from trainables.model_fix import fix_model
-        from trainables.models import build_model
-        from trainables.validator import sample_batch, wrap_checked
+        from trainables.models.fix import fix_model
+        from trainables.models.networks import build_model
+        from trainables.models.validator import sample_batch, wrap_checked
 
         if not self.is_user:  # nothing to fix: no built-in model has a BatchNorm
             return build_model(name=model_for(model=self.name, dataset=dataset),

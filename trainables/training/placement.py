@@ -29,8 +29,8 @@ from core.lazy import lazy_module
 if TYPE_CHECKING:
     import torch
 
-    from trainables.data import DataSplits
-    from trainables.dp_step import DPStep
+    from trainables.data.splits import DataSplits
+    from trainables.dp.step import DPStep
 else:
     torch = lazy_module("torch")
 

@@ -1,10 +1,9 @@
 """One forward + backward of the engine over one chunk, and the units it is made of.
 
-:mod:`trainables.engine` holds the views and the plan; this module holds what one pass does:
-the unit of each module that owns a trainable parameter (:func:`build_units`), the hooks that
-keep each unit's input and output gradient (:class:`Pass`), and what a chunk leaves for its
-weighted sums (:class:`ChunkState`).
-"""
+:mod:`trainables.engine.grad_engine` holds the views and the plan; this module holds what one pass
+does: the unit of each module that owns a trainable parameter (:func:`build_units`), the hooks that
+keep each unit's input and output gradient (:class:`Pass`), and what a chunk leaves for its weighted
+sums (:class:`ChunkState`). """
 
 from __future__ import annotations
 
@@ -15,11 +14,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from core.lazy import lazy_module
-from trainables.attention_grads import AttentionUnit, decomposable
-from trainables.embedding_grads import EmbeddingBagHandler, EmbeddingHandler, check_embedding
-from trainables.func_grads import Call, CallDims, NotPerExample, OwnerFallback, leaves, rebuild
-from trainables.host_reads import host_reads_allowed
-from trainables.module_grads import (
+from trainables.engine.attention import AttentionUnit, decomposable
+from trainables.engine.embedding import EmbeddingBagHandler, EmbeddingHandler, check_embedding
+from trainables.engine.func import Call, CallDims, NotPerExample, OwnerFallback, leaves, rebuild
+from trainables.engine.host_reads import host_reads_allowed
+from trainables.engine.modules import (
     CANCELLATION,
     Choice,
     Conv1dHandler,
@@ -32,15 +31,15 @@ from trainables.module_grads import (
     combine,
     scale_rows,
 )
-from trainables.norms import scaled_sq_norms
-from trainables.param_grads import ParamUses
-from trainables.rnn_grads import RecurrentUnit, recurrent_types
+from trainables.engine.norms import scaled_sq_norms
+from trainables.engine.params import ParamUses
+from trainables.engine.rnn import RecurrentUnit, recurrent_types
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from trainables.engine import GradEngine
+    from trainables.engine.grad_engine import GradEngine
 else:
     torch = lazy_module("torch")
 
@@ -155,7 +154,7 @@ class Pass:
 
     def on_use(self, unit: ParamUses, call: int, recipe: Callable[[Any], Any], local: str,
                read: list[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
-        """A use of a container's own parameter (:mod:`trainables.param_grads`): kept with
+        """A use of a container's own parameter (:mod:`trainables.engine.params`): kept with
         its output's batch dimension; the output gradient arrives by the hook."""
         if call >= len(unit.dims):
             raise NotPerExample(f"a parameter of {unit.qualname or 'the model'} is used more "
@@ -172,7 +171,7 @@ class Pass:
                       ) -> torch.Tensor:
         """A recurrent unit's projection ``z`` ([B, T, G]): its gradient goes to each part
         with that part's kept input (a tensor, or a function giving it once the forward is
-        over) and transform (see :mod:`trainables.rnn_grads`)."""
+        over) and transform (see :mod:`trainables.engine.rnn`)."""
         for part, _, _ in parts:
             self.calls[id(part)] = self.calls.get(id(part), 0) + 1
 
@@ -366,7 +365,7 @@ def build_units(modules: Iterable[tuple[str, nn.Module]], layer_of: dict[str, in
     """One unit per module that owns a trainable parameter: the module's handler where the
     engine has its algebra, else the exact fallback for its own parameters (all of them under
     an atomic module such as ``nn.MultiheadAttention``); recurrent modules get their
-    step-by-step unit (:mod:`trainables.rnn_grads`). Frozen parameters get no unit."""
+    step-by-step unit (:mod:`trainables.engine.rnn`). Frozen parameters get no unit."""
     types = handler_types()
     units: list[Unit] = []
     claimed: list[str] = []

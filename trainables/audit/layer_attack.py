@@ -48,7 +48,7 @@ from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from core.errors import UserInputError
-from trainables.models import LayeredModel
+from trainables.models.networks import LayeredModel
 
 #: Largest conv map (C * H * W values) kept whole; larger maps become per-channel statistics.
 MAX_FLAT = 1024

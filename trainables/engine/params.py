@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from core.lazy import lazy_module
-from trainables.func_grads import PROBE_SIZES, NotPerExample, OwnParams, leaves, rebuild
+from trainables.engine.func import PROBE_SIZES, NotPerExample, OwnParams, leaves, rebuild
 
 if TYPE_CHECKING:
     import torch

@@ -12,7 +12,7 @@ import math
 from typing import TYPE_CHECKING
 
 from core.lazy import lazy_module
-from trainables.host_reads import host_reads_allowed
+from trainables.engine.host_reads import host_reads_allowed
 
 if TYPE_CHECKING:
     import torch
@@ -86,8 +86,8 @@ _WIDENED = ("float32", "float16", "bfloat16")
 
 def _in_range(scale: torch.Tensor) -> bool:
     """Whether every row may skip the division pass. Only asked where the host may read
-    (:func:`trainables.host_reads.host_reads_allowed`): on an accelerator the answer would cost
-    a device synchronisation per module and step, more than the division it saves, so rows
+    (:func:`trainables.engine.host_reads.host_reads_allowed`): on an accelerator the answer would
+    cost a device synchronisation per module and step, more than the division it saves, so rows
     there are always scaled."""
     if not host_reads_allowed(scale.device):
         return False

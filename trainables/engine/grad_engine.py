@@ -30,7 +30,7 @@ sum_i coef[i, l] * g_i for every parameter. ``torch.func.vmap(grad)`` materialis
     dropped after their norm and the sum is formed natively as above.
 
   ``strategy="auto"`` runs per module the fastest candidate as timed on the trial's device
-  (``measure_plan``, :mod:`trainables.engine_plan`: ghost, materialised kept or dropped, each
+  (``measure_plan``, :mod:`trainables.engine.plan`: ghost, materialised kept or dropped, each
   with the native kernels or, for a convolution, the unfolded patches and batched products
   that run fast on a GPU); where nothing was timed, the cheaper in multiply-adds per example,
   the cost model below, which also breaks near-ties. Mixed ghost
@@ -67,11 +67,11 @@ sum_i coef[i, l] * g_i for every parameter. ``torch.func.vmap(grad)`` materialis
 * ``nn.GroupNorm`` / ``nn.LayerNorm``: per-example grads of weight and bias are [B, C]-sized
   (sum over positions of b * x_hat, x_hat recomputed from the kept input): always kept.
 * ``nn.LSTM`` / ``nn.GRU`` / ``nn.RNN``: run step by step during the pass, with the Linear
-  rules on their gate projections (:mod:`trainables.rnn_grads`).
+  rules on their gate projections (:mod:`trainables.engine.rnn`).
 * Any other module that owns parameters (and ``nn.MultiheadAttention`` as a whole) falls back to
   ``torch.func`` for its own parameters: every input and output gradient of each call is kept,
   and per-example gradients come from ``vmap`` over that module alone
-  (:mod:`trainables.func_grads`, exact for the same reason). Batch dimensions of hooked
+  (:mod:`trainables.engine.func`, exact for the same reason). Batch dimensions of hooked
   tensors are found once by probing (same module). A module called more than once per
   forward is materialised and summed over calls (ghost norms do not add up over calls).
 
@@ -90,7 +90,7 @@ must not change between ``compute`` and ``weighted_sum`` when chunks are recompu
 
 This module holds the views and the passes; the per-module algebra above (the handlers, the
 choice and its constants ``KEEP_RATIO`` and ``MATERIALIZE_COST``, the tap) is in
-:mod:`trainables.module_grads`.
+:mod:`trainables.engine.modules`.
 """
 
 from __future__ import annotations
@@ -104,8 +104,23 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from core.errors import UserInputError
 from core.lazy import lazy_module
-from trainables.attention_grads import AttentionUnit
-from trainables.engine_pass import (
+from trainables.engine.attention import AttentionUnit
+from trainables.engine.func import (
+    CallDims,
+    NotPerExample,
+    OwnerFallback,
+    leaves,
+    probe_calls,
+)
+from trainables.engine.modules import (
+    Choice,
+    Geometry,
+    Handler,
+    combine,
+)
+from trainables.engine.norms import scaled_sq_norms
+from trainables.engine.params import ParamUses, probe_uses, uses_mode
+from trainables.engine.passes import (
     PATCHED,
     ChunkState,
     Pass,
@@ -118,24 +133,9 @@ from trainables.engine_pass import (
     unit_layers,
     unpatch,
 )
-from trainables.engine_plan import ModuleTiming, measure, plan_key
-from trainables.func_grads import (
-    CallDims,
-    NotPerExample,
-    OwnerFallback,
-    leaves,
-    probe_calls,
-)
-from trainables.module_grads import (
-    Choice,
-    Geometry,
-    Handler,
-    combine,
-)
-from trainables.norms import scaled_sq_norms
-from trainables.param_grads import ParamUses, probe_uses, uses_mode
-from trainables.rnn_grads import RecurrentUnit
-from trainables.trainable import TrainableLayers, trainable_layers
+from trainables.engine.plan import ModuleTiming, measure, plan_key
+from trainables.engine.rnn import RecurrentUnit
+from trainables.models.trainable import TrainableLayers, trainable_layers
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -143,7 +143,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from trainables.models import LayeredModel
+    from trainables.models.networks import LayeredModel
 else:
     torch = lazy_module("torch")
 
@@ -292,7 +292,7 @@ class GradEngine:
                                  allowed="a positive integer")
         self.model = trainable_layers(model)
         #: A user model whose modules cannot be followed example by example
-        #: (``trainables.validator``) takes the exact path over the whole model.
+        #: (``trainables.models.validator``) takes the exact path over the whole model.
         whole = self.model.per_example_path == WHOLE_EXACT_PATH
         self.strategy = "vmap" if whole else strategy
         self.max_physical_batch = max_physical_batch
@@ -333,7 +333,7 @@ class GradEngine:
                      cache: Path | None = None) -> list[ModuleTiming]:
         """Time every candidate of every handled module on one chunk of ``x`` (public data:
         the plan must not depend on private examples) and keep the fastest
-        (:mod:`trainables.engine_plan`); ``cache``: the run's cache folder. A no-op under a
+        (:mod:`trainables.engine.plan`); ``cache``: the run's cache folder. A no-op under a
         forced strategy or on the whole-model exact path."""
         if self.strategy != "auto" or x.shape[0] == 0:
             return []
@@ -377,7 +377,7 @@ class GradEngine:
         return calls[call]
 
     def probe(self, x: torch.Tensor) -> None:
-        """Find every hooked module's batch dimensions (``trainables.func_grads``), once."""
+        """Find every hooked module's batch dimensions (``trainables.engine.func``), once."""
         if self._probed or self.strategy == "vmap":
             return
         try:

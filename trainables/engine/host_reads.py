@@ -6,7 +6,8 @@ the device to finish everything queued before it: a step that reads once per mod
 the speed of its launches. A DP step therefore makes none; counters stay on the device and
 are read once per epoch, where the loop logs them.
 
-On the CPU such a read costs nothing, and some rules use it to skip work (``trainables.norms``
+On the CPU such a read costs nothing, and some rules use it to skip work
+(``trainables.engine.norms``
 asks whether rows need scaling). They ask :func:`host_reads_allowed` first, which says no on an
 accelerator and inside :func:`forbid_host_reads`: the guard makes the CPU take the very branch
 a GPU takes, and fails on any read, so a test on the CPU proves the GPU step free of them.

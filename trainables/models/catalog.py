@@ -2,7 +2,7 @@
 
 The one place these facts live, as data and without importing torch, so ``dpsweep config
 --check`` can validate method settings against a model (e.g. DP-SGD-LF can freeze at most
-L - 1 of a model's L layers) without building one. :func:`trainables.models.build_model`
+L - 1 of a model's L layers) without building one. :func:`trainables.models.networks.build_model`
 checks names and shapes against this table; a test builds every model and checks the counts.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from core.errors import UserInputError
 
-#: Every model :func:`trainables.models.build_model` can build.
+#: Every model :func:`trainables.models.networks.build_model` can build.
 MODEL_NAMES = ("digits_cnn", "cnn28", "cnn5", "resnet20_gn", "wrn16_4")
 #: The model a dataset gets when the config says ``model.name = "auto"``.
 DEFAULT_MODEL = {"digits": "digits_cnn", "fashion-mnist": "cnn28", "mnist": "cnn28",

@@ -1,11 +1,11 @@
-"""Per-module per-example gradient algebra for :mod:`trainables.engine`.
+"""Per-module per-example gradient algebra for :mod:`trainables.engine.grad_engine`.
 
 One handler per parameterised module type (Linear, Conv1d, Conv2d, GroupNorm, LayerNorm here;
-Embedding and EmbeddingBag in :mod:`trainables.embedding_grads`) turns a module's kept input
+Embedding and EmbeddingBag in :mod:`trainables.engine.embedding`) turns a module's kept input
 ``a`` and output gradient ``b`` into per-example squared norms (ghost or materialised, each
 with its kernels: a :class:`Choice`) and coefficient-weighted sums; any other module falls back
-to ``torch.func`` (:mod:`trainables.func_grads`). Which choice runs is measured per trial
-(:mod:`trainables.engine_plan`); :func:`choose`, the cost model, decides where nothing was
+to ``torch.func`` (:mod:`trainables.engine.func`). Which choice runs is measured per trial
+(:mod:`trainables.engine.plan`); :func:`choose`, the cost model, decides where nothing was
 measured and breaks near-ties. The costs are in the engine's docstring; this module holds the
 algebra so the engine file holds the passes.
 """
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from core.lazy import lazy_module
-from trainables.norms import row_scale, row_sums, scaled_sq_norms
+from trainables.engine.norms import row_scale, row_sums, scaled_sq_norms
 
 if TYPE_CHECKING:
     import torch

@@ -10,7 +10,7 @@ rather than trusted.
 
 Normalisation uses constants fixed in this file, never statistics of the loaded data: a
 mean or standard deviation computed over the private examples would itself be an
-unaccounted release of them. The ``file`` dataset (:mod:`trainables.datafiles`: any .npz,
+unaccounted release of them. The ``file`` dataset (:mod:`trainables.data.files`: any .npz,
 table, image folder or factory) takes its constants from the user, else from the public pool,
 else from the shadow split, which is public by the design.
 """
@@ -32,7 +32,7 @@ import numpy as np
 from core.datasets import DATASET_NAMES, FILE_DATASET, INPUT_SHAPES, NUM_CLASSES
 from core.errors import UserInputError
 from core.lazy import lazy_module
-from trainables.datafiles import (
+from trainables.data.files import (
     SPLIT_NAMES,
     FileSource,
     pixel_scale,
@@ -543,7 +543,7 @@ def _file_split_indices(pool: FilePool, sizes: SplitSizes | None,
 
 def _file_normalization(source: FileSource, pool: FilePool,
                         shadow: np.ndarray) -> Normalization | None:
-    """Constants by the rule in :mod:`trainables.datafiles`: the user's, else the whole public
+    """Constants by the rule in :mod:`trainables.data.files`: the user's, else the whole public
     pool's, else the shadow split's (public by the design); None for token ids."""
     if pool.tokens:
         return None

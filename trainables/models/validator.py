@@ -8,7 +8,7 @@ before a run directory or Ray exists. What is checked, and why it matters for th
   one example's gradient depends on the others and per-example clipping no longer bounds one
   person's influence; its running statistics are also an unnoised release. Instance norms with
   running statistics keep the latter (one line lists every such module; ``[model] fix = true``
-  replaces them all first, ``trainables.model_fix``). Any buffer a forward pass changes is
+  replaces them all first, ``trainables.models.fix``). Any buffer a forward pass changes is
   refused for the same reason, and an example's output must not change when another example
   joins its batch.
 * **Every parameter in exactly one layer, owned by one module** (tied weights are refused: a
@@ -34,9 +34,9 @@ import torch
 from torch import nn
 
 from core.errors import UserInputError
-from trainables.engine import WHOLE_EXACT_PATH, GradEngine
-from trainables.func_grads import NotPerExample, probe_calls
-from trainables.models import WrappedModel
+from trainables.engine.func import NotPerExample, probe_calls
+from trainables.engine.grad_engine import WHOLE_EXACT_PATH, GradEngine
+from trainables.models.networks import WrappedModel
 
 #: Modules that normalise with batch statistics, and what to use instead.
 _BATCH_NORMS: tuple[type[nn.Module], ...] = (nn.modules.batchnorm._BatchNorm,)

@@ -1,6 +1,6 @@
 """Per-example gradient algebra of ``nn.Embedding`` and ``nn.EmbeddingBag``: the input is a
 token index (a one-hot row of width V), so a^T b is a scatter of the output-gradient rows and
-the ghost norm compares tokens instead of forming an input Gram (:mod:`trainables.module_grads`
+the ghost norm compares tokens instead of forming an input Gram (:mod:`trainables.engine.modules`
 holds the shared handler and the dense modules)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 
 from core.errors import UserInputError
 from core.lazy import lazy_module
-from trainables.module_grads import Geometry, Handler, diagonal_bound, terms_bound
-from trainables.norms import row_scale, row_sums
+from trainables.engine.modules import Geometry, Handler, diagonal_bound, terms_bound
+from trainables.engine.norms import row_scale, row_sums
 
 if TYPE_CHECKING:
     import torch

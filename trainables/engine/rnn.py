@@ -22,8 +22,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from core.lazy import lazy_module
-from trainables.func_grads import NotPerExample
-from trainables.module_grads import LinearHandler
+from trainables.engine.func import NotPerExample
+from trainables.engine.modules import LinearHandler
 
 if TYPE_CHECKING:
     import torch

@@ -1,0 +1,1 @@
+"""The DP step and what it is made of: the update, the secret randomness, the spectral tail."""

@@ -1,0 +1,1 @@
+"""Networks: the catalog, the user's factories, and the checks and fixes DP training needs."""
