@@ -1,7 +1,8 @@
 """Fault injection on the real CLI: signals, ``kill -9``, moved and copied run directories, locks.
 
-One uninterrupted reference sweep runs beside a *chain* of interrupted attempts on a second run
-directory (the stages share it, so the module stays near five minutes on two cores):
+One uninterrupted reference sweep (``conftest.py``'s, shared with ``test_run_integrity.py``)
+runs beside a *chain* of interrupted attempts on a second run directory (the stages share it, so
+the module stays near five minutes on two cores):
 
 a. ``run``; Ctrl-C (SIGINT to the process group, as a terminal sends it) while budgets are
    precomputed;
@@ -16,6 +17,9 @@ f. ``cp -r``; ``resume`` of the copy to the end; the original stays byte-identic
 After every stage: the exit code, the one-line resume hint, no Optuna trial RUNNING, no
 finished trial trained again (its ``result.json`` untouched), none lost; at the end the set of
 trial ids equals the reference sweep's. The helpers are shared with ``bench/faults.py``.
+
+The chain mostly waits on its commands, so ``conftest.py``'s lane runs the sweeps of
+``test_faults_disk.py`` and ``test_pruner.py`` meanwhile (when they are in the session).
 """
 
 from __future__ import annotations
@@ -32,11 +36,14 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from tests.system.procs import processes
+
+if TYPE_CHECKING:  # conftest.py imports this module's helpers
+    from tests.system.conftest import Lane, ReferenceSweep
 
 BIN = Path(sys.executable).parent / "dpsweep"
 CONFIG = """\
@@ -94,11 +101,12 @@ class Proc:
         return self.err.read_text(errors="replace")
 
 
-def start(args: list[str], *, log: Path) -> Proc:
+def start(args: list[str], *, log: Path, env: dict[str, str] | None = None) -> Proc:
+    """``env``: variables set for the command on top of this process's environment."""
     out, err = Path(f"{log}.out"), Path(f"{log}.err")
     with out.open("w") as fo, err.open("w") as fe:
         popen = subprocess.Popen([str(BIN), *args], stdout=fo, stderr=fe,
-                                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                 env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
                                  start_new_session=True)
     return Proc(popen, out, err)
 
@@ -238,11 +246,13 @@ class Stage:
 
 def run_stage(name: str, args: list[str], *, run: Path, fault: str,
               ready: Callable[[Proc], bool] | None, logs: Path,
-              prelude: Callable[[Stage, Proc], None] | None = None) -> Stage:
-    """Run one dpsweep command; when ``ready(proc)`` holds, inject ``fault``; record the state."""
+              prelude: Callable[[Stage, Proc], None] | None = None,
+              env: dict[str, str] | None = None) -> Stage:
+    """Run one dpsweep command (``env`` as for :func:`start`); when ``ready(proc)`` holds, inject
+    ``fault``; record the state."""
     stage = Stage(name=name, run=run, fault=fault, before=result_mtimes(run))
     began = time.monotonic()
-    proc = start(args, log=logs / name)
+    proc = start(args, log=logs / name, env=env)
     try:
         if prelude is not None:
             prelude(stage, proc)
@@ -342,33 +352,27 @@ def _chain(tmp: Path, config: Path,
 
 
 @pytest.fixture(scope="module")
-def sweeps(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sweeps]:
+def sweeps(tmp_path_factory: pytest.TempPathFactory, reference_sweep: ReferenceSweep,
+           lane: Lane, request: pytest.FixtureRequest) -> Iterator[Sweeps]:
+    """The chain, run while the reference sweep (started by ``conftest.py``, the second ``run``
+    into it already refused) runs beside it, and the lane runs the sweeps that wait behind the
+    chain (``conftest.BEHIND_THE_FAULT_CHAIN``: the chain mostly waits on its commands)."""
+    from tests.system.conftest import start_behind_the_fault_chain
+
+    start_behind_the_fault_chain(request, lane, tmp_path_factory)
     tmp = tmp_path_factory.mktemp("faults")
     (tmp / "logs").mkdir()
-    config = tmp / "sweep.toml"
-    config.write_text(CONFIG)
-    ref = tmp / "reference"
-    began = time.monotonic()
-    proc = start(["run", str(config), "--out", str(ref)], log=tmp / "logs" / "reference")
+    config = reference_sweep.config
+    stages: dict[str, Stage] = {}
+    hashes, copy_mtimes, old = ("", ""), {}, False
     try:
-        # a second `run` into the same directory while the first holds it
-        wait_for(proc, lambda: lock_pid(ref) == proc.pid, timeout=STAGE_TIMEOUT)
-        other = start(["run", str(config), "--out", str(ref)], log=tmp / "logs" / "second-run")
-        second = (finish(other, timeout=120), other.stderr(), proc.pid)
-        reap(other, grace=5)
-        stages: dict[str, Stage] = {}
-        hashes, copy_mtimes, old = ("", ""), {}, False
-        try:
-            hashes, copy_mtimes, old = _chain(tmp, config, stages)
-        finally:
-            ref_rc = finish(proc, timeout=STAGE_TIMEOUT)
-            ref_seconds = time.monotonic() - began
+        hashes, copy_mtimes, old = _chain(tmp, config, stages)
     finally:
-        reap(proc, grace=10)
+        ref = reference_sweep.wait()
     for stage in stages.values():
         print(summary_line(stage))
-    yield Sweeps(config=config, ref=ref, ref_rc=ref_rc, ref_trials=optuna_trials(ref),
-                 ref_seconds=ref_seconds, ref_stderr=proc.stderr(), second_run=second,
+    yield Sweeps(config=config, ref=ref.run, ref_rc=ref.rc, ref_trials=optuna_trials(ref.run),
+                 ref_seconds=ref.seconds, ref_stderr=ref.stderr, second_run=ref.second_run,
                  stages=stages, moved_hash=hashes, copy_after_cp=copy_mtimes, lost_old_path=old)
 
 
@@ -420,14 +424,16 @@ def test_locked_directory_refuses_run_and_resume_and_writes_nothing(
     try:
         assert holder.stdout.readline().strip() == "held"
         before = tree_hash(sweeps.ref)
-        for args in (["run", str(sweeps.config), "--out", str(sweeps.ref)],
-                     ["resume", str(sweeps.ref)]):
-            proc = start(args, log=tmp_path / args[0])
+        # both commands at once (each is refused on its own: the holder keeps the lock)
+        procs = [(args, start(args, log=tmp_path / args[0]))
+                 for args in (["run", str(sweeps.config), "--out", str(sweeps.ref)],
+                              ["resume", str(sweeps.ref)])]
+        for args, proc in procs:
             rc = finish(proc, timeout=120)
             reap(proc, grace=5)
             assert rc == 2, (args, proc.stderr())
             assert f"pid {holder.pid}" in proc.stderr(), (args, proc.stderr())
-            assert tree_hash(sweeps.ref) == before, args
+        assert tree_hash(sweeps.ref) == before
     finally:
         os.killpg(holder.pid, signal.SIGKILL)
         holder.wait()
