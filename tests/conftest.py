@@ -1,4 +1,5 @@
-"""Shared fixtures: an isolated budget cache per test session, tiny digits trials."""
+"""Shared fixtures: an isolated budget cache per test session, one BLAS thread in this process,
+tiny digits trials."""
 
 from __future__ import annotations
 
@@ -19,6 +20,24 @@ def _budget_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     mp.setenv("DPSWEEP_CACHE_DIR", str(path))
     yield path
     mp.undo()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_blas_thread() -> Iterator[None]:
+    """One OpenBLAS thread for the BLAS calls of this process (numpy's and scipy's builds).
+
+    On a 2-core host that is busy (the suite's own sweeps, a second test run) the second BLAS
+    thread spins waiting for a core: the audit's layer probes (scikit-learn's L-BFGS) took 24 s
+    with two and 4.4 s with one. The pools' threads stay alive, merely idle, so the process
+    has as many threads as before (``orchestrator.accounting.sandbox`` picks how to start its
+    children by that count). Nothing else changes: processes the tests start keep their
+    defaults (Ray's workers get one BLAS thread from Ray, through OMP_NUM_THREADS)."""
+    import numpy  # noqa: F401  (loads numpy's OpenBLAS)
+    import scipy.linalg  # noqa: F401  (loads scipy's own OpenBLAS)
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield
 
 
 def tiny_config(**training: object) -> Config:

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -99,16 +100,18 @@ def test_an_example_runs_end_to_end(name: str,
 
 def test_the_batchnorm_example_is_refused_with_its_fix(tmp_path: Path) -> None:
     folder = EXAMPLES / "batchnorm_refused"
-    proc = _run(str(BIN / "dpsweep"), "config", "--check", str(folder / "sweep.toml"), cwd=REPO)
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "model.factory = 'bn_model:build'" in lines[0]
-    assert "set [model] fix = true" in lines[0] and "1 BatchNorm module ('1')" in lines[0]
-    # the comment's own fix: uncommented, the same check passes
+    # the comment's own fix: uncommented, the same check passes (both checks run at once)
     shutil.copy(folder / "bn_model.py", tmp_path)
     text = (folder / "sweep.toml").read_text()
     assert "\n# fix = true\n" in text
     (tmp_path / "sweep.toml").write_text(text.replace("\n# fix = true\n", "\nfix = true\n"))
-    proc = _run(str(BIN / "dpsweep"), "config", "--check", str(tmp_path / "sweep.toml"),
-                cwd=REPO)
-    assert proc.returncode == 0, proc.stderr
+    with ThreadPoolExecutor(2) as pool:
+        refused, fixed = pool.map(
+            lambda config: _run(str(BIN / "dpsweep"), "config", "--check", str(config),
+                                cwd=REPO),
+            [folder / "sweep.toml", tmp_path / "sweep.toml"])
+    assert refused.returncode == 2
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and "model.factory = 'bn_model:build'" in lines[0]
+    assert "set [model] fix = true" in lines[0] and "1 BatchNorm module ('1')" in lines[0]
+    assert fixed.returncode == 0, fixed.stderr

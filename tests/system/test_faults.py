@@ -1,7 +1,8 @@
 """Fault injection on the real CLI: signals, ``kill -9``, moved and copied run directories, locks.
 
-One uninterrupted reference sweep runs beside a *chain* of interrupted attempts on a second run
-directory (the stages share it, so the module stays near five minutes on two cores):
+One uninterrupted reference sweep (``conftest.py``'s, shared with ``test_run_integrity.py``)
+runs beside a *chain* of interrupted attempts on a second run directory (the stages share it, so
+the module stays near five minutes on two cores):
 
 a. ``run``; Ctrl-C (SIGINT to the process group, as a terminal sends it) while budgets are
    precomputed;
@@ -9,13 +10,16 @@ b. ``resume``; SIGTERM to the driver while trials run (a second ``resume`` meanw
 c. ``resume``; ``kill -9`` of the driver after two more trials finished;
 d. ``mv`` of the run directory; ``resume`` at the new place; ``kill -9`` while budgets are
    precomputed (after the crash of c was reconciled);
-e. ``resume``; Ctrl-C in the after-search phase (the re-runs of each study's leader; the
-   non-private baseline runs in the last round of trials or after them);
+e. ``resume``; Ctrl-C twice, 0.3 s apart, in the after-search phase (the re-runs of each
+   study's leader; the non-private baseline runs in the last round of trials or after them);
 f. ``cp -r``; ``resume`` of the copy to the end; the original stays byte-identical.
 
 After every stage: the exit code, the one-line resume hint, no Optuna trial RUNNING, no
 finished trial trained again (its ``result.json`` untouched), none lost; at the end the set of
 trial ids equals the reference sweep's. The helpers are shared with ``bench/faults.py``.
+
+The chain mostly waits on its commands, so ``conftest.py``'s lane runs the sweeps of
+``test_faults_disk.py`` and ``test_pruner.py`` meanwhile (when they are in the session).
 """
 
 from __future__ import annotations
@@ -32,11 +36,14 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from tests.system.procs import processes
+
+if TYPE_CHECKING:  # conftest.py imports this module's helpers
+    from tests.system.conftest import Lane, ReferenceSweep
 
 BIN = Path(sys.executable).parent / "dpsweep"
 CONFIG = """\
@@ -71,6 +78,9 @@ STAGE_TIMEOUT = 300.0
 #: no trial. Every other process the command started must be gone within KILL_GRACE seconds.
 AGENTS = ("ray::DashboardA", "ray::RuntimeEnv")
 KILL_GRACE = 30.0
+#: Stage e's fault: Ctrl-C, then Ctrl-C again DOUBLE_SIGINT_GAP seconds later.
+DOUBLE_SIGINT = "SIGINT twice"
+DOUBLE_SIGINT_GAP = 0.3
 HINT = re.compile(r"^dpsweep: interrupted by (SIGINT|SIGTERM); .*`dpsweep resume (.+)`$")
 
 
@@ -94,11 +104,12 @@ class Proc:
         return self.err.read_text(errors="replace")
 
 
-def start(args: list[str], *, log: Path) -> Proc:
+def start(args: list[str], *, log: Path, env: dict[str, str] | None = None) -> Proc:
+    """``env``: variables set for the command on top of this process's environment."""
     out, err = Path(f"{log}.out"), Path(f"{log}.err")
     with out.open("w") as fo, err.open("w") as fe:
         popen = subprocess.Popen([str(BIN), *args], stdout=fo, stderr=fe,
-                                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                 env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
                                  start_new_session=True)
     return Proc(popen, out, err)
 
@@ -216,7 +227,7 @@ class Stage:
 
     name: str
     run: Path
-    fault: str  # SIGINT (Ctrl-C to the group), SIGTERM or SIGKILL to the driver, "" = none
+    fault: str  # SIGINT (Ctrl-C to the group), DOUBLE_SIGINT, SIGTERM or SIGKILL, "" = none
     rc: int | None = None
     triggered: bool = False  # the moment of the fault was observed while the command ran
     seconds: float = 0.0
@@ -238,11 +249,13 @@ class Stage:
 
 def run_stage(name: str, args: list[str], *, run: Path, fault: str,
               ready: Callable[[Proc], bool] | None, logs: Path,
-              prelude: Callable[[Stage, Proc], None] | None = None) -> Stage:
-    """Run one dpsweep command; when ``ready(proc)`` holds, inject ``fault``; record the state."""
+              prelude: Callable[[Stage, Proc], None] | None = None,
+              env: dict[str, str] | None = None) -> Stage:
+    """Run one dpsweep command (``env`` as for :func:`start`); when ``ready(proc)`` holds, inject
+    ``fault``; record the state."""
     stage = Stage(name=name, run=run, fault=fault, before=result_mtimes(run))
     began = time.monotonic()
-    proc = start(args, log=logs / name)
+    proc = start(args, log=logs / name, env=env)
     try:
         if prelude is not None:
             prelude(stage, proc)
@@ -251,8 +264,12 @@ def run_stage(name: str, args: list[str], *, run: Path, fault: str,
             stage.at_fault = result_mtimes(run)
             stage.fault_at = time.monotonic() - began
             if stage.triggered and proc.popen.poll() is None:
-                if fault == "SIGINT":
+                if fault in ("SIGINT", DOUBLE_SIGINT):
                     os.killpg(proc.pid, signal.SIGINT)
+                    if fault == DOUBLE_SIGINT:  # a second Ctrl-C while the stop is under way
+                        time.sleep(DOUBLE_SIGINT_GAP)
+                        if proc.popen.poll() is None:
+                            os.killpg(proc.pid, signal.SIGINT)
                 else:
                     os.kill(proc.pid, getattr(signal, fault))
         stage.rc = finish(proc, timeout=STAGE_TIMEOUT)
@@ -330,7 +347,7 @@ def _chain(tmp: Path, config: Path,
     os.replace(run, moved)
     stages["d"] = run_stage("d", ["resume", str(moved)], run=moved, fault="SIGKILL",
                             ready=budgets_started, logs=logs)
-    stages["e"] = run_stage("e", ["resume", str(moved)], run=moved, fault="SIGINT",
+    stages["e"] = run_stage("e", ["resume", str(moved)], run=moved, fault=DOUBLE_SIGINT,
                             ready=after_search_started, logs=logs)
     copy = tmp / "copy"
     subprocess.run(["cp", "-r", str(moved), str(copy)], check=True)
@@ -342,33 +359,27 @@ def _chain(tmp: Path, config: Path,
 
 
 @pytest.fixture(scope="module")
-def sweeps(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sweeps]:
+def sweeps(tmp_path_factory: pytest.TempPathFactory, reference_sweep: ReferenceSweep,
+           lane: Lane, request: pytest.FixtureRequest) -> Iterator[Sweeps]:
+    """The chain, run while the reference sweep (started by ``conftest.py``, the second ``run``
+    into it already refused) runs beside it, and the lane runs the sweeps that wait behind the
+    chain (``conftest.BEHIND_THE_FAULT_CHAIN``: the chain mostly waits on its commands)."""
+    from tests.system.conftest import start_behind_the_fault_chain
+
+    start_behind_the_fault_chain(request, lane, tmp_path_factory)
     tmp = tmp_path_factory.mktemp("faults")
     (tmp / "logs").mkdir()
-    config = tmp / "sweep.toml"
-    config.write_text(CONFIG)
-    ref = tmp / "reference"
-    began = time.monotonic()
-    proc = start(["run", str(config), "--out", str(ref)], log=tmp / "logs" / "reference")
+    config = reference_sweep.config
+    stages: dict[str, Stage] = {}
+    hashes, copy_mtimes, old = ("", ""), {}, False
     try:
-        # a second `run` into the same directory while the first holds it
-        wait_for(proc, lambda: lock_pid(ref) == proc.pid, timeout=STAGE_TIMEOUT)
-        other = start(["run", str(config), "--out", str(ref)], log=tmp / "logs" / "second-run")
-        second = (finish(other, timeout=120), other.stderr(), proc.pid)
-        reap(other, grace=5)
-        stages: dict[str, Stage] = {}
-        hashes, copy_mtimes, old = ("", ""), {}, False
-        try:
-            hashes, copy_mtimes, old = _chain(tmp, config, stages)
-        finally:
-            ref_rc = finish(proc, timeout=STAGE_TIMEOUT)
-            ref_seconds = time.monotonic() - began
+        hashes, copy_mtimes, old = _chain(tmp, config, stages)
     finally:
-        reap(proc, grace=10)
+        ref = reference_sweep.wait()
     for stage in stages.values():
         print(summary_line(stage))
-    yield Sweeps(config=config, ref=ref, ref_rc=ref_rc, ref_trials=optuna_trials(ref),
-                 ref_seconds=ref_seconds, ref_stderr=proc.stderr(), second_run=second,
+    yield Sweeps(config=config, ref=ref.run, ref_rc=ref.rc, ref_trials=optuna_trials(ref.run),
+                 ref_seconds=ref.seconds, ref_stderr=ref.stderr, second_run=ref.second_run,
                  stages=stages, moved_hash=hashes, copy_after_cp=copy_mtimes, lost_old_path=old)
 
 
@@ -420,14 +431,16 @@ def test_locked_directory_refuses_run_and_resume_and_writes_nothing(
     try:
         assert holder.stdout.readline().strip() == "held"
         before = tree_hash(sweeps.ref)
-        for args in (["run", str(sweeps.config), "--out", str(sweeps.ref)],
-                     ["resume", str(sweeps.ref)]):
-            proc = start(args, log=tmp_path / args[0])
+        # both commands at once (each is refused on its own: the holder keeps the lock)
+        procs = [(args, start(args, log=tmp_path / args[0]))
+                 for args in (["run", str(sweeps.config), "--out", str(sweeps.ref)],
+                              ["resume", str(sweeps.ref)])]
+        for args, proc in procs:
             rc = finish(proc, timeout=120)
             reap(proc, grace=5)
             assert rc == 2, (args, proc.stderr())
             assert f"pid {holder.pid}" in proc.stderr(), (args, proc.stderr())
-            assert tree_hash(sweeps.ref) == before, args
+        assert tree_hash(sweeps.ref) == before
     finally:
         os.killpg(holder.pid, signal.SIGKILL)
         holder.wait()
@@ -496,9 +509,12 @@ def test_moved_run_directory_resumes_and_survives_kill_9_during_precompute(
     assert any(rel.startswith("trials/") for rel in manifest["files"])
 
 
-def test_ctrl_c_in_the_after_search_phase(sweeps: Sweeps) -> None:
+def test_ctrl_c_twice_in_the_after_search_phase(sweeps: Sweeps) -> None:
+    """Two Ctrl-Cs 0.3 s apart (an impatient user): the second is ignored while the first stop
+    is under way; one line, exit 130, no traceback, and stage f's resume of a copy completes."""
     e = sweeps.stage("e")
     assert_stopped(e, exit_code=130)
+    assert "Traceback" not in e.stderr and "SystemError" not in e.stderr, e.stderr[-3000:]
     assert "sweep finished" not in e.stdout
     assert not [t for t in e.ids if t.endswith("-r1")], "a re-run finished after the Ctrl-C"
 

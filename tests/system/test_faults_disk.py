@@ -17,21 +17,27 @@ reason and finished later under its id.
 The moment is exact: a ``sitecustomize`` on the commands' PYTHONPATH (driver and Ray workers)
 fills the file system right before the chosen write, once. Mounting a tmpfs needs root (or
 CAP_SYS_ADMIN); elsewhere the module is skipped with the reason.
+
+Nothing here depends on when a command runs, so the chain is a job of ``conftest.py``'s lane:
+it runs while ``test_faults.py``'s chain does when both modules are in the session (the tests
+here then find it done), else when this module's first test asks for it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from core.errors import EXIT_DISK_FULL
+from tests.system.conftest import Lane
 from tests.system.test_faults import (
     Stage,
     complete_ids,
@@ -145,9 +151,11 @@ if WHERE and MARK and FILLER:
 
 @dataclass
 class Chain:
-    run: Path
+    run: Path  # on the tmpfs, unmounted once the chain ended: the path the lines name
+    files: Path  # the run directory, copied off the tmpfs after the last command
     stages: dict[str, Stage]
     marks: dict[str, bool]
+    lines: list[str]  # a line per command, printed by the fixture
 
 
 def _mount(where: Path) -> None:
@@ -167,11 +175,12 @@ def _unmount(where: Path) -> None:
             return
 
 
-@pytest.fixture(scope="module")
-def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chain]:
-    tmp = tmp_path_factory.mktemp("disk")
+def run_chain(tmp: Path, env: dict[str, str]) -> Chain:
+    """The four commands on a tmpfs mounted under ``tmp``, each with ``env`` (this process's
+    environment when the job was made) and its own fill settings: nothing here reads or changes
+    this process's environment, so that the chain can run in ``conftest.py``'s lane while other
+    tests run. The run directory is copied off the tmpfs, which is unmounted, before it returns."""
     disk = tmp / "disk"
-    _mount(disk)
     hooks = tmp / "hooks"
     hooks.mkdir()
     (hooks / "sitecustomize.py").write_text(SITECUSTOMIZE)
@@ -181,31 +190,44 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chain]:
     run, filler = disk / "run", disk / "filler"
     stages: dict[str, Stage] = {}
     marks: dict[str, bool] = {}
-    mp = pytest.MonkeyPatch()
+    lines: list[str] = []
+    hooked = {**env, "PYTHONPATH": os.pathsep.join(
+                  [str(hooks), *filter(None, [env.get("PYTHONPATH")])]),
+              "DPSWEEP_TEST_FILLER": str(filler)}
+    _mount(disk)
     try:
-        mp.setenv("PYTHONPATH", os.pathsep.join(
-            [str(hooks), *filter(None, [os.environ.get("PYTHONPATH")])]))
-        mp.setenv("DPSWEEP_TEST_FILLER", str(filler))
         for name, where, args in (
                 ("a", "trial-record", ["run", str(config), "--out", str(run)]),
                 ("b", "results", ["resume", str(run)]),
                 ("c", "optuna", ["resume", str(run)]),
                 ("d", "", ["resume", str(run)])):
             mark = tmp / f"filled-{name}"
-            mp.setenv("DPSWEEP_TEST_FILL", where)
-            mp.setenv("DPSWEEP_TEST_FILL_MARK", str(mark))
             stages[name] = run_stage(name, [*args, "--quiet"], run=run, fault="", ready=None,
-                                     logs=tmp / "logs")
+                                     logs=tmp / "logs",
+                                     env={**hooked, "DPSWEEP_TEST_FILL": where,
+                                          "DPSWEEP_TEST_FILL_MARK": str(mark)})
             marks[name] = mark.exists()
             filler.unlink(missing_ok=True)  # the space is freed
-            print(f"{name}: rc {stages[name].rc}, {stages[name].seconds:.0f} s, "
-                  f"stderr {stages[name].stderr.strip()[-300:]!r}")
-        yield Chain(run=run, stages=stages, marks=marks)
+            lines.append(f"{name}: rc {stages[name].rc}, {stages[name].seconds:.0f} s, "
+                         f"stderr {stages[name].stderr.strip()[-300:]!r}")
     finally:
-        mp.undo()
         with contextlib.suppress(OSError):
-            shutil.copytree(run, tmp / "run-copy")  # for a look after a failure
+            shutil.copytree(run, tmp / "run-copy")  # read by the tests; a look after a failure
         _unmount(disk)
+    return Chain(run=run, files=tmp / "run-copy", stages=stages, marks=marks, lines=lines)
+
+
+def lane_job(tmp_path_factory: pytest.TempPathFactory) -> Callable[[], Chain]:
+    """The chain as a job for ``conftest.py``'s lane, its folder and environment taken now."""
+    return functools.partial(run_chain, tmp_path_factory.mktemp("disk"), dict(os.environ))
+
+
+@pytest.fixture(scope="module")
+def chain(lane: Lane, tmp_path_factory: pytest.TempPathFactory) -> Chain:
+    done: Chain = lane.result(__name__, lambda: lane_job(tmp_path_factory))
+    for line in done.lines:
+        print(line)
+    return done
 
 
 @pytest.mark.parametrize(("name", "what"), [("a", "/"), ("b", "/results.parquet"),
@@ -238,9 +260,9 @@ def test_after_space_is_freed_resume_finishes_the_sweep_of_an_uninterrupted_run(
         assert stage.redone() == [], (stage.name, stage.redone())  # nothing trained twice
     from reports.store import read_results
 
-    frame = read_results(chain.run)
+    frame = read_results(chain.files)
     assert set(frame["status"]) == {"ok"}, frame[["trial_id", "status", "error"]]
-    assert result_ids(chain.run) == list(frame["trial_id"])
+    assert result_ids(chain.files) == list(frame["trial_id"])
 
 
 def test_the_trial_the_disk_stopped_records_why_and_runs_again_under_its_id(

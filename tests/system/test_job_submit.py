@@ -192,17 +192,29 @@ def head(tmp_path: Path) -> Iterator[Head]:
     assert left == {} and named == set(), f"Ray processes left: {left} {named}"
 
 
-def _submit(head: Head, workdir: Path, out: str) -> tuple[int, str, str]:
-    """The README's line as written, with the dashboard's port and ``--out`` filled in: its
-    exit status, output and the job's submission id (from its output)."""
+def _submit(head: Head, workdir: Path, out: str) -> subprocess.Popen[str]:
+    """The README's line as written, with the dashboard's port and ``--out`` filled in, started
+    (``_ended`` waits for it)."""
     args = [str(BIN / "ray"), "job", "submit", "--address", head.dashboard, "--working-dir",
             ".", "--", "dpsweep", "run", "sweep.toml", "--out", out]
-    proc = subprocess.run(args, cwd=workdir, env=head.env, capture_output=True, text=True,
-                          timeout=JOB_TIMEOUT_S, check=False)
-    log = proc.stdout + proc.stderr
+    return subprocess.Popen(args, cwd=workdir, env=head.env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def _ended(proc: subprocess.Popen[str]) -> tuple[int, str]:
+    """A submission's exit status and output, once it ended (killed past JOB_TIMEOUT_S)."""
+    try:
+        log, _ = proc.communicate(timeout=JOB_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        log, _ = proc.communicate()
+    return proc.returncode, log
+
+
+def _submission_id(log: str) -> str:
     submitted = re.search(r"Job '([^']+)' submitted successfully", log)
     assert submitted, log[-6000:]
-    return proc.returncode, log, submitted.group(1)
+    return submitted.group(1)
 
 
 def _job_info(head: Head, submission_id: str) -> dict:
@@ -262,7 +274,12 @@ def test_ray_job_submit_runs_a_sweep_on_the_cluster(head: Head, tmp_path: Path) 
         "[training]", "[data]\ndataset = 'file'\npath = 'digits.npz'\n"
                       "[model]\nfactory = 'job_net:build'\n[training]"))
     run_dir = tmp_path / "runs" / "user"
-    code, log, job = _submit(head, user, str(run_dir))
+    # Both jobs are submitted at once (the sweeps' trials share the head's CPUs), each checked
+    # once both ended.
+    user_job = _submit(head, user, str(run_dir))
+    relative_job = _submit(head, workdir, "runs/job1")
+    (code, log), relative = _ended(user_job), _ended(relative_job)
+    job = _submission_id(log)
     assert code == 0, log[-6000:]
     info = _job_info(head, job)
     assert info["status"] == "SUCCEEDED", info
@@ -274,7 +291,8 @@ def test_ray_job_submit_runs_a_sweep_on_the_cluster(head: Head, tmp_path: Path) 
 
     # Relative --out: resolved against the job's copy of the working directory, which Ray
     # unpacks under its session directory on the head node, not the directory submitted from.
-    code, log, job = _submit(head, workdir, "runs/job1")
+    code, log = relative
+    job = _submission_id(log)
     assert code == 0, log[-6000:]
     assert _job_info(head, job)["status"] == "SUCCEEDED"
     assert not (workdir / "runs").exists()

@@ -6,17 +6,33 @@ search range wide, so most points learn little by the first rung. The sweep is k
 ``kill -9`` once several trials have records, then resumed: no pruned and no finished trial is
 trained again, and the pruned rows carry their rung, their epochs and the epsilon they spent;
 the leader's re-run (``sweep.seeds = 1``) is never pruned.
+
+The two commands are a job of ``conftest.py``'s lane: they run while ``test_faults.py``'s chain
+does when both modules are in the session (neither the count above nor any assertion depends on
+when a command runs: the kill comes after four records, whenever that is).
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from reports.store import read_results
-from tests.system.test_faults import optuna_trials, results_at_least, run_stage, running
+from tests.system.conftest import Lane
+from tests.system.test_faults import (
+    Stage,
+    optuna_trials,
+    results_at_least,
+    run_stage,
+    running,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -46,21 +62,46 @@ TRIALS = 9
 FIRST_RUNG = 2
 
 
-def test_pruned_trials_are_recorded_kept_off_and_never_rerun(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    (tmp_path / "sweep.toml").write_text(CONFIG)
-    run = tmp_path / "run"
-    killed = run_stage("kill", ["run", str(tmp_path / "sweep.toml"), "--out", str(run),
+@dataclass
+class Swept:
+    run: Path
+    killed: Stage
+    before: dict[str, Any]  # the records of the trials the killed run finished
+    resumed: Stage
+
+
+def sweep(tmp: Path, env: dict[str, str]) -> Swept:
+    """The sweep, killed once four trials have records, then resumed to its end; the commands
+    run with ``env`` (this process's environment when the job was made)."""
+    (tmp / "sweep.toml").write_text(CONFIG)
+    run = tmp / "run"
+    killed = run_stage("kill", ["run", str(tmp / "sweep.toml"), "--out", str(run),
                                 "--quiet"], run=run, fault="SIGKILL",
-                       ready=results_at_least(run, 4), logs=tmp_path)
+                       ready=results_at_least(run, 4), logs=tmp, env=env)
     assert killed.triggered and killed.rc != 0, killed.stderr[-2000:]
     before = {t: json.loads((run / "trials" / t / "result.json").read_text())
               for t in killed.after}
     resumed = run_stage("resume", ["resume", str(run), "--quiet"], run=run, fault="",
-                        ready=None, logs=tmp_path)
+                        ready=None, logs=tmp, env=env)
+    return Swept(run=run, killed=killed, before=before, resumed=resumed)
+
+
+def lane_job(tmp_path_factory: pytest.TempPathFactory) -> Callable[[], Swept]:
+    """The sweep as a job for ``conftest.py``'s lane, its folder and environment taken now."""
+    return functools.partial(sweep, tmp_path_factory.mktemp("pruner"), dict(os.environ))
+
+
+@pytest.fixture(scope="module")
+def swept(lane: Lane, tmp_path_factory: pytest.TempPathFactory) -> Swept:
+    return lane.result(__name__, lambda: lane_job(tmp_path_factory))
+
+
+def test_pruned_trials_are_recorded_kept_off_and_never_rerun(
+        swept: Swept, capsys: pytest.CaptureFixture[str]) -> None:
+    run, resumed = swept.run, swept.resumed
     assert resumed.rc == 0, resumed.stderr[-3000:]
     assert resumed.redone() == []  # no pruned and no finished trial trained again
-    for tid, record in before.items():
+    for tid, record in swept.before.items():
         assert json.loads((run / "trials" / tid / "result.json").read_text()) == record
 
     frame = read_results(run).set_index("trial_id")

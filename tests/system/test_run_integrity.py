@@ -1,6 +1,9 @@
 """A sweep under a 100-character TMPDIR, then a resume of it with a trial directory deleted
 (issue 26, items 1 and 3), on the real CLI.
 
+The sweep is the session's reference sweep (``conftest.py``: ``test_faults.py``'s uninterrupted
+sweep, run under that TMPDIR), so that no second sweep is started for this module.
+
 Under a TMPDIR of about 40 characters or more every run failed: Ray's plasma store socket below
 ``$TMPDIR/dpsweep-ray-<uid>/ray/session_...`` exceeded the 107 bytes of a Unix socket path, after
 the run directory was written. A deleted trial directory was silently trained again under a new
@@ -16,26 +19,22 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.system.test_faults import complete_ids, optuna_trials, result_ids
+from tests.system.conftest import TMPDIR_LENGTH, ReferenceSweep
+from tests.system.test_faults import (
+    ALL_IDS,
+    SEARCH_IDS,
+    complete_ids,
+    optuna_trials,
+    result_ids,
+    without_reruns,
+)
 
 BIN = Path(sys.executable).parent / "dpsweep"
-CONFIG = """\
-[training]
-epochs = 1
-[sweep]
-methods = ["dpsgd"]
-trials_per_method = 2
-baseline = false
-seeds = 0
-[audit]
-enabled = false
-"""
-IDS = ["dpsgd_eps3-000", "dpsgd_eps3-001"]
-TMPDIR_LENGTH = 100
+#: The trial whose directory the damaged copy loses.
+GONE = "dpsgd_eps3-001"
 #: A refusal before Ray starts answers in seconds; a resume that started Ray took 9 s more.
 REFUSAL_S = 60.0
 
@@ -57,35 +56,27 @@ def _dpsweep(args: list[str], *, env: dict[str, str] | None = None,
 
 
 @pytest.fixture(scope="module")
-def swept(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
-    tmp = tmp_path_factory.mktemp("integrity")
-    long = tmp / "t"
-    long = Path(str(long) + "x" * (TMPDIR_LENGTH - len(str(long))))
-    long.mkdir()
-    assert len(str(long)) == TMPDIR_LENGTH
-    config = tmp / "sweep.toml"
-    config.write_text(CONFIG)
-    run = tmp / "run"
-    done = _dpsweep(["run", str(config), "--out", str(run), "--quiet"],
-                    env={"TMPDIR": str(long)})
-    return run, done
+def swept(reference_sweep: ReferenceSweep) -> tuple[Path, ReferenceSweep]:
+    """The reference sweep's run directory, and the sweep once it ended."""
+    return reference_sweep.run, reference_sweep.wait()
 
 
-def test_a_sweep_runs_under_a_100_character_tmpdir(swept: tuple[Path, Any]) -> None:
+def test_a_sweep_runs_under_a_100_character_tmpdir(swept: tuple[Path, ReferenceSweep]) -> None:
     run, done = swept
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert len(str(done.tmpdir)) == TMPDIR_LENGTH
+    assert done.rc == 0, done.stderr[-3000:]
     assert "validate_socket_filename" not in done.stderr
-    assert sorted(result_ids(run)) == IDS
-    assert complete_ids(optuna_trials(run)) == IDS
+    assert without_reruns(result_ids(run)) == sorted(ALL_IDS)
+    assert complete_ids(optuna_trials(run)) == sorted(SEARCH_IDS)
 
 
 def test_resume_with_a_trial_directory_deleted_is_refused_before_ray_and_changes_nothing(
-        swept: tuple[Path, Any], tmp_path: Path) -> None:
+        swept: tuple[Path, ReferenceSweep], tmp_path: Path) -> None:
     run, done = swept
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.rc == 0, done.stderr[-3000:]
     damaged = tmp_path / "run"
     shutil.copytree(run, damaged)
-    shutil.rmtree(damaged / "trials" / IDS[1])
+    shutil.rmtree(damaged / "trials" / GONE)
     before = _snapshot(damaged)
     began = time.monotonic()
     refused = _dpsweep(["resume", str(damaged), "--quiet"], timeout=REFUSAL_S * 2)
@@ -93,8 +84,8 @@ def test_resume_with_a_trial_directory_deleted_is_refused_before_ray_and_changes
     assert refused.returncode == 2, refused.stderr[-3000:]
     assert "Traceback" not in refused.stderr
     lines = refused.stderr.strip().splitlines()
-    assert lines == [f"dpsweep: error: RUN_DIR = 'trials/{IDS[1]}' is not allowed: expected the "
-                     f"records of trial {IDS[1]}, listed in manifest.json (the directory is "
+    assert lines == [f"dpsweep: error: RUN_DIR = 'trials/{GONE}' is not allowed: expected the "
+                     f"records of trial {GONE}, listed in manifest.json (the directory is "
                      "gone; restore it from a copy of the run directory, or start a new run)"]
     assert _snapshot(damaged) == before
     assert not list(damaged.glob("tune/attempt-2"))  # Tune never started

@@ -9,15 +9,23 @@
 * **Python API**: the same factory passed as a callable to ``api.run``.
 * **Two nodes**: the same config against a two-node loopback cluster, run from another folder:
   the module reaches the workers only through Ray's runtime environment.
+
+The CLI sweep starts in the background with the module's first test, and the Python API and
+two-node sweeps run meanwhile (one after the other: both change this process's environment);
+the CLI sweep's tests come last.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +35,8 @@ import torch
 
 from reports.store import read_results
 
-pytestmark = pytest.mark.slow
+#: Every test starts the CLI sweep (``cli_sweep``) if it is not running yet.
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("cli_sweep")]
 
 BIN = Path(sys.executable).parent / "dpsweep"
 TIMEOUT = 600
@@ -106,59 +115,68 @@ def _assert_rows(run: Path) -> pd.DataFrame:
     return frame
 
 
+@dataclass
+class _Command:
+    """A command running in the background in a session of its own, its output in files."""
+
+    popen: subprocess.Popen
+    out: Path
+    err: Path
+
+    @classmethod
+    def start(cls, args: list[str], *, cwd: Path, logs: Path) -> _Command:
+        out, err = logs / "stdout", logs / "stderr"
+        with out.open("w") as fo, err.open("w") as fe:
+            popen = subprocess.Popen(args, cwd=cwd, env=_env(), stdout=fo, stderr=fe,
+                                     start_new_session=True)
+        return cls(popen, out, err)
+
+    def wait(self, timeout: float) -> int | None:
+        """The exit code; None when it did not end within ``timeout`` (then it is killed)."""
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            return None
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGKILL)
+        self.popen.wait()
+
+    def stderr(self) -> str:
+        return self.err.read_text(errors="replace")
+
+
 @pytest.fixture(scope="module")
-def cli_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def cli_sweep(tmp_path_factory: pytest.TempPathFactory,
+              request: pytest.FixtureRequest) -> Iterator[tuple[Path, _Command] | None]:
+    """The CLI sweep, started in the background when the module's first test starts (every
+    test asks for it): the Python API and two-node sweeps run while it does, and the tests of
+    its results, last in the module, wait for it (``cli_run``). None (nothing started) when no
+    test of the session reads it."""
+    if not any("cli_run" in getattr(item, "fixturenames", ()) for item in request.session.items):
+        yield None
+        return
     folder = _user_folder(tmp_path_factory.mktemp("user") / "project", "user_net", audit=True)
     elsewhere = tmp_path_factory.mktemp("cwd")
-    proc = subprocess.run([str(BIN), "run", str(folder / "sweep.toml"), "--out",
-                           str(folder / "runs" / "one"), "--quiet"], cwd=elsewhere, env=_env(),
-                          capture_output=True, text=True, timeout=TIMEOUT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return folder / "runs" / "one"
-
-
-def test_every_trial_has_a_row_with_the_users_layers_attacked(cli_run: Path) -> None:
-    _assert_rows(cli_run)
-    layers = pd.read_csv(cli_run / "report" / "mia_layers.csv")
-    for trial_id in IDS:
-        named = set(layers.loc[layers["trial_id"] == trial_id, "layer"])
-        assert set(LAYERS) <= named, (trial_id, named)
-    spec = json.loads((cli_run / "trials" / IDS[1] / "spec.json").read_text())
-    assert spec["user_model"]["factory"] == "user_net:build"
-    manifest = json.loads((cli_run / "manifest.json").read_text())
-    assert set(manifest["inputs"]) == {"model_code", "data.path"}
-    from orchestrator.cli import main
-
-    assert main(["pick", str(cli_run)]) == 0  # its retrain config names the user's network
-    assert 'factory = "user_net:build"' in (cli_run / "pick_config.toml").read_text()
-
-
-def test_the_export_loads_into_the_factorys_module_with_the_recorded_accuracy(
-        cli_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from orchestrator.cli import main
-    from trainables.training.loop import TrialSpec, load_trial_data
-
-    trial = "dpsgd_eps3-000"
-    assert main(["export", str(cli_run), "--trial", trial, "--out", str(tmp_path / "rel")]) == 0
-    info = json.loads((tmp_path / "rel" / "model.json").read_text())
-    assert info["layers"] == LAYERS and len(info["code_sha256"]) == 64
-    code_dir = str(tmp_path / "rel" / info["model_source"]["code_dir"])  # the export's copy
-    assert info["code"]["files"] == {"user_net.py": info["code"]["files"]["user_net.py"]}
-    sys.modules.pop("user_net", None)  # imported from the project folder by the run
-    sys.path.insert(0, code_dir)
+    command = _Command.start([str(BIN), "run", str(folder / "sweep.toml"), "--out",
+                              str(folder / "runs" / "one"), "--quiet"], cwd=elsewhere,
+                             logs=tmp_path_factory.mktemp("cli-logs"))
     try:
-        build = importlib.import_module("user_net").build
+        yield folder, command
     finally:
-        sys.path.remove(code_dir)
-    net = build(input_shape=tuple(info["input_shape"]), num_classes=info["num_classes"],
-                **info["model_source"]["args"])
-    net.load_state_dict(torch.load(tmp_path / "rel" / "weights.pt", weights_only=True))
-    spec = TrialSpec.from_dict(json.loads((cli_run / "trials" / trial / "spec.json").read_text()))
-    test = load_trial_data(spec).test
-    with torch.no_grad():
-        accuracy = float((net.eval()(test.x).argmax(1) == test.y).float().mean())
-    recorded = float(read_results(cli_run).set_index("trial_id").loc[trial, "test_accuracy"])
-    assert abs(accuracy - recorded) <= 1.0 / len(test.y)
+        command.stop()
+
+
+@pytest.fixture(scope="module")
+def cli_run(cli_sweep: tuple[Path, _Command] | None) -> Path:
+    assert cli_sweep is not None
+    folder, command = cli_sweep
+    rc = command.wait(TIMEOUT)
+    assert rc == 0, command.stderr()[-3000:]
+    return folder / "runs" / "one"
 
 
 def test_the_factory_as_a_python_callable(tmp_path: Path) -> None:
@@ -224,3 +242,47 @@ def test_the_same_config_on_two_nodes_ships_the_code_through_ray(tmp_path: Path,
     assert str(folder.resolve()) in seen  # the driver validated the config from the folder
     shipped = seen - {str(folder.resolve())}
     assert shipped and all("working_dir_files" in s for s in shipped), seen
+
+
+def test_every_trial_has_a_row_with_the_users_layers_attacked(cli_run: Path) -> None:
+    _assert_rows(cli_run)
+    layers = pd.read_csv(cli_run / "report" / "mia_layers.csv")
+    for trial_id in IDS:
+        named = set(layers.loc[layers["trial_id"] == trial_id, "layer"])
+        assert set(LAYERS) <= named, (trial_id, named)
+    spec = json.loads((cli_run / "trials" / IDS[1] / "spec.json").read_text())
+    assert spec["user_model"]["factory"] == "user_net:build"
+    manifest = json.loads((cli_run / "manifest.json").read_text())
+    assert set(manifest["inputs"]) == {"model_code", "data.path"}
+    from orchestrator.cli import main
+
+    assert main(["pick", str(cli_run)]) == 0  # its retrain config names the user's network
+    assert 'factory = "user_net:build"' in (cli_run / "pick_config.toml").read_text()
+
+
+def test_the_export_loads_into_the_factorys_module_with_the_recorded_accuracy(
+        cli_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator.cli import main
+    from trainables.training.loop import TrialSpec, load_trial_data
+
+    trial = "dpsgd_eps3-000"
+    assert main(["export", str(cli_run), "--trial", trial, "--out", str(tmp_path / "rel")]) == 0
+    info = json.loads((tmp_path / "rel" / "model.json").read_text())
+    assert info["layers"] == LAYERS and len(info["code_sha256"]) == 64
+    code_dir = str(tmp_path / "rel" / info["model_source"]["code_dir"])  # the export's copy
+    assert info["code"]["files"] == {"user_net.py": info["code"]["files"]["user_net.py"]}
+    sys.modules.pop("user_net", None)  # imported from the project folder by the run
+    sys.path.insert(0, code_dir)
+    try:
+        build = importlib.import_module("user_net").build
+    finally:
+        sys.path.remove(code_dir)
+    net = build(input_shape=tuple(info["input_shape"]), num_classes=info["num_classes"],
+                **info["model_source"]["args"])
+    net.load_state_dict(torch.load(tmp_path / "rel" / "weights.pt", weights_only=True))
+    spec = TrialSpec.from_dict(json.loads((cli_run / "trials" / trial / "spec.json").read_text()))
+    test = load_trial_data(spec).test
+    with torch.no_grad():
+        accuracy = float((net.eval()(test.x).argmax(1) == test.y).float().mean())
+    recorded = float(read_results(cli_run).set_index("trial_id").loc[trial, "test_accuracy"])
+    assert abs(accuracy - recorded) <= 1.0 / len(test.y)

@@ -111,9 +111,14 @@ def test_a_state_that_does_not_fit_is_refused_whole() -> None:
 def test_training_never_imports_torch_dynamo() -> None:
     """Every method's DP steps, the non-private recipe and LM-DP-SGD's stage-1 training run in a
     fresh interpreter without importing torch._dynamo (torch.optim's classes import it on their
-    first call: 2-4 s in every fresh Ray worker on this machine)."""
+    first call: 2-4 s in every fresh Ray worker on this machine). On one intra-op thread, as a
+    trial runs (``TrialSpec.threads``): with torch's default of one per core the interpreter
+    took 79 s on a busy 2-core host against 11 s on one (9-10 s either way on an idle host),
+    and the thread count has no bearing on what is imported."""
     code = """
 import sys
+import torch
+torch.set_num_threads(1)
 from tests.contract import conformance
 from trainables.methods import METHODS
 from trainables.audit.references import NonPrivateRecipe, train_nonprivate
