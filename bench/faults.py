@@ -35,8 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.harness import load_average, write_results
-from tests.system.test_faults import (
+from bench.cli_harness import (
     KILL_GRACE,
     STAGE_TIMEOUT,
     Proc,
@@ -50,6 +49,7 @@ from tests.system.test_faults import (
     start,
     wait_for,
 )
+from bench.harness import load_average, write_results
 
 METHODS = ("dpsgd", "auto_s")
 EPOCHS = 3

@@ -30,16 +30,8 @@ from typing import Any
 
 import pytest
 
-from tests.system.test_faults import (
-    CONFIG,
-    STAGE_TIMEOUT,
-    Proc,
-    finish,
-    lock_pid,
-    reap,
-    start,
-    wait_for,
-)
+from bench.cli_harness import STAGE_TIMEOUT, Proc, finish, lock_pid, reap, start, wait_for
+from tests.system.test_faults import CONFIG
 
 #: Under a TMPDIR of about 40 characters or more every run failed (Ray's plasma store socket
 #: below it exceeded the 107 bytes of a Unix socket path); the reference runs under 100.

@@ -20,9 +20,11 @@ from pathlib import Path
 
 import pytest
 
+from bench.cli_harness import processes
 from core.errors import UserInputError
-from orchestrator import cluster
-from tests.system.procs import processes
+from orchestrator import raytemp
+from orchestrator.cluster import connection as cluster
+from orchestrator.cluster import resources, storage
 
 ray = pytest.importorskip("ray")
 
@@ -135,11 +137,11 @@ def test_local_ray_listens_on_loopback_only_and_cleans_up(clean_ray: None,
     saved = {k: os.environ.get(k) for k in (cluster.AUTH_MODE_ENV, cluster.AUTH_TOKEN_ENV)}
     info = cluster.start_local(num_cpus=1, num_gpus=None, quiet=True)
     assert info.local and info.token_auth
-    assert [n.address for n in info.nodes] == [cluster.LOOPBACK_V4]
-    assert info.address.startswith(f"{cluster.LOOPBACK_V4}:")
+    assert [n.address for n in info.nodes] == [resources.LOOPBACK_V4]
+    assert info.address.startswith(f"{resources.LOOPBACK_V4}:")
     # Logs, Unix sockets and spilled objects sit below a directory only this user can enter.
     private = Path(info.session_dir).parents[1]
-    assert private.name.startswith(cluster.PRIVATE_TEMP_PREFIX)
+    assert private.name.startswith(raytemp.PRIVATE_TEMP_PREFIX)
     assert private.stat().st_uid == os.getuid() and private.stat().st_mode & 0o077 == 0
     # A task makes Ray start a worker, whose own gRPC server must also be on loopback.
     assert ray.get(ray.remote(lambda: os.environ.get(cluster.AUTH_MODE_ENV)).remote()) == "token"
@@ -188,60 +190,61 @@ def test_start_local_refuses_bad_arguments_without_starting_ray(clean_ray: None)
 def test_resources_beyond_this_machine_are_refused_before_ray_starts(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU visible, whatever the machine has
-    machine = cluster.machine_resources()
+    machine = resources.machine_resources()
     assert machine.cpus >= 1 and machine.gpus == 0 and machine.memory_mb > 0
     start = time.monotonic()
     with pytest.raises(UserInputError) as err:
-        cluster.check_resources(cpus_per_trial=64 + int(machine.cpus), gpus_per_trial=0.0,
+        resources.check_resources(cpus_per_trial=64 + int(machine.cpus), gpus_per_trial=0.0,
                                 memory_per_trial_mb=None, max_concurrent=2, info=None)
     assert err.value.field == "resources.cpus_per_trial"
     assert f"at most {machine.cpus:g}" in str(err.value)
     with pytest.raises(UserInputError) as err:
-        cluster.check_resources(cpus_per_trial=1, gpus_per_trial=0.5,
+        resources.check_resources(cpus_per_trial=1, gpus_per_trial=0.5,
                                 memory_per_trial_mb=None, max_concurrent=2, info=None)
     assert err.value.field == "resources.gpus_per_trial"
     assert "no GPU" in str(err.value) and "CUDA_VISIBLE_DEVICES" in str(err.value)
     with pytest.raises(UserInputError) as err:
-        cluster.check_resources(cpus_per_trial=1, gpus_per_trial=0.0,
+        resources.check_resources(cpus_per_trial=1, gpus_per_trial=0.0,
                                 memory_per_trial_mb=machine.memory_mb * 2, max_concurrent=2,
                                 info=None)
     assert err.value.field == "resources.memory_per_trial_mb"
     assert time.monotonic() - start < FAST_S
     assert not ray.is_initialized()
     # What fits: concurrency is bounded by what the machine holds at once.
-    assert cluster.check_resources(cpus_per_trial=1, gpus_per_trial=0.0,
+    assert resources.check_resources(cpus_per_trial=1, gpus_per_trial=0.0,
                                    memory_per_trial_mb=None, max_concurrent=1000,
                                    info=None) == int(machine.cpus)
 
 
 def test_machine_detection_needs_neither_torch_nor_ray() -> None:
-    code = ("import sys; from orchestrator import cluster; cluster.machine_resources(); "
+    code = ("import sys; from orchestrator.cluster import resources; "
+            "resources.machine_resources(); "
             "sys.exit(bool({'torch', 'ray'} & set(sys.modules)))")
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO, timeout=60).returncode == 0
 
 
 def test_resource_checks_count_per_node_not_cluster_totals() -> None:
-    nodes = (cluster.NodeResources("a", "10.0.0.1", cpus=8, gpus=0, memory_mb=32000),
-             cluster.NodeResources("b", "10.0.0.2", cpus=2, gpus=2, memory_mb=8000))
-    info = cluster.ClusterInfo(address="10.0.0.1:6379", local=False, token_auth=True,
+    nodes = (resources.NodeResources("a", "10.0.0.1", cpus=8, gpus=0, memory_mb=32000),
+             resources.NodeResources("b", "10.0.0.2", cpus=2, gpus=2, memory_mb=8000))
+    info = resources.ClusterInfo(address="10.0.0.1:6379", local=False, token_auth=True,
                                nodes=nodes, session_dir="/nonexistent")
     check = dict(memory_per_trial_mb=None, max_concurrent=100, info=info)
-    assert cluster.check_resources(cpus_per_trial=2, gpus_per_trial=0, **check) == 5
-    assert cluster.check_resources(cpus_per_trial=1, gpus_per_trial=0.5, **check) == 2
+    assert resources.check_resources(cpus_per_trial=2, gpus_per_trial=0, **check) == 5
+    assert resources.check_resources(cpus_per_trial=1, gpus_per_trial=0.5, **check) == 2
     with pytest.raises(UserInputError) as err:  # 10 CPUs in total, but never 9 on one node
-        cluster.check_resources(cpus_per_trial=9, gpus_per_trial=0, **check)
+        resources.check_resources(cpus_per_trial=9, gpus_per_trial=0, **check)
     assert err.value.field == "resources.cpus_per_trial" and "8 cpus on 10.0.0.1" in str(err.value)
     with pytest.raises(UserInputError) as err:  # CPUs on one node, GPUs on the other
-        cluster.check_resources(cpus_per_trial=4, gpus_per_trial=1, **check)
+        resources.check_resources(cpus_per_trial=4, gpus_per_trial=1, **check)
     assert err.value.field == "resources"
     with pytest.raises(UserInputError) as err:
-        cluster.check_resources(cpus_per_trial=1, gpus_per_trial=1.5, **check)
+        resources.check_resources(cpus_per_trial=1, gpus_per_trial=1.5, **check)
     assert err.value.field == "resources.gpus_per_trial" and "whole number" in str(err.value)
     with pytest.raises(UserInputError) as err:
-        cluster.check_resources(cpus_per_trial=1, gpus_per_trial=3, **check)
+        resources.check_resources(cpus_per_trial=1, gpus_per_trial=3, **check)
     assert err.value.field == "resources.gpus_per_trial"
     with pytest.raises(UserInputError) as err:
-        cluster.check_resources(cpus_per_trial=1, gpus_per_trial=0, memory_per_trial_mb=None,
+        resources.check_resources(cpus_per_trial=1, gpus_per_trial=0, memory_per_trial_mb=None,
                                 max_concurrent=0, info=info)
     assert err.value.field == "sweep.max_concurrent_trials"
 
@@ -313,8 +316,8 @@ def test_two_node_cluster_on_loopback(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setenv(cluster.AUTH_MODE_ENV, "token")
     monkeypatch.setenv(cluster.AUTH_TOKEN_ENV, token)
     cluster._refresh_ray_auth_config()
-    loopback = {"node_ip_address": cluster.LOOPBACK_V4, "object_store_memory": 80 * 1024 ** 2,
-                "temp_dir": str(cluster._private_temp_dir())}
+    loopback = {"node_ip_address": resources.LOOPBACK_V4, "object_store_memory": 80 * 1024 ** 2,
+                "temp_dir": str(raytemp.private_temp_dir())}
     # Fewer helper processes than a real head (no log monitor, autoscaler or dashboard): the
     # test is about the nodes, and every process costs seconds on a small machine.
     lean = {"include_dashboard": False, "include_log_monitor": False, "no_monitor": True}
@@ -327,7 +330,8 @@ def test_two_node_cluster_on_loopback(tmp_path: Path, monkeypatch: pytest.Monkey
         # Without the token the connection is refused fast (Ray alone retries for ~20 s), and
         # the error says what to set.
         env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
-        code = ("import sys, time, ray; from orchestrator import cluster; t = time.monotonic()\n"
+        code = ("import sys, time, ray; from orchestrator.cluster import connection as cluster\n"
+                "t = time.monotonic()\n"
                 "try: cluster.connect(sys.argv[1], quiet=True)\n"
                 "except Exception as e: print(time.monotonic() - t, type(e).__name__, e); "
                 "sys.exit(2)")
@@ -347,20 +351,20 @@ def test_two_node_cluster_on_loopback(tmp_path: Path, monkeypatch: pytest.Monkey
 
         info = cluster.connect(nodes.address, quiet=True)
         assert not info.local and info.token_auth and len(info.nodes) == 2
-        assert {n.address for n in info.nodes} == {cluster.LOOPBACK_V4}
+        assert {n.address for n in info.nodes} == {resources.LOOPBACK_V4}
         assert sorted(n.cpus for n in info.nodes) == [1.0, 2.0]
         check = dict(memory_per_trial_mb=None, max_concurrent=16, info=info)
-        assert cluster.check_resources(cpus_per_trial=1, gpus_per_trial=0, **check) == 3
-        assert cluster.check_resources(cpus_per_trial=2, gpus_per_trial=0, **check) == 1
-        assert cluster.check_resources(cpus_per_trial=1, gpus_per_trial=1, **check) == 1
+        assert resources.check_resources(cpus_per_trial=1, gpus_per_trial=0, **check) == 3
+        assert resources.check_resources(cpus_per_trial=2, gpus_per_trial=0, **check) == 1
+        assert resources.check_resources(cpus_per_trial=1, gpus_per_trial=1, **check) == 1
         with pytest.raises(UserInputError) as err:  # 3 CPUs in all, at most 2 on one node
-            cluster.check_resources(cpus_per_trial=3, gpus_per_trial=0, **check)
+            resources.check_resources(cpus_per_trial=3, gpus_per_trial=0, **check)
         assert err.value.field == "resources.cpus_per_trial"
         with pytest.raises(UserInputError) as err:  # the GPU node has 1 CPU only
-            cluster.check_resources(cpus_per_trial=2, gpus_per_trial=1, **check)
+            resources.check_resources(cpus_per_trial=2, gpus_per_trial=1, **check)
         assert err.value.field == "resources"
 
-        assert cluster.check_storage(tmp_path) == 2  # a probe ran on each node
+        assert storage.check_storage(tmp_path) == 2  # a probe ran on each node
         assert not (tmp_path / ".storage-probe").exists()
         exposed = [s for s in listening_sockets(os.getpid()) if not _is_loopback(s[3])]
         assert exposed == []

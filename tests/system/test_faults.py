@@ -24,8 +24,6 @@ The chain mostly waits on its commands, so ``conftest.py``'s lane runs the sweep
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
 import os
 import re
@@ -40,12 +38,27 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests.system.procs import processes
+from bench.cli_harness import (
+    KILL_GRACE,
+    STAGE_TIMEOUT,
+    Proc,
+    complete_ids,
+    finish,
+    lock_pid,
+    optuna_trials,
+    reap,
+    result_ids,
+    result_mtimes,
+    running,
+    start,
+    tree_hash,
+    wait_for,
+)
 
 if TYPE_CHECKING:  # conftest.py imports this module's helpers
     from tests.system.conftest import Lane, ReferenceSweep
 
-BIN = Path(sys.executable).parent / "dpsweep"
+
 CONFIG = """\
 [training]
 epochs = 3
@@ -73,151 +86,12 @@ def without_reruns(ids: list[str]) -> list[str]:
     assert {t.split("_eps")[0] for t in reruns} == {"dpsgd", "auto_s"}, reruns
     return sorted(t for t in ids if t not in reruns)
 #: Longest wait for one command (a stage takes 20-60 s on two busy cores).
-STAGE_TIMEOUT = 300.0
-#: Ray's node agents outlive a SIGKILLed driver by up to a minute before they notice; they hold
-#: no trial. Every other process the command started must be gone within KILL_GRACE seconds.
-AGENTS = ("ray::DashboardA", "ray::RuntimeEnv")
-KILL_GRACE = 30.0
 #: Stage e's fault: Ctrl-C, then Ctrl-C again DOUBLE_SIGINT_GAP seconds later.
 DOUBLE_SIGINT = "SIGINT twice"
 DOUBLE_SIGINT_GAP = 0.3
 HINT = re.compile(r"^dpsweep: interrupted by (SIGINT|SIGTERM); .*`dpsweep resume (.+)`$")
-
-
-# ---- processes ---------------------------------------------------------------------------------
-@dataclass
-class Proc:
-    """A dpsweep command started in its own session (so everything it starts can be found)."""
-
-    popen: subprocess.Popen
-    out: Path
-    err: Path
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def stdout(self) -> str:
-        return self.out.read_text(errors="replace")
-
-    def stderr(self) -> str:
-        return self.err.read_text(errors="replace")
-
-
-def start(args: list[str], *, log: Path, env: dict[str, str] | None = None) -> Proc:
-    """``env``: variables set for the command on top of this process's environment."""
-    out, err = Path(f"{log}.out"), Path(f"{log}.err")
-    with out.open("w") as fo, err.open("w") as fe:
-        popen = subprocess.Popen([str(BIN), *args], stdout=fo, stderr=fe,
-                                 env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-                                 start_new_session=True)
-    return Proc(popen, out, err)
-
-
-def wait_for(proc: Proc, ready: Callable[[], bool], *, timeout: float) -> bool:
-    """Poll ``ready`` until it holds (True), or the command ended or time ran out (False)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if ready():
-            return True
-        if proc.popen.poll() is not None:
-            return ready()
-        time.sleep(0.05)
-    return False
-
-
-def session_pids(sid: int) -> dict[int, str]:
-    """Live (non-zombie) processes of session ``sid``: pid -> command name."""
-    return {pid: p.name for pid, p in processes().items() if p.session == sid and p.state != "Z"}
-
-
-def reap(proc: Proc, *, grace: float) -> dict[int, str]:
-    """Give what ``proc`` started ``grace`` seconds to exit by itself, then SIGKILL what is left
-    (by pid: only processes of its own session). Returns the processes other than Ray's node
-    agents that were still running after the grace period."""
-    deadline = time.monotonic() + grace
-    left = session_pids(proc.pid)
-    while left and time.monotonic() < deadline \
-            and not all(name in AGENTS for name in left.values()):
-        time.sleep(0.5)
-        left = session_pids(proc.pid)
-    for pid in left:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.popen.wait(10)
-    return {pid: name for pid, name in left.items() if name not in AGENTS}
-
-
-def finish(proc: Proc, *, timeout: float) -> int | None:
-    """The exit code, or None (everything killed) if it did not end within ``timeout``."""
-    try:
-        return proc.popen.wait(timeout)
-    except subprocess.TimeoutExpired:
-        reap(proc, grace=0)
-        return None
-
-
-# ---- run directory state -------------------------------------------------------------------
-def result_mtimes(run: Path) -> dict[str, int]:
-    """trial id -> mtime (ns) of its result.json: a trial trained again rewrites it."""
-    return {p.parent.name: p.stat().st_mtime_ns for p in run.glob("trials/*/result.json")}
-
-
-def result_ids(run: Path) -> list[str]:
-    """Trial ids of the results store's rows (duplicates kept)."""
-    from reports.store import read_results
-
-    if not (run / "results.parquet").is_file():
-        return []
-    return list(read_results(run, allow_empty=True)["trial_id"])
-
-
-def optuna_trials(run: Path) -> list[dict[str, Any]]:
-    """Every Optuna trial of every study: state, dpsweep id, attributes, (fixed) parameters."""
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    if not (run / "optuna.db").is_file():
-        return []
-    url = f"sqlite:///{run / 'optuna.db'}"
-    out = []
-    for name in optuna.get_all_study_names(url):
-        for t in optuna.load_study(study_name=name, storage=url).get_trials(deepcopy=False):
-            out.append({"study": name, "number": t.number, "state": t.state.name,
-                        "id": t.user_attrs.get("dpsweep_trial_id"), "attrs": dict(t.user_attrs),
-                        "params": dict(t.params),
-                        "fixed_params": dict(t.system_attrs.get("fixed_params") or {})})
-    return out
-
-
-def running(trials: list[dict[str, Any]]) -> list[tuple[str, int, str | None]]:
-    return [(t["study"], t["number"], t["id"]) for t in trials if t["state"] == "RUNNING"]
-
-
-def complete_ids(trials: list[dict[str, Any]]) -> list[str]:
-    return sorted(t["id"] for t in trials if t["state"] == "COMPLETE")
-
-
-def tree_hash(root: Path) -> str:
-    """SHA-256 over every file's relative path and bytes (and every directory's name)."""
-    digest = hashlib.sha256()
-    for path in sorted(root.rglob("*")):
-        digest.update(str(path.relative_to(root)).encode() + b"\0")
-        if path.is_file() and not path.is_symlink():
-            digest.update(hashlib.sha256(path.read_bytes()).digest())
-    return digest.hexdigest()
-
-
 def hint_lines(stderr: str) -> list[re.Match]:
     return [m for m in map(HINT.match, stderr.splitlines()) if m]
-
-
-def lock_pid(run: Path) -> int | None:
-    try:
-        return int(json.loads((run / ".lock.json").read_text())["pid"])
-    except (OSError, ValueError, KeyError):
-        return None
 
 
 # ---- stages ----------------------------------------------------------------------------------

@@ -36,15 +36,10 @@ from pathlib import Path
 
 import pytest
 
+from bench.cli_harness import complete_ids, result_ids, running
 from core.errors import EXIT_DISK_FULL
 from tests.system.conftest import Lane
-from tests.system.test_faults import (
-    Stage,
-    complete_ids,
-    result_ids,
-    run_stage,
-    running,
-)
+from tests.system.test_faults import Stage, run_stage
 
 CONFIG = """\
 [training]

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.system.procs import processes
+from bench.cli_harness import processes
 
 ray = pytest.importorskip("ray")
 

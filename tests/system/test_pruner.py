@@ -24,15 +24,10 @@ from typing import Any
 
 import pytest
 
+from bench.cli_harness import optuna_trials, running
 from reports.store import read_results
 from tests.system.conftest import Lane
-from tests.system.test_faults import (
-    Stage,
-    optuna_trials,
-    results_at_least,
-    run_stage,
-    running,
-)
+from tests.system.test_faults import Stage, results_at_least, run_stage
 
 pytestmark = pytest.mark.slow
 

@@ -16,23 +16,15 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from bench.cli_harness import BIN, complete_ids, optuna_trials, result_ids
 from tests.system.conftest import TMPDIR_LENGTH, ReferenceSweep
-from tests.system.test_faults import (
-    ALL_IDS,
-    SEARCH_IDS,
-    complete_ids,
-    optuna_trials,
-    result_ids,
-    without_reruns,
-)
+from tests.system.test_faults import ALL_IDS, SEARCH_IDS, without_reruns
 
-BIN = Path(sys.executable).parent / "dpsweep"
 #: The trial whose directory the damaged copy loses.
 GONE = "dpsgd_eps3-001"
 #: A refusal before Ray starts answers in seconds; a resume that started Ray took 9 s more.

@@ -209,7 +209,8 @@ def test_the_same_config_on_two_nodes_ships_the_code_through_ray(tmp_path: Path,
     import ray
     from ray.cluster_utils import Cluster
 
-    from orchestrator import cluster
+    from orchestrator.cluster import connection as cluster
+    from orchestrator.raytemp import private_temp_dir
 
     folder = _user_folder(tmp_path / "project", "node_net", audit=False)
     origins = tmp_path / "origins.txt"
@@ -221,7 +222,7 @@ def test_the_same_config_on_two_nodes_ships_the_code_through_ray(tmp_path: Path,
         monkeypatch.setenv(key, value)  # the nodes' workers inherit these
     cluster._refresh_ray_auth_config()
     loopback = {"node_ip_address": cluster.LOOPBACK_V4,
-                "temp_dir": str(cluster._private_temp_dir())}
+                "temp_dir": str(private_temp_dir())}
     lean = {"include_dashboard": False, "include_log_monitor": False, "no_monitor": True}
     nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, **loopback, **lean},
                     shutdown_at_exit=True)
