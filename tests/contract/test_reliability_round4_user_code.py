@@ -8,6 +8,8 @@ or derail a command.
   run: it cannot be caught, so no test claims it is.)
 * a ``[model] code_dir`` that does not exist (or is a file) is refused the same way, before the
   run directory is written or Ray starts;
+* a factory that hangs is stopped by Ctrl-C like any command: exit 130, one line, nothing
+  written; a ``code_dir`` with no factory to import from it is refused, not shipped unused;
 * a label of 2^40 in an ``.npz`` (or a table, or a data factory's ``y``) is refused at data
   loading as the labels' fault, not as an allocation failure blamed on ``model.factory``.
 
@@ -17,8 +19,10 @@ Every case runs the installed console script in a subprocess, as a user would.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -62,6 +66,12 @@ def interrupted(input_shape, num_classes):
 
 def data_exits():
     sys.exit(0)
+
+
+def hangs(input_shape, num_classes):
+    Path(__file__).with_name("hanging").write_text("")
+    import time
+    time.sleep(600)
 
 
 def data_huge_label():
@@ -148,7 +158,7 @@ def test_missing_code_dir_is_refused_before_anything(tmp_path: Path, command: st
 
 
 def test_code_dir_that_is_a_file_is_refused(tmp_path: Path) -> None:
-    config = _project(tmp_path, "code_dir = 'user_net.py'")
+    config = _project(tmp_path, "factory = 'user_net:good'\ncode_dir = 'user_net.py'")
     line = _refused(tmp_path, config, command="run")
     assert line.startswith(PREFIX + "model.code_dir") and "is not a folder" in line
 
@@ -198,3 +208,41 @@ def test_num_classes_above_the_limit_is_refused(tmp_path: Path) -> None:
                            f"num_classes = {MAX_CLASSES + 1}")
     line = _refused(tmp_path, config, command="check")
     assert line.startswith(PREFIX + f"data.num_classes = {MAX_CLASSES + 1}")
+
+
+@pytest.mark.parametrize("command", ["check", "run"])
+def test_code_dir_without_a_factory_is_refused(tmp_path: Path, command: str) -> None:
+    (tmp_path / "code").mkdir()
+    line = _refused(tmp_path, _project(tmp_path, "code_dir = 'code'"), command=command)
+    assert line.startswith(PREFIX + "model.code_dir = 'code'")
+    assert "model.factory or data.factory" in line
+
+
+#: How long a hanging factory's command may take to stop after Ctrl-C.
+STOP_TIMEOUT = 60
+
+
+@pytest.mark.parametrize("command", ["check", "run"])
+def test_a_hanging_factory_stops_on_ctrl_c_with_one_line(tmp_path: Path, command: str) -> None:
+    config = _project(tmp_path, "factory = 'user_net:hangs'")
+    out = tmp_path / "out"
+    args = ["config", "--check", str(config)] if command == "check" else [
+        "run", str(config), "--out", str(out)]
+    exe = [str(DPSWEEP)] if DPSWEEP.exists() else [sys.executable, "-m", "orchestrator.cli"]
+    proc = subprocess.Popen([*exe, *args], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        deadline = time.monotonic() + 240
+        while not (tmp_path / "hanging").exists():  # the factory is running
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C, to the process group as a terminal sends it
+        _, stderr = proc.communicate(timeout=STOP_TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, stderr
+    assert stderr.strip().splitlines() == ["dpsweep: interrupted"], stderr
+    assert not out.exists()
