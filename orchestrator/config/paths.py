@@ -81,6 +81,10 @@ def resolve_paths(cfg: Any, base: Path) -> Any:
                        ("data.data_dir", d.data_dir), ("model.code_dir", m.code_dir)):
         if value:  # a name the system cannot take is refused here, not as an OSError later
             check_path_form(value, field=key, creates=False)
+    if m.code_dir and not (m.factory or d.factory):  # shipped to every worker, used by none
+        raise UserInputError(field="model.code_dir", value=m.code_dir,
+                             allowed="'' unless model.factory or data.factory is set (the "
+                                     "folder their modules are imported from)")
     code_dir = m.code_dir or (str(base.resolve()) if m.factory or d.factory else "")
     code_dir = absolute(code_dir)
     if code_dir:
