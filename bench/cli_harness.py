@@ -24,6 +24,7 @@ from typing import Any
 
 import optuna
 
+from core.layout import LOCK_INFO, OPTUNA_DB, RESULT, RESULTS, TRIALS
 from reports.store import read_results
 
 #: The console script of the environment running the harness.
@@ -139,12 +140,12 @@ def finish(proc: Proc, *, timeout: float) -> int | None:
 # ---- run directory state -------------------------------------------------------------------
 def result_mtimes(run: Path) -> dict[str, int]:
     """trial id -> mtime (ns) of its result.json: a trial trained again rewrites it."""
-    return {p.parent.name: p.stat().st_mtime_ns for p in run.glob("trials/*/result.json")}
+    return {p.parent.name: p.stat().st_mtime_ns for p in run.glob(f"{TRIALS}/*/{RESULT}")}
 
 
 def result_ids(run: Path) -> list[str]:
     """Trial ids of the results store's rows (duplicates kept)."""
-    if not (run / "results.parquet").is_file():
+    if not (run / RESULTS).is_file():
         return []
     return list(read_results(run, allow_empty=True)["trial_id"])
 
@@ -152,9 +153,9 @@ def result_ids(run: Path) -> list[str]:
 def optuna_trials(run: Path) -> list[dict[str, Any]]:
     """Every Optuna trial of every study: state, dpsweep id, attributes, (fixed) parameters."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    if not (run / "optuna.db").is_file():
+    if not (run / OPTUNA_DB).is_file():
         return []
-    url = f"sqlite:///{run / 'optuna.db'}"
+    url = f"sqlite:///{run / OPTUNA_DB}"
     out = []
     for name in optuna.get_all_study_names(url):
         for t in optuna.load_study(study_name=name, storage=url).get_trials(deepcopy=False):
@@ -185,6 +186,6 @@ def tree_hash(root: Path) -> str:
 
 def lock_pid(run: Path) -> int | None:
     try:
-        return int(json.loads((run / ".lock.json").read_text())["pid"])
+        return int(json.loads((run / LOCK_INFO).read_text())["pid"])
     except (OSError, ValueError, KeyError):
         return None
