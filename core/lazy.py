@@ -26,4 +26,7 @@ def lazy_module(name: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     loader.exec_module(module)
+    parent, _, child = name.rpartition(".")
+    if parent:  # as the import system does: `import a.b` then `a.b.f` must find it
+        setattr(importlib.import_module(parent), child, module)
     return module
