@@ -3,8 +3,8 @@
 #
 #   bench/render_report.sh [RUN_DIR] [OUT_DIR]
 #
-# Without RUN_DIR it first writes the synthetic run directory of the report tests
-# (tests/unit/reports/test_report.make_run: two targets, five series, ties, a replayable, a degenerate and a
+# Without RUN_DIR it first writes the synthetic run directory the report tests use
+# (bench/synthetic_run.py: two targets, five series, ties, a replayable, a degenerate and a
 # failed trial, re-runs, canary bounds, the non-private baseline; no training, a few seconds).
 # Screenshots go to OUT_DIR (default RUN_DIR/screenshots):
 #   desktop.png         the whole page at 1440 px wide
@@ -24,7 +24,7 @@ if [[ -z "$RUN_DIR" ]]; then
     WORK="$(mktemp -d -t dpsweep-render-XXXXXX)"
     echo "writing the synthetic run directory in $WORK/run"
     PYTHONPATH="$ROOT" "$PY" -c 'import sys; from pathlib import Path
-from tests.unit.reports.test_report import make_run
+from bench.synthetic_run import make_run
 print(make_run(Path(sys.argv[1])))' "$WORK" >/dev/null
     RUN_DIR="$WORK/run"
 fi

@@ -2,10 +2,10 @@
 or a measured figure.
 
 The tables come from the methods' declarations (``trainables/methods/``), the search spaces as
-sweeps build them (``search_spaces.searched_params``), the config's declarations
-(``orchestrator/config/``), the built-in datasets' sizes, the results schema
-(``reports/store.py``) and the committed benchmark results (``bench/results/*.json``, written by
-the ``bench`` modules), so they cannot drift from the code or the measurements:
+sweeps build them (``search_spaces.build_space``, ``search_spaces.searched_params``), the
+config's declarations (``orchestrator/config/``), the built-in datasets' sizes, the results
+schema (``reports/store.py``) and the committed benchmark results (``bench/results/*.json``,
+written by the ``bench`` modules), so they cannot drift from the code or the measurements:
 ``python -m orchestrator.docgen`` rewrites the marked blocks, and a test fails when a committed
 file differs from what this module generates.
 """
@@ -26,10 +26,11 @@ import tomli_w
 
 from core.datasets import DATASET_NAMES, INPUT_SHAPES, POOLS
 from core.modes import INVALID_TAG
-from orchestrator.cli import DEMO_SIZES
+from core.vocabulary import SPLIT_NAMES
 from orchestrator.config import SECTIONS, field_param
+from orchestrator.sweep.commands import DEMO_SIZES
 from reports.store import COLUMNS
-from search_spaces import SPACES, searched_params
+from search_spaces import SPACES, STEP, build_space, searched_params
 from trainables.data.splits import DEFAULT_SIZES
 from trainables.methods import METHODS
 
@@ -43,7 +44,7 @@ BLOCKS = (("README.md", "methods"), ("README.md", "fmnist_headline"),
           ("docs/studies.md", "fmnist_details"), ("docs/benchmarks.md", "step_time"),
           ("docs/benchmarks.md", "methods_time"), ("docs/benchmarks.md", "gpu_steps"),
           ("docs/benchmarks.md", "gpu_trials"), ("docs/benchmarks.md", "epoch_time"),
-          ("docs/benchmarks.md", "canary_digits"))
+          ("docs/benchmarks.md", "canary_digits"), ("docs/search.md", "search_ranges"))
 #: The stock models' speed table: its page and the results it is generated from.
 STOCK_DOC = "docs/stock-models.md"
 STOCK_RESULTS = "bench/results/step_time_stock.json"
@@ -66,6 +67,9 @@ GPU_TRIALS = ("cuda_fmnist_h100", "cuda_eps1_dpsgd_at_lf_leader", "cuda_eps1_lf_
 #: split after the last epoch only, and after every epoch.
 EPOCH_TIME = ("epoch_time", "epoch_time_before")
 CANARY_DIGITS = "canary_digits"
+#: The layer count the search-range table is built for: a range that follows the model
+#: (dpsgd_lf's m_f) is shown for the four layers of the digits and Fashion-MNIST CNNs.
+RANGE_TABLE_LAYERS = 4
 
 
 def _escape(text: str) -> str:
@@ -97,6 +101,36 @@ def hyperparameter_tables() -> str:
                 _escape(row["doc"]) + " |"]))
         out.append("")
     return "\n".join(out).rstrip()
+
+
+def _range_text(dist: Any) -> tuple[str, str]:
+    """(range, scale) of one Optuna distribution as a sweep builds it."""
+    if hasattr(dist, "choices"):
+        return "one of " + ", ".join(f"{c:g}" for c in dist.choices), "grid"
+    return f"{dist.low:g} to {dist.high:g}", "log" if dist.log else "linear"
+
+
+def search_ranges_table() -> str:
+    """Every method's search ranges as a sweep builds them (``build_space`` in each mode), before
+    a config's ``[search.*]`` overrides: the one place docs/ states them."""
+    lines = ["| method | searched | range | scale | modes |", "|---|---|---|---|---|"]
+    for name in sorted(SPACES):
+        modes = [m.name for m in METHODS[name].modes]
+        per_model = SPACES[name].per_model
+        follows = set(per_model(RANGE_TABLE_LAYERS)) if per_model is not None else set()
+        rows: dict[str, tuple[str, str, list[str]]] = {}
+        for mode in modes:
+            built = build_space(name, mode=mode, num_layers=RANGE_TABLE_LAYERS)
+            for key, dist in built.distributions.items():
+                text, scale = _range_text(dist)
+                rows.setdefault(key, (text, scale, []))[2].append(mode)
+        for key, (text, scale, where) in rows.items():
+            label = f"`{key}`" + (" (lr = lr_x_clip / clip_norm)" if key == STEP else "")
+            if key in follows:
+                text += f" at {RANGE_TABLE_LAYERS} layers (follows the model)"
+            read = "all" if len(where) == len(modes) else ", ".join(f"`{m}`" for m in where)
+            lines.append(f"| `{name}` | {label} | {text} | {scale} | {read} |")
+    return "\n".join(lines)
 
 
 def columns_table() -> str:
@@ -209,8 +243,7 @@ def datasets_table() -> str:
         sizes = " / ".join(f"{v:,}" for v in (s.train, s.validation, s.holdout, s.test, s.shadow))
         lines.append(f"| `{name}` | {' x '.join(map(str, INPUT_SHAPES[name]))} | {pool:,}"
                      f"{f' ({test:,})' if test else ' (none: cut from the pool)'} | {sizes} |")
-    demo = " / ".join(f"{DEMO_SIZES[f'{k}_size']:,}"
-                      for k in ("train", "validation", "holdout", "test", "shadow"))
+    demo = " / ".join(f"{DEMO_SIZES[f'{k}_size']:,}" for k in SPLIT_NAMES)
     lines.append(f"| `digits` in `dpsweep demo` | 1 x 8 x 8 | {POOLS['digits'][0]:,} "
                  f"(none: cut from the pool) | {demo} |")
     return "\n".join(lines)
@@ -477,7 +510,8 @@ GENERATORS = {"methods": methods_table, "hyperparameters": hyperparameter_tables
               "fmnist_parts": fmnist_parts, "fmnist_details": fmnist_details,
               "step_time": step_time_table, "methods_time": methods_time_table,
               "gpu_steps": gpu_steps_table, "gpu_trials": gpu_trials_table,
-              "epoch_time": epoch_time_table, "canary_digits": canary_digits_table}
+              "epoch_time": epoch_time_table, "canary_digits": canary_digits_table,
+              "search_ranges": search_ranges_table}
 
 
 def _pattern(block: str) -> re.Pattern[str]:

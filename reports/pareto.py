@@ -47,6 +47,7 @@ import numpy as np
 import pandas as pd
 
 from core.errors import UserInputError
+from core.vocabulary import OK, PRUNED
 from reports.store import DEGENERATE_MARGIN
 
 ACC = "val_accuracy"
@@ -62,8 +63,9 @@ Z95 = NormalDist().inv_cdf(0.975)
 #: Reference point of the hypervolume: (accuracy above chance, attack advantage).
 REFERENCE = (0.0, 1.0)
 DEFAULT_NUM_CLASSES = 10
-#: Rows compared at once by :func:`front_mask` (bounds its memory to a few MB per block).
-_BLOCK = 512
+#: Rows compared at once by :func:`front_mask` (bounds its memory to a few MB per block; a
+#: memory chunk, not the physical batch).
+_MASK_BLOCK_ROWS = 512
 
 #: Front kinds, in the order the report shows them for each target.
 KIND_ALL = "all series"
@@ -169,8 +171,9 @@ def front_mask(*, acc_lo: Sequence[float], acc_hi: Sequence[float], mia_lo: Sequ
     if (al > ah).any() or (ml > mh).any():
         raise ValueError("each interval needs lower <= upper")
     dominated = np.zeros(al.shape, dtype=bool)
-    for start in range(0, len(al), _BLOCK):
-        i = slice(start, start + _BLOCK)  # rows: the trials judged; columns: every other one
+    for start in range(0, len(al), _MASK_BLOCK_ROWS):
+        # rows: the trials judged; columns: every other one
+        i = slice(start, start + _MASK_BLOCK_ROWS)
         at_least = ((al[None, :] >= al[i, None]) & (ah[None, :] >= ah[i, None])
                     & (ml[None, :] <= ml[i, None]) & (mh[None, :] <= mh[i, None]))
         clear = (al[None, :] > ah[i, None]) | (mh[None, :] < ml[i, None])
@@ -254,10 +257,10 @@ def exclusion_reasons(frame: pd.DataFrame) -> pd.Series:
     for i in range(len(frame)):
         if method.iat[i] == NONPRIVATE:
             reason = REASON_BASELINE
-        elif status.iat[i] == "pruned":
+        elif status.iat[i] == PRUNED:
             rung = _numeric(frame, "pruned_at").iat[i] if "pruned_at" in frame else math.nan
             reason = REASON_PRUNED.format(rung=f"{rung:.0f}" if math.isfinite(rung) else "?")
-        elif status.iat[i] != "ok":
+        elif status.iat[i] != OK:
             reason = f"{REASON_FAILED}: {error.iat[i] or '(no reason recorded)'}"
         elif repeat.iat[i]:
             reason = REASON_RERUN.format(of=repeat.iat[i])

@@ -38,6 +38,7 @@ import pandas as pd
 
 from core.errors import UserInputError
 from core.modes import INVALID_TAG
+from core.vocabulary import OK
 from reports.pareto import (
     ACC,
     ACC_HI,
@@ -279,7 +280,7 @@ def choose_private(frame: pd.DataFrame, *, allow_invalid_dp: bool = False,
     status = frame.get("status", pd.Series("", index=frame.index)).fillna("").astype(str)
     repeat = frame.get("repeat_of", pd.Series("", index=frame.index)).fillna("").astype(str)
     method = frame.get("method", pd.Series("", index=frame.index)).fillna("").astype(str)
-    searched = (status == "ok") & score.map(math.isfinite) & (repeat == "") & (
+    searched = (status == OK) & score.map(math.isfinite) & (repeat == "") & (
         method != NONPRIVATE)
     if not searched.any():
         raise _nothing_released(run_dir)

@@ -18,6 +18,7 @@ type, or is unreadable, with one clear error.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -33,6 +34,7 @@ from core.errors import UserInputError
 from core.layout import RESULTS as RESULTS_FILE
 from core.records import PrivacyRecord
 from core.storage import atomic_write
+from core.vocabulary import FAILED, OK, PRUNED
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,7 @@ COLUMNS: dict[str, Column] = {
     "method": _c("string", "registered method name (dpsweep, lm_dpsgd, ...)", True),
     "mode": _c("string", "method mode (where its statistics come from)", True),
     "preset": _c("string", "preset the trial started from ('' = none)", True),
-    "status": _c("string", "'ok', 'failed' or 'pruned' (stopped at a rung of the pruner)",
+    "status": _c("string", f"'{OK}', '{FAILED}' or '{PRUNED}' (stopped at a rung of the pruner)",
                  True),
     "pruned_at": _c("int64", "the epoch (rung) a pruned trial was stopped at (-1 = not pruned)",
                     True),
@@ -182,7 +184,7 @@ def row_from_trial(*, run_dir: Path, trial_dir: Path, checkpoint_dir: Path,
     row: dict[str, Any] = {
         "trial_id": spec["trial_id"], "series": series or spec["method"], "study": study,
         "method": spec["method"], "mode": str(params.get("mode", "")), "preset": preset,
-        "status": "ok", "error": "", "dp_valid": privacy.dp_valid,
+        "status": OK, "error": "", "dp_valid": privacy.dp_valid,
         "validity_reason": privacy.validity_reason, "randomness": privacy.randomness,
         "release_safe": privacy.release_safe, "seed": int(spec["seed"]),
         "lr": float(params["lr"]), "clip_norm": float(params["clip_norm"]),
@@ -235,7 +237,7 @@ def failed_row(*, trial_id: str, method: str, error: str, series: str = "", stud
     params = dict(spec.get("method_params") or {})
     row: dict[str, Any] = {name: None for name in COLUMNS}
     row.update({"trial_id": trial_id, "series": series or method, "study": study,
-                "method": method, "status": "failed", "error": error, "preset": preset,
+                "method": method, "status": FAILED, "error": error, "preset": preset,
                 "dp_valid": False, "mode": str(params.get("mode", "")), "validity_reason": "",
                 "release_safe": False, "degenerate": False, "test_accuracy": math.nan,
                 "val_accuracy": math.nan, "epsilon_upper": math.nan,
@@ -260,7 +262,7 @@ def pruned_row(*, trial_id: str, method: str, record: Mapping[str, Any],
     epochs it ran and the epsilon they spent; no test accuracy, never on a front or picked."""
     row = failed_row(trial_id=trial_id, method=method, error="", series=series, study=study,
                      spec=spec, preset=preset)
-    row.update({"status": "pruned", "pruned_at": int(record["pruned_at"]),
+    row.update({"status": PRUNED, "pruned_at": int(record["pruned_at"]),
                 "epochs": int(record["epochs_run"]),
                 "val_accuracy": float(record["val_accuracy"]),
                 "epsilon_spent": float(record["epsilon_spent"]),
@@ -268,6 +270,16 @@ def pruned_row(*, trial_id: str, method: str, record: Mapping[str, Any],
                 "target_epsilon": float(spec["calibration"]["target_epsilon"]),
                 "randomness": str(spec.get("randomness", ""))})
     return row
+
+
+def unfinished(row: Mapping[str, Any]) -> str:
+    """Why a row is not a finished trial, in words for a refusal ('' when it is one): a pruned
+    trial did not fail, and saying so with an empty reason sends the user looking for an error."""
+    if row["status"] == OK:
+        return ""
+    if row["status"] == PRUNED:
+        return f"this one was pruned at epoch {int(row['pruned_at'])}, weaker than its rivals"
+    return f"this one failed: {row['error']}"
 
 
 def frame_of(rows: list[dict[str, Any]]) -> pd.DataFrame:
@@ -283,8 +295,6 @@ def frame_of(rows: list[dict[str, Any]]) -> pd.DataFrame:
 
 def results_bytes(rows: list[dict[str, Any]]) -> bytes:
     """The results store's file content for ``rows`` (what ``RunDir.commit`` writes)."""
-    import io
-
     buffer = io.BytesIO()
     frame_of(rows).to_parquet(buffer, index=False)
     return buffer.getvalue()

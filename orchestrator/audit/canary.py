@@ -32,7 +32,9 @@ from orchestrator.config import load as load_config
 from orchestrator.release.export import CANARY_CONFIDENCE, check_not_baseline
 from orchestrator.rundir import RunDir, check_trial_id
 from reports import store
-from trainables.audit.canaries import BLACK_BOX, CANARY_POOL, WHITE_BOX, CanaryRun
+from trainables.audit.canaries import BLACK_BOX, CANARY_POOL, WHITE_BOX
+from trainables.audit.canary_runs import CanaryRun, black_box_run, white_box_run
+from trainables.training.loop import load_spec, load_trial_data
 
 #: Canaries of a white-box audit unless ``--canaries`` says otherwise (the paper's m = 1000
 #: already bounds epsilon within a few tenths of what perfect guessing allows).
@@ -112,10 +114,9 @@ def _row(run: RunDir, trial_id: str) -> tuple[list[dict[str, Any]], int]:
             check_not_baseline(row, trial_id,
                                why="which claims no epsilon for a canary bound to test (its "
                                    "membership audit in the report is its reference)")
-            if row["status"] != "ok":
+            if why := store.unfinished(row):
                 raise UserInputError(field="--trial", value=trial_id,
-                                     allowed=f"a finished trial (this one failed: "
-                                             f"{row['error']})")
+                                     allowed=f"a finished trial ({why})")
             return rows, i
     raise UserInputError(field="--trial", value=trial_id,
                          allowed=f"a trial of this run: {sorted(r['trial_id'] for r in rows)[:10]}")
@@ -140,9 +141,6 @@ def audit_with_canaries(run_dir: Path, *, trial_id: str, canaries: int | None = 
     ``DEFAULT_BLACK_BOX_CANARIES`` and the holdout split). Holds the run directory's lock
     throughout; every file read is verified against the manifest first.
     """
-    from trainables.audit.canaries import black_box_run, white_box_run
-    from trainables.training.loop import TrialSpec, load_trial_data
-
     check_trial_id(trial_id)
     m = _check_canaries(canaries)
     kind = WHITE_BOX if white_box else BLACK_BOX
@@ -150,7 +148,7 @@ def audit_with_canaries(run_dir: Path, *, trial_id: str, canaries: int | None = 
     with RunDir.open(Path(run_dir), write=True) as run:
         rows, index = _row(run, trial_id)
         spec_rel = f"{TRIALS}/{trial_id}/spec.json"
-        spec = TrialSpec.from_dict(json.loads(run.verify(spec_rel).read_text()))
+        spec = load_spec(json.loads(run.verify(spec_rel).read_text()))
         seed = load_config(run.verify(CONFIG)).audit.seed
         data = load_trial_data(spec)
         if m is None:

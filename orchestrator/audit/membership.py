@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
+import json
 import logging
 import math
 import time
@@ -35,19 +36,35 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from core.errors import UserInputError
 from core.layout import AUDIT as AUDIT_FILE
 from core.layout import AUDIT_SCORES as AUDIT_SCORES_FILE
-from core.layout import CACHE, TRIALS
+from core.layout import CACHE, CHECKPOINT_DIR, TRIALS
 from core.storage import atomic_write_bytes, atomic_write_json
+from core.trial import Calibration, TrialSpec
+from orchestrator.trial.plan import match_budget
+from trainables.audit.cache import caching
+from trainables.audit.classifier import THRESHOLD, ShadowClassifier
+from trainables.audit.probes import MIN_PER_CLASS, probe_set_of, probe_signals
+from trainables.audit.references import (
+    Budget,
+    ReferencePlan,
+    collect_signals,
+    dp_trainer,
+    plan_references,
+    plan_statement,
+    score_signals,
+)
+from trainables.audit.signals import signal_kind
+from trainables.audit.stats.attacks import attack_statistics, combine_attacks, consistent_with_dp
+from trainables.data.splits import DataSplits
+from trainables.training.loop import load_model
 
 if TYPE_CHECKING:
-    import numpy as np
-
-    from trainables.audit.references import Budget, ReferencePlan
-    from trainables.data.splits import DataSplits
     from trainables.models.networks import LayeredModel
-    from trainables.training.loop import TrialResult, TrialSpec
+    from trainables.training.loop import TrialResult
 
 logger = logging.getLogger(__name__)
 
@@ -82,8 +99,6 @@ class AuditSettings:
 
 
 def reference_plan(data: DataSplits, settings: AuditSettings) -> ReferencePlan:
-    from trainables.audit.references import plan_references
-
     return plan_references(data=data, kind=settings.references,
                            n_references=settings.reference_models, seed=settings.seed,
                            max_candidates=settings.max_candidates or None)
@@ -92,8 +107,6 @@ def reference_plan(data: DataSplits, settings: AuditSettings) -> ReferencePlan:
 def _layer_of(signal: str, layers: list[str]) -> tuple[str, int, str]:
     """(layer, index, signal kind) of a signal name: gradient norms belong to their layer, the
     logit confidence and the loss to the output row."""
-    from trainables.audit.signals import signal_kind
-
     kind = signal_kind(signal)
     if ":" in signal:
         layer = signal.split(":", 1)[1]
@@ -123,11 +136,6 @@ def audit_model(*, target: LayeredModel, data: DataSplits, settings: AuditSettin
     score per layer x attack (:func:`write_scores`), exactly the values the statistics were
     computed from; ``progress`` gets a line per reference and stage.
     """
-    from trainables.audit.cache import caching
-    from trainables.audit.classifier import ShadowClassifier
-    from trainables.audit.references import collect_signals, plan_statement
-    from trainables.audit.stats.attacks import attack_statistics, combine_attacks
-
     started = time.perf_counter()
     plan = reference_plan(data, settings)
     _say(progress, f"audit: {plan.kind} plan, {plan.n_references} references, "
@@ -135,8 +143,6 @@ def audit_model(*, target: LayeredModel, data: DataSplits, settings: AuditSettin
     classifier = ShadowClassifier(plan, classes=data.num_classes, seed=settings.seed)
     extra = None
     if settings.layer_probes:
-        from trainables.audit.probes import probe_set_of, probe_signals
-
         extra = probe_signals(probe_set=probe_set_of(data.validation, seed=settings.seed),
                               num_classes=data.num_classes)
     base = caching(trainer, cache_dir)
@@ -188,8 +194,6 @@ def stored_scores(scores: Any) -> np.ndarray:
     """The float32 values :func:`write_scores` keeps, as float64: the audit's statistics are
     computed from these, so the stored file reproduces them exactly (ranks that float32 merges
     become ties, counted half, for members and non-members alike)."""
-    import numpy as np
-
     big = float(np.finfo(np.float32).max)
     return np.clip(np.asarray(scores, dtype=np.float64), -big, big) \
         .astype(np.float32).astype(np.float64)
@@ -199,9 +203,6 @@ def _scored(signals: Any, classifier: Any, target: LayeredModel
             ) -> dict[tuple[str, str], tuple[np.ndarray, dict[str, Any]]]:
     """{(layer, attack): (stored scores, metadata)} for every calibrated attack and the shadow
     classifier, in the order the record lists them."""
-    from trainables.audit.classifier import THRESHOLD
-    from trainables.audit.references import score_signals
-
     layers = list(target.layer_names)
     out: dict[tuple[str, str], tuple[np.ndarray, dict[str, Any]]] = {}
     for signal, attacks in score_signals(signals).items():
@@ -223,8 +224,6 @@ def write_scores(path: Path, *, plan: Any,
     ``pool_index`` [N] int64 (the candidate's index in the dataset's pool), ``is_member`` [N]
     int8, ``layer`` and ``attack`` [A] strings, ``scores`` [A, N] float32 (row a is the record
     entry with that layer and attack; larger = member). Returns the record's reference to it."""
-    import numpy as np
-
     keys = list(scored)
     buffer = io.BytesIO()
     np.savez_compressed(
@@ -283,8 +282,6 @@ def claim_check(record: Mapping[str, Any], *, epsilon: float,
     ``mia_pointwise_violations`` counts points whose own 95% intervals lie wholly outside the
     claimed region (a looser, per-point reading, reported so a reviewer sees both).
     """
-    from trainables.audit.stats.attacks import consistent_with_dp
-
     fpr: list[float] = []
     tpr: list[float] = []
     n_members = n_nonmembers = 0
@@ -309,8 +306,6 @@ def row_audit_columns(record: Mapping[str, Any], *,
     With the trial's ``row``, its claimed epsilon is checked against every ROC point
     (:func:`claim_check`); a valid claim below the measured bound is contradicted.
     """
-    import json
-
     summary_keys = [k for k in record["attacks"][0] if k not in ("roc_fpr", "roc_tpr")]
     layers = [{k: e[k] for k in summary_keys} for e in record["attacks"]]
     nan = math.nan
@@ -340,9 +335,7 @@ def _claim_columns(record: Mapping[str, Any], row: Mapping[str, Any] | None) -> 
 
 
 def budgets_from_config(raw: Mapping[str, Any]) -> dict[int, Budget]:
-    from trainables.audit.references import Budget
-
-    return {int(size): Budget(calibration=dict(b["calibration"]),
+    return {int(size): Budget(calibration=Calibration.from_dict(b["calibration"]),
                               epsilon_curve=list(b["epsilon_curve"]))
             for size, b in raw.items()}
 
@@ -363,9 +356,6 @@ def audit_trial_model(*, spec: TrialSpec, checkpoint: Path, data: DataSplits,
                       progress: Progress | None = None) -> dict[str, Any]:
     """Audit a trained DP trial: references trained like it (``dp_trainer``); the options are
     :func:`audit_model`'s."""
-    from trainables.audit.references import dp_trainer
-    from trainables.training.loop import load_model
-
     target, _ = load_model(checkpoint, data=data, device="cpu")
     return audit_model(target=target, data=data, settings=settings,
                        trainer=dp_trainer(spec, budgets=dict(budgets)), cache_dir=cache_dir,
@@ -376,8 +366,6 @@ def audit_in_trial(*, spec: TrialSpec, result: TrialResult, trial_dir: Path,
                    config: Mapping[str, Any], data: DataSplits) -> dict[str, Any]:
     """The trial runner's audit hook: audit_scores.npz and audit.json written, the objectives
     returned."""
-    from core.layout import CHECKPOINT_DIR
-
     del result
     settings = AuditSettings.from_config(config["audit"])
     budgets = budgets_from_config(config["audit"].get("budgets", {}))
@@ -404,10 +392,6 @@ def check_settings(data: DataSplits, settings: AuditSettings) -> None:
         raise UserInputError(field="data.holdout_size", value=len(data.holdout),
                              allowed="enough members and non-members to audit (>= 2 of each)")
     if settings.layer_probes:
-        import numpy as np
-
-        from trainables.audit.probes import MIN_PER_CLASS, probe_set_of
-
         probe = probe_set_of(data.validation, seed=settings.seed)
         fewest = int(np.bincount(probe.y.numpy(), minlength=data.num_classes).min())
         if fewest < MIN_PER_CLASS:
@@ -421,8 +405,6 @@ def reference_budgets(cfg: Any, *, method: str, params: Mapping[str, Any], epsil
                       data: DataSplits, cache_dir: Path | None) -> dict[str, dict[str, Any]]:
     """The references' budget: the trial's method and (epsilon, delta), matched for the
     references' own training-set size (their sampling rate differs from the target's)."""
-    from orchestrator.trial.plan import match_budget
-
     size = reference_size(data, AuditSettings.from_config(cfg.audit))
     cal, curve = match_budget(method=method, params=dict(params), dataset_size=size,
                               batch_size=min(cfg.training.batch_size, size),

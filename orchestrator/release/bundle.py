@@ -29,8 +29,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import safetensors.torch
 import torch
+from safetensors.torch import save as safetensors_bytes
 
 from core.errors import UserInputError
 from core.layout import (
@@ -135,7 +135,7 @@ def export_trial(*, checkpoint_dir: Path, privacy: PrivacyRecord, out: Path,
     torch.save(tensors, buffer)
     blobs: dict[str, bytes] = {
         EXPORT_WEIGHTS: buffer.getvalue(),
-        EXPORT_SAFETENSORS: safetensors.torch.save(tensors, metadata={"format": "pt"}),
+        EXPORT_SAFETENSORS: safetensors_bytes(tensors, metadata={"format": "pt"}),
         EXPORT_MODEL: json_bytes(info, allow_nan=False),
         EXPORT_LOADER: standalone.LOADER_SOURCE.read_bytes(),
         **{f"{EXPORT_CODE}/{name}": data for name, data in code.items()},

@@ -28,6 +28,8 @@ from core.records import PrivacyRecord
 from orchestrator.release.bundle import OUT_FIELD, ExportResult, check_outside_run, export_trial
 from orchestrator.rundir import RunDir, check_trial_id
 from reports import store
+from reports.pick import choose_private
+from trainables.training.loop import load_spec, load_trial_data
 
 #: Confidence of the canary audits' epsilon lower bounds (``orchestrator.audit.canary``).
 CANARY_CONFIDENCE = 0.95
@@ -56,9 +58,8 @@ def _row(run: RunDir, trial_id: str) -> dict[str, Any]:
     row = rows.iloc[0].to_dict()
     check_not_baseline(row, trial_id, why="which has no DP guarantee to export: it is the "
                                           "report's reference line, never a release")
-    if row["status"] != "ok":
-        raise UserInputError(field="--trial", value=trial_id,
-                             allowed=f"a finished trial (this one failed: {row['error']})")
+    if why := store.unfinished(row):
+        raise UserInputError(field="--trial", value=trial_id, allowed=f"a finished trial ({why})")
     return row
 
 
@@ -75,8 +76,6 @@ def _check_selected(run: RunDir, trial_id: str, *, allow_invalid_dp: bool,
                     allow_replayable: bool) -> None:
     """Under private tuning only the best noisy score may leave: releasing another trial would
     carry an end-to-end statement that does not cover it."""
-    from reports.pick import choose_private
-
     chosen = choose_private(store.read_results(run.path), allow_invalid_dp=allow_invalid_dp,
                             allow_replayable=allow_replayable).trial_id
     if chosen != trial_id:
@@ -98,8 +97,6 @@ def audit_bound(row: dict[str, Any]) -> dict[str, Any] | None:
 
 def _num_classes(run: RunDir, trial_id: str) -> int:
     """The trial's class count, from its verified spec (a user's data is read for it)."""
-    from trainables.training.loop import TrialSpec, load_trial_data
-
     rel = f"{layout.TRIALS}/{trial_id}/{layout.SPEC}"
     try:
         spec = json.loads(run.verify(rel).read_text(encoding="utf-8"))
@@ -108,7 +105,7 @@ def _num_classes(run: RunDir, trial_id: str) -> int:
                              allowed=f"valid JSON ({type(exc).__name__})") from None
     if spec.get("dataset") in NUM_CLASSES:
         return NUM_CLASSES[spec["dataset"]]
-    return load_trial_data(TrialSpec.from_dict(spec)).num_classes
+    return load_trial_data(load_spec(spec)).num_classes
 
 
 def check_degenerate(run: RunDir, row: dict[str, Any], trial_id: str, *, private: bool,

@@ -20,6 +20,12 @@ from trainables.data.files import class_names
 from trainables.data.splits import NORMALIZATION
 from trainables.models.networks import LayeredModel
 from trainables.models.source import ModelSource
+from trainables.training.loop import (
+    load_spec,
+    load_trial_data,
+    spec_file_source,
+    spec_model_source,
+)
 
 MODEL_FORMAT = "dpsweep-model"
 MODEL_VERSION = 3
@@ -36,17 +42,15 @@ def _bad(field: str, value: object, allowed: str) -> UserInputError:
 def model_description(spec: dict[str, Any]) -> dict[str, Any]:
     """How to rebuild the model from the spec (a user's data is read for its shape, classes
     and normalisation; built-in datasets need no data)."""
-    from trainables.training.loop import TrialSpec, load_trial_data
-
     dataset = spec.get("dataset")
     if dataset not in INPUT_SHAPES and dataset != FILE_DATASET:
         raise _bad("spec.dataset", dataset, f"one of {(*INPUT_SHAPES, FILE_DATASET)}")
-    trial = TrialSpec.from_dict(spec)
-    source = trial.model_source
+    trial = load_spec(spec)
+    source = spec_model_source(trial)
     if dataset == FILE_DATASET:
         data = load_trial_data(trial)
         shape, classes, n = list(data.input_shape), data.num_classes, data.normalization
-        named = class_names(trial.file_source) if trial.file_source is not None else ()
+        named = class_names(files) if (files := spec_file_source(trial)) is not None else ()
     else:
         shape, classes = list(INPUT_SHAPES[dataset]), NUM_CLASSES[dataset]
         n, named = NORMALIZATION[dataset], CLASS_NAMES[dataset]

@@ -47,6 +47,7 @@ from reports.pick import (
     choose_private,
     describe,
 )
+from trainables.data.splits import DEFAULT_SIZES
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -116,8 +117,6 @@ def _validation_size(run: RunDir) -> int | None:
     size = data.get("validation_size", 0)
     if isinstance(size, int) and size > 0:
         return size
-    from trainables.data.splits import DEFAULT_SIZES
-
     defaults = DEFAULT_SIZES.get(str(data.get("dataset", "digits")))
     return defaults.validation if defaults is not None else None
 

@@ -18,8 +18,8 @@ contradicted by audit" and "replayable: not releasable" where they apply.
 The modules, in the order the data flows: ``records`` reads and validates the run directory,
 ``fmt`` holds the HTML helpers and the flag texts every section shares, ``overview``,
 ``fronts``, ``attacks``, ``training`` and ``validity`` each build some sections with their
-CSVs and figures, and ``page`` assembles the page. Underscore names are shared between these
-modules only; what other code may use is exported here.
+CSVs and figures, and ``page`` assembles the page. A name these modules share is public in the
+module that defines it; what code outside ``reports.html`` may use is exported here.
 """
 
 from __future__ import annotations

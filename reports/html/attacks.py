@@ -18,22 +18,22 @@ from reports import plots
 from reports.html.fmt import (
     CONTRADICTED_TAG,
     NOT_COVERED_TAG,
-    _badge,
-    _count,
-    _e,
-    _eps_tag,
-    _h,
-    _image,
-    _int,
-    _note,
-    _num,
-    _sci,
-    _table,
+    badge,
+    count_text,
+    eps_tag,
+    esc,
+    figure_html,
     flags_html,
     flags_text,
+    int_text,
+    note_html,
+    num_text,
+    sci_text,
+    table_html,
+    th,
 )
-from reports.html.fronts import _chosen
-from reports.html.records import AUDIT_FILE, Records, RunData, _float, plan_statement
+from reports.html.fronts import front_trials_at
+from reports.html.records import AUDIT_FILE, Records, RunData, as_float, plan_statement
 from reports.pareto import KIND_ALL, MIA, Front, natural_key, sort_trials
 
 #: Test-accuracy gap beyond which the report calls the audit's references weaker than the target.
@@ -42,7 +42,7 @@ REFERENCE_GAP = 0.05
 SCORES_FILE = "mia_scores.parquet"
 
 
-def _leakage_frame(data: RunData) -> pd.DataFrame:
+def leakage_frame(data: RunData) -> pd.DataFrame:
     """Per series: audited trials, those with a detected leak, the strongest one, and the
     (layer, attack) cells significant in any trial."""
     dp = data.dp
@@ -77,30 +77,31 @@ def _leakage_frame(data: RunData) -> pd.DataFrame:
         "peak_attack", "peak_mia_accuracy", "leak_p_value", "significant_cells", "audit_plan"])
 
 
-def _leakage_section(leakage: pd.DataFrame) -> str:
+def leakage_section(leakage: pd.DataFrame) -> str:
     if leakage.empty:
-        return _note("No DP trial finished.")
+        return note_html("No DP trial finished.")
     items = []
     for _, r in leakage.iterrows():
-        name = f"<b>{_e(r['series'])}</b>"
+        name = f"<b>{esc(r['series'])}</b>"
         if r["audited"] == 0:
             items.append(f"<li>{name}: no trial was audited, so nothing can be said about "
                          "leakage.</li>")
         elif r["leaks"]:
             items.append(
                 f"<li>{name}: <b>leakage detected</b> in {r['leaks']} of "
-                f"{_count(int(r['audited']), 'audited trial')}; strongest in "
-                f"{_e(r['strongest_trial'])} (ε = {_float(r['strongest_epsilon']):g}) at layer "
-                f"<b>{_e(r['peak_layer'])}</b>, attack <b>{_e(r['peak_attack'])}</b> (accuracy "
-                f"{_num(r['peak_mia_accuracy'], 3)}, corrected p = {_sci(r['leak_p_value'])})"
-                + (f"; significant layer × attack cells: {_e(r['significant_cells'])}"
+                f"{count_text(int(r['audited']), 'audited trial')}; strongest in "
+                f"{esc(r['strongest_trial'])} (ε = {as_float(r['strongest_epsilon']):g}) at layer "
+                f"<b>{esc(r['peak_layer'])}</b>, attack <b>{esc(r['peak_attack'])}</b> (accuracy "
+                f"{num_text(r['peak_mia_accuracy'], 3)}, "
+                f"corrected p = {sci_text(r['leak_p_value'])})"
+                + (f"; significant layer × attack cells: {esc(r['significant_cells'])}"
                    if r["significant_cells"] else "") + ".</li>")
         else:
             items.append(
                 f"<li>{name}: no leakage detected in any of "
-                f"{_count(int(r['audited']), 'audited trial')} (smallest corrected p-value "
-                f"{_sci(r['leak_p_value'])}, {_e(r['strongest_trial'])} at "
-                f"{_e(r['peak_layer'])} × {_e(r['peak_attack'])}). Not detecting a leak at this "
+                f"{count_text(int(r['audited']), 'audited trial')} (smallest corrected p-value "
+                f"{sci_text(r['leak_p_value'])}, {esc(r['strongest_trial'])} at "
+                f"{esc(r['peak_layer'])} × {esc(r['peak_attack'])}). Not detecting a leak at this "
                 "sample size is not proof that none exists.</li>")
     return ("<p>A leak is detected when the peak attack's p-value, corrected for the number "
             f"of layers × attacks tested, is below the audit's alpha ({NOT_COVERED_TAG}).</p>"
@@ -115,13 +116,13 @@ def _plan_note(leakage: pd.DataFrame) -> str:
         if isinstance(r.get("audit_plan"), str) and r["audit_plan"]:
             plans.setdefault(r["audit_plan"], []).append(str(r["series"]))
     if len(plans) == 1:
-        return f"<p><b>What this audit can see.</b> {_e(next(iter(plans)))}</p>"
-    return "".join(f"<p><b>What the audit of {_e(', '.join(series))} can see.</b> "
-                   f"{_e(text)}</p>" for text, series in plans.items())
+        return f"<p><b>What this audit can see.</b> {esc(next(iter(plans)))}</p>"
+    return "".join(f"<p><b>What the audit of {esc(', '.join(series))} can see.</b> "
+                   f"{esc(text)}</p>" for text, series in plans.items())
 
 
 def _layer_sort(cell: dict[str, Any]) -> tuple[int, int]:
-    index = _float(cell.get("index"))
+    index = as_float(cell.get("index"))
     index = int(index) if math.isfinite(index) else 0
     return (1, 0) if index < 0 else (0, index)  # the output / loss (-1) last
 
@@ -145,11 +146,11 @@ def heat_columns(cell_lists: Iterable[list[dict[str, Any]]]) -> list[tuple[str, 
             if (layer, attack) in present]
 
 
-def _heatmap_section(data: RunData, *, front_list: Sequence[Front], out: Path,
-                     csvs: dict[str, pd.DataFrame]) -> str:
+def heatmap_section(data: RunData, *, front_list: Sequence[Front], out: Path,
+                    csvs: dict[str, pd.DataFrame]) -> str:
     parts = []
     for target in data.info.targets:
-        chosen = _chosen(front_list, target)
+        chosen = front_trials_at(front_list, target)
         if chosen.empty:
             continue
         lists = [data.parsed[tid]["mia_layers"] for tid in chosen["trial_id"]]
@@ -161,25 +162,25 @@ def _heatmap_section(data: RunData, *, front_list: Sequence[Front], out: Path,
             rows.append(plots.HeatRow(
                 label=f"{r['trial_id']} · {r['series']}",
                 cells={(str(c.get("layer", "?")), str(c.get("attack", "?"))):
-                       (_float(c.get("accuracy")), c.get("significant") is True) for c in cells},
+                       (as_float(c.get("accuracy")), c.get("significant") is True) for c in cells},
                 peak=(r["peak_layer"], r["peak_attack"])))
             records += [{"trial_id": r["trial_id"], "series": r["series"],
                          "layer": c.get("layer"), "index": c.get("index"),
-                         "attack": c.get("attack"), "accuracy": _float(c.get("accuracy")),
+                         "attack": c.get("attack"), "accuracy": as_float(c.get("accuracy")),
                          "significant": c.get("significant") is True,
-                         "p_value": _float(c.get("p_value"))} for c in cells]
-        tag = _eps_tag(target)
+                         "p_value": as_float(c.get("p_value"))} for c in cells]
+        tag = eps_tag(target)
         png = plots.mia_heatmap(rows, columns=columns,
                                 title=f"Attack accuracy per layer × attack, front trials at "
                                       f"ε = {target:g}", path=out / f"mia_heatmap_{tag}.png")
         csvs[f"mia_heatmap_{tag}.csv"] = pd.DataFrame(records)
         more = len(rows) - plots.MAX_HEAT_ROWS
         parts.append(f"<h3>ε = {target:g}</h3>"
-                     + _image(png, f"Per-layer × attack MIA accuracy of the front trials at "
+                     + figure_html(png, f"Per-layer × attack MIA accuracy of the front trials at "
                                    f"ε = {target:g}")
-                     + (_note(f"{more} more front trials in the CSV.") if more > 0 else ""))
+                     + (note_html(f"{more} more front trials in the CSV.") if more > 0 else ""))
     if not parts:
-        return _note("No heat map: no front trial has per-layer MIA results.")
+        return note_html("No heat map: no front trial has per-layer MIA results.")
     return ("<p>Rows: trials on a front at that target; columns: layers from input to output "
             "(the output last), each with its attacks; colour centred on 0.5 (chance): red = "
             "the attack beats guessing, blue = below it. Faded cells with grey values are not "
@@ -202,17 +203,18 @@ def canary_frame(data: RunData) -> pd.DataFrame:
         "flags": [flags_text(r) for _, r in rows.iterrows()]}).reset_index(drop=True)
 
 
-def _canary_section(canary: pd.DataFrame) -> str:
+def canary_section(canary: pd.DataFrame) -> str:
     if canary.empty:
         return ("<p>No canary audit has run. <code>dpsweep audit RUN_DIR --trial T</code> "
                 "trains with m canaries and turns how well they are guessed into an empirical "
                 "95% lower bound on epsilon.</p>")
     rows, classes = [], []
     for _, r in canary.iterrows():
-        rows.append([_e(r["trial_id"]), _e(r["series"]), _num(r["target_epsilon"], 3),
-                     _num(r["eps_lower_bound"], 3), _e(r["kind"] or "—"), _int(r["canaries"]),
-                     _num(r["claimed_epsilon"], 3),
-                     _badge(CONTRADICTED_TAG) if r["audit_contradicts"] else "no",
+        rows.append([esc(r["trial_id"]), esc(r["series"]), num_text(r["target_epsilon"], 3),
+                     num_text(r["eps_lower_bound"], 3), esc(r["kind"] or "—"),
+                     int_text(r["canaries"]),
+                     num_text(r["claimed_epsilon"], 3),
+                     badge(CONTRADICTED_TAG) if r["audit_contradicts"] else "no",
                      flags_html(r)])
         classes.append("bad" if r["audit_contradicts"] else "")
     contradicted = int(canary["audit_contradicts"].sum())
@@ -220,10 +222,10 @@ def _canary_section(canary: pd.DataFrame) -> str:
             "the claimed epsilon, so that claim cannot hold.</p>" if contradicted else
             "<p>No claimed epsilon is contradicted by its canary audit (a lower bound below "
             "the claim is consistent with it, not a proof of it).</p>")
-    return lead + _table([_h("trial"), _h("series"), _h("target eps"),
-                          _h("epsilon lower bound (95%)", "eps_lower_bound"), _h("kind"),
-                          _h("canaries m"), _h("claimed epsilon"), _h(CONTRADICTED_TAG),
-                          _h("DP validity")], rows, row_classes=classes)
+    return lead + table_html([th("trial"), th("series"), th("target eps"),
+                              th("epsilon lower bound (95%)", "eps_lower_bound"), th("kind"),
+                              th("canaries m"), th("claimed epsilon"), th(CONTRADICTED_TAG),
+                              th("DP validity")], rows, row_classes=classes)
 
 
 def _curve(entry: Any) -> tuple[list[float], list[float]] | None:
@@ -232,7 +234,7 @@ def _curve(entry: Any) -> tuple[list[float], list[float]] | None:
         return None
     fpr, tpr = entry.get("roc_fpr"), entry.get("roc_tpr")
     if isinstance(fpr, list) and isinstance(tpr, list) and len(fpr) == len(tpr) and fpr:
-        return [_float(v) for v in fpr], [_float(v) for v in tpr]
+        return [as_float(v) for v in fpr], [as_float(v) for v in tpr]
     return None
 
 
@@ -247,8 +249,8 @@ def roc_by_cell(document: Any) -> dict[tuple[str, str], tuple[list[float], list[
     return found
 
 
-def _roc_section(data: RunData, *, front_list: Sequence[Front], records: Records, out: Path,
-                 csvs: dict[str, pd.DataFrame]) -> str:
+def roc_section(data: RunData, *, front_list: Sequence[Front], records: Records, out: Path,
+                csvs: dict[str, pd.DataFrame]) -> str:
     curves, rows, missing = [], [], []
     targets = []
     for front in front_list:
@@ -278,15 +280,15 @@ def _roc_section(data: RunData, *, front_list: Sequence[Front], records: Records
                                            f"series, {plots.eps_text(targets)}",
                              path=out / "roc.png")
         csvs["roc.csv"] = pd.DataFrame(rows)
-        text = (_image(png, "ROC of the peak layer × attack for the trials on the front over "
+        text = (figure_html(png, "ROC of the peak layer × attack for the trials on the front over "
                             "all series (log-log)")
                 + "<p>The true positive rate at 1% and 0.1% false positive rate (grey lines) is "
                   "the headline number for strong attacks; per cell in "
                   "<code>mia_layers.csv</code>.</p>")
     else:
-        text = _note("No ROC: no front trial has ROC points.")
+        text = note_html("No ROC: no front trial has ROC points.")
     if missing:
-        text += _note("No ROC drawn for: " + _e("; ".join(missing)) + ".")
+        text += note_html("No ROC drawn for: " + esc("; ".join(missing)) + ".")
     return text + _scores_text(records, out=out) + _reference_note(front_list, records)
 
 
@@ -304,7 +306,7 @@ def _scores_text(records: Records, *, out: Path) -> str:
     """Write the front trials' per-candidate scores beside the page and say what they are."""
     frame = scores_frame(records)
     if frame.empty:
-        return _note("No per-candidate audit scores: the front trials' audits predate them.")
+        return note_html("No per-candidate audit scores: the front trials' audits predate them.")
     frame.to_parquet(out / SCORES_FILE, index=False)
     return (f"<p>Every front trial's audited candidates are in <code>{SCORES_FILE}</code>: "
             "pool index, membership and one float32 score per layer × attack (larger = "
@@ -325,19 +327,19 @@ def _reference_note(front_list: Sequence[Front], records: Records) -> str:
         for _, r in front.trials.iterrows():
             document = records.audits.get(r["trial_id"]) or {}
             note = document.get("note")
-            refs = [_float(x.get("test_accuracy")) for x in document.get("references", [])
+            refs = [as_float(x.get("test_accuracy")) for x in document.get("references", [])
                     if isinstance(x, dict)]
             if isinstance(note, str) and note and refs:
                 notes.setdefault(note, []).append((float(np.nanmean(refs)),
-                                                   _float(r.get("test_accuracy"))))
+                                                   as_float(r.get("test_accuracy"))))
     out = []
     for note, pairs in notes.items():
         ref, own = (float(np.nanmean([p[i] for p in pairs])) for i in (0, 1))
         weaker = (" References weaker than the audited model make the calibrated attacks "
                   "weaker: these attack numbers understate what an audit with references "
                   "like the target would find." if ref < own - REFERENCE_GAP else "")
-        out.append(_note(_e(f"Reference models: {note}. Their mean test accuracy is {ref:.2f}, "
-                            f"the audited models' {own:.2f}.{weaker}")))
+        out.append(note_html(esc(f"Reference models: {note}. Their mean test accuracy is "
+                                 f"{ref:.2f}, the audited models' {own:.2f}.{weaker}")))
     return "".join(out)
 
 
@@ -350,7 +352,7 @@ def mia_layers_frame(data: RunData) -> pd.DataFrame:
             flat: dict[str, Any] = {}
             for k, v in cell.items():
                 if isinstance(v, list) and len(v) == 2 and k.endswith("_ci"):
-                    flat[f"{k}_lo"], flat[f"{k}_hi"] = _float(v[0]), _float(v[1])
+                    flat[f"{k}_lo"], flat[f"{k}_hi"] = as_float(v[0]), as_float(v[1])
                 elif isinstance(v, (int, float, str, bool)) or v is None:
                     flat[k] = v
             records.append({"trial_id": r["trial_id"], "series": r["series"], **flat})

@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 
 from core.modes import INVALID_TAG
-from reports.html.records import _float
+from reports.html.records import as_float
 from reports.store import not_covered
 
 CONTRADICTED_TAG = "claim contradicted by audit"
@@ -27,55 +27,61 @@ MAX_IDS = 12
 NOT_COVERED = frozenset(not_covered())
 
 
-def _num(value: Any, digits: int = 4) -> str:
-    x = _float(value)
+def num_text(value: Any, digits: int = 4) -> str:
+    """A number with ``digits`` decimals; "—" for NaN or a non-number."""
+    x = as_float(value)
     return "—" if math.isnan(x) else f"{x:.{digits}f}"
 
 
-def _sci(value: Any) -> str:
-    x = _float(value)
+def sci_text(value: Any) -> str:
+    """A number in three significant digits (p-values, deltas); "—" for NaN."""
+    x = as_float(value)
     return "—" if math.isnan(x) else f"{x:.3g}"
 
 
-def _int(value: Any) -> str:
-    x = _float(value)
+def int_text(value: Any) -> str:
+    """A count as an integer; "—" for NaN."""
+    x = as_float(value)
     return "—" if math.isnan(x) else str(int(x))
 
 
-def _ci(point: Any, lo: Any, hi: Any, digits: int = 3) -> str:
-    if math.isnan(_float(point)):
+def ci_text(point: Any, lo: Any, hi: Any, digits: int = 3) -> str:
+    """A point estimate with its interval in a ``ci`` span; the point alone when the
+    interval is degenerate."""
+    if math.isnan(as_float(point)):
         return "—"
-    if _float(lo) == _float(point) == _float(hi):
-        return _num(point, digits)
-    return (f"{_num(point, digits)} <span class=\"ci\">[{_num(lo, digits)}, "
-            f"{_num(hi, digits)}]</span>")
+    if as_float(lo) == as_float(point) == as_float(hi):
+        return num_text(point, digits)
+    return (f"{num_text(point, digits)} <span class=\"ci\">[{num_text(lo, digits)}, "
+            f"{num_text(hi, digits)}]</span>")
 
 
 def schedule_text(*, sigma: float, schedule: Sequence[dict[str, Any]]) -> str:
     """sigma for a constant schedule; sigma_0 and the phases (sigma x steps) for a decay."""
     if len(schedule) <= 1:
-        return _num(sigma)
-    phases = [f"{_float(p.get('noise_multiplier')):.3f}×{_int(p.get('steps'))}"
+        return num_text(sigma)
+    phases = [f"{as_float(p.get('noise_multiplier')):.3f}×{int_text(p.get('steps'))}"
               for p in schedule[:4]]
     more = f", … ({len(schedule)} phases)" if len(schedule) > 4 else ""
-    return f"σ0 {_num(sigma)}; " + ", ".join(phases) + more
+    return f"σ0 {num_text(sigma)}; " + ", ".join(phases) + more
 
 
-def _e(value: Any) -> str:
+def esc(value: Any) -> str:
+    """Any value as HTML-escaped text: every cell and caption goes through it."""
     return html.escape(str(value))
 
 
-def _h(label: str, column: str | None = None) -> str:
+def th(label: str, column: str | None = None) -> str:
     """A table header; columns the epsilon does not cover carry the label."""
-    text = _e(label)
+    text = esc(label)
     if column is not None and column in NOT_COVERED:
         text += f'<br><span class="nc">{NOT_COVERED_TAG}</span>'
     return text
 
 
-def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], *,
-           row_classes: Sequence[str] | None = None, cls: str = "") -> str:
-    """An HTML table; headers (from :func:`_h`) and cells are pre-escaped HTML."""
+def table_html(headers: Sequence[str], rows: Iterable[Sequence[str]], *,
+               row_classes: Sequence[str] | None = None, cls: str = "") -> str:
+    """An HTML table; headers (from :func:`th`) and cells are pre-escaped HTML."""
     head = "".join(f"<th>{h}</th>" for h in headers)
     body = []
     for i, row in enumerate(rows):
@@ -86,18 +92,19 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], *,
             + "\n".join(body) + "\n</tbody></table></div>")
 
 
-def _badge(text: str, kind: str = "invalid") -> str:
-    return f'<span class="{kind}">{_e(text)}</span>'
+def badge(text: str, kind: str = "invalid") -> str:
+    """A flag as a coloured span (``kind`` is its CSS class)."""
+    return f'<span class="{kind}">{esc(text)}</span>'
 
 
 def flags_html(row: pd.Series | dict[str, Any]) -> str:
     """DP validity as the report shows it everywhere: valid / epsilon claim invalid, plus
     claim contradicted by audit and replayable: not releasable where they apply."""
-    parts = ["valid" if bool(row["dp_valid"]) else _badge(INVALID_TAG)]
+    parts = ["valid" if bool(row["dp_valid"]) else badge(INVALID_TAG)]
     if bool(row.get("audit_contradicts", False)):
-        parts.append(_badge(CONTRADICTED_TAG))
+        parts.append(badge(CONTRADICTED_TAG))
     if not bool(row.get("release_safe", True)):
-        parts.append(_badge(REPLAYABLE_TAG, "replay"))
+        parts.append(badge(REPLAYABLE_TAG, "replay"))
     return " ".join(parts)
 
 
@@ -111,34 +118,39 @@ def flags_text(row: pd.Series | dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def _image(path: Path, alt: str, *, covered: bool = False) -> str:
+def figure_html(path: Path, alt: str, *, covered: bool = False) -> str:
+    """A PNG embedded as a data URI with its caption and CSV name; labelled "not covered
+    by epsilon" unless ``covered``."""
     data = base64.b64encode(path.read_bytes()).decode("ascii")
     label = "" if covered else f' <span class="nc">{NOT_COVERED_TAG}</span>'
-    return (f'<figure><img src="data:image/png;base64,{data}" alt="{_e(alt)}">'
-            f"<figcaption>{_e(alt)} (<code>{_e(path.name)}</code>, data in "
-            f"<code>{_e(path.stem)}.csv</code>){label}</figcaption></figure>")
+    return (f'<figure><img src="data:image/png;base64,{data}" alt="{esc(alt)}">'
+            f"<figcaption>{esc(alt)} (<code>{esc(path.name)}</code>, data in "
+            f"<code>{esc(path.stem)}.csv</code>){label}</figcaption></figure>")
 
 
-def _count(n: int, noun: str) -> str:
+def count_text(n: int, noun: str) -> str:
+    """"1 trial", "3 trials": ``noun`` in the plural unless ``n`` is 1."""
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
-def _note(text: str) -> str:
+def note_html(text: str) -> str:
+    """A short explanatory paragraph; ``text`` is pre-escaped HTML."""
     return f'<p class="note">{text}</p>'
 
 
-def _ids(ids: Sequence[str]) -> str:
+def ids_text(ids: Sequence[str]) -> str:
+    """Trial ids for one cell, cut at ``MAX_IDS`` with the total."""
     shown = ", ".join(ids[:MAX_IDS])
-    return _e(shown + (f", … ({len(ids)} in all)" if len(ids) > MAX_IDS else ""))
+    return esc(shown + (f", … ({len(ids)} in all)" if len(ids) > MAX_IDS else ""))
 
 
-def _eps_tag(eps: float) -> str:
+def eps_tag(eps: float) -> str:
     """The file-name form of a target: front_eps3.png, front_eps0.5.png."""
     return f"eps{eps:g}"
 
 
-def _hyperparameters(row: pd.Series, params: dict[str, Any], *,
-                     prepared: Collection[str] = ()) -> str:
+def hyperparameters_text(row: pd.Series, params: dict[str, Any], *,
+                         prepared: Collection[str] = ()) -> str:
     """The trial's method hyperparameters (mode, lr, clip_norm, ...), the ``prepared`` ones
     (filled from public data, not chosen) left out."""
     values = {k: v for k, v in params.items()
@@ -151,10 +163,11 @@ def _hyperparameters(row: pd.Series, params: dict[str, Any], *,
         value = values[key]
         text = f"{value:.4g}" if isinstance(value, float) else str(value)
         parts.append(f"{key}={text}")
-    return _e(", ".join(parts) or "—")
+    return esc(", ".join(parts) or "—")
 
 
-def _section_table(rows: Sequence[tuple[str, str]]) -> str:
+def facts_table(rows: Sequence[tuple[str, str]]) -> str:
+    """A two-column label/value table (the run header); values are pre-escaped HTML."""
     return ('<table class="facts"><tbody>\n'
-            + "\n".join(f"<tr><th>{_e(k)}</th><td>{v}</td></tr>" for k, v in rows)
+            + "\n".join(f"<tr><th>{esc(k)}</th><td>{v}</td></tr>" for k, v in rows)
             + "\n</tbody></table>")

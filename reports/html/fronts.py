@@ -16,21 +16,21 @@ from reports import plots
 from reports.html.fmt import (
     REPLAYABLE_TAG,
     TEST_NOTE,
-    _ci,
-    _e,
-    _eps_tag,
-    _h,
-    _hyperparameters,
-    _ids,
-    _image,
-    _note,
-    _num,
-    _sci,
-    _table,
+    ci_text,
+    eps_tag,
+    esc,
+    figure_html,
     flags_html,
     flags_text,
+    hyperparameters_text,
+    ids_text,
+    note_html,
+    num_text,
+    sci_text,
+    table_html,
+    th,
 )
-from reports.html.records import RunData, _float
+from reports.html.records import RunData, as_float
 from reports.pareto import (
     ACC,
     ACC_HI,
@@ -58,7 +58,8 @@ def _chance_halfwidth(points: pd.DataFrame) -> float:
     return float(np.median(widths)) if widths.size else math.nan
 
 
-def _baseline(data: RunData) -> plots.Baseline | None:
+def baseline_point(data: RunData) -> plots.Baseline | None:
+    """The non-private baseline's point on the figures, or None without one."""
     rows = data.ok[data.ok["method"] == NONPRIVATE]
     if rows.empty:
         return None
@@ -67,7 +68,7 @@ def _baseline(data: RunData) -> plots.Baseline | None:
                           peak_mia=float(row[MIA]))
 
 
-def _front_point_rows(front_list: Sequence[Front]) -> pd.DataFrame:
+def front_point_rows(front_list: Sequence[Front]) -> pd.DataFrame:
     """One row per (front, trial): the fronts CSV."""
     records = []
     for front in front_list:
@@ -99,38 +100,38 @@ def _membership(front_list: Sequence[Front], target: float) -> dict[str, list[st
 
 
 def _front_table(data: RunData, rows: pd.DataFrame, membership: dict[str, list[str]]) -> str:
-    headers = [_h("trial"), _h("series"), _h("DP validity"), _h("on fronts"),
-               _h("validation accuracy [95%]", ACC),
-               _h(f"test accuracy ({TEST_NOTE})", "test_accuracy"),
-               _h("peak MIA accuracy [95%]", MIA),
-               _h("peak at; leak (corrected p)", "peak_layer"), _h("sigma; eps ≤"),
-               _h("hyperparameters")]
+    headers = [th("trial"), th("series"), th("DP validity"), th("on fronts"),
+               th("validation accuracy [95%]", ACC),
+               th(f"test accuracy ({TEST_NOTE})", "test_accuracy"),
+               th("peak MIA accuracy [95%]", MIA),
+               th("peak at; leak (corrected p)", "peak_layer"), th("sigma; eps ≤"),
+               th("hyperparameters")]
     body, classes = [], []
     for _, r in rows.iterrows():
         tid = r["trial_id"]
-        leak = ("leak" if r["leak_detected"] else "no leak") + f" (p {_sci(r['leak_p_value'])})"
+        leak = ("leak" if r["leak_detected"] else "no leak") + f" (p {sci_text(r['leak_p_value'])})"
         phases = len(data.parsed[tid]["noise_schedule"])
-        sigma = ("σ0 " if phases > 1 else "") + _num(r["noise_multiplier"], 3)
-        hyper = _hyperparameters(r, data.parsed[tid]["method_params"],
-                                 prepared=data.prepared.get(r["method"], ()))
+        sigma = ("σ0 " if phases > 1 else "") + num_text(r["noise_multiplier"], 3)
+        hyper = hyperparameters_text(r, data.parsed[tid]["method_params"],
+                                     prepared=data.prepared.get(r["method"], ()))
         body.append([
-            _e(tid), _e(r["series"]), flags_html(r),
-            _e(", ".join(membership.get(tid, []))),
-            _ci(r[ACC], r[ACC_LO], r[ACC_HI]), _num(r["test_accuracy"], 3),
-            _ci(r[MIA], r[MIA_LO], r[MIA_HI]),
-            _e(f"{r['peak_layer'] or '—'} × {r['peak_attack'] or '—'}") + f"<br>{_e(leak)}",
-            f"{_e(sigma)}; {_num(r['epsilon_upper'], 3)}",
+            esc(tid), esc(r["series"]), flags_html(r),
+            esc(", ".join(membership.get(tid, []))),
+            ci_text(r[ACC], r[ACC_LO], r[ACC_HI]), num_text(r["test_accuracy"], 3),
+            ci_text(r[MIA], r[MIA_LO], r[MIA_HI]),
+            esc(f"{r['peak_layer'] or '—'} × {r['peak_attack'] or '—'}") + f"<br>{esc(leak)}",
+            f"{esc(sigma)}; {num_text(r['epsilon_upper'], 3)}",
             f'<span class="hp">{hyper}</span>'])
         classes.append("" if bool(r["dp_valid"]) and bool(r["release_safe"]) else "bad")
-    return _table(headers, body, row_classes=classes, cls="fronttable")
+    return table_html(headers, body, row_classes=classes, cls="fronttable")
 
 
-def _front_section(data: RunData, *, front_list: Sequence[Front], pool: pd.DataFrame,
-                   out: Path, csvs: dict[str, pd.DataFrame]) -> str:
+def front_section(data: RunData, *, front_list: Sequence[Front], pool: pd.DataFrame,
+                  out: Path, csvs: dict[str, pd.DataFrame]) -> str:
     if pool.empty:
-        return _note("No front: no finished, audited, non-degenerate DP trial (see "
-                     "<a href=\"#excluded\">kept off the fronts</a>).")
-    baseline = _baseline(data)
+        return note_html("No front: no finished, audited, non-degenerate DP trial (see "
+                         "<a href=\"#excluded\">kept off the fronts</a>).")
+    baseline = baseline_point(data)
     parts = [
         "<p>Fronts of <b>validation accuracy</b> (what selection reads; higher is better) "
         "against <b>peak MIA accuracy</b> (the strongest attack over every layer and attack; "
@@ -151,13 +152,14 @@ def _front_section(data: RunData, *, front_list: Sequence[Front], pool: pd.DataF
         at = pool[pool["target_epsilon"] == target]
         here = [f for f in front_list if f.target_epsilon == target]
         if at.empty or not here:
-            parts.append(f"<h3>ε = {target:g}</h3>" + _note("No eligible trial at this target."))
+            parts.append(f"<h3>ε = {target:g}</h3>"
+                         + note_html("No eligible trial at this target."))
             continue
         overall = next(f for f in here if f.kind == KIND_ALL)
         study_fronts = {f.series: set(f.trial_ids) for f in here if f.kind == KIND_STUDY}
-        deltas = sorted({float(d) for d in at["delta"] if math.isfinite(_float(d))})
+        deltas = sorted({float(d) for d in at["delta"] if math.isfinite(as_float(d))})
         half = _chance_halfwidth(at)
-        tag = _eps_tag(target)
+        tag = eps_tag(target)
         png = plots.front_plot(at, study_fronts=study_fronts, overall=overall.trials,
                                target_epsilon=target, delta=deltas[0] if deltas else math.nan,
                                chance_halfwidth=half, baseline=baseline,
@@ -177,25 +179,25 @@ def _front_section(data: RunData, *, front_list: Sequence[Front], pool: pd.DataF
         valid = next(f for f in here if f.kind == KIND_VALID)
         parts.append(
             f"<h3>ε = {target:g}</h3>"
-            + _image(png, f"Pareto fronts at ε = {target:g}: validation accuracy vs peak MIA "
+            + figure_html(png, f"Pareto fronts at ε = {target:g}: validation accuracy vs peak MIA "
                           "accuracy, 95% intervals on both axes")
             + "<p>Colour = series; joined points with error bars = that series' front; faded "
               "points are dominated within their series; the wide grey staircase is the front "
               f"over all series; crosses: {INVALID_TAG}; hollow: {REPLAYABLE_TAG}; dashed "
               "line and star: the non-private baseline.</p>"
-            + f"<p>Front over all series: <b>{_ids(overall.trial_ids)}</b>. Front over "
-              f"valid-DP, release-safe trials: <b>{_ids(valid.trial_ids) or 'none'}</b>. "
+            + f"<p>Front over all series: <b>{ids_text(overall.trial_ids)}</b>. Front over "
+              f"valid-DP, release-safe trials: <b>{ids_text(valid.trial_ids) or 'none'}</b>. "
               "In the table, <i>on fronts</i> says which fronts at this target hold the trial: "
               "<i>all</i> series, <i>valid</i> DP and release-safe, its <i>own</i> series.</p>"
             + _front_table(data, on_any, membership))
     return "\n".join(parts)
 
 
-def _hypervolume_section(front_list: Sequence[Front], *, num_classes: int) -> str:
+def hypervolume_section(front_list: Sequence[Front], *, num_classes: int) -> str:
     if not front_list:
-        return _note("No hypervolumes: no front.")
-    rows = [[_e(f.name), _num(f.target_epsilon, 3), str(f.pool_size), str(len(f.trials)),
-             _num(f.hypervolume), _ids(list(f.trial_ids))] for f in front_list]
+        return note_html("No hypervolumes: no front.")
+    rows = [[esc(f.name), num_text(f.target_epsilon, 3), str(f.pool_size), str(len(f.trials)),
+             num_text(f.hypervolume), ids_text(list(f.trial_ids))] for f in front_list]
     chance = 1.0 / num_classes
     return (f"<p>Area each front dominates on normalised axes: accuracy above chance "
             f"(val_acc − {chance:g}) / (1 − {chance:g}) and attack advantage 2 × peak MIA − 1, "
@@ -203,8 +205,8 @@ def _hypervolume_section(front_list: Sequence[Front], *, num_classes: int) -> st
             f"{REFERENCE[1]:g})</b>: no accuracy above chance, an attacker with advantage 1. "
             "Point estimates; 1 is a perfect classifier no attack beats chance on; larger is "
             "better.</p>"
-            + _table([_h("front"), _h("target eps"), _h("trials in pool"), _h("front size"),
-                      _h("hypervolume", ACC), _h("front trials")], rows))
+            + table_html([th("front"), th("target eps"), th("trials in pool"), th("front size"),
+                          th("hypervolume", ACC), th("front trials")], rows))
 
 
 def hypervolume_frame(front_list: Sequence[Front], *, num_classes: int) -> pd.DataFrame:
@@ -220,20 +222,20 @@ def hypervolume_frame(front_list: Sequence[Front], *, num_classes: int) -> pd.Da
                  "chance_accuracy", "front_trials"])
 
 
-def _excluded_section(excluded: pd.DataFrame) -> str:
+def excluded_section(excluded: pd.DataFrame) -> str:
     if excluded.empty:
         return "<p>Every trial is eligible for the fronts.</p>"
-    rows = [[_e(r["trial_id"]), _e(r["series"] or "—"), _num(r["target_epsilon"], 3),
-             _e(r["reason"])] for _, r in excluded.iterrows()]
+    rows = [[esc(r["trial_id"]), esc(r["series"] or "—"), num_text(r["target_epsilon"], 3),
+             esc(r["reason"])] for _, r in excluded.iterrows()]
     counts = excluded["reason"].map(lambda s: s.split(":")[0].split(" (")[0]).value_counts()
-    lead = "; ".join(f"{n} {_e(k)}" for k, n in sorted(counts.items()))
+    lead = "; ".join(f"{n} {esc(k)}" for k, n in sorted(counts.items()))
     return (f"<p>Kept off every front and every pick ({lead}). Degenerate means validation "
             f"accuracy below chance + {DEGENERATE_MARGIN:g}: such a model has learned nothing "
             "and would sit on the front only because no attack beats a constant.</p>"
-            + _table([_h("trial"), _h("series"), _h("target eps"), _h("reason")], rows))
+            + table_html([th("trial"), th("series"), th("target eps"), th("reason")], rows))
 
 
-def _chosen(front_list: Sequence[Front], target: float) -> pd.DataFrame:
+def front_trials_at(front_list: Sequence[Front], target: float) -> pd.DataFrame:
     """Trials on any front at ``target``: the overall front first, then by series."""
     here = [f for f in front_list if f.target_epsilon == target]
     overall = next((f for f in here if f.kind == KIND_ALL), None)
@@ -247,8 +249,10 @@ def _chosen(front_list: Sequence[Front], target: float) -> pd.DataFrame:
                        ).drop(columns="_rank")
 
 
-def _trials_frame(data: RunData, front_list: Sequence[Front], pool: pd.DataFrame
-                  ) -> pd.DataFrame:
+def trials_frame(data: RunData, front_list: Sequence[Front], pool: pd.DataFrame
+                 ) -> pd.DataFrame:
+    """Every trial with its exclusion reason, front memberships, intervals and flags:
+    trials.csv."""
     frame = data.frame.copy()
     frame["excluded_because"] = exclusion_reasons(frame).to_numpy()
     on_all = {t for f in front_list if f.kind == KIND_ALL for t in f.trial_ids}

@@ -4,6 +4,7 @@ target, and what the hyperparameter search costs in privacy (private vs adaptive
 
 from __future__ import annotations
 
+import datetime
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -11,17 +12,18 @@ from typing import Any
 import numpy as np
 
 from core.modes import INVALID_TAG
+from core.vocabulary import OK, PRUNED, SPLIT_NAMES
 from reports.html.fmt import (
     CONTRADICTED_TAG,
     NOT_COVERED_TAG,
     REPLAYABLE_TAG,
-    _ci,
-    _count,
-    _e,
-    _ids,
-    _section_table,
+    ci_text,
+    count_text,
+    esc,
+    facts_table,
+    ids_text,
 )
-from reports.html.records import RunData, _float
+from reports.html.records import RunData, as_float
 from reports.pareto import (
     ACC,
     ACC_HI,
@@ -37,10 +39,8 @@ from reports.pareto import (
 )
 
 
-def _when(value: Any) -> str:
+def when_text(value: Any) -> str:
     """A timestamp as UTC text (summary.json stores POSIX seconds; other text is shown as is)."""
-    import datetime
-
     try:
         seconds = float(value)
     except (TypeError, ValueError):
@@ -62,18 +62,18 @@ def _duration(seconds: float) -> str:
 
 def _attempts_text(summary: dict[str, Any]) -> str:
     """How the wall time splits over a resumed run's attempts (nothing for a single one)."""
-    attempts = _float(summary.get("attempts"))
-    unended = _float(summary.get("attempts_without_end"))
+    attempts = as_float(summary.get("attempts"))
+    unended = as_float(summary.get("attempts_without_end"))
     if not (math.isfinite(attempts) and attempts > 1):
         return ""
     text = f" over {attempts:.0f} attempts (the run and its resumes)"
     if math.isfinite(unended) and unended > 0:
-        text += (f"; {_count(int(unended), 'attempt')} killed with no recorded end, "
+        text += (f"; {count_text(int(unended), 'attempt')} killed with no recorded end, "
                  "whose time is not counted")
     return text
 
 
-def _glance(data: RunData, front_list: Sequence[Front]) -> str:
+def glance(data: RunData, front_list: Sequence[Front]) -> str:
     """The headline: per target, the valid-DP, release-safe front and its most accurate trial,
     then how many trials carry a flag."""
     parts = []
@@ -87,10 +87,10 @@ def _glance(data: RunData, front_list: Sequence[Front]) -> str:
         best = sort_trials(front.trials, by=[ACC], ascending=[False]).iloc[0]
         parts.append(
             f"ε = {front.target_epsilon:g}: valid-DP, release-safe front "
-            f"<b>{_ids(list(front.trial_ids))}</b>; most accurate "
-            f"<b>{_e(best['trial_id'])}</b> ({_e(best['series'])}), validation accuracy "
-            f"{_ci(best[ACC], best[ACC_LO], best[ACC_HI])}, peak MIA "
-            f"{_ci(best[MIA], best[MIA_LO], best[MIA_HI])}.")
+            f"<b>{ids_text(list(front.trial_ids))}</b>; most accurate "
+            f"<b>{esc(best['trial_id'])}</b> ({esc(best['series'])}), validation accuracy "
+            f"{ci_text(best[ACC], best[ACC_LO], best[ACC_HI])}, peak MIA "
+            f"{ci_text(best[MIA], best[MIA_LO], best[MIA_HI])}.")
     dp = data.dp
     flags = [f"{int((~dp['dp_valid']).sum())} {INVALID_TAG}",
              f"{int(dp['audit_contradicts'].sum())} {CONTRADICTED_TAG}",
@@ -98,10 +98,10 @@ def _glance(data: RunData, front_list: Sequence[Front]) -> str:
              f"{int((exclusion_reasons(data.frame) != '').sum())} kept off the fronts"]
     return ("<p><b>At a glance</b> (accuracies and MIA: "
             f'<span class="nc">{NOT_COVERED_TAG}</span>). '
-            + " ".join(parts) + " Trials flagged: " + _e("; ".join(flags)) + ".</p>")
+            + " ".join(parts) + " Trials flagged: " + esc("; ".join(flags)) + ".</p>")
 
 
-def _header_section(data: RunData) -> str:
+def header_section(data: RunData) -> str:
     info, frame = data.info, data.frame
     cfg = info.config
     model_cfg = cfg.get("model") if isinstance(cfg.get("model"), dict) else {}
@@ -118,47 +118,48 @@ def _header_section(data: RunData) -> str:
         f"{a} ({n})" for a, n in accountants.items()) or "—"
     fallbacks = int((dp["accountant_fallback"] != "").sum())
     if fallbacks:
-        accountant += f"; {_count(fallbacks, 'trial')} fell back to RDP (see the budget table)"
+        accountant += f"; {count_text(fallbacks, 'trial')} fell back to RDP (see the budget table)"
     deltas = sorted({float(d) for d in dp["delta"] if math.isfinite(d)})
     delta = ", ".join(f"{d:g}" for d in deltas) or str(privacy.get("delta", "—"))
     versions = summary.get("versions") if isinstance(summary.get("versions"), dict) else {}
     version_text = ", ".join(f"{k} {v}" for k, v in sorted(versions.items())) or \
         "— (summary.json absent)"
-    wall = _float(summary.get("wall_seconds"))
+    wall = as_float(summary.get("wall_seconds"))
     if math.isfinite(wall):
         wall_text = _duration(wall) + _attempts_text(summary)
         if summary.get("started") and summary.get("finished"):
-            wall_text += f", {_e(_when(summary['started']))} → {_e(_when(summary['finished']))}"
+            wall_text += (f", {esc(when_text(summary['started']))} → "
+                          f"{esc(when_text(summary['finished']))}")
     else:
         spent = float(np.nansum(ok["train_seconds"]) + np.nansum(ok["audit_seconds"]))
         wall_text = f"{_duration(spent)}: sum of trial training and audit times " \
                     "(summary.json absent)"
-    failed = int((~frame["status"].isin(["ok", "pruned"])).sum())
-    pruned = int((frame["status"] == "pruned").sum())
+    failed = int((~frame["status"].isin([OK, PRUNED])).sum())
+    pruned = int((frame["status"] == PRUNED).sum())
     series = sorted(frame["series"].unique(), key=natural_key)
     rows = [
-        ("run directory", _e(data.run_dir.resolve())),
-        ("dataset", _e(info.dataset or "—") + f" ({info.num_classes} classes)"),
-        ("split sizes", _e(sizes or "—")),
-        ("model", _e(summary.get("model") or model_cfg.get("name") or "—")
-         + (f", activation {_e(model_cfg['activation'])}" if model_cfg.get("activation")
+        ("run directory", esc(data.run_dir.resolve())),
+        ("dataset", esc(info.dataset or "—") + f" ({info.num_classes} classes)"),
+        ("split sizes", esc(sizes or "—")),
+        ("model", esc(summary.get("model") or model_cfg.get("name") or "—")
+         + (f", activation {esc(model_cfg['activation'])}" if model_cfg.get("activation")
             else "")),
-        ("epochs", _e(", ".join(map(str, epochs)) or training.get("epochs", "—"))),
+        ("epochs", esc(", ".join(map(str, epochs)) or training.get("epochs", "—"))),
         ("batch size (expected, Poisson)",
-         _e(", ".join(map(str, batches)) or training.get("batch_size", "—"))),
-        ("accountant", _e(accountant)),
-        ("target epsilons", _e(", ".join(f"{t:g}" for t in info.targets) or "—")
-         + f"; delta {_e(delta)}"),
+         esc(", ".join(map(str, batches)) or training.get("batch_size", "—"))),
+        ("accountant", esc(accountant)),
+        ("target epsilons", esc(", ".join(f"{t:g}" for t in info.targets) or "—")
+         + f"; delta {esc(delta)}"),
         ("trials", f"{len(frame)} ({len(ok)} finished, "
                    + (f"{pruned} pruned, " if pruned else "") + f"{failed} failed); series: "
-                   + _e(", ".join(series))),
-        ("software versions", _e(version_text)),
+                   + esc(", ".join(series))),
+        ("software versions", esc(version_text)),
         ("wall time", wall_text),
     ]
-    return _section_table(rows)
+    return facts_table(rows)
 
 
-_SPLIT_ORDER = {"train": 0, "validation": 1, "holdout": 2, "test": 3, "shadow": 4}
+_SPLIT_ORDER = {name: i for i, name in enumerate(SPLIT_NAMES)}
 
 
 def tuning_statement(*, summary: dict[str, Any], trials: int) -> str:
@@ -168,26 +169,26 @@ def tuning_statement(*, summary: dict[str, Any], trials: int) -> str:
     mode = str(tuning.get("mode") or "")
     statement = str(tuning.get("statement") or "")
     n_trials = tuning.get("n_trials", trials)
-    end_to_end = _float(tuning.get("end_to_end_epsilon"))
+    end_to_end = as_float(tuning.get("end_to_end_epsilon"))
     if mode == "private" and math.isfinite(end_to_end):
         head = (f"<p><b>Tuning was private</b> (random search with a random number of trials, "
                 f"one DP selection score per trial, only the selected model released: "
                 f"Papernot &amp; Steinke, 2022, <i>Hyperparameter Tuning with Renyi "
                 f"Differential Privacy</i>). The end-to-end bound over the search is "
-                f"<b>epsilon = {end_to_end:.4g}</b> ({_e(n_trials)} trials ran). It covers the "
+                f"<b>epsilon = {end_to_end:.4g}</b> ({esc(n_trials)} trials ran). It covers the "
                 f"selected model and its noisy score only; everything else in this report "
                 f"(other trials, noiseless validation and audit numbers) is "
                 f"<b>{NOT_COVERED_TAG}</b>. The bound also assumes the number of trials stays "
                 f"secret, and this report shows it: like the rest of the run directory, the "
                 f"report stays with whoever ran the sweep; share the export "
                 f"(<code>dpsweep pick RUN_DIR --export DIR</code>).</p>")
-        return head + (f"<p>{_e(statement)}</p>" if statement else "")
+        return head + (f"<p>{esc(statement)}</p>" if statement else "")
     if mode == "private":
         head = ("<p><b>Tuning was meant to be private, but summary.json records no end-to-end "
                 "epsilon</b>: no tuning-aware bound is claimed.</p>")
     else:
         head = (
-            f"<p>This sweep ran <b>{_e(n_trials)}</b> trials and chose hyperparameters "
+            f"<p>This sweep ran <b>{esc(n_trials)}</b> trials and chose hyperparameters "
             f"<b>adaptively</b> (Optuna), from {_adaptive_inputs(tuning)} measured on private "
             "data without noise. Each trial's epsilon bounds what training <em>that one "
             "model</em> reveals, its hyperparameters taken as given. It does <b>not</b> cover "
@@ -197,7 +198,7 @@ def tuning_statement(*, summary: dict[str, Any], trials: int) -> str:
             "random number of trials, a DP selection score and release of the selected model "
             "only (<code>tuning = \"private\"</code>). <b>Adaptive hyperparameter search over "
             "private metrics is not covered by the per-trial epsilon.</b></p>")
-    return head + (f"<p>Recorded statement: {_e(statement)}</p>" if statement else "")
+    return head + (f"<p>Recorded statement: {esc(statement)}</p>" if statement else "")
 
 
 def _attack_seen(tuning: dict[str, Any]) -> bool | None:

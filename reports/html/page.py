@@ -15,37 +15,37 @@ import pandas as pd
 from core.layout import REPORT as REPORT_DIR
 from core.storage import atomic_write_text
 from reports.html.attacks import (
-    _canary_section,
-    _heatmap_section,
-    _leakage_frame,
-    _leakage_section,
-    _roc_section,
     canary_frame,
+    canary_section,
+    heatmap_section,
+    leakage_frame,
+    leakage_section,
     mia_layers_frame,
+    roc_section,
 )
-from reports.html.fmt import _e
+from reports.html.fmt import esc
 from reports.html.fronts import (
-    _excluded_section,
-    _front_point_rows,
-    _front_section,
-    _hypervolume_section,
-    _trials_frame,
+    excluded_section,
+    front_point_rows,
+    front_section,
     hypervolume_frame,
+    hypervolume_section,
+    trials_frame,
 )
-from reports.html.overview import _glance, _header_section, tuning_statement
+from reports.html.overview import glance, header_section, tuning_statement
 from reports.html.records import RunData, load_run, read_records
-from reports.html.training import _curves_section, _utility_section, _ww_section, utility_frame
+from reports.html.training import curves_section, utility_frame, utility_section, ww_section
 from reports.html.validity import (
-    _budget_section,
-    _coverage_section,
-    _failed_section,
-    _pruned_section,
-    _validity_section,
     budget_frame,
+    budget_section,
     coverage_frame,
+    coverage_section,
     failed_frame,
+    failed_section,
     pruned_frame,
+    pruned_section,
     validity_frame,
+    validity_section,
 )
 from reports.pareto import eligible, exclusions, fronts
 
@@ -98,15 +98,15 @@ _SECTIONS = (("run", "Run"), ("tuning", "Privacy cost of tuning"),
 
 
 def _page(*, title: str, stamp: str, sections: dict[str, str]) -> str:
-    nav = " ".join(f'<a href="#{key}">{_e(name)}</a>' for key, name in _SECTIONS)
+    nav = " ".join(f'<a href="#{key}">{esc(name)}</a>' for key, name in _SECTIONS)
     parts = ["<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
              '<meta name="viewport" content="width=device-width, initial-scale=1">',
-             f"<title>{_e(title)}</title>", f"<style>{_CSS}</style>", "</head>", "<body>",
-             f"<h1>{_e(title)}</h1>", f'<p class="{STAMP_CLASS}">{_e(stamp)}</p>',
+             f"<title>{esc(title)}</title>", f"<style>{_CSS}</style>", "</head>", "<body>",
+             f"<h1>{esc(title)}</h1>", f'<p class="{STAMP_CLASS}">{esc(stamp)}</p>',
              f"<nav>{nav}</nav>"]
     for key, name in _SECTIONS:
         cls = ' class="privacy"' if key == "tuning" else ""
-        parts.append(f'<section id="{key}"{cls}><h2>{_e(name)}</h2>\n{sections[key]}\n'
+        parts.append(f'<section id="{key}"{cls}><h2>{esc(name)}</h2>\n{sections[key]}\n'
                      "</section>")
     parts += ["</body>", "</html>", ""]
     return "\n".join(parts)
@@ -150,7 +150,7 @@ def _files_section(out: Path) -> str:
     files = sorted([*(p.name for p in out.iterdir()), HTML_FILE])
     return ("<p>Written next to this page (the images above are embedded; each figure's data "
             "is the CSV of the same name):</p>" + '<ul class="files">'
-            + "".join(f'<li><a href="{_e(f)}">{_e(f)}</a></li>' for f in files) + "</ul>")
+            + "".join(f'<li><a href="{esc(f)}">{esc(f)}</a></li>' for f in files) + "</ul>")
 
 
 def _build_into(data: RunData, *, out: Path) -> None:
@@ -163,13 +163,13 @@ def _build_into(data: RunData, *, out: Path) -> None:
     records = read_records(data, trial_ids=(t for f in front_list for t in f.trial_ids))
     csvs: dict[str, pd.DataFrame] = {}
     sections = {
-        "run": _header_section(data) + _glance(data, front_list),
+        "run": header_section(data) + glance(data, front_list),
         "tuning": tuning_statement(summary=info.summary, trials=len(data.frame)),
-        "fronts": _front_section(data, front_list=front_list, pool=pool, out=out, csvs=csvs),
-        "hypervolume": _hypervolume_section(front_list, num_classes=info.num_classes),
-        "excluded": _excluded_section(excluded),
+        "fronts": front_section(data, front_list=front_list, pool=pool, out=out, csvs=csvs),
+        "hypervolume": hypervolume_section(front_list, num_classes=info.num_classes),
+        "excluded": excluded_section(excluded),
     }
-    leakage = _leakage_frame(data)
+    leakage = leakage_frame(data)
     utility = utility_frame(data)
     canary = canary_frame(data)
     budget = budget_frame(data)
@@ -177,23 +177,23 @@ def _build_into(data: RunData, *, out: Path) -> None:
     failed = failed_frame(data)
     pruned = pruned_frame(data)
     sections.update({
-        "leakage": _leakage_section(leakage),
-        "heatmap": _heatmap_section(data, front_list=front_list, out=out, csvs=csvs),
-        "curves": _curves_section(data, front_list=front_list, records=records, out=out,
-                                  csvs=csvs),
-        "utility": _utility_section(data, utility, out=out, csvs=csvs),
-        "canary": _canary_section(canary),
-        "roc": _roc_section(data, front_list=front_list, records=records, out=out, csvs=csvs),
-        "ww": _ww_section(data, out=out, csvs=csvs),
-        "budget": _budget_section(budget),
-        "validity": _validity_section(validity),
-        "pruned": _pruned_section(pruned, config=info.config),
-        "failed": _failed_section(failed),
-        "coverage": _coverage_section(),
+        "leakage": leakage_section(leakage),
+        "heatmap": heatmap_section(data, front_list=front_list, out=out, csvs=csvs),
+        "curves": curves_section(data, front_list=front_list, records=records, out=out,
+                                 csvs=csvs),
+        "utility": utility_section(data, utility, out=out, csvs=csvs),
+        "canary": canary_section(canary),
+        "roc": roc_section(data, front_list=front_list, records=records, out=out, csvs=csvs),
+        "ww": ww_section(data, out=out, csvs=csvs),
+        "budget": budget_section(budget),
+        "validity": validity_section(validity),
+        "pruned": pruned_section(pruned, config=info.config),
+        "failed": failed_section(failed),
+        "coverage": coverage_section(),
     })
     csvs.update({
-        "trials.csv": _trials_frame(data, front_list, pool),
-        "fronts.csv": _front_point_rows(front_list),
+        "trials.csv": trials_frame(data, front_list, pool),
+        "fronts.csv": front_point_rows(front_list),
         "hypervolume.csv": hypervolume_frame(front_list, num_classes=info.num_classes),
         "excluded.csv": excluded,
         "leakage.csv": leakage,

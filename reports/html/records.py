@@ -25,6 +25,7 @@ from core.layout import AUDIT_SCORES as AUDIT_SCORES_FILE
 from core.layout import CONFIG as CONFIG_FILE
 from core.layout import HISTORY as HISTORY_FILE
 from core.layout import SUMMARY as SUMMARY_FILE
+from core.vocabulary import FAILED, OK
 from reports.pareto import (
     DEFAULT_NUM_CLASSES,
     NONPRIVATE,
@@ -68,7 +69,7 @@ def _read_json_file(path: Path, *, what: str) -> Any:
                                      f"({exc.__class__.__name__})") from None
 
 
-def _float(value: Any) -> float:
+def as_float(value: Any) -> float:
     """A number from a JSON record; NaN when absent or not a number."""
     if isinstance(value, bool):
         return math.nan
@@ -111,7 +112,7 @@ class RunData:
 
     @property
     def ok(self) -> pd.DataFrame:
-        return self.frame[self.frame["status"] == "ok"]
+        return self.frame[self.frame["status"] == OK]
 
     @property
     def dp(self) -> pd.DataFrame:
@@ -160,7 +161,7 @@ def _read_summary(run: Path) -> dict[str, Any]:
 
 
 def _int_or_none(value: Any) -> int | None:
-    number = _float(value)
+    number = as_float(value)
     return int(number) if math.isfinite(number) and number > 0 else None
 
 
@@ -176,7 +177,7 @@ def _run_info(run: Path, frame: pd.DataFrame, num_classes: int | None) -> RunInf
         sizes = {k[:-5]: int(v) for k, v in data_cfg.items()
                  if k.endswith("_size") and _int_or_none(v)}
     if "validation" not in sizes:  # 0 in the config = dataset default: the spec has it
-        for _, row in frame[frame["status"] == "ok"].iterrows():
+        for _, row in frame[frame["status"] == OK].iterrows():
             path = _trial_file(run, row, layout.SPEC)
             if path is not None:
                 spec = _read_json_file(path, what="spec")
@@ -188,7 +189,7 @@ def _run_info(run: Path, frame: pd.DataFrame, num_classes: int | None) -> RunInf
                             sizes.setdefault(str(k), int(v))
                 break
     budget = config.get("budget") if isinstance(config.get("budget"), dict) else {}
-    targets = {float(e) for e in budget.get("epsilons", []) if math.isfinite(_float(e))}
+    targets = {float(e) for e in budget.get("epsilons", []) if math.isfinite(as_float(e))}
     targets |= {float(e) for e in frame["target_epsilon"] if math.isfinite(e)}
     recorded = summary.get("num_classes")
     classes = (num_classes or (recorded if _int_or_none(recorded) else None)
@@ -209,7 +210,7 @@ def load_run(run_dir: Path, *, num_classes: int | None = None,
             frame[name] = None
     frame["trial_id"] = frame["trial_id"].astype(str)
     frame["method"] = frame["method"].fillna("").astype(str)
-    frame["status"] = frame["status"].fillna("failed").astype(str)
+    frame["status"] = frame["status"].fillna(FAILED).astype(str)
     for name, default in (("dp_valid", False), ("release_safe", True), ("degenerate", False),
                           ("leak_detected", False), ("audit_contradicts", False)):
         frame[name] = frame[name].fillna(default).astype(bool)

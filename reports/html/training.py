@@ -13,38 +13,48 @@ import numpy as np
 import pandas as pd
 
 from reports import plots
-from reports.html.fmt import TEST_NOTE, _e, _eps_tag, _h, _ids, _image, _note, _num, _table
-from reports.html.fronts import _baseline, _chosen
-from reports.html.records import HISTORY_FILE, Records, RunData, _float
+from reports.html.fmt import (
+    TEST_NOTE,
+    eps_tag,
+    esc,
+    figure_html,
+    ids_text,
+    note_html,
+    num_text,
+    table_html,
+    th,
+)
+from reports.html.fronts import baseline_point, front_trials_at
+from reports.html.records import HISTORY_FILE, Records, RunData, as_float
 from reports.pareto import ACC, MIA, Front, natural_key, sort_trials
 
 #: Most curves in one validation-curve figure (further ones are in the CSV).
 MAX_CURVES = 14
 
 
-def _curves_section(data: RunData, *, front_list: Sequence[Front], records: Records,
-                    out: Path, csvs: dict[str, pd.DataFrame]) -> str:
+def curves_section(data: RunData, *, front_list: Sequence[Front], records: Records,
+                   out: Path, csvs: dict[str, pd.DataFrame]) -> str:
     parts, missing = [], []
-    baseline = _baseline(data)
+    baseline = baseline_point(data)
     for target in data.info.targets:
-        chosen = _chosen(front_list, target)
+        chosen = front_trials_at(front_list, target)
         curves, rows = [], []
         for _, r in chosen.iterrows():
             history = records.histories.get(r["trial_id"])
             if not history:
                 missing.append(str(r["trial_id"]))
                 continue
-            epochs = [_float(h.get("epoch")) for h in history]
-            values = [_float(h.get("val_accuracy")) for h in history]
+            epochs = [as_float(h.get("epoch")) for h in history]
+            values = [as_float(h.get("val_accuracy")) for h in history]
             curves.append(plots.Curve(label=f"{r['trial_id']} · {r['series']}",
                                       series=r["series"], epochs=tuple(epochs),
                                       values=tuple(values)))
             for h, e, v in zip(history, epochs, values, strict=True):
                 rows.append({"trial_id": r["trial_id"], "series": r["series"], "epoch": e,
-                             "val_accuracy": v, "epsilon_spent": _float(h.get("epsilon_spent"))})
+                             "val_accuracy": v, "epsilon_spent": as_float(h.get("epsilon_spent"))})
         if not curves:
             continue
-        tag = _eps_tag(target)
+        tag = eps_tag(target)
         png = plots.validation_curves(
             curves[:MAX_CURVES], title=f"Validation accuracy per epoch, front trials at "
                                        f"ε = {target:g}",
@@ -52,11 +62,12 @@ def _curves_section(data: RunData, *, front_list: Sequence[Front], records: Reco
             path=out / f"validation_curves_{tag}.png")
         csvs[f"validation_curves_{tag}.csv"] = pd.DataFrame(rows)
         parts.append(f"<h3>ε = {target:g}</h3>"
-                     + _image(png, f"Validation accuracy per epoch of the front trials at "
+                     + figure_html(png, f"Validation accuracy per epoch of the front trials at "
                                    f"ε = {target:g}"))
-    text = "\n".join(parts) or _note("No validation curves: no front trial has a history.")
+    text = "\n".join(parts) or note_html("No validation curves: no front trial has a history.")
     if missing:
-        text += _note(f"No {HISTORY_FILE} for: {_ids(sorted(set(missing), key=natural_key))}.")
+        listed = ids_text(sorted(set(missing), key=natural_key))
+        text += note_html(f"No {HISTORY_FILE} for: {listed}.")
     return text
 
 
@@ -91,12 +102,12 @@ def utility_frame(data: RunData) -> pd.DataFrame:
         "test_mean", "test_sd", "mia_mean", "mia_sd"])
 
 
-def _utility_section(data: RunData, utility: pd.DataFrame, *, out: Path,
-                     csvs: dict[str, pd.DataFrame]) -> str:
+def utility_section(data: RunData, utility: pd.DataFrame, *, out: Path,
+                    csvs: dict[str, pd.DataFrame]) -> str:
     if utility["target_epsilon"].nunique() < 2:
-        return _note("Results at fewer than two target epsilons: privacy-utility curves need "
-                     "several (<code>[budget] epsilons</code>).")
-    baseline = _baseline(data)
+        return note_html("Results at fewer than two target epsilons: privacy-utility curves need "
+                         "several (<code>[budget] epsilons</code>).")
+    baseline = baseline_point(data)
     series = []
     for name, rows in utility.groupby("series", sort=True):
         rows = rows.sort_values("target_epsilon")
@@ -108,33 +119,33 @@ def _utility_section(data: RunData, utility: pd.DataFrame, *, out: Path,
     png = plots.privacy_utility(series, baseline=baseline, path=out / "privacy_utility.png")
     csvs["privacy_utility.csv"] = utility
     def mean_sd(r: pd.Series, key: str) -> str:
-        sd = f" ± {_num(r[f'{key}_sd'], 3)}" if r["runs"] > 1 else ""
-        return _num(r[f"{key}_mean"], 3) + sd
+        sd = f" ± {num_text(r[f'{key}_sd'], 3)}" if r["runs"] > 1 else ""
+        return num_text(r[f"{key}_mean"], 3) + sd
 
-    rows = [[_e(r["series"]), _num(r["target_epsilon"], 3), _e(r["best_trial"]),
-             _e(r["trials"].replace(" ", ", ")), mean_sd(r, "val"), mean_sd(r, "test"),
+    rows = [[esc(r["series"]), num_text(r["target_epsilon"], 3), esc(r["best_trial"]),
+             esc(r["trials"].replace(" ", ", ")), mean_sd(r, "val"), mean_sd(r, "test"),
              mean_sd(r, "mia")] for _, r in utility.iterrows()]
     base = ("" if baseline is None else
-            f" Non-private baseline: validation {_num(baseline.val_accuracy, 3)}, test "
-            f"{_num(baseline.test_accuracy, 3)}, peak MIA {_num(baseline.peak_mia, 3)}.")
-    return (_image(png, "Privacy-utility: accuracy and peak MIA vs target epsilon")
+            f" Non-private baseline: validation {num_text(baseline.val_accuracy, 3)}, test "
+            f"{num_text(baseline.test_accuracy, 3)}, peak MIA {num_text(baseline.peak_mia, 3)}.")
+    return (figure_html(png, "Privacy-utility: accuracy and peak MIA vs target epsilon")
             + "<p>Per series and target: the best configuration by validation accuracy and its "
               "re-runs with fresh noise; mean ± sd over those runs (the value alone with one "
               "run)."
             + base + "</p>"
-            + _table([_h("series"), _h("target eps"), _h("best trial"), _h("runs (trials)"),
-                      _h("validation accuracy", ACC),
-                      _h(f"test accuracy ({TEST_NOTE})", "test_accuracy"),
-                      _h("peak MIA accuracy", MIA)], rows))
+            + table_html([th("series"), th("target eps"), th("best trial"), th("runs (trials)"),
+                          th("validation accuracy", ACC),
+                          th(f"test accuracy ({TEST_NOTE})", "test_accuracy"),
+                          th("peak MIA accuracy", MIA)], rows))
 
 
 def _series_values(traj: dict[str, Any], key: str) -> tuple[float, ...]:
     """One logged trajectory (the keys ww_dpsgd's ``trajectories`` writes); () when absent."""
     values = traj.get(key)
-    return tuple(_float(v) for v in values) if isinstance(values, list) else ()
+    return tuple(as_float(v) for v in values) if isinstance(values, list) else ()
 
 
-def _ww_section(data: RunData, *, out: Path, csvs: dict[str, pd.DataFrame]) -> str:
+def ww_section(data: RunData, *, out: Path, csvs: dict[str, pd.DataFrame]) -> str:
     ww = data.dp[data.dp["method"] == "ww_dpsgd"]
     trajs, rows, records = [], [], []
     for _, r in ww.iterrows():
@@ -155,7 +166,7 @@ def _ww_section(data: RunData, *, out: Path, csvs: dict[str, pd.DataFrame]) -> s
         trajs.append(plots.Trajectory(
             label=f"{r['trial_id']} (ε {r['target_epsilon']:g})", steps=steps,
             clip_steps=c_steps, clip_norm=clip_line, zeta_hat=zeta_hat, zeta=zeta,
-            zeta_star=_float(params.get("zeta_star")), radius=_float(params.get("radius"))))
+            zeta_star=as_float(params.get("zeta_star")), radius=as_float(params.get("radius"))))
         for k in range(n):
             records.append({"trial_id": r["trial_id"], "target_epsilon": r["target_epsilon"],
                             "step": steps[k] if k < len(steps) else math.nan,
@@ -163,19 +174,19 @@ def _ww_section(data: RunData, *, out: Path, csvs: dict[str, pd.DataFrame]) -> s
                             "zeta_hat": zeta_hat[k] if k < len(zeta_hat) else math.nan,
                             "zeta": zeta[k] if k < len(zeta) else math.nan})
         clamp = _series_values(traj, "clamp")
-        rows.append([_e(r["trial_id"]), _num(r["target_epsilon"], 3), str(n),
-                     _num(r["clip_norm"]), _num(clip[-1]) if clip else "—",
-                     f"{_num(min(clip))} – {_num(max(clip))}" if clip else "—",
-                     _num(zeta_hat[-1], 3) if zeta_hat else "—",
+        rows.append([esc(r["trial_id"]), num_text(r["target_epsilon"], 3), str(n),
+                     num_text(r["clip_norm"]), num_text(clip[-1]) if clip else "—",
+                     f"{num_text(min(clip))} – {num_text(max(clip))}" if clip else "—",
+                     num_text(zeta_hat[-1], 3) if zeta_hat else "—",
                      str(sum(1 for c in clamp if c and c == c)) if clamp else "—"])
     if not trajs:
-        return _note("No WW-DP-SGD trajectories (no finished ww_dpsgd trial logged C_t).")
+        return note_html("No WW-DP-SGD trajectories (no finished ww_dpsgd trial logged C_t).")
     targets = [t for t in data.info.targets if t in set(ww["target_epsilon"])]
     png = plots.ww_trajectories(trajs, title=f"WW-DP-SGD, {plots.eps_text(targets)}",
                                 path=out / "ww_trajectories.png")
     csvs["ww_trajectories.csv"] = pd.DataFrame(records)
-    return (_image(png, "WW-DP-SGD clipping norm and tail exponent trajectories", covered=True)
+    return (figure_html(png, "WW-DP-SGD clipping norm and tail exponent trajectories", covered=True)
             + "<p>Computed from the released noisy updates (post-processing): covered by "
               "epsilon.</p>"
-            + _table([_h("trial"), _h("target eps"), _h("probes"), _h("C_0"), _h("final C"),
-                      _h("C range"), _h("final zeta^"), _h("clamp hits")], rows))
+            + table_html([th("trial"), th("target eps"), th("probes"), th("C_0"), th("final C"),
+                          th("C range"), th("final zeta^"), th("clamp hits")], rows))

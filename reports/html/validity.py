@@ -7,23 +7,24 @@ from __future__ import annotations
 import pandas as pd
 
 from core.modes import INVALID_TAG
+from core.vocabulary import OK, PRUNED
 from reports.html.fmt import (
     CONTRADICTED_TAG,
     NOT_COVERED_TAG,
     REPLAYABLE_TAG,
-    _badge,
-    _count,
-    _e,
-    _h,
-    _ids,
-    _int,
-    _note,
-    _num,
-    _sci,
-    _table,
+    badge,
+    count_text,
+    esc,
     flags_html,
     flags_text,
+    ids_text,
+    int_text,
+    note_html,
+    num_text,
     schedule_text,
+    sci_text,
+    table_html,
+    th,
 )
 from reports.html.records import RunData
 from reports.pareto import sort_trials
@@ -55,22 +56,23 @@ def budget_frame(data: RunData) -> pd.DataFrame:
         "audit_contradicts", "flags"])
 
 
-def _budget_section(budget: pd.DataFrame) -> str:
+def budget_section(budget: pd.DataFrame) -> str:
     if budget.empty:
-        return _note("No finished DP trial: nothing was budgeted.")
-    rows = [[_e(r["trial_id"]), _e(r["series"]), _e(r["schedule"]), _sci(r["sample_rate"]),
-             _int(r["steps"]), _sci(r["delta"]), _num(r["target_epsilon"], 3),
-             _num(r["epsilon_lower"]), _num(r["epsilon_estimate"]), _num(r["epsilon_upper"]),
-             _e(r["accountant"]), _e(r["accountant_fallback"] or "—"), flags_html(r)]
+        return note_html("No finished DP trial: nothing was budgeted.")
+    rows = [[esc(r["trial_id"]), esc(r["series"]), esc(r["schedule"]), sci_text(r["sample_rate"]),
+             int_text(r["steps"]), sci_text(r["delta"]), num_text(r["target_epsilon"], 3),
+             num_text(r["epsilon_lower"]), num_text(r["epsilon_estimate"]),
+             num_text(r["epsilon_upper"]),
+             esc(r["accountant"]), esc(r["accountant_fallback"] or "—"), flags_html(r)]
             for _, r in budget.iterrows()]
     return ("<p>Every trial is held to its target: the noise multiplier (sigma, or sigma_0 of a "
             "decaying schedule) is chosen so that the accountant's <b>upper</b> epsilon bound "
             "is at most the target. The lower bound and the estimate show how tight the claim "
             "is; RDP (the fallback) gives only an upper bound.</p>"
-            + _table([_h("trial"), _h("series"), _h("sigma / schedule"), _h("q"), _h("steps"),
-                      _h("delta"), _h("target eps"), _h("eps lower"), _h("eps estimate"),
-                      _h("eps upper"), _h("accountant"), _h("fallback"), _h("DP validity")],
-                     rows))
+            + table_html([th("trial"), th("series"), th("sigma / schedule"), th("q"), th("steps"),
+                          th("delta"), th("target eps"), th("eps lower"), th("eps estimate"),
+                          th("eps upper"), th("accountant"), th("fallback"), th("DP validity")],
+                         rows))
 
 
 def validity_frame(data: RunData) -> pd.DataFrame:
@@ -83,38 +85,39 @@ def validity_frame(data: RunData) -> pd.DataFrame:
         "flags": [flags_text(r) for _, r in dp.iterrows()]}).reset_index(drop=True)
 
 
-def _validity_section(validity: pd.DataFrame) -> str:
+def validity_section(validity: pd.DataFrame) -> str:
     if validity.empty:
-        return _note("No finished DP trial.")
+        return note_html("No finished DP trial.")
     groups = validity.groupby(["series", "dp_valid", "validity_reason"], sort=True, dropna=False)
     rows, classes = [], []
     for (series, valid, reason), group in groups:
         ids = list(group["trial_id"])
-        flags = ["valid" if valid else _badge(INVALID_TAG)]
+        flags = ["valid" if valid else badge(INVALID_TAG)]
         for mask, tag, kind in ((group["audit_contradicts"], CONTRADICTED_TAG, "invalid"),
                                 (~group["release_safe"], REPLAYABLE_TAG, "replay")):
             if mask.any():
-                flags.append(_badge(f"{tag}: {', '.join(group['trial_id'][mask])}", kind))
-        rows.append([_e(series), " ".join(flags), str(len(ids)), _e(reason or "—"), _ids(ids)])
+                flags.append(badge(f"{tag}: {', '.join(group['trial_id'][mask])}", kind))
+        rows.append([esc(series), " ".join(flags), str(len(ids)), esc(reason or "—"),
+                     ids_text(ids)])
         classes.append("" if valid else "bad")
     invalid = int((~validity["dp_valid"]).sum())
     contradicted = validity[validity["audit_contradicts"]]
     replayable = validity[~validity["release_safe"]]
-    lead = (f"<p>Finished trials flagged {_badge(INVALID_TAG)}: <b>{invalid}</b> of "
+    lead = (f"<p>Finished trials flagged {badge(INVALID_TAG)}: <b>{invalid}</b> of "
             f"{len(validity)}. They follow a paper's algorithm whose privacy argument does not "
             "hold (a statistic computed from private data without noise), so their epsilon is "
             "not a guarantee. <code>dpsweep pick</code> refuses them unless given "
             "<code>--allow-invalid-dp</code>.</p>" if invalid else
             "<p>Every finished trial's epsilon claim holds by construction.</p>")
-    lead += (f"<p>{_badge(CONTRADICTED_TAG)}: <b>{len(contradicted)}</b> trial(s) "
-             f"({_ids(list(contradicted['trial_id']))}): a canary audit's lower bound exceeds "
+    lead += (f"<p>{badge(CONTRADICTED_TAG)}: <b>{len(contradicted)}</b> trial(s) "
+             f"({ids_text(list(contradicted['trial_id']))}): a canary audit's lower bound exceeds "
              "the claimed epsilon.</p>" if len(contradicted) else
              "<p>No claim is contradicted by a canary audit.</p>")
-    table = _table([_h("series"), _h("DP validity"), _h("trials"), _h("reason"),
-                    _h("trial ids")], rows, row_classes=classes)
+    table = table_html([th("series"), th("DP validity"), th("trials"), th("reason"),
+                        th("trial ids")], rows, row_classes=classes)
     if len(replayable):
-        release = (f"<p>{_badge(REPLAYABLE_TAG, 'replay')}: <b>{len(replayable)}</b> trial(s) "
-                   f"({_ids(list(replayable['trial_id']))}) ran with "
+        release = (f"<p>{badge(REPLAYABLE_TAG, 'replay')}: <b>{len(replayable)}</b> trial(s) "
+                   f"({ids_text(list(replayable['trial_id']))}) ran with "
                    "<code>reproducible = true</code>: their noise and sampling are seeded, so "
                    "anyone with the seed can replay and subtract the noise; no epsilon holds "
                    "for their release. <code>pick</code> and <code>export</code> refuse them "
@@ -122,34 +125,34 @@ def _validity_section(validity: pd.DataFrame) -> str:
     else:
         sources = ", ".join(sorted(set(validity["randomness"]) - {""})) or "—"
         release = (f"<p>Release safety: every finished trial drew its noise from a secret "
-                   f"source ({_e(sources)}); none is replayable.</p>")
+                   f"source ({esc(sources)}); none is replayable.</p>")
     return lead + table + "<h3>Release safety</h3>" + release
 
 
 def failed_frame(data: RunData) -> pd.DataFrame:
     """Trials that failed in training, and finished trials whose audit failed."""
     frame = data.frame
-    bad = frame[~frame["status"].isin(["ok", "pruned"])]
+    bad = frame[~frame["status"].isin([OK, PRUNED])]
     out = pd.DataFrame({"trial_id": bad["trial_id"], "series": bad["series"],
                         "stage": "training", "error": bad["error"]})
-    audit_bad = frame[(frame["status"] == "ok") & (frame[AUDIT_ERROR] != "")]
+    audit_bad = frame[(frame["status"] == OK) & (frame[AUDIT_ERROR] != "")]
     out = pd.concat([out, pd.DataFrame({
         "trial_id": audit_bad["trial_id"], "series": audit_bad["series"], "stage": "audit",
         "error": audit_bad[AUDIT_ERROR]})])
     return sort_trials(out).reset_index(drop=True)
 
 
-def _failed_section(failed: pd.DataFrame) -> str:
+def failed_section(failed: pd.DataFrame) -> str:
     if failed.empty:
         return "<p>No trial failed.</p>"
-    rows = [[_e(r["trial_id"]), _e(r["series"]), _e(r["stage"]),
-             _e(r["error"] or "(no reason recorded)")] for _, r in failed.iterrows()]
+    rows = [[esc(r["trial_id"]), esc(r["series"]), esc(r["stage"]),
+             esc(r["error"] or "(no reason recorded)")] for _, r in failed.iterrows()]
     training = int((failed["stage"] == "training").sum())
     audit = len(failed) - training
-    return (f"<p>{_count(training, 'trial')} failed in training; the sweep went on without "
-            "them." + (f" {_count(audit, 'finished trial')} could not be audited." if audit
+    return (f"<p>{count_text(training, 'trial')} failed in training; the sweep went on without "
+            "them." + (f" {count_text(audit, 'finished trial')} could not be audited." if audit
                        else "") + "</p>"
-            + _table([_h("trial"), _h("series"), _h("stage"), _h("reason")], rows))
+            + table_html([th("trial"), th("series"), th("stage"), th("reason")], rows))
 
 
 def pruned_frame(data: RunData) -> pd.DataFrame:
@@ -158,33 +161,34 @@ def pruned_frame(data: RunData) -> pd.DataFrame:
     if "pruned_at" not in frame:
         return pd.DataFrame(columns=["trial_id", "series", "study", "pruned_at",
                                      "val_accuracy", "epsilon_spent", "target_epsilon"])
-    cut = frame[frame["status"] == "pruned"][["trial_id", "series", "study", "pruned_at",
+    cut = frame[frame["status"] == PRUNED][["trial_id", "series", "study", "pruned_at",
                                                "val_accuracy", "epsilon_spent",
                                                "target_epsilon"]]
     cut = cut.astype({"pruned_at": "int64"})
     return sort_trials(cut).reset_index(drop=True)
 
 
-def _pruned_section(pruned: pd.DataFrame, *, config: dict) -> str:
+def pruned_section(pruned: pd.DataFrame, *, config: dict) -> str:
     sweep = config.get("sweep") if isinstance(config.get("sweep"), dict) else {}
     if sweep.get("pruner", "none") == "none" and pruned.empty:
         return "<p>No pruner: every trial ran all its epochs.</p>"
     lead = (f"<p>ASHA (asynchronous successive halving) at epoch rungs from "
-            f"{_e(sweep.get('pruner_min_epochs', 1))}, factor "
-            f"{_e(sweep.get('pruner_factor', 3))}: a trial continued past a rung only if its "
+            f"{esc(sweep.get('pruner_min_epochs', 1))}, factor "
+            f"{esc(sweep.get('pruner_factor', 3))}: a trial continued past a rung only if its "
             "validation accuracy was in the top 1/factor of its study's earlier trials there. "
-            f"{_count(len(pruned), 'trial')} pruned; none is on a front or can be picked. "
+            f"{count_text(len(pruned), 'trial')} pruned; none is on a front or can be picked. "
             "Their epochs spent the epsilon shown, below the target.</p>")
     if pruned.empty:
         return lead
     by_rung = pruned.groupby("pruned_at").size()
     lead += "<p>Pruned per rung: " + ", ".join(
         f"epoch {int(r)}: {int(n)}" for r, n in by_rung.items()) + ".</p>"
-    rows = [[_e(r["trial_id"]), _e(r["series"]), _int(r["pruned_at"]), _num(r["val_accuracy"]),
-             _num(r["epsilon_spent"]), _num(r["target_epsilon"])] for _, r in pruned.iterrows()]
-    return lead + _table([_h("trial"), _h("series"), _h("stopped at epoch"),
-                          _h("validation accuracy there"), _h("epsilon spent"), _h("target")],
-                         rows)
+    rows = [[esc(r["trial_id"]), esc(r["series"]), int_text(r["pruned_at"]),
+             num_text(r["val_accuracy"]), num_text(r["epsilon_spent"]),
+             num_text(r["target_epsilon"])] for _, r in pruned.iterrows()]
+    return lead + table_html([th("trial"), th("series"), th("stopped at epoch"),
+                              th("validation accuracy there"), th("epsilon spent"), th("target")],
+                             rows)
 
 
 def coverage_frame() -> pd.DataFrame:
@@ -193,13 +197,13 @@ def coverage_frame() -> pd.DataFrame:
                           "meaning": c.meaning} for n, c in COLUMNS.items()])
 
 
-def _coverage_section() -> str:
-    rows = [[f"<code>{_e(name)}</code>", "covered" if column.covered else
-             f'<span class="nc">{NOT_COVERED_TAG}</span>', _e(column.meaning)]
+def coverage_section() -> str:
+    rows = [[f"<code>{esc(name)}</code>", "covered" if column.covered else
+             f'<span class="nc">{NOT_COVERED_TAG}</span>', esc(column.meaning)]
             for name, column in COLUMNS.items()]
     return ("<p>Which values the trials' epsilon covers. Values computed on private data "
             "without noise (validation and test metrics, every audit number) are not covered: "
             f"they carry <span class=\"nc\">{NOT_COVERED_TAG}</span> wherever they appear, stay "
             "in the run directory and are never exported.</p>"
             "<details><summary>Every results column</summary>"
-            + _table([_h("column"), _h("epsilon"), _h("meaning")], rows) + "</details>")
+            + table_html([th("column"), th("epsilon"), th("meaning")], rows) + "</details>")

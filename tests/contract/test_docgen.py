@@ -1,6 +1,6 @@
-"""docs/methods.md's "searched" column says what a sweep searches.
+"""docs/methods.md's "searched" column and docs/search.md's range table say what a sweep searches.
 
-The column is checked against the search spaces as sweeps build them (``build_space`` in every
+Both are checked against the search spaces as sweeps build them (``build_space`` in every
 mode), not against ``Space.ranges``: a parameter searched through a reparametrisation (lr as
 lr * C) or a model-dependent range (dpsgd_lf's m_f) is searched too.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from orchestrator.docgen import ROOT
+from orchestrator.docgen import RANGE_TABLE_LAYERS, ROOT
 from search_spaces import SPACES, STEP, build_space
 from trainables.methods import METHODS
 
@@ -58,3 +58,34 @@ def test_searched_column_matches_the_search_spaces() -> None:
                  if (cell == "yes") != (name in searched)}
         assert not wrong, f"{method}: searched column disagrees with the space for {wrong}"
     assert columns["dpsgd"]["lr"] == "yes" and columns["dpsgd_lf"]["m_f"] == "yes"
+
+
+def _range_rows() -> dict[tuple[str, str], str]:
+    """(method, parameter) -> its range cell, from docs/search.md's generated block."""
+    text = (ROOT / "docs/search.md").read_text()
+    block = text.split("<!-- generated:search_ranges -->", 1)[1]
+    block = block.split("<!-- /generated:search_ranges -->", 1)[0]
+    out = {}
+    for line in block.splitlines():
+        if line.startswith("| `"):
+            cells = [c.strip() for c in _CELL.split(line)]
+            out[(cells[1].strip("`"), cells[2].split()[0].strip("`"))] = cells[3]
+    return out
+
+
+def test_search_ranges_table_states_every_range_a_sweep_searches() -> None:
+    """docs/search.md's range table names every dimension ``build_space`` searches in some mode,
+    with its bounds, and nothing else."""
+    rows = _range_rows()
+    expected: dict[tuple[str, str], str] = {}
+    for method in SPACES:
+        for mode in METHODS[method].modes:
+            built = build_space(method, mode=mode.name, num_layers=RANGE_TABLE_LAYERS)
+            for key, dist in built.distributions.items():
+                expected[(method, key)] = (
+                    "one of " + ", ".join(f"{c:g}" for c in dist.choices)
+                    if hasattr(dist, "choices") else f"{dist.low:g} to {dist.high:g}")
+    assert set(rows) == set(expected)
+    for key, cell in rows.items():
+        assert cell.startswith(expected[key]), (key, cell, expected[key])
+    assert ("dpsgd", STEP) in rows and ("dpsgd_lf", "m_f") in rows

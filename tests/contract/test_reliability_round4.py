@@ -96,7 +96,7 @@ def _refused(capsys: pytest.CaptureFixture[str], argv: list[str], *, names: str)
 
 def _no_ray(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fail the test if a command starts or joins Ray."""
-    from orchestrator import cluster
+    from orchestrator.cluster import connection as cluster
 
     def started(*_a: Any, **_k: Any) -> Any:
         raise AssertionError("Ray was started")
@@ -182,6 +182,36 @@ def test_pick_export_under_a_file_names_export_not_out(
                     names="--export")
     assert "--out" not in line
     assert _snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("command", ["run", "train", "export"])
+def test_nothing_new_is_written_inside_another_run_directory(
+        pristine: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch, command: str) -> None:
+    """A run, a trial or a release inside *another* run directory: refused naming --out."""
+    _no_ray(monkeypatch)
+    run = _copy(pristine, tmp_path / "run")
+    other = _copy(pristine, tmp_path / "other")
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(TINY)
+    before = _snapshot(tmp_path)
+    out = other / "trials" / "nested"
+    argv = {"run": ["run", str(cfg), "--out", str(out)],
+            "train": ["train", str(cfg), "--out", str(out)],
+            "export": ["export", str(run), "--trial", TRIAL, "--out", str(out)]}[command]
+    line = _refused(capsys, argv, names="--out")
+    assert f"outside the run directory {other.resolve()}" in line
+    assert _snapshot(tmp_path) == before
+
+
+def test_a_folder_with_another_programs_manifest_is_no_run_directory(
+        pristine: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = _copy(pristine, tmp_path / "run")
+    web = tmp_path / "web"
+    web.mkdir()
+    (web / layout.MANIFEST).write_text('{"name": "a web app", "format": "w3c"}')
+    assert main(["export", str(run), "--trial", TRIAL, "--out", str(web / "rel")]) == 0, \
+        capsys.readouterr().err
 
 
 # ---- 4. refused: an empty --address ------------------------------------------------------
@@ -316,3 +346,30 @@ def test_an_adaptive_run_still_records_its_sampler_and_seed() -> None:
                                 "audit": {}})
     recorded = tomllib.loads(recorded_config_text(cfg))
     assert recorded["sweep"]["seed"] == 7 and recorded["sweep"]["sampler"] == "random"
+
+
+PRUNED_ID = "dpsgd_eps3-009"
+PRUNED_AT = 2
+
+
+def _with_a_pruned_trial(rows: list[dict[str, Any]]) -> None:
+    rows.append(store.pruned_row(
+        trial_id=PRUNED_ID, method="dpsgd", series="dpsgd", study="dpsgd@eps3",
+        record={"pruned_at": PRUNED_AT, "epochs_run": PRUNED_AT, "val_accuracy": 0.2,
+                "epsilon_spent": 1.1},
+        spec={"seed": 9, "batch_size": 100, "calibration": {"target_epsilon": 3.0},
+              "method_params": {"lr": 1.0, "clip_norm": 1.0}}))
+
+
+@pytest.mark.parametrize("command", ["export", "audit"])
+def test_a_pruned_trial_is_refused_as_pruned_not_as_failed_with_no_reason(
+        tmp_path: Path, command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.synthetic_run import make_run
+
+    run = make_run(tmp_path, rows_hook=_with_a_pruned_trial)
+    extra = ["--out", str(tmp_path / "release")] if command == "export" else []
+    assert main([command, str(run), "--trial", PRUNED_ID, *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0, err
+    assert f"pruned at epoch {PRUNED_AT}" in err and "failed" not in err, err
+    assert not (tmp_path / "release").exists()

@@ -1,5 +1,9 @@
 """The shipped study configs: valid, and the full-size study's parts form one study.
 
+Every range a shipped config pins in ``[search.*]`` lies inside the declared bounds of its
+hyperparameter (``configs/fmnist.toml`` pins the ranges the README's study ran with, not the
+shipped ones).
+
 The full-size Fashion-MNIST study runs as four resumable parts (``configs/fmnist_full_*.toml``)
 whose tables docs/studies.md puts side by side, so everything but what a part runs (its series, its
 targets, whether it audits and trains the baseline) must be the same in every part.
@@ -11,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from core.params import Param
 from orchestrator.config import load, read_toml
+from search_spaces import STEP, STEP_PARAM
 from trainables.methods import METHODS
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -20,6 +26,8 @@ PARTS = sorted(CONFIGS.glob("fmnist_full_[a-z].toml"))
 PUBLISHED = CONFIGS / "fmnist_full_published.toml"
 #: What the reference point must share with the parts.
 SHARED_SECTIONS = ("data", "model", "privacy", "training", "resources")
+#: The study whose pinned ranges differ from the shipped ones (docs/search.md).
+FMNIST = CONFIGS / "fmnist.toml"
 #: What may differ between parts.
 PER_PART = {("sweep", "methods"), ("budget", "epsilons"), ("sweep", "baseline")}
 
@@ -37,6 +45,31 @@ def _flat(raw: dict, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], obje
 @pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.toml")), ids=lambda p: p.name)
 def test_every_shipped_config_is_valid(path: Path) -> None:
     load(path)
+
+
+def _declared(method: str, name: str) -> Param:
+    """The declaration a ``[search.<method>]`` key is checked against (lr * C: the step's)."""
+    return STEP_PARAM if name == STEP else METHODS[method].declaration()[name]
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.toml")), ids=lambda p: p.name)
+def test_every_pinned_range_lies_inside_the_declared_bounds(path: Path) -> None:
+    for method, table in read_toml(path).get("search", {}).items():
+        for name, dim in table.items():
+            param = _declared(method, name)
+            values = dim["choices"] if "choices" in dim else [dim["low"], dim["high"]]
+            for value in values:
+                assert param.low is None or value > param.low or \
+                    (value == param.low and not param.low_open), (path.name, method, name, dim)
+                assert param.high is None or value < param.high or \
+                    (value == param.high and not param.high_open), (path.name, method, name, dim)
+            if "choices" not in dim:
+                assert dim["low"] < dim["high"], (path.name, method, name, dim)
+
+
+def test_the_fmnist_study_pins_a_range_for_every_method_it_runs() -> None:
+    cfg = load(FMNIST)
+    assert set(cfg.search) == set(cfg.sweep.methods or METHODS) == set(METHODS)
 
 
 def test_full_study_parts_share_every_setting_but_what_they_run() -> None:

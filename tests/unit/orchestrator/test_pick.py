@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from bench.synthetic_run import INVALID_REASON, SIZES, make_run
 from core.errors import UserInputError
 from orchestrator.cli import main
 from orchestrator.config import from_dict, load
@@ -22,7 +23,6 @@ from orchestrator.trial.single import train_single
 from reports import store
 from reports.pick import choose
 from tests.conftest import leaves, tiny_config
-from tests.unit.reports.test_report import INVALID_REASON, SIZES, make_run
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -230,8 +230,8 @@ def test_export_is_delegated_to_release(run_dir: Path, tmp_path: Path,
 def test_config_reproduces_the_trial_spec(index: int) -> None:
     """Everything a spec takes from the config comes back from config_from_spec: method and
     its validated hyperparameters, sizes, batch, epochs, seed, randomness, budget."""
+    from bench.synthetic_run import TRIALS, make_spec
     from orchestrator.trial.plan import randomness_kind
-    from tests.unit.reports.test_report import TRIALS, make_spec
 
     spec = make_spec(TRIALS[index], seed=index)
     cfg = config_from_spec(json.loads(json.dumps(spec)))
@@ -251,7 +251,7 @@ def test_config_reproduces_the_trial_spec(index: int) -> None:
 
 
 def test_prepared_parameters_are_not_written_as_hyperparameters() -> None:
-    from tests.unit.reports.test_report import TRIALS, make_spec
+    from bench.synthetic_run import TRIALS, make_spec
     from trainables.methods import get_method
 
     spec = make_spec(TRIALS[0], 0)

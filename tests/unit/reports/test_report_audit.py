@@ -12,12 +12,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from bench.synthetic_run import make_run
 from core import layout
 from core.errors import UserInputError
 from orchestrator.audit.membership import write_scores
 from reports.html import build_report
 from reports.html.attacks import SCORES_FILE
-from tests.unit.reports.test_report import make_run
 from trainables.audit.references import plan_statement
 
 #: Audited candidates per synthetic trial: 5 members then 5 non-members.

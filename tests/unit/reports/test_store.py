@@ -14,10 +14,13 @@ import pytest
 
 from core import layout
 from core.errors import UserInputError
+from core.poisson import poisson_plan
+from core.schedule import Schedule
+from core.trial import Calibration, EpsilonBounds, TrialSpec
 from reports import store
 from tests.conftest import tiny_config
 from trainables.methods import get_method
-from trainables.training.loop import TrialResult, TrialSpec, poisson_plan, train_trial
+from trainables.training.loop import TrialResult, train_trial
 
 SIGMA = 1.1
 EPSILON_UPPER = 2.9876
@@ -31,12 +34,11 @@ def _spec(method: str, trial_id: str, **params: Any) -> TrialSpec:
     q, steps_per_epoch = poisson_plan(dataset_size=sizes["train"],
                                       batch_size=cfg.training.batch_size)
     steps = cfg.training.epochs * steps_per_epoch
-    calibration = {
-        "target_epsilon": 3.0, "delta": 1e-5, "sample_rate": q,
-        "schedule": [{"noise_multiplier": SIGMA, "steps": steps}],
-        "bounds": {"lower": 2.95, "estimate": 2.97, "upper": EPSILON_UPPER, "accountant": "prv"},
-        "accountant": "prv", "fallback_reason": None, "eps_error": 0.01,
-    }
+    calibration = Calibration(
+        target_epsilon=3.0, delta=1e-5, sample_rate=q,
+        schedule=Schedule.constant(noise_multiplier=SIGMA, steps=steps), scale=1.0,
+        bounds=EpsilonBounds(lower=2.95, estimate=2.97, upper=EPSILON_UPPER, accountant="prv"),
+        accountant="prv", fallback_reason=None, eps_error=0.01, seconds=0.0, cached=False)
     cls = get_method(method)
     return TrialSpec(method=method, method_params=cls.validate_params(
         {**cfg.trial_params(method), **params}), epochs=cfg.training.epochs,
