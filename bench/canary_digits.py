@@ -24,12 +24,13 @@ from typing import Any
 import torch
 
 from core.storage import atomic_write_json
-from orchestrator.cli import demo_config
+from core.trial import TrialSpec
+from orchestrator.sweep.commands import demo_config
 from orchestrator.trial.plan import plan_trial
 from search_spaces import build_space
-from trainables.audit.canaries import white_box_run
+from trainables.audit.canary_runs import white_box_run
 from trainables.methods import get_method
-from trainables.training.loop import TrialSpec, load_trial_data
+from trainables.training.loop import load_trial_data
 
 RESULTS = Path(__file__).resolve().parent / "results" / "canary_digits.json"
 CONFIDENCE = 0.95

@@ -39,7 +39,7 @@ from orchestrator.config import (
     TrainingConfig,
 )
 from orchestrator.trial import plan as trial_mod
-from trainables.audit.canaries import CanaryRun, black_box_run, white_box_run
+from trainables.audit.canary_runs import CanaryRun, black_box_run, white_box_run
 from trainables.training.loop import load_trial_data
 
 RESULTS = Path(__file__).resolve().parent / "results" / "canary_fmnist.json"
@@ -100,9 +100,9 @@ def main() -> int:
         t0 = time.perf_counter()
         spec = trial_mod.plan_trial(cfg)
         cal = spec.calibration
-        print(f"== epsilon {epsilon:g}: sigma {cal['schedule'][0]['noise_multiplier']:.4f}, "
-              f"q {cal['sample_rate']:.6f}, steps {sum(p['steps'] for p in cal['schedule'])}, "
-              f"claim {cal['bounds']['upper']:.4f} ({cal['accountant']}, "
+        print(f"== epsilon {epsilon:g}: sigma {cal.noise_multiplier:.4f}, "
+              f"q {cal.sample_rate:.6f}, steps {cal.steps}, "
+              f"claim {cal.bounds.upper:.4f} ({cal.accountant}, "
               f"{time.perf_counter() - t0:.0f} s)", flush=True)
         data = load_trial_data(spec)
         white = white_box_run(spec, m=args.canaries, seed=args.seed, data=data,
@@ -110,8 +110,8 @@ def main() -> int:
         black = black_box_run(spec, m=args.black_box_canaries, seed=args.seed, data=data,
                               report=progress("black-box"))
         for run in (white, black):
-            row = {"target_epsilon": epsilon, "sigma": cal["schedule"][0]["noise_multiplier"],
-                   "sample_rate": cal["sample_rate"], "accountant": cal["accountant"],
+            row = {"target_epsilon": epsilon, "sigma": cal.noise_multiplier,
+                   "sample_rate": cal.sample_rate, "accountant": cal.accountant,
                    **summarize(run)}
             rows.append(row)
             print(f"   {run.kind}: m {row['m']}, r {row['r']}, v {row['v']}, bound "

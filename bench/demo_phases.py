@@ -23,7 +23,7 @@ from typing import Any
 
 from bench.harness import write_results
 from core import layout
-from orchestrator.cli import demo_config
+from orchestrator.sweep.commands import demo_config
 from orchestrator.sweep.driver import run_sweep
 
 

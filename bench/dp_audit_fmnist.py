@@ -36,14 +36,14 @@ def _audit(run_dir: str, trial_id: str) -> dict[str, Any]:
         reference_budgets,
     )
     from orchestrator.config import load
-    from orchestrator.sweep.driver import audit_settings
-    from trainables.training.loop import TrialSpec, load_trial_data
+    from orchestrator.sweep.search import audit_settings
+    from trainables.training.loop import load_spec, load_trial_data
 
     torch.set_num_threads(1)
     run = Path(run_dir)
     cfg = load(run / layout.CONFIG)
     raw = json.loads((run / layout.TRIALS / trial_id / layout.SPEC).read_text())
-    spec = TrialSpec.from_dict(raw)
+    spec = load_spec(raw)
     privacy = json.loads((run / layout.TRIALS / trial_id / layout.PRIVACY).read_text())
     data = load_trial_data(spec)
     started = time.perf_counter()

@@ -39,12 +39,13 @@ import torch
 
 from bench.harness import load_average, wait_for_quiet, write_results
 from core.layout import CHECKPOINT_DIR
+from core.poisson import poisson_plan
 from orchestrator.config import from_dict, read_toml
 from orchestrator.trial.plan import plan_trial
 from trainables.dp.randomness import Randomness
 from trainables.dp.step import DPStep, PublicData
 from trainables.methods import get_method
-from trainables.training.loop import build_trial_model, evaluate, poisson_plan, train_trial
+from trainables.training.loop import build_trial_model, evaluate, train_trial
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "fmnist_full_a.toml"
 #: The trial the issue quotes (0.867 test accuracy at epsilon 2.985): step lr * C = 0.4.
@@ -79,7 +80,7 @@ def isolated_method(method: DPStep, spec: Any, data: Any) -> DPStep:
     schedule = cls.noise_shape(epochs=1, steps_per_epoch=SCHEDULE_STEPS,
                                params=spec.method_params)
     return cls(model=model, params=spec.method_params,
-               noise_schedule=schedule, sample_rate=float(spec.calibration["sample_rate"]),
+               noise_schedule=schedule, sample_rate=spec.calibration.sample_rate,
                expected_batch_size=float(spec.batch_size), steps_per_epoch=SCHEDULE_STEPS,
                randomness=Randomness(kind="reproducible", device=torch.device("cpu"), seed=1),
                public=PublicData(x=data.shadow.x, y=data.shadow.y,

@@ -148,7 +148,8 @@ def loop_syncs(ctx: dict[str, Any], *, config_path: Path, device: str,
     logging; no evaluation): trials of 1 and 2 epochs under the profiler, after one unprofiled
     trial; the difference is one epoch's marginal count, which cancels the one-time build and
     the privacy record."""
-    from trainables.training.loop import poisson_plan, train_trial
+    from core.poisson import poisson_plan
+    from trainables.training.loop import train_trial
 
     dev = torch.device(device)
     data_dir = ctx.get("data_dir") or (None if smoke else find_data(None))
@@ -200,9 +201,9 @@ def share_child(spec_dict: dict[str, Any], index: int, barrier: Any, results: An
     """One sharing process: load the data and start CUDA, wait for all; child 0 trains alone
     while the others wait; then all train at once. Results go to ``results``."""
     try:
-        from trainables.training.loop import TrialSpec, load_trial_data, resolve_device
+        from trainables.training.loop import load_spec, load_trial_data, resolve_device
 
-        spec = TrialSpec.from_dict(spec_dict)
+        spec = load_spec(spec_dict)
         data = load_trial_data(spec)
         device = resolve_device(spec.device)
         torch.zeros(1, device=device)
@@ -223,7 +224,8 @@ def _share_spec(ctx: dict[str, Any], *, config_path: Path, device: str, steps: i
                 processes: int, smoke: bool) -> tuple[Any, dict[str, Any]]:
     import dataclasses
 
-    from trainables.training.loop import TrialSpec, poisson_plan
+    from core.poisson import poisson_plan
+    from core.trial import TrialSpec
 
     data_dir = ctx.get("data_dir") or (None if smoke else find_data(None))
     probe = trial_config(config_path, device=device, data_dir=data_dir, smoke=smoke)
@@ -281,7 +283,7 @@ def shared_gpu(ctx: dict[str, Any], *, config_path: Path, device: str, steps: in
     out: dict[str, Any] = {"processes": processes, "randomness": spec.randomness,
                            "epochs": spec.epochs, "gpu_share": spec_dict.get("gpu_share", 1.0),
                            "exit_codes": [p.exitcode for p in procs]}
-    out["steps"] = int(sum(ph["steps"] for ph in spec.calibration["schedule"]))
+    out["steps"] = spec.calibration.steps
     errors = {r["index"]: r["error"] for r in rows if "error" in r}
     if errors or len(rows) < processes:
         out["error"] = (f"{len(rows)} of {processes} processes reported"

@@ -62,10 +62,10 @@ def _config(*, epsilon: float, trials: int, tuning: str, seed: int) -> Config:
 
 def matched_per_trial_epsilon(*, cfg: Config, n_trials: int, end_to_end: float) -> dict[str, Any]:
     """The per-trial epsilon whose N exactly composed DP-SGD runs reach ``end_to_end``."""
+    from core.poisson import poisson_plan
     from core.schedule import Schedule
     from orchestrator.accounting.calibration import certify
     from orchestrator.accounting.tuning.adaptive import adaptive_statement
-    from trainables.training.loop import poisson_plan
 
     q, per_epoch = poisson_plan(dataset_size=cfg.data.train_size,
                                 batch_size=cfg.training.batch_size)

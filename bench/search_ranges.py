@@ -49,7 +49,7 @@ def main() -> None:
                    for _ in range(args.points)]
         for kind, point in points:
             params = plan.space.decode(point)
-            spec = plan_trial(cfg.at_epsilon(plan.epsilon), method=plan.method,
+            spec = plan_trial(cfg, epsilon=plan.epsilon, method=plan.method,
                               params=params, data=data, trial_id="probe")
             started = time.perf_counter()
             result = train_trial(spec, data=data)

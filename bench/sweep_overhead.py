@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import load_average, write_results
-from orchestrator import cluster
+from orchestrator.cluster import connection as cluster
 from orchestrator.config import Config, from_dict
 from orchestrator.sweep import driver as sweep_mod
 

@@ -37,7 +37,8 @@ def main() -> None:
 
     from ray.cluster_utils import Cluster
 
-    from orchestrator import cluster as dpcluster
+    from orchestrator.cluster import connection as dpcluster
+    from orchestrator.raytemp import private_temp_dir
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -47,7 +48,7 @@ def main() -> None:
         os.environ.update(token_env)
         dpcluster._refresh_ray_auth_config()
         loopback = {"node_ip_address": dpcluster.LOOPBACK_V4,
-                    "temp_dir": str(dpcluster._private_temp_dir())}
+                    "temp_dir": str(private_temp_dir())}
         nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, **loopback},
                         shutdown_at_exit=True)
         try:

@@ -27,6 +27,8 @@ from typing import Any
 
 from core.errors import UserInputError
 from core.params import Param
+from trainables.dp.step import DPStep
+from trainables.methods import get_method
 
 #: Name of the effective-step dimension (lr * C) of SGD-family spaces.
 STEP = "lr_x_clip"
@@ -56,14 +58,30 @@ Dimension = Range | Choices
 class Space:
     """The searching choices of one method.
 
-    ``per_model`` adds ranges that depend on the model (e.g. a layer count); ``step`` makes lr
-    searched through the effective step lr * C (requires ``clip_norm`` in the ranges).
+    ``method`` is the method's class (its registry entry) and every range is keyed by the name
+    of a ``Param`` the method declares (``CLIP.name``, never a retyped string), so a space
+    cannot name a method or a hyperparameter that does not exist: the names are checked here,
+    when the space is made. ``per_model`` adds ranges that depend on the model (e.g. a layer
+    count); ``step`` makes lr searched through the effective step lr * C (requires
+    ``clip_norm`` in the ranges).
     """
 
-    method: str
+    method: type[DPStep]
     ranges: Mapping[str, Dimension]
     step: Range | None = None
     per_model: Callable[[int], Mapping[str, Dimension]] | None = None
+
+    def __post_init__(self) -> None:
+        declared = self.method.declaration()
+        unknown = [k for k in self.ranges if k not in declared]
+        if unknown:
+            raise RuntimeError(f"search space of {self.method.name!r} ranges over "
+                               f"undeclared parameters {unknown}")
+
+    @property
+    def name(self) -> str:
+        """The method's config name, under which the space is registered."""
+        return self.method.name
 
 
 SPACES: dict[str, Space] = {}
@@ -78,9 +96,9 @@ SGD_STEP = Range(0.7, 1.6)
 
 
 def register(space: Space) -> Space:
-    if space.method in SPACES:
-        raise RuntimeError(f"search space of {space.method!r} registered twice")
-    SPACES[space.method] = space
+    if space.name in SPACES:
+        raise RuntimeError(f"search space of {space.name!r} registered twice")
+    SPACES[space.name] = space
     return space
 
 
@@ -110,6 +128,7 @@ class BuiltSpace:
 
 
 def _distribution(param: Param, dim: Dimension) -> Any:
+    # optuna costs seconds to import and ``config --check`` imports this module
     from optuna.distributions import (
         CategoricalDistribution,
         FloatDistribution,
@@ -178,8 +197,6 @@ def check_overrides(search: Mapping[str, Any], *, methods: list[str],
     modes per method) refuse a range :func:`build_space` would drop without a word: one for a
     value the config fixes, or for a hyperparameter no swept mode reads.
     """
-    from trainables.methods import get_method
-
     for method, table in search.items():
         if method not in methods:
             raise UserInputError(field=f"search.{method}", value="[table]",
@@ -228,8 +245,6 @@ def build_space(method: str, *, mode: str, num_layers: int,
                 overrides: Mapping[str, Any] | None = None) -> BuiltSpace:
     """The method's space for a sweep: its ranges, the model's, the user's overrides, minus
     what the config fixes and what the mode does not read."""
-    from trainables.methods import get_method
-
     if method not in SPACES:
         raise UserInputError(field="sweep.methods", value=method,
                              allowed=f"methods with a search space: {sorted(SPACES)}")
@@ -271,8 +286,6 @@ def searched_params(method: str, *, num_layers: int = 4) -> frozenset[str]:
     :func:`build_space` builds them: the ranges, the model-dependent ones and lr when the step
     lr * C stands for it (``Space.ranges`` alone misses the last two). ``num_layers`` only sizes
     the model-dependent ranges, not which parameters they cover."""
-    from trainables.methods import get_method
-
     out: set[str] = set()
     for mode in get_method(method).modes:
         built = build_space(method, mode=mode.name, num_layers=num_layers)

@@ -8,5 +8,7 @@ paper's 0.01.
 from __future__ import annotations
 
 from search_spaces import SGD_STEP, Range, Space, register
+from trainables.dp.contract import LR
+from trainables.methods.auto_s import GAMMA, AutoS
 
-SPACE = register(Space(method="auto_s", ranges={"lr": SGD_STEP, "gamma": Range(1e-3, 1.0)}))
+SPACE = register(Space(method=AutoS, ranges={LR.name: SGD_STEP, GAMMA.name: Range(1e-3, 1.0)}))

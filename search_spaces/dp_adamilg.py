@@ -14,10 +14,12 @@ point.
 from __future__ import annotations
 
 from search_spaces import SGD_CLIP, Choices, Range, Space, register
+from trainables.dp.contract import CLIP, LR
+from trainables.methods.dp_adamilg import ALPHA, DPAdamILG, K
 
 #: Decay rates whose schedules are calibrated before the sweep (the paper's two values inside).
 K_GRID = (0.0, 0.001, 0.01, 0.05, 0.1, 0.2)
 
-SPACE = register(Space(method="dp_adamilg",
-                       ranges={"lr": Range(1.5e-2, 6e-2), "clip_norm": SGD_CLIP,
-                               "k": Choices(K_GRID), "alpha": Range(0.5, 3.0)}))
+SPACE = register(Space(method=DPAdamILG,
+                       ranges={LR.name: Range(1.5e-2, 6e-2), CLIP.name: SGD_CLIP,
+                               K.name: Choices(K_GRID), ALPHA.name: Range(0.5, 3.0)}))

@@ -8,5 +8,7 @@ searched through lr alone, over the SGD-family step range; r on a log scale arou
 from __future__ import annotations
 
 from search_spaces import SGD_STEP, Range, Space, register
+from trainables.dp.contract import LR
+from trainables.methods.dp_psac import DPPSAC, R
 
-SPACE = register(Space(method="dp_psac", ranges={"lr": SGD_STEP, "r": Range(0.01, 1.0)}))
+SPACE = register(Space(method=DPPSAC, ranges={LR.name: SGD_STEP, R.name: Range(0.01, 1.0)}))

@@ -3,5 +3,7 @@
 from __future__ import annotations
 
 from search_spaces import SGD_CLIP, SGD_STEP, Space, register
+from trainables.dp.contract import CLIP
+from trainables.methods.dpsgd import DPSGD
 
-SPACE = register(Space(method="dpsgd", ranges={"clip_norm": SGD_CLIP}, step=SGD_STEP))
+SPACE = register(Space(method=DPSGD, ranges={CLIP.name: SGD_CLIP}, step=SGD_STEP))

@@ -8,8 +8,10 @@ method's 'lower half' rule, the paper's default and the first point).
 from __future__ import annotations
 
 from search_spaces import SGD_CLIP, SGD_STEP, Range, Space, register
+from trainables.dp.contract import CLIP
+from trainables.methods.dpsgd_lf import M_F, T_F_FRACTION, DPSGDLayerFreeze
 
-SPACE = register(Space(method="dpsgd_lf",
-                       ranges={"clip_norm": SGD_CLIP, "t_f_fraction": Range(0.3, 0.95)},
+SPACE = register(Space(method=DPSGDLayerFreeze,
+                       ranges={CLIP.name: SGD_CLIP, T_F_FRACTION.name: Range(0.3, 0.95)},
                        step=SGD_STEP,
-                       per_model=lambda layers: {"m_f": Range(0, max(1, layers - 1))}))
+                       per_model=lambda layers: {M_F.name: Range(0, max(1, layers - 1))}))

@@ -7,8 +7,10 @@ kappa on a log scale from 0.02 to 0.5 brackets the paper's 'small' 0.05 and 'lar
 from __future__ import annotations
 
 from search_spaces import SGD_CLIP, SGD_STEP, Range, Space, register
+from trainables.dp.contract import CLIP
+from trainables.methods.ww_dpsgd import KAPPA, WWDPSGD, ZETA_STAR
 
-SPACE = register(Space(method="ww_dpsgd",
-                       ranges={"clip_norm": SGD_CLIP, "kappa": Range(0.02, 0.5),
-                               "zeta_star": Range(2.0, 6.0)},
+SPACE = register(Space(method=WWDPSGD,
+                       ranges={CLIP.name: SGD_CLIP, KAPPA.name: Range(0.02, 0.5),
+                               ZETA_STAR.name: Range(2.0, 6.0)},
                        step=SGD_STEP))

@@ -28,7 +28,8 @@ from tests.contract.conformance import (
     make_method,
     prepared_params,
 )
-from trainables.dp.step import PUBLIC_SHARE, PublicData
+from trainables.dp.contract import PUBLIC_SHARE
+from trainables.dp.step import PublicData
 from trainables.methods import METHODS
 from trainables.training.loop import load_checkpoint_state, train_trial
 
@@ -117,8 +118,8 @@ def test_accounting_matches_the_budget_by_an_independent_accountant(tmp_path: Pa
     spec = _spec(method, mode, reproducible=True)
     result = train_trial(spec, checkpoint_root=tmp_path)
     p = result.privacy_record
-    schedule = Schedule.from_list(spec.calibration["schedule"])
-    expected = schedule_events(schedule, sample_rate=spec.calibration["sample_rate"])
+    schedule = spec.calibration.schedule
+    expected = schedule_events(schedule, sample_rate=spec.calibration.sample_rate)
     # the ledger speaks core.events' vocabulary: it reads back as accounting events
     ledger = [(e.noise_multiplier, e.count) for e in events_from_list(p.ledger["events"])]
     phases = schedule.merged().phases

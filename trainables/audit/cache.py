@@ -30,6 +30,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from safetensors import SafetensorError
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
+
+from core import __version__
 from core.lazy import lazy_module
 from core.storage import JsonCache, atomic_write_bytes
 
@@ -72,8 +77,6 @@ def data_fingerprint(data: DataSplits) -> dict[str, Any]:
 def reference_key(trainer: CacheableTrainer, data: DataSplits, *, seed: int,
                   index: int) -> dict[str, Any]:
     """The full question a cache entry answers."""
-    from core import __version__
-
     return {"schema": SCHEMA, "dpsweep": __version__, "torch": torch.__version__,
             "recipe": trainer.describe(data, seed, index), "data": data_fingerprint(data)}
 
@@ -107,9 +110,6 @@ class CachingTrainer:
 
     def _load(self, key: dict[str, Any], data: DataSplits,
               index: int) -> tuple[LayeredModel, float] | None:
-        from safetensors import SafetensorError
-        from safetensors.torch import load as load_safetensors
-
         entry = self.cache.get(key)
         if entry is None:
             return None
@@ -132,9 +132,6 @@ class CachingTrainer:
     def _store(self, key: dict[str, Any], model: LayeredModel, seconds: float) -> None:
         """Weights first, then the entry naming their hash: a reader that finds the entry finds
         its weights (a concurrent writer's mismatch fails verification, never loads)."""
-        from safetensors import SafetensorError
-        from safetensors.torch import save as save_safetensors
-
         state = {k: v.detach().to("cpu").contiguous().clone()
                  for k, v in model.state_dict().items()}
         try:

@@ -4,10 +4,12 @@ Steinke, Nasr & Jagielski, "Privacy Auditing with One (1) Training Run" (arXiv 2
 m canaries are each included independently with probability 1/2 in ONE training run, the
 trained run is scored per canary, and the number of correct IN/OUT guesses becomes an epsilon
 lower bound (``trainables.audit.stats.onerun.canary_audit``; the theorem lives there only).
-This module produces the scores and the secret membership; it never changes the method under
-audit: the canaries enter through :func:`trainables.training.loop.train_trial`'s ``instrument``
-hook, which wraps the built method's phases, so the method's own clipping, reweighting, noise
-and accounting act on them exactly as on its examples.
+This module and :mod:`trainables.audit.input_canaries` (the black-box kind) produce the scores
+and the secret membership, and :mod:`trainables.audit.canary_runs` runs the audited training;
+none of them changes the method under audit: the canaries enter through
+:func:`trainables.training.loop.train_trial`'s ``instrument`` hook, which wraps the built
+method's phases, so the method's own clipping, reweighting, noise and accounting act on them
+exactly as on its examples.
 
 * **White-box** (gradient canaries, the paper's strongest variant, spread over the layers):
   canary j is a gradient with one signed coordinate in *every* layer, of norm ``blocks[l]``
@@ -55,33 +57,24 @@ claim.
 
 from __future__ import annotations
 
-import math
 import secrets
-import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from core.errors import UserInputError
 from core.lazy import lazy_module
-from trainables.audit.stats.attacks import DEFAULT_CONFIDENCE
-from trainables.audit.stats.onerun import (
-    CanaryBound,
-    canary_audit,
-    default_guess_counts,
-    epsilon_lower_bound,
-)
+from core.trial import TrialSpec
+from trainables.dp.randomness import Randomness
+from trainables.dp.step import bound_coefficients
 
 if TYPE_CHECKING:
     import torch
 
-    from trainables.data.splits import DataSplits
-    from trainables.dp.randomness import Randomness
     from trainables.dp.step import DPStep
     from trainables.models.networks import LayeredModel
-    from trainables.training.loop import Reporter, TrialSpec
 else:
     torch = lazy_module("torch")
 
@@ -100,13 +93,12 @@ MAX_WHITE_BOX_CANARIES = 1 << 20
 NOISE_FLOOR = 1e-9
 #: Separates the audit seed's streams (coordinates, pool picks, wrong labels) from other uses.
 _COORDINATE_STREAM = 0xCA11
-_POOL_STREAM = 0xCA12
 _REFERENCE_STREAM = 0xCA13
 #: Where black-box canaries come from: the split no part of the trial trains on.
 CANARY_POOL = "holdout"
 
 
-def _check_count(m: Any, *, limit: int, what: str) -> int:
+def check_count(m: Any, *, limit: int, what: str) -> int:
     if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or not 1 <= m <= limit:
         raise UserInputError(field="canaries", value=m, allowed=f"an integer in 1..{limit} "
                                                                  f"({what})")
@@ -119,7 +111,7 @@ def draw_membership(m: int) -> np.ndarray:
     The draws are the secret the audit tests, so they are never derived from a seed: anything
     seeded from a recorded value could be replayed by the guesser.
     """
-    m = _check_count(m, limit=1 << 24, what="canaries to draw")
+    m = check_count(m, limit=1 << 24, what="canaries to draw")
     raw = np.frombuffer(secrets.token_bytes((m + 7) // 8), dtype=np.uint8)
     return np.unpackbits(raw)[:m].astype(bool)
 
@@ -128,8 +120,6 @@ def canary_sampler(spec: TrialSpec) -> Randomness:
     """The canaries' per-step Poisson source: secret entropy (``secure`` for secure trials),
     separate from the trial's own sampler so that a reproducible trial's seed never decides
     when a canary joins."""
-    from trainables.dp.randomness import Randomness
-
     kind = "secure" if spec.randomness == "secure" else "secret"
     return Randomness(kind=kind, device=torch.device("cpu"))
 
@@ -230,7 +220,7 @@ def choose_layer_canaries(*, model: LayeredModel, m: int, norm: float,
                           seed: int) -> LayerCanaries:
     """One signed coordinate per canary in every layer, seeded (the auditor knows the design;
     only whether each canary is IN is secret). Layers smaller than m share coordinates."""
-    m = _check_count(m, limit=MAX_WHITE_BOX_CANARIES, what="white-box canaries")
+    m = check_count(m, limit=MAX_WHITE_BOX_CANARIES, what="white-box canaries")
     layer_of = model.layer_of_parameter()
     named = [(n, p.numel()) for n, p in model.named_parameters()]
     groups: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
@@ -255,8 +245,6 @@ def choose_layer_canaries(*, model: LayeredModel, m: int, norm: float,
 def guarded_coefficients(method: DPStep, norms: torch.Tensor) -> torch.Tensor:
     """The coefficients the method's clip phase releases for rows of ``norms``: its rule,
     capped by the step's guard, without touching the guard's counters."""
-    from trainables.dp.step import bound_coefficients
-
     coef, _ = bound_coefficients(method.clip_coefficients(norms), norms,
                                  sensitivity=method.sensitivity(),
                                  layer_bounds=method.layer_bounds())
@@ -337,7 +325,7 @@ class CanaryView:
 
 
 @dataclass
-class _Counts:
+class CanaryCounts:
     steps: int = 0
     joins: int = 0  # IN-canary inclusions that reached a gradient view
     dropped: int = 0  # sampled but dropped: the private batch was empty
@@ -366,7 +354,7 @@ class WhiteBoxInstrument:
         self.canaries: LayerCanaries | None = None
         self.stats = np.zeros((self.m, 0))  # [m, L] per-layer statistics, set when installed
         self.shift = np.zeros(0)  # [L] expected IN - OUT difference per unit join rate
-        self.counts = _Counts()
+        self.counts = CanaryCounts()
 
     def scores(self) -> np.ndarray:
         """[m] each canary's score (:func:`combine_statistics`)."""
@@ -447,198 +435,3 @@ class WhiteBoxInstrument:
         method.step = canary_step  # type: ignore[method-assign]
         method.gradients = canary_gradients  # type: ignore[method-assign]
         method.noise = canary_noise  # type: ignore[method-assign]
-
-
-# ---- black-box: mislabelled input canaries -----------------------------------------------------
-@dataclass(frozen=True, eq=False)
-class InputCanaries:
-    """m mislabelled examples from the holdout split (public design: inputs and labels)."""
-
-    x: torch.Tensor
-    y: torch.Tensor  # the wrong labels the canaries carry
-    true_y: torch.Tensor
-    pool_indices: np.ndarray  # indices in the dataset's pooled example list
-
-    @property
-    def m(self) -> int:
-        return len(self.y)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"m": self.m, "pool": CANARY_POOL, "pool_indices": self.pool_indices.tolist(),
-                "labels": self.y.tolist(), "true_labels": self.true_y.tolist()}
-
-
-def choose_input_canaries(data: DataSplits, *, m: int, seed: int) -> InputCanaries:
-    """m holdout examples with uniformly random wrong labels (seeded from the audit seed)."""
-    pool = getattr(data, CANARY_POOL)
-    m = _check_count(m, limit=len(pool), what=f"examples in the {CANARY_POOL} split, the pool "
-                                              "black-box canaries come from")
-    used = np.concatenate([data.train.indices, data.validation.indices, data.test.indices,
-                           data.shadow.indices])
-    rng = np.random.default_rng([int(seed), _POOL_STREAM])
-    pick = np.sort(rng.choice(len(pool), size=m, replace=False))
-    indices = np.asarray(pool.indices)[pick]
-    if np.intersect1d(indices, used).size:
-        raise RuntimeError(f"the {CANARY_POOL} split overlaps the trial's other splits")
-    true_y = pool.y[torch.from_numpy(pick)]
-    shift = torch.from_numpy(rng.integers(1, data.num_classes, size=m)).to(true_y.dtype)
-    return InputCanaries(x=pool.x[torch.from_numpy(pick)], y=(true_y + shift) % data.num_classes,
-                         true_y=true_y, pool_indices=indices)
-
-
-class BlackBoxInstrument:
-    """``train_trial(instrument=...)``: each IN canary joins each Poisson batch with rate q."""
-
-    def __init__(self, *, canaries: InputCanaries, is_member: np.ndarray,
-                 sampler: Randomness) -> None:
-        self.canaries = canaries
-        self.is_member = np.asarray(is_member, dtype=bool)
-        if self.is_member.shape != (canaries.m,):
-            raise ValueError(f"is_member has shape {self.is_member.shape}, "
-                             f"expected ({canaries.m},)")
-        self.sampler = sampler
-        self.counts = _Counts()
-        self.method: DPStep | None = None
-
-    def __call__(self, method: DPStep) -> None:
-        self.method = method
-        device = next(method.model.parameters()).device
-        members = torch.from_numpy(self.is_member)
-        x_in = self.canaries.x[members].to(device)
-        y_in = self.canaries.y[members].to(device)
-        rate = method.ledger.sample_rate
-        step = method.step
-
-        def canary_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            joining = self.sampler.poisson_mask(len(y_in), rate=rate).to(device)
-            self.counts.steps += 1
-            self.counts.joins += int(joining.sum())
-            losses = step(torch.cat([x, x_in[joining]]), torch.cat([y, y_in[joining]]))
-            return losses[:x.shape[0]]
-
-        method.step = canary_step  # type: ignore[method-assign]
-
-    @torch.no_grad()
-    def scores(self) -> np.ndarray:
-        """Minus each canary's loss (with its wrong label) under the trained model."""
-        if self.method is None:
-            raise RuntimeError("the instrument was never installed (train_trial did not run)")
-        model = self.method.model
-        model.eval()
-        device = next(model.parameters()).device
-        logits = model(self.canaries.x.to(device))
-        loss = torch.nn.functional.cross_entropy(logits, self.canaries.y.to(device),
-                                                 reduction="none")
-        return -loss.double().cpu().numpy()
-
-
-# ---- one audited training run ------------------------------------------------------------------
-def guess_counts(*, m: int, delta: float,
-                 confidence: float = DEFAULT_CONFIDENCE) -> tuple[tuple[int, int], ...]:
-    """(k_plus, k_minus) candidates: the paper's symmetric guesses (k IN, k OUT) and IN-only
-    guesses (k, 0) at the same k, less those too few to bound epsilon above 0 even if all right.
-
-    Why IN-only too: an IN canary never sampled (probability (1 - q)^T) scores like an OUT one,
-    and a leak confined to some canaries (the mislabelled inputs a model memorised) lifts only
-    those, so the top of the ranking can be far more reliable than its bottom. Why the pruning:
-    every candidate is tested at 1 - (1 - confidence) / K (union bound), and r guesses all right
-    reject epsilon = 0 only when 2^-r is below that; with 300 black-box canaries (the digits
-    holdout split) (3, 3), (3, 0) and (8, 0) never could, and would only dilute the others.
-    """
-    symmetric = default_guess_counts(m=m)
-    pairs = list(dict.fromkeys([*symmetric, *((k, 0) for k, _ in symmetric)]))
-    level = 1 - (1 - confidence) / len(pairs)
-    useful = [p for p in pairs if epsilon_lower_bound(m=m, r=sum(p), v=sum(p), delta=delta,
-                                                      confidence=level) > 0]
-    return tuple(useful) or (max(pairs, key=sum),)
-
-
-@dataclass(frozen=True)
-class CanaryRun:
-    """One training run with canaries: the scores, the secret membership, and the claim."""
-
-    kind: str
-    m: int
-    scores: tuple[float, ...]
-    is_member: tuple[bool, ...]
-    delta: float
-    claimed_epsilon: float  # the accountant's upper bound for the run (same calibration)
-    dp_valid: bool
-    steps: int
-    joins: int
-    dropped_joins: int
-    test_accuracy: float
-    seconds: float
-    design: dict[str, Any] = field(default_factory=dict)  # where the canaries are (public)
-
-    def bound(self, *, confidence: float = DEFAULT_CONFIDENCE) -> CanaryBound:
-        """The epsilon lower bound at ``confidence`` (``stats.onerun.canary_audit``)."""
-        return canary_audit(scores=np.asarray(self.scores), is_member=np.asarray(self.is_member),
-                            delta=self.delta, confidence=confidence,
-                            guess_counts=guess_counts(m=self.m, delta=self.delta,
-                                                      confidence=confidence))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "m": self.m, "delta": self.delta,
-                "claimed_epsilon": self.claimed_epsilon, "dp_valid": self.dp_valid,
-                "steps": self.steps, "joins": self.joins, "dropped_joins": self.dropped_joins,
-                "in_canaries": int(sum(self.is_member)), "test_accuracy": self.test_accuracy,
-                "seconds": self.seconds, "design": self.design,
-                "scores": [s if math.isfinite(s) else None for s in self.scores],
-                "is_member": [bool(b) for b in self.is_member]}
-
-
-def _finish(*, kind: str, spec: TrialSpec, result: Any, scores: np.ndarray,
-            is_member: np.ndarray, counts: _Counts, design: dict[str, Any],
-            start: float) -> CanaryRun:
-    cal = spec.calibration
-    return CanaryRun(kind=kind, m=len(scores), scores=tuple(float(s) for s in scores),
-                     is_member=tuple(bool(b) for b in is_member), delta=float(cal["delta"]),
-                     claimed_epsilon=float(result.privacy_record.epsilon_upper),
-                     dp_valid=result.privacy_record.dp_valid, steps=counts.steps,
-                     joins=counts.joins, dropped_joins=counts.dropped,
-                     test_accuracy=float(result.test_accuracy),
-                     seconds=time.perf_counter() - start, design=design)
-
-
-def white_box_run(spec: TrialSpec, *, m: int, seed: int, data: DataSplits | None = None,
-                  report: Reporter | None = None,
-                  on_install: Callable[[WhiteBoxInstrument], None] | None = None) -> CanaryRun:
-    """Re-train ``spec`` once with m layer canaries; score them (module docstring)."""
-    from trainables.training.loop import load_trial_data, train_trial
-
-    start = time.perf_counter()
-    data = load_trial_data(spec) if data is None else data
-    is_member = draw_membership(m)
-    inst = WhiteBoxInstrument(m=m, seed=seed, is_member=is_member, sampler=canary_sampler(spec),
-                              reference=(data.train.x, data.train.y))
-
-    def install(method: DPStep) -> None:
-        device = next(method.model.parameters()).device
-        inst.reference = (data.train.x.to(device), data.train.y.to(device))
-        inst(method)
-        if on_install is not None:
-            on_install(inst)
-
-    result = train_trial(spec, data=data, report=report, instrument=install)
-    assert inst.canaries is not None
-    return _finish(kind=WHITE_BOX, spec=spec, result=result, scores=inst.scores(),
-                   is_member=is_member, counts=inst.counts, design=inst.canaries.to_dict(),
-                   start=start)
-
-
-def black_box_run(spec: TrialSpec, *, m: int, seed: int, data: DataSplits | None = None,
-                  report: Reporter | None = None) -> CanaryRun:
-    """Re-train ``spec`` once with m mislabelled holdout canaries; score them by -loss."""
-    from trainables.training.loop import load_trial_data, train_trial
-
-    start = time.perf_counter()
-    data = load_trial_data(spec) if data is None else data
-    canaries = choose_input_canaries(data, m=m, seed=seed)
-    is_member = draw_membership(canaries.m)
-    inst = BlackBoxInstrument(canaries=canaries, is_member=is_member,
-                              sampler=canary_sampler(spec))
-    result = train_trial(spec, data=data, report=report, instrument=inst)
-    return _finish(kind=BLACK_BOX, spec=spec, result=result, scores=inst.scores(),
-                   is_member=is_member, counts=inst.counts, design=canaries.to_dict(),
-                   start=start)

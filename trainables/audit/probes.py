@@ -20,9 +20,14 @@ import warnings
 from typing import TYPE_CHECKING
 
 import numpy as np
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.linear_model import LogisticRegression
+from sklearn.preprocessing import StandardScaler
 
 from core.errors import UserInputError
 from core.lazy import lazy_module
+from trainables.audit.layer_attack import reduce_ir
+from trainables.audit.references import subset
 from trainables.audit.signals import PROBE_LOSS
 
 if TYPE_CHECKING:
@@ -52,12 +57,6 @@ def probe_loss_name(layer: str) -> str:
 
 def probe_signals(*, probe_set: Split, num_classes: int) -> ExtraSignals:
     """An ``extra`` signal function for ``collect_signals``: {probe_loss:<layer>: [N]}."""
-    from sklearn.exceptions import ConvergenceWarning
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.preprocessing import StandardScaler
-
-    from trainables.audit.layer_attack import reduce_ir
-
     counts = np.bincount(probe_set.y.numpy(), minlength=num_classes)
     if counts.min() < MIN_PER_CLASS:
         raise UserInputError(field="audit.layer_probes", value=f"probe set of {len(probe_set)}",
@@ -100,8 +99,6 @@ def probe_set_of(validation: Split, *, seed: int) -> Split:
     """Up to ``MAX_PROBE_EXAMPLES`` validation examples: private, but never a member of the
     target or of any reference (references train on the shadow pool, or on the train and
     holdout splits); the validation split already drives model selection."""
-    from trainables.audit.references import subset
-
     n = min(len(validation), MAX_PROBE_EXAMPLES)
     rows = np.sort(np.random.default_rng(seed).permutation(len(validation))[:n])
     return subset(validation, rows)

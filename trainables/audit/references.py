@@ -40,6 +40,8 @@ import numpy as np
 
 from core.errors import UserInputError
 from core.lazy import lazy_module
+from core.poisson import PHYSICAL_BATCH
+from core.trial import Calibration, TrialSpec
 from trainables.audit.scores import (
     ATTACKS,
     LOSS_THRESHOLD,
@@ -51,7 +53,6 @@ from trainables.audit.scores import (
     loss_threshold,
 )
 from trainables.audit.signals import (
-    DEFAULT_BATCH,
     LOSS,
     Signals,
     member_direction,
@@ -60,12 +61,14 @@ from trainables.audit.signals import (
     rmia_input,
 )
 from trainables.data.splits import DataSplits, Split
+from trainables.dp.optim import Update
+from trainables.models.source import ModelSource
+from trainables.training.loop import build_trial_model, train_trial
 
 if TYPE_CHECKING:
     import torch
 
     from trainables.models.networks import LayeredModel
-    from trainables.training.loop import TrialSpec
 else:
     torch = lazy_module("torch")
 
@@ -116,8 +119,6 @@ def train_nonprivate(*, data: DataSplits, recipe: NonPrivateRecipe, seed: int,
     ``threads`` sets torch's intra-op threads (None leaves them): one thread is several
     times faster than two for these small models on a shared machine.
     """
-    from trainables.dp.optim import Update
-
     start = time.perf_counter()
     if threads is not None:
         torch.set_num_threads(threads)
@@ -140,8 +141,6 @@ def train_nonprivate(*, data: DataSplits, recipe: NonPrivateRecipe, seed: int,
 
 def _nonprivate_model(data: DataSplits, recipe: NonPrivateRecipe) -> LayeredModel:
     """The recipe's untrained network for ``data`` (initialised from torch's global RNG)."""
-    from trainables.models.source import ModelSource
-
     source = ModelSource.from_dict(recipe.model_source) if recipe.model_source else ModelSource()
     return source.build(input_shape=data.input_shape, num_classes=data.num_classes,
                         dataset=data.name, sample=data.shadow.x[:2])
@@ -285,9 +284,9 @@ ReferenceTrainer = Callable[[DataSplits, int, int], "tuple[LayeredModel, float]"
 @dataclass(frozen=True)
 class Budget:
     """A calibration matched by the orchestrator for one training-set size: the
-    ``Calibration.to_dict()`` a ``TrialSpec`` carries and the accountant's epsilon per epoch."""
+    ``Calibration`` a ``TrialSpec`` carries and the accountant's epsilon per epoch."""
 
-    calibration: dict[str, Any]
+    calibration: Calibration
     epsilon_curve: list[float]
 
 
@@ -309,7 +308,7 @@ def reference_spec(spec: TrialSpec, *, dataset_size: int, budgets: Budgets, seed
     """The target's spec (method, hyperparameters, epochs, batch size, model) with the budget
     matched for ``dataset_size`` at the target's (epsilon, delta) and a reference seed."""
     budget = _budget_for(budgets, dataset_size)
-    return dataclasses.replace(spec, calibration=dict(budget.calibration),
+    return dataclasses.replace(spec, calibration=budget.calibration,
                                epsilon_curve=list(budget.epsilon_curve), seed=seed, sizes=None,
                                trial_id=f"{spec.trial_id}-ref{index}")
 
@@ -346,8 +345,6 @@ class DPReferenceTrainer:
                               seed=seed, index=index)
 
     def __call__(self, data: DataSplits, seed: int, index: int) -> tuple[LayeredModel, float]:
-        from trainables.training.loop import train_trial
-
         result = train_trial(self._spec(data, seed, index), data=data, evaluate_epochs=False)
         if result.model is None:
             raise RuntimeError(f"reference {index} of {self.spec.trial_id} returned no model")
@@ -361,8 +358,6 @@ class DPReferenceTrainer:
                                     if k not in _UNLEARNED_FIELDS}}
 
     def blank(self, data: DataSplits) -> LayeredModel:
-        from trainables.training.loop import build_trial_model
-
         with torch.random.fork_rng(devices=[]):
             return build_trial_model(self.spec, data).eval()
 
@@ -460,7 +455,7 @@ def _signals(model: LayeredModel, x: torch.Tensor, y: torch.Tensor, *, batch: in
 
 
 def collect_signals(*, target: LayeredModel, data: DataSplits, plan: ReferencePlan,
-                    trainer: ReferenceTrainer, batch: int = DEFAULT_BATCH,
+                    trainer: ReferenceTrainer, batch: int = PHYSICAL_BATCH,
                     extra: ExtraSignals | None = None,
                     progress: Callable[[ReferenceRecord], None] | None = None) -> AuditSignals:
     """Train every reference of ``plan`` and compute its signals (and the target's) on the

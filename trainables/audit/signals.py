@@ -50,6 +50,8 @@ from scipy.special import expit
 
 from core.errors import UserInputError
 from core.lazy import lazy_module
+from core.poisson import PHYSICAL_BATCH
+from trainables.engine.grad_engine import GradEngine
 
 if TYPE_CHECKING:
     import torch
@@ -66,8 +68,6 @@ LOSS = "loss"
 PROBE_LOSS = "probe_loss"
 PER_LAYER_KINDS = (GRAD_NORM, PROBE_LOSS)
 SIGNAL_KINDS = (GRAD_NORM, PROBE_LOSS, LOGIT, LOSS)
-#: Examples per forward + backward when computing signals (bounds memory, not results).
-DEFAULT_BATCH = 512
 #: Smallest gradient norm whose log is taken: an exactly zero norm (a float64 softmax that
 #: rounds to one-hot, logit margins above ~37) would give -inf and break the Gaussian fits.
 MIN_GRAD_NORM = 1e-300
@@ -121,7 +121,7 @@ def logit_confidence(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def per_example_signals(*, model: LayeredModel, x: torch.Tensor, y: torch.Tensor,
-                        batch: int = DEFAULT_BATCH,
+                        batch: int = PHYSICAL_BATCH,
                         grad_norms: bool = True) -> Signals:
     """{signal name: float64 [N]} for ``model`` on examples (x, y): every layer's log gradient
     norm (unless ``grad_norms`` is False), ``logit`` and ``loss``.
@@ -130,7 +130,6 @@ def per_example_signals(*, model: LayeredModel, x: torch.Tensor, y: torch.Tensor
     overfit model's members have gradient norms many orders below its non-members', and float32
     loses the true class's component of the gradient once p_y rounds to 1.
     """
-    from trainables.engine.grad_engine import GradEngine
 
     if batch < 1:
         raise UserInputError(field="batch", value=batch, allowed="an integer >= 1")

@@ -18,11 +18,7 @@ else from the shadow split, which is public by the design.
 from __future__ import annotations
 
 import functools
-import gzip
-import math
 import os
-import struct
-import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,32 +28,29 @@ import numpy as np
 from core.datasets import DATASET_NAMES, FILE_DATASET, INPUT_SHAPES, NUM_CLASSES
 from core.errors import UserInputError
 from core.lazy import lazy_module
+from core.vocabulary import SPLIT_NAMES
 from trainables.data.files import (
-    SPLIT_NAMES,
     FileSource,
     pixel_scale,
     public_stats,
-    read_source,
     stat_signature,
     user_stats,
+)
+from trainables.data.pools import (
+    DEBIAN_FASHION_MNIST_DIR,
+    RawPool,
+    digits_pool,
+    download_root,
+    fashion_mnist_dir,
+    file_signature,
+    idx_pool,
+    torchvision_pool,
 )
 
 if TYPE_CHECKING:
     import torch
 else:
     torch = lazy_module("torch")
-
-DEBIAN_FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
-"""Where Debian's ``dataset-fashion-mnist`` package installs the IDX files."""
-
-FASHION_MNIST_FILES: tuple[str, ...] = (
-    "train-images-idx3-ubyte",
-    "train-labels-idx1-ubyte",
-    "t10k-images-idx3-ubyte",
-    "t10k-labels-idx1-ubyte",
-)
-"""IDX file names (each may also be present gzipped, with a ``.gz`` suffix)."""
-
 
 @dataclass(frozen=True)
 class Normalization:
@@ -166,25 +159,6 @@ class DataSplits:
 
 
 @dataclass(frozen=True, eq=False)
-class RawPool:
-    """A dataset's raw examples, official train set first, then the official test set.
-
-    ``x`` is the unnormalised uint8 ``[N, C, H, W]`` array (read-only: it is shared through
-    the in-process cache), ``y`` the int64 labels, ``n_train`` the size of the official
-    train part. Datasets without an official test set have ``n_train == len(y)``.
-    """
-
-    x: np.ndarray
-    y: np.ndarray
-    n_train: int
-    source: str
-
-    @property
-    def n_test(self) -> int:
-        return len(self.y) - self.n_train
-
-
-@dataclass(frozen=True, eq=False)
 class FilePool(RawPool):
     """A ``file`` dataset's rows: the private rows, then ``n_public`` public-pool rows (the
     shadow split's source when given), so split indices address both. ``assignment`` is the
@@ -290,10 +264,10 @@ def check_available(*, dataset: str, data_dir: str | os.PathLike[str] | None = N
     if dataset == "digits":
         return "bundled with scikit-learn"
     if dataset == "fashion-mnist":
-        idx_dir = _fashion_mnist_dir(data_dir)
+        idx_dir = fashion_mnist_dir(data_dir)
         if idx_dir is not None:
             return str(idx_dir)
-    root = Path(data_dir).expanduser() if data_dir is not None else _download_root()
+    root = Path(data_dir).expanduser() if data_dir is not None else download_root()
     folder = {"fashion-mnist": "FashionMNIST", "mnist": "MNIST",
               "cifar10": "cifar-10-batches-py"}[dataset]
     if (root / folder).is_dir():
@@ -344,13 +318,13 @@ def load_pool(*, dataset: str, data_dir: str | os.PathLike[str] | None = None,
         assert source is not None  # _pool_key refused None
         return _file_pool(source, stat_signature(source))
     if dataset == "digits":
-        return _digits_pool()
+        return digits_pool()
     if dataset == "fashion-mnist":
-        idx_dir = _fashion_mnist_dir(data_dir)
+        idx_dir = fashion_mnist_dir(data_dir)
         if idx_dir is not None:
-            return _idx_pool(idx_dir, _file_signature(idx_dir))
-    root = Path(data_dir).expanduser() if data_dir is not None else _download_root()
-    return _torchvision_pool(dataset, str(root.resolve()))
+            return idx_pool(idx_dir, file_signature(idx_dir))
+    root = Path(data_dir).expanduser() if data_dir is not None else download_root()
+    return torchvision_pool(dataset, str(root.resolve()))
 
 
 def normalise(x_raw: np.ndarray, *, dataset: str,
@@ -473,6 +447,9 @@ def _file_pool_of(source: FileSource | None) -> FilePool:
 def _file_pool(source: FileSource, signature: tuple[tuple[str, int, int], ...]) -> FilePool:
     """Read and check ``source`` once per process (``signature``: its files' stat)."""
     del signature  # part of the cache key only
+    # pandas and Pillow cost seconds: read only when file data is read
+    from trainables.data.readers import read_source
+
     data = read_source(source)
     parts_x = [data.x] if data.public_x is None else [data.x, data.public_x]
     parts_y = [data.y] if data.public_y is None else [data.y, data.public_y]
@@ -573,181 +550,3 @@ def _file_splits(*, source: FileSource, seed: int, sizes: SplitSizes | None) -> 
         holdout=splits["holdout"], test=splits["test"], shadow=splits["shadow"],
         num_classes=pool.num_classes, input_shape=tuple(int(d) for d in pool.x.shape[1:]),
         source=pool.source, seed=seed, normalization=norm)
-
-
-# --- sources ----------------------------------------------------------------------------
-
-
-def _download_root() -> Path:
-    """Where torchvision downloads go: ``$DPSWEEP_DATA_DIR`` or ``~/.cache/dpsweep/data``."""
-    configured = os.environ.get("DPSWEEP_DATA_DIR")
-    if configured:
-        return Path(configured).expanduser()
-    return Path.home() / ".cache" / "dpsweep" / "data"
-
-
-@functools.lru_cache(maxsize=1)
-def _digits_pool() -> RawPool:
-    from sklearn.datasets import load_digits
-
-    bunch = load_digits()
-    x = bunch.images.astype(np.uint8)[:, None, :, :]
-    y = bunch.target.astype(np.int64)
-    return _frozen_pool(x=x, y=y, n_train=len(y), source="sklearn")
-
-
-def _idx_file(directory: Path, name: str) -> Path | None:
-    for candidate in (directory / f"{name}.gz", directory / name):
-        if candidate.is_file():
-            return candidate
-    return None
-
-
-def _fashion_mnist_dir(data_dir: str | os.PathLike[str] | None) -> Path | None:
-    """The directory to read Fashion-MNIST IDX files from, or None to use torchvision.
-
-    A user-given directory must hold the files (directly, or in torchvision's
-    ``FashionMNIST/raw`` layout); otherwise the Debian directory is used when complete.
-    """
-    if data_dir is not None:
-        given = Path(data_dir).expanduser()
-        for directory in (given, given / "FashionMNIST" / "raw"):
-            if all(_idx_file(directory, name) for name in FASHION_MNIST_FILES):
-                return directory.resolve()
-        missing = [name for name in FASHION_MNIST_FILES if _idx_file(given, name) is None]
-        raise UserInputError(
-            field="data.data_dir",
-            value=str(data_dir),
-            allowed=(
-                "a directory holding the Fashion-MNIST IDX files "
-                + ", ".join(f"{name}[.gz]" for name in FASHION_MNIST_FILES)
-                + f" (missing: {', '.join(missing)})"
-            ),
-        )
-    if all(_idx_file(DEBIAN_FASHION_MNIST_DIR, name) for name in FASHION_MNIST_FILES):
-        return DEBIAN_FASHION_MNIST_DIR.resolve()
-    return None
-
-
-def _file_signature(directory: Path) -> tuple[tuple[str, int, int], ...]:
-    """Path, size and mtime of each IDX file, so the cache never serves a replaced file."""
-    signature = []
-    for name in FASHION_MNIST_FILES:
-        path = _idx_file(directory, name)
-        assert path is not None  # checked by _fashion_mnist_dir
-        stat = path.stat()
-        signature.append((str(path), stat.st_size, stat.st_mtime_ns))
-    return tuple(signature)
-
-
-@functools.lru_cache(maxsize=4)
-def _idx_pool(directory: Path, signature: tuple[tuple[str, int, int], ...]) -> RawPool:
-    train_images, train_labels, test_images, test_labels = (
-        Path(path) for path, _size, _mtime in signature
-    )
-    x_train = _read_idx_images(train_images)
-    y_train = _read_idx_labels(train_labels, expected=len(x_train))
-    x_test = _read_idx_images(test_images)
-    y_test = _read_idx_labels(test_labels, expected=len(x_test))
-    return _frozen_pool(
-        x=np.concatenate([x_train, x_test])[:, None, :, :],
-        y=np.concatenate([y_train, y_test]).astype(np.int64),
-        n_train=len(y_train),
-        source=str(directory),
-    )
-
-
-def _corrupt(path: Path, reason: str) -> UserInputError:
-    return UserInputError(
-        field="data.data_dir",
-        value=str(path),
-        allowed=f"an intact IDX file ({reason}); replace the file or download it again",
-    )
-
-
-def _read_idx(path: Path, *, ndim: int) -> np.ndarray:
-    """Parse an unsigned-byte IDX file (gzipped or not), checking magic number and size.
-
-    The IDX header is two zero bytes, a type code (0x08 = uint8), the number of
-    dimensions, then each dimension as a big-endian uint32.
-    """
-    data = path.read_bytes()
-    if data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise _corrupt(path, f"damaged gzip stream: {exc}") from exc
-    header = 4 + 4 * ndim
-    expected_magic = bytes([0, 0, 0x08, ndim])
-    if data[:4] != expected_magic:
-        raise _corrupt(path, f"magic number {data[:4].hex()} instead of {expected_magic.hex()}")
-    if len(data) < header:
-        raise _corrupt(path, f"header truncated at {len(data)} bytes")
-    dims = struct.unpack(f">{ndim}I", data[4:header])
-    expected_bytes = math.prod(dims)
-    if len(data) - header != expected_bytes:
-        raise _corrupt(
-            path,
-            f"{len(data) - header} data bytes where the header {dims} promises {expected_bytes}",
-        )
-    return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(dims)
-
-
-def _read_idx_images(path: Path) -> np.ndarray:
-    images = _read_idx(path, ndim=3)
-    if images.shape[1:] != (28, 28):
-        raise _corrupt(path, f"images of shape {images.shape[1:]} instead of (28, 28)")
-    return images
-
-
-def _read_idx_labels(path: Path, *, expected: int) -> np.ndarray:
-    labels = _read_idx(path, ndim=1)
-    if len(labels) != expected:
-        raise _corrupt(path, f"{len(labels)} labels for {expected} images")
-    if len(labels) and labels.max() >= NUM_CLASSES["fashion-mnist"]:
-        raise _corrupt(path, f"label {int(labels.max())} outside 0..9")
-    return labels
-
-
-@functools.lru_cache(maxsize=4)
-def _torchvision_pool(dataset: str, root: str) -> RawPool:
-    """Download (if needed) and read a dataset through torchvision into a raw pool."""
-    import torchvision
-
-    classes = {
-        "fashion-mnist": torchvision.datasets.FashionMNIST,
-        "mnist": torchvision.datasets.MNIST,
-        "cifar10": torchvision.datasets.CIFAR10,
-    }
-    try:
-        parts = [classes[dataset](root=root, train=train, download=True) for train in (True, False)]
-    except (OSError, RuntimeError) as exc:
-        raise UserInputError(
-            field="data.data_dir",
-            value=root,
-            allowed=(
-                f"a directory torchvision can read or download {dataset} into "
-                f"(download failed: {exc})"
-            ),
-        ) from exc
-    xs, ys = [], []
-    for part in parts:
-        x = np.asarray(part.data, dtype=np.uint8)
-        # MNIST-style data is [N, H, W]; CIFAR-10 is [N, H, W, C].
-        xs.append(x[:, None, :, :] if x.ndim == 3 else x.transpose(0, 3, 1, 2))
-        ys.append(np.asarray(part.targets, dtype=np.int64))
-    return _frozen_pool(
-        x=np.concatenate(xs),
-        y=np.concatenate(ys),
-        n_train=len(ys[0]),
-        source=f"torchvision:{root}",
-    )
-
-
-def _frozen_pool(*, x: np.ndarray, y: np.ndarray, n_train: int, source: str) -> RawPool:
-    """Make the arrays read-only: the pool is shared by every caller through the cache."""
-    x = np.ascontiguousarray(x)
-    x.setflags(write=False)
-    y = np.ascontiguousarray(y)
-    y.setflags(write=False)
-    return RawPool(x=x, y=y, n_train=n_train, source=source)

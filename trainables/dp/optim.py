@@ -15,7 +15,7 @@ untouched (frozen layers, layers without a released gradient).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from core.errors import UserInputError
@@ -67,9 +67,8 @@ class Update:
 
     def _sgd(self, names: list[str], params: list[torch.Tensor],
              grads: list[torch.Tensor]) -> None:
-        from torch.optim.sgd import sgd
-
         buffers = [self.state.get(n, {}).get("momentum_buffer") for n in names]
+        sgd, _ = _functional()
         sgd(params, grads, buffers, weight_decay=0.0, momentum=self.momentum, lr=self.lr,
             dampening=0.0, nesterov=False, maximize=False)
         if self.momentum:
@@ -78,8 +77,6 @@ class Update:
 
     def _adam(self, names: list[str], params: list[torch.Tensor],
               grads: list[torch.Tensor]) -> None:
-        from torch.optim.adam import adam
-
         for n, p in zip(names, params, strict=True):
             if n not in self.state:  # as torch.optim.Adam's first step creates it
                 self.state[n] = {
@@ -87,6 +84,7 @@ class Update:
                     "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
                     "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
         st = [self.state[n] for n in names]
+        _, adam = _functional()
         adam(params, grads, [s["exp_avg"] for s in st], [s["exp_avg_sq"] for s in st], [],
              [s["step"] for s in st], has_complex=any(torch.is_complex(p) for p in params),
              amsgrad=False, beta1=ADAM_BETAS[0], beta2=ADAM_BETAS[1], lr=self.lr,
@@ -135,3 +133,12 @@ class Update:
 def _scalar_dtype() -> torch.dtype:
     """Adam's step counter dtype, as torch.optim.Adam picks it (not fused, not capturable)."""
     return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+
+
+def _functional() -> tuple[Callable[..., None], Callable[..., None]]:
+    """torch's functional ``sgd`` and ``adam``. Imported on first use, not with this module:
+    ``dpsweep budget`` imports it (through the methods) without torch, and ``torch.optim``
+    removes its submodules' names, so the lazily bound ``torch`` cannot reach them."""
+    from torch.optim import adam, sgd
+
+    return sgd.sgd, adam.adam

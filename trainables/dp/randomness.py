@@ -41,6 +41,7 @@ import torch
 
 from core.errors import UserInputError
 from core.records import RANDOMNESS_KINDS
+from trainables.engine.host_reads import to_device
 
 #: Box–Muller samples summed per secure Gaussian coordinate (Opacus's secure_mode uses 4).
 SECURE_SUMMANDS = 4
@@ -70,15 +71,6 @@ def _secure_standard_normal(n: int) -> np.ndarray:
         total += np.concatenate([radius * np.cos(angle), radius * np.sin(angle)])[:n]
     return total / math.sqrt(SECURE_SUMMANDS)
 
-
-
-def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``t`` (on the host) on ``device``. To an accelerator through pinned memory with a
-    non-blocking copy: an ordinary copy from pageable memory makes the host wait for the
-    device's queue (torch synchronises the stream after it)."""
-    if device.type == "cpu":
-        return t
-    return t.pin_memory().to(device, non_blocking=True)
 
 
 def _same_device(a: torch.device, b: torch.device) -> bool:

@@ -15,36 +15,27 @@ per layer (``view.weighted_sum``) and the sensitivity of every example can be ch
 layer norms alone (the conformance suite does so with adversarial norms at every step of a
 trial's lifecycle, see ``docs/methods.md``).
 
-**The contract** (``docs/design.md``, "The method contract"). A method declares, once, as class
-attributes: its hyperparameters (:class:`core.params.ParamSet`, with bounds, defaults, search
-scale, paper presets and the modes that read each one), its modes (:class:`core.modes.Mode`:
-for each statistic it computes, where the statistic comes from), and its privacy argument.
-Config validation, the search space's encoding, the trial spec, ``dpsweep config --method``,
-the README tables, ``dp_valid`` and its reason all derive from that declaration.
-
-Privacy bookkeeping: every step appends one Poisson-subsampled Gaussian event (in
-``core.events``' form) with the step's *whitened* noise multiplier (noise std over sensitivity,
-taken per layer where the method bounds each layer separately) to ``ledger``; the trial checks
-the ledger against the calibrated schedule the accountant certified, so a method cannot
-silently spend more than it was granted.
+**The contract** (what a method declares once, and what derives from it) is
+:class:`trainables.dp.contract.MethodContract`, which ``DPStep`` extends; the privacy
+bookkeeping (the ``ledger`` of accounting events every step appends to) is
+:mod:`trainables.dp.ledger`.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from core.errors import UserInputError
-from core.events import PoissonSubsampledGaussian
 from core.lazy import lazy_module
-from core.modes import Mode
-from core.params import Param, ParamSet, ValidatedParams
+from core.poisson import PHYSICAL_BATCH
 from core.schedule import Schedule
+from trainables.dp.contract import PUBLIC_SHARE, MethodContract
+from trainables.dp.ledger import Ledger, whitened_multiplier
 from trainables.dp.optim import Update
 from trainables.engine.grad_engine import GradEngine, PerExampleView
-from trainables.engine.host_reads import host_resident
+from trainables.engine.host_reads import host_resident, to_device
 from trainables.engine.norms import scaled_sq_norms
 from trainables.models.trainable import TrainableLayers, trainable_layers
 
@@ -66,37 +57,6 @@ MAX_COEFFICIENT = 2.0 ** 100
 #: (float64 arithmetic on float64 norms) rather than as the rule overreaching: it still caps
 #: such an example, but only a larger excess is counted in ``guard_capped``.
 GUARD_ROUNDING = 1e-9
-#: Examples per per-example-gradient chunk unless the config says otherwise (memory bound).
-DEFAULT_PHYSICAL_BATCH = 512
-#: A ledger event's keys: those of ``core.events``' Poisson-subsampled Gaussian.
-_EVENT_KEYS = tuple(PoissonSubsampledGaussian(sampling_probability=1.0, noise_multiplier=1.0)
-                    .to_dict())
-
-# ---- hyperparameters every SGD-family method shares -------------------------------------------
-LR = Param("lr", 0.5, "learning rate", low=0.0, low_open=True, high=100.0, log=True)
-CLIP = Param("clip_norm", 1.0, "per-example clipping norm C (sensitivity of the summed "
-             "gradient)", low=0.0, low_open=True, high=1e4, log=True)
-MOMENTUM = Param("momentum", 0.0, "SGD momentum", low=0.0, high=1.0, high_open=True,
-                 role="setting")
-#: The standard mode of a method whose statistics all come from fixed or released values.
-STANDARD = Mode("standard", doc="the method as published; no data-dependent statistic")
-
-#: A public refresh left to its default period processes at most this many public examples per
-#: private example of the steps it serves, so it costs a bounded share of the step at any batch
-#: size. A fixed period does not: 64 public examples every 4 steps added 12-16% to a batch-128
-#: ResNet20-GN step (bench/step_time.py) and would add twice that at batch 64.
-PUBLIC_SHARE = 0.05
-
-
-def public_every(name: str, *, what: str) -> Param:
-    """The period of a method's refresh from public data (steps; none = derived from the
-    batch by ``DPStep.refresh_period``). Declared here so every method derives it one way."""
-    return Param(name, None, f"steps between refreshes of {what} from a public batch; none: "
-                 f"the fewest that keep public examples <= {PUBLIC_SHARE:g} x the private ones "
-                 f"(ceil(public_batch_size / ({PUBLIC_SHARE:g} x expected batch)); 10 at "
-                 "batch 128)",
-                 kind="int", nullable=True, low=1, modes=("public",), role="setting")
-
 
 def example_norms(norms: torch.Tensor) -> torch.Tensor:
     """[B] each example's whole-gradient norm from its [B, L] layer norms (float64, scaled so
@@ -137,65 +97,6 @@ def bound_coefficients(coef: torch.Tensor, norms: torch.Tensor, *, sensitivity: 
     return c * torch.where(ratio > 1, 1 / ratio, 1.0).unsqueeze(1), ratio
 
 
-def ledger_event(*, sample_rate: float, noise_multiplier: float, count: int = 1
-                 ) -> dict[str, Any]:
-    """``count`` steps at one multiplier in ``core.events``' form: a finite positive multiplier
-    is built (and so checked) as a :class:`PoissonSubsampledGaussian`.
-
-    A step may have a multiplier no accounting event takes, and the ledger must still count it
-    so that :func:`trainables.training.loop.verify_ledger` compares every step with the certified
-    schedule: inf (no live layer: the step released nothing, and passes) or 0 (no noise on a
-    bounded sum: a broken method, which that check refuses; so is a negative or NaN one). Such
-    a step gets the same keys, the event of a unit multiplier with its own written in.
-    """
-    m = float(noise_multiplier)
-    if 0.0 < m < math.inf:
-        return PoissonSubsampledGaussian(sampling_probability=sample_rate, noise_multiplier=m,
-                                         count=count).to_dict()
-    return {**PoissonSubsampledGaussian(sampling_probability=sample_rate, noise_multiplier=1.0,
-                                        count=count).to_dict(), "noise_multiplier": m}
-
-
-@dataclass
-class Ledger:
-    """Serialisable record of accounting events: runs of identical subsampled Gaussian steps,
-    each ``PoissonSubsampledGaussian.to_dict()`` (see :func:`ledger_event`)."""
-
-    sample_rate: float
-    events: list[dict[str, Any]] = field(default_factory=list)
-
-    def add(self, noise_multiplier: float) -> None:
-        last = self.events[-1] if self.events else None
-        if last is not None and math.isclose(last["noise_multiplier"], noise_multiplier,
-                                             rel_tol=1e-9):
-            last["count"] += 1
-        else:
-            self.events.append(ledger_event(sample_rate=self.sample_rate,
-                                            noise_multiplier=noise_multiplier))
-
-    @property
-    def steps(self) -> int:
-        return sum(e["count"] for e in self.events)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"sample_rate": self.sample_rate, "events": [dict(e) for e in self.events]}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Ledger:
-        """Inverse of :meth:`to_dict`; every event is rebuilt, so one in any other form (a
-        checkpoint written before the ledger used ``core.events``) is refused by name."""
-        events = []
-        for e in d["events"]:
-            if not isinstance(e, Mapping) or e.get("kind") != PoissonSubsampledGaussian.kind \
-                    or set(e) != set(_EVENT_KEYS):
-                raise UserInputError(field="checkpoint.ledger", value=repr(e)[:200],
-                                     allowed=f"events with the keys {_EVENT_KEYS} "
-                                             "(core.events.PoissonSubsampledGaussian)")
-            events.append(ledger_event(sample_rate=e["sampling_probability"],
-                                       noise_multiplier=e["noise_multiplier"], count=e["count"]))
-        return cls(sample_rate=float(d["sample_rate"]), events=events)
-
-
 @dataclass(frozen=True)
 class PublicData:
     """The public shadow pool and the seeded generator that draws batches from it."""
@@ -209,8 +110,6 @@ class PublicData:
     def batch(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A uniform batch of the public pool (no privacy cost: not private data), on the
         model's device; its order is drawn on the host and copied without a wait."""
-        from trainables.dp.randomness import to_device
-
         idx = torch.randperm(self.x.shape[0], generator=self.generator)[:size]
         x, y = self.x[to_device(idx, self.x.device)], self.y[to_device(idx, self.y.device)]
         if self.device is None:
@@ -218,7 +117,7 @@ class PublicData:
         return to_device(x, self.device), to_device(y, self.device)
 
 
-class DPStep:
+class DPStep(MethodContract):
     """Base of every DP method; see the module docstring for the call order and the contract.
 
     ``noise_schedule`` is the calibrated schedule (what the accountant certified); ``sigma_t``
@@ -229,84 +128,6 @@ class DPStep:
     #: Steps between this instance's refreshes from public data (None: it has none); a
     #: benchmark times whole periods so every timed call holds one refresh.
     public_refresh_every: int | None = None
-
-    # ---- the declaration (class level; see the module docstring) ---------------------------
-    name: ClassVar[str] = "base"
-    #: One line for tables: what the method does.
-    summary: ClassVar[str] = ""
-    #: The paper the method comes from, by title and arXiv id ("" for the baseline).
-    citation: ClassVar[str] = ""
-    #: Why the epsilon claim holds in the sound modes (the validity reason's first sentence).
-    argument: ClassVar[str] = ("each example's gradient is clipped to L2 norm <= C and "
-                               "N(0, sigma^2 C^2) is added once per Poisson batch: the "
-                               "Poisson-subsampled Gaussian mechanism, composed by the accountant.")
-    modes: ClassVar[tuple[Mode, ...]] = (STANDARD,)
-    params: ClassVar[ParamSet] = ParamSet.of(LR, CLIP, MOMENTUM)
-    #: Optimiser the method's update rule uses.
-    optimizer_name: ClassVar[str] = "sgd"
-    #: Hyperparameters that compress every state change of the method (controller updates,
-    #: freezing, refreshes) into a few dozen steps, for the lifecycle conformance suite.
-    fast_lifecycle: ClassVar[dict[str, Any]] = {}
-
-    # ---- derived from the declaration --------------------------------------------------------
-    @classmethod
-    def declaration(cls) -> ParamSet:
-        """Every parameter of the method: ``mode`` (from ``modes``) first, then ``params``."""
-        names = tuple(m.name for m in cls.modes)
-        mode = Param("mode", names[0], "where the method's statistics come from (its modes)",
-                     choices=names, role="setting")
-        return ParamSet((mode, *cls.params.params), cls.params.constraints)
-
-    @classmethod
-    def validate_params(cls, params: Mapping[str, Any]) -> ValidatedParams:
-        """Defaults filled, every value checked against its declaration (one message format).
-
-        Values this method validated already pass through unchanged: each layer may call this
-        on what it is handed, and the check itself runs once where the values came in.
-        """
-        if isinstance(params, ValidatedParams) and params.owner == cls.name:
-            return params
-        return ValidatedParams(cls.declaration().validate(
-            params, prefix="method_params", mode_param="mode"), owner=cls.name)
-
-    @classmethod
-    def presets(cls) -> dict[str, dict[str, Any]]:
-        """Named presets (``paper`` = the paper's defaults), from the declarations."""
-        decl = cls.declaration()
-        return {name: decl.preset(name) for name in decl.preset_names()}
-
-    @classmethod
-    def mode_named(cls, name: str) -> Mode:
-        for m in cls.modes:
-            if m.name == name:
-                return m
-        raise UserInputError(field="method_params.mode", value=name,
-                             allowed=f"a mode of {cls.name}: {[m.name for m in cls.modes]}")
-
-    @classmethod
-    def check_setting(cls, params: Mapping[str, Any], *, num_layers: int,
-                      sizes: Mapping[str, int]) -> None:
-        """Refuse hyperparameters that cannot work with this model and these splits, at config
-        validation (before anything is written); default: every declared value works."""
-        del params, num_layers, sizes
-
-    @classmethod
-    def noise_shape(cls, *, epochs: int, steps_per_epoch: int,
-                    params: Mapping[str, Any]) -> Schedule:
-        """Relative noise schedule the accountant scales to the budget (default: constant)."""
-        del params
-        return Schedule.constant(noise_multiplier=1.0, steps=epochs * steps_per_epoch)
-
-    @classmethod
-    def prepare(cls, *, data: Any, model_factory: Any, params: Mapping[str, Any], seed: int,
-                cache_dir: Any) -> dict[str, Any]:
-        """Once-per-sweep work on public data only (e.g. a risk vector); returns params to add.
-
-        ``model_factory()`` builds a fresh model of the trial's architecture. The result must be
-        plain data (it travels in every trial's spec) and be cached in ``cache_dir``.
-        """
-        del data, model_factory, params, seed, cache_dir
-        return {}
 
     # ---- construction ------------------------------------------------------------------------
     def __init__(
@@ -320,7 +141,7 @@ class DPStep:
         randomness: Randomness,
         steps_per_epoch: int = 1,
         public: PublicData | None = None,
-        max_physical_batch: int = DEFAULT_PHYSICAL_BATCH,
+        max_physical_batch: int = PHYSICAL_BATCH,
     ) -> None:
         p = self.validate_params(params)
         if expected_batch_size <= 0:
@@ -377,8 +198,6 @@ class DPStep:
         key = (tuple(float(v) for v in values), str(device), dtype)
         held = self._constants.get(name)
         if held is None or held[0] != key:
-            from trainables.dp.randomness import to_device
-
             held = (key, to_device(torch.tensor(key[0], dtype=dtype), torch.device(device)))
             self._constants[name] = held
         return held[1]
@@ -479,24 +298,10 @@ class DPStep:
         return [s if live else 0.0 for live in self.trainable_layers()]
 
     def whitened_noise_multiplier(self) -> float:
-        """Noise multiplier of the step as one Gaussian mechanism (what the accountant sees).
-
-        With per-layer bounds C_l and stds s_l, whitening each block by s_l gives unit noise and
-        sensitivity sqrt(sum (C_l/s_l)^2); with one global bound C, the adversary puts all of its
-        norm in the least-noised live layer, so the multiplier is min s_l / C.
-        """
-        stds = self.noise_std()
-        bounds = self.layer_bounds()
-        if bounds is not None:
-            total = 0.0
-            for c, s in zip(bounds, stds, strict=True):
-                if c > 0:
-                    if s <= 0:
-                        return 0.0
-                    total += (c / s) ** 2
-            return math.inf if total == 0 else 1.0 / math.sqrt(total)
-        live = [s for s, on in zip(stds, self.trainable_layers(), strict=True) if on]
-        return min(live) / self.sensitivity() if live else math.inf
+        """Noise multiplier of the step as one Gaussian mechanism (what the accountant sees):
+        :func:`trainables.dp.ledger.whitened_multiplier` of this step's stds and bounds."""
+        return whitened_multiplier(stds=self.noise_std(), layer_bounds=self.layer_bounds(),
+                                   live=self.trainable_layers, sensitivity=self.sensitivity)
 
     def noise(self, summed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         stds = self.noise_std()

@@ -46,15 +46,11 @@ class NotPerExample(ValueError):
 
 def leaves(tree: Any) -> tuple[list[Any], Any]:
     """The flattened leaves of a (possibly nested) tuple / list / dict and its structure."""
-    from torch.utils._pytree import tree_flatten
-
-    return tree_flatten(tree)
+    return torch.utils._pytree.tree_flatten(tree)
 
 
 def rebuild(values: Sequence[Any], spec: Any) -> Any:
-    from torch.utils._pytree import tree_unflatten
-
-    return tree_unflatten(list(values), spec)
+    return torch.utils._pytree.tree_unflatten(list(values), spec)
 
 
 def shapes(tree: Any) -> list[tuple[int, ...] | None]:
@@ -161,8 +157,6 @@ class OwnerFallback(OwnParams):
         """This call's summed output-gradient product, and its vmap arguments and dimensions
         (batched inputs, then the used output gradients); ``one``: on a batch of one example
         (under vmap), else on the whole chunk as kept."""
-        from torch.func import functional_call
-
         inputs, spec, dims, grads = call
         batched = [i for i, d in enumerate(dims.inputs) if d is not None and one]
         used = [k for k, g in enumerate(grads) if g is not None]
@@ -177,7 +171,7 @@ class OwnerFallback(OwnParams):
             for i, v in zip(batched, values[:len(batched)], strict=True):
                 flat[i] = v.unsqueeze(dims.inputs[i])
             args, kwargs = rebuild(flat, spec)
-            out, _ = leaves(functional_call(module, params, tuple(args), kwargs))
+            out, _ = leaves(torch.func.functional_call(module, params, tuple(args), kwargs))
             terms = [(out[k] * (b.unsqueeze(dims.outputs[k]) if one else b)).sum()
                      for k, b in zip(used, values[len(batched):], strict=True)]
             return torch.stack(terms).sum()
@@ -188,7 +182,7 @@ class OwnerFallback(OwnParams):
 
     def per_example(self, calls: Sequence[Call], *, chunk: int) -> dict[str, torch.Tensor]:
         """{full name: [B, *shape]} summed over this module's calls in the chunk."""
-        from torch.func import grad, vmap
+        grad, vmap = torch.func.grad, torch.func.vmap
 
         total: dict[str, torch.Tensor] = {}
         for call in calls:

@@ -104,6 +104,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from core.errors import UserInputError
 from core.lazy import lazy_module
+from core.poisson import PHYSICAL_BATCH
 from trainables.engine.attention import AttentionUnit
 from trainables.engine.func import (
     CallDims,
@@ -283,7 +284,7 @@ class GradEngine:
     """
 
     def __init__(self, model: LayeredModel | TrainableLayers, *, strategy: str = "auto",
-                 max_physical_batch: int = 512) -> None:
+                 max_physical_batch: int = PHYSICAL_BATCH) -> None:
         if strategy not in STRATEGIES:
             raise UserInputError(field="strategy", value=strategy, allowed=f"one of {STRATEGIES}")
         if isinstance(max_physical_batch, bool) or not isinstance(max_physical_batch, int) \
@@ -538,7 +539,8 @@ class GradEngine:
     def _vmap(self, x: torch.Tensor, y: torch.Tensor, live: list[bool]) -> MaterializedGrads:
         """The reference path: vmap of grad of the per-example loss over the whole model
         (frozen parameters and those of layers not live held fixed)."""
-        from torch.func import functional_call, grad_and_value, vmap
+        functional_call, grad_and_value, vmap = (torch.func.functional_call,
+                                                 torch.func.grad_and_value, torch.func.vmap)
 
         model = self.model.model
         trainable = {n: q.detach() for n, q in model.named_parameters()

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 else:
     torch = lazy_module("torch")
 
-__all__ = ["HostRead", "forbid_host_reads", "host_reads_allowed", "host_resident"]
+__all__ = ["HostRead", "forbid_host_reads", "host_reads_allowed", "host_resident", "to_device"]
 
 #: aten operators whose result the host must read (a scalar's value, an output size).
 _READING_OPS = ("_local_scalar_dense", "nonzero", "masked_select", "unique_consecutive",
@@ -80,9 +80,7 @@ def _boolean_index(args: Any) -> bool:
 
 
 def _mode_type() -> type:
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class _Guard(TorchDispatchMode):
+    class _Guard(torch.utils._python_dispatch.TorchDispatchMode):
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
                                kwargs: Any = None) -> Any:
             name = func._schema.name.split("::")[-1]
@@ -119,3 +117,12 @@ def forbid_host_reads() -> Iterator[None]:
         for m, f in saved.items():
             setattr(torch.Tensor, m, f)
         _forbidden -= 1
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` (on the host) on ``device``. To an accelerator through pinned memory with a
+    non-blocking copy: an ordinary copy from pageable memory makes the host wait for the
+    device's queue (torch synchronises the stream after it)."""
+    if device.type == "cpu":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)

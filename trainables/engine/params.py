@@ -53,7 +53,7 @@ class ParamUses(OwnParams):
     def per_example(self, use: Use, *, coef: torch.Tensor | None = None
                     ) -> dict[str, torch.Tensor]:
         """{full name: [B, *shape]} of one use (``coef``: its coefficient-weighted sum)."""
-        from torch.func import vjp, vmap
+        vjp, vmap = torch.func.vjp, torch.func.vmap
 
         apply, local, dim, b = use
         param = dict(self.module.named_parameters(recurse=False))[local].detach()

@@ -8,6 +8,8 @@ by one module here and one search-space entry (``search_spaces/``); nothing else
 from __future__ import annotations
 
 import contextlib
+import importlib
+import pkgutil
 from collections.abc import Iterator
 from typing import TypeVar
 
@@ -76,9 +78,6 @@ def prepared_params() -> dict[str, tuple[str, ...]]:
 
 
 def _import_all() -> None:
-    import importlib
-    import pkgutil
-
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         importlib.import_module(f"{__name__}.{info.name}")
 

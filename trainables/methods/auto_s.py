@@ -18,11 +18,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar
 
 from core.params import Param, ParamSet
-from trainables.dp.step import CLIP, LR, MOMENTUM, DPStep, example_norms
+from trainables.dp.contract import CLIP, LR, MOMENTUM
+from trainables.dp.step import DPStep, example_norms
 from trainables.methods import register
 
 if TYPE_CHECKING:
     import torch
+
+
+#: The stability constant of the normalisation (searched: search_spaces/auto_s.py).
+GAMMA = Param("gamma", 0.01, "stability constant gamma of g / (||g|| + gamma) (the paper's "
+              "default 0.01)", low=0.0, low_open=True, high=100.0, log=True,
+              presets={"paper": 0.01})
 
 
 @register
@@ -41,9 +48,7 @@ class AutoS(DPStep):
         CLIP.replace(doc="scale of the normalised gradients and of the noise (only lr * C "
                          "matters: C multiplies both)", role="setting"),
         MOMENTUM,
-        Param("gamma", 0.01, "stability constant gamma of g / (||g|| + gamma) (the paper's "
-              "default 0.01)", low=0.0, low_open=True, high=100.0, log=True,
-              presets={"paper": 0.01}),
+        GAMMA,
     )
 
     def clip_coefficients(self, norms: torch.Tensor) -> torch.Tensor:

@@ -50,7 +50,8 @@ from core.lazy import lazy_module
 from core.modes import Mode, Source
 from core.params import Param, ParamSet
 from core.schedule import Phase, Schedule
-from trainables.dp.step import CLIP, LR, NORM_EPS, DPStep, PerExampleView, public_every
+from trainables.dp.contract import CLIP, LR, public_every
+from trainables.dp.step import NORM_EPS, DPStep, PerExampleView
 from trainables.methods import register
 
 if TYPE_CHECKING:
@@ -157,6 +158,16 @@ _THRESHOLDS_FROM: dict[Source, type[_Thresholds]] = {
     Source.PRIVATE: _BatchThresholds}
 
 
+#: The threshold factor (searched in faithful mode: search_spaces/dp_adamilg.py).
+ALPHA = Param("alpha", 1.2, "threshold factor s_j = alpha * h_j (Table 1); it cancels in the "
+              "sound modes, where thresholds are normalised to sqrt(sum C_j^2) = C",
+              low=0.0, low_open=True, high=1e3, modes=("faithful",),
+              presets={"paper": 1.2, "paper_cifar10": 1.2})
+#: The noise decay rate (searched on a grid: search_spaces/dp_adamilg.py).
+K = Param("k", 0.05, "noise decay rate per epoch, sigma_t = sigma_0 / (1 + k t)", low=0.0,
+          high=10.0, presets={"paper": 0.05, "paper_cifar10": 0.001})
+
+
 @register
 class DPAdamILG(DPStep):
     name: ClassVar[str] = "dp_adamilg"
@@ -189,12 +200,8 @@ class DPAdamILG(DPStep):
         LR.replace(default=1e-3, doc="Adam learning rate", high=1.0,
                    presets={"paper": 1e-3, "paper_cifar10": 1e-3}),
         CLIP,
-        Param("alpha", 1.2, "threshold factor s_j = alpha * h_j (Table 1); it cancels in the "
-              "sound modes, where thresholds are normalised to sqrt(sum C_j^2) = C",
-              low=0.0, low_open=True, high=1e3, modes=("faithful",),
-              presets={"paper": 1.2, "paper_cifar10": 1.2}),
-        Param("k", 0.05, "noise decay rate per epoch, sigma_t = sigma_0 / (1 + k t)", low=0.0,
-              high=10.0, presets={"paper": 0.05, "paper_cifar10": 0.001}),
+        ALPHA,
+        K,
         Param("sigma_floor", paper_floor(sigma_0=10.0), "noise floor relative to sigma_0 (Eq. 7 "
               "with Table 1's sigma_0)", low=0.0, high=1.0,
               presets={"paper": paper_floor(sigma_0=10.0),

@@ -18,11 +18,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar
 
 from core.params import Param, ParamSet
-from trainables.dp.step import CLIP, LR, MOMENTUM, DPStep, example_norms
+from trainables.dp.contract import CLIP, LR, MOMENTUM
+from trainables.dp.step import DPStep, example_norms
 from trainables.methods import register
 
 if TYPE_CHECKING:
     import torch
+
+
+#: The weight's shape parameter (searched: search_spaces/dp_psac.py).
+R = Param("r", 0.1, "the weight's shape parameter r (the paper's experiments use 0.1)",
+          low=0.0, low_open=True, high=100.0, log=True, presets={"paper": 0.1})
 
 
 @register
@@ -41,8 +47,7 @@ class DPPSAC(DPStep):
         CLIP.replace(doc="scale of the reweighted gradients and of the noise (only lr * C "
                          "matters: C multiplies both)", role="setting"),
         MOMENTUM,
-        Param("r", 0.1, "the weight's shape parameter r (the paper's experiments use 0.1)",
-              low=0.0, low_open=True, high=100.0, log=True, presets={"paper": 0.1}),
+        R,
     )
 
     def clip_coefficients(self, norms: torch.Tensor) -> torch.Tensor:

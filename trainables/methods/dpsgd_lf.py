@@ -16,8 +16,17 @@ from typing import Any, ClassVar
 from core.errors import UserInputError
 from core.modes import Mode, Source
 from core.params import Param, ParamSet
-from trainables.dp.step import CLIP, LR, MOMENTUM, DPStep
+from trainables.dp.contract import CLIP, LR, MOMENTUM
+from trainables.dp.step import DPStep
 from trainables.methods import register
+
+#: The freeze time (searched: search_spaces/dpsgd_lf.py).
+T_F_FRACTION = Param("t_f_fraction", 0.75, "freeze time t_f as a fraction of the total steps (the "
+                     "record stores the resolved step); the paper freezes late", low=0.0, high=1.0,
+                     presets={"paper": 0.75})
+#: The frozen layers (searched per model: search_spaces/dpsgd_lf.py).
+M_F = Param("m_f", 0, "layers frozen from the input; 0 = the lower half, floor(L/2) (paper)",
+            low=0, presets={"paper": 0})
 
 
 @register
@@ -40,11 +49,8 @@ class DPSGDLayerFreeze(DPStep):
         # sizes the epoch counts do not transfer, so the preset keeps C and the depth rule and
         # freezes at 3/4 of the steps.
         LR, CLIP.replace(presets={"paper": 1.0}), MOMENTUM,
-        Param("t_f_fraction", 0.75, "freeze time t_f as a fraction of the total steps (the "
-              "record stores the resolved step); the paper freezes late", low=0.0, high=1.0,
-              presets={"paper": 0.75}),
-        Param("m_f", 0, "layers frozen from the input; 0 = the lower half, floor(L/2) (paper)",
-              low=0, presets={"paper": 0}),
+        T_F_FRACTION,
+        M_F,
     )
     fast_lifecycle: ClassVar[dict[str, Any]] = {"t_f_fraction": 0.5}
 

@@ -46,8 +46,9 @@ from core.errors import UserInputError
 from core.lazy import lazy_module
 from core.modes import Mode, Source
 from core.params import Constraint, Param, ParamSet
+from trainables.dp.contract import CLIP, LR, MOMENTUM
 from trainables.dp.spectral import KS_MIN_EIGS, MIN_TAIL, TOP_K_FRACTION, weight_tail_exponent
-from trainables.dp.step import CLIP, LR, MOMENTUM, DPStep
+from trainables.dp.step import DPStep
 from trainables.methods import register
 
 if TYPE_CHECKING:
@@ -82,6 +83,15 @@ def _weight_module(block: nn.Module) -> nn.Module | None:
     return None
 
 
+#: The controller gain (searched: search_spaces/ww_dpsgd.py).
+KAPPA = Param("kappa", 0.1, "controller gain per probe, in log C units (paper: Table 13's "
+              "'small' 0.05 and 'large' 0.30 bracket its unstated default)", low=0.0,
+              low_open=True, high=10.0, log=True, presets={"paper": 0.1})
+#: The target tail exponent (searched: search_spaces/ww_dpsgd.py).
+ZETA_STAR = Param("zeta_star", 4.0, "target tail exponent, centre of the health zone (Eq. 6-7)",
+                  low=1.0, low_open=True, high=50.0, presets={"paper": 4.0})
+
+
 @register
 class WWDPSGD(DPStep):
     name: ClassVar[str] = "ww_dpsgd"
@@ -101,11 +111,8 @@ class WWDPSGD(DPStep):
         CLIP.replace(doc="initial clipping norm C_0 (the controller moves C_t from it)",
                      presets={"paper": 1.0}),  # Table 11's centre; the clamp [1, 3] starts there
         MOMENTUM,
-        Param("kappa", 0.1, "controller gain per probe, in log C units (paper: Table 13's "
-              "'small' 0.05 and 'large' 0.30 bracket its unstated default)", low=0.0,
-              low_open=True, high=10.0, log=True, presets={"paper": 0.1}),
-        Param("zeta_star", 4.0, "target tail exponent, centre of the health zone (Eq. 6-7)",
-              low=1.0, low_open=True, high=50.0, presets={"paper": 4.0}),
+        KAPPA,
+        ZETA_STAR,
         Param("radius", 2.0, "health-zone radius (Eq. 7, Sec. 5.5: zone (2, 6) = 4 +- 2)",
               low=0.0, low_open=True, high=50.0, role="setting", presets={"paper": 2.0}),
         Param("beta", 0.95, "EMA factor of zeta (0.95 = the paper's checklist floor; Table 7 "

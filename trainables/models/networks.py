@@ -12,12 +12,23 @@ No BatchNorm anywhere: it mixes examples in a batch and breaks per-example gradi
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
 
 import torch
 from torch import nn
 
 from core.errors import UserInputError
-from trainables.models.catalog import MODEL_NAMES, check_input_shape
+from trainables.models.catalog import (
+    CATALOG,
+    CNN5,
+    CNN28,
+    DIGITS_CNN,
+    MODEL_NAMES,
+    RESNET20_GN,
+    WRN16_4,
+    ModelSpec,
+    check_input_shape,
+)
 
 ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
@@ -184,6 +195,33 @@ def _dense_block(fin: int, fout: int, *, act: str | None, flatten: bool = False)
     return nn.Sequential(*parts)
 
 
+#: Builder of each catalog model, by name (filled by :func:`builds`).
+BUILDERS: dict[str, Callable[..., LayeredModel]] = {}
+#: Models whose builder also takes the input's side (``image_size``).
+_SIZED: set[str] = set()
+
+_B = TypeVar("_B", bound=Callable[..., LayeredModel])
+
+
+def builds(spec: ModelSpec, *, sized: bool = False) -> Callable[[_B], _B]:
+    """Decorator: register a builder for the catalog's ``spec``
+    (``trainables.models.catalog`` says why the facts live there). The builder takes
+    ``in_channels``, ``num_classes`` and ``act`` (and ``image_size`` when ``sized``)."""
+    if CATALOG.get(spec.name) is not spec:
+        raise RuntimeError(f"model {spec.name!r} is not declared in trainables.models.catalog")
+
+    def register(fn: _B) -> _B:
+        if spec.name in BUILDERS:
+            raise RuntimeError(f"model {spec.name!r} registered twice")
+        BUILDERS[spec.name] = fn
+        if sized:
+            _SIZED.add(spec.name)
+        return fn
+
+    return register
+
+
+@builds(DIGITS_CNN)
 def digits_cnn(*, in_channels: int = 1, num_classes: int = 10, act: str = "tanh") -> LayeredModel:
     """Small CNN for 8x8 digits: 2 conv + 2 dense, ~9k parameters."""
     return LayeredModel(
@@ -199,6 +237,7 @@ def digits_cnn(*, in_channels: int = 1, num_classes: int = 10, act: str = "tanh"
     )
 
 
+@builds(CNN28)
 def cnn28(*, in_channels: int = 1, num_classes: int = 10, act: str = "tanh") -> LayeredModel:
     """The 2 conv + 2 dense CNN of Papernot et al. (2021) for 28x28 inputs, ~26k parameters.
 
@@ -217,6 +256,7 @@ def cnn28(*, in_channels: int = 1, num_classes: int = 10, act: str = "tanh") -> 
     )
 
 
+@builds(CNN5, sized=True)
 def cnn5(
     *, in_channels: int = 1, num_classes: int = 10, act: str = "tanh", image_size: int = 28
 ) -> LayeredModel:
@@ -321,6 +361,7 @@ WRN16_4_BLOCKS_PER_STAGE = 2
 STEM_WIDTH = 16
 
 
+@builds(RESNET20_GN)
 def resnet20_gn(*, in_channels: int = 3, num_classes: int = 10, act: str = "relu") -> LayeredModel:
     """CIFAR ResNet-20 (He et al. 2016, "Deep Residual Learning for Image Recognition",
     arXiv 1512.03385) with GroupNorm for BatchNorm; ~0.27M parameters; 28x28 or 32x32 inputs.
@@ -340,6 +381,7 @@ def resnet20_gn(*, in_channels: int = 3, num_classes: int = 10, act: str = "relu
     return LayeredModel(blocks, num_classes=num_classes)
 
 
+@builds(WRN16_4)
 def wrn16_4(*, in_channels: int = 3, num_classes: int = 10, act: str = "relu") -> LayeredModel:
     """Wide-ResNet-16-4 (Zagoruyko & Komodakis 2016, "Wide Residual Networks", arXiv
     1605.07146) with GroupNorm, as trained under DP by De et al. (arXiv 2204.13650); ~2.75M
@@ -364,7 +406,7 @@ def build_model(
 ) -> LayeredModel:
     """Instantiate a model by concrete name for the dataset's input shape (seed torch
     beforehand); "auto" is resolved first by :func:`trainables.models.catalog.model_for`."""
-    if name not in MODEL_NAMES:
+    if name not in BUILDERS:
         raise UserInputError(field="model.name", value=name, allowed=f"one of {MODEL_NAMES}")
     if activation not in ACTIVATIONS:
         raise UserInputError(
@@ -372,13 +414,5 @@ def build_model(
         )
     shape = tuple(input_shape)
     check_input_shape(model=name, input_shape=shape)
-    channels = shape[0]
-    if name == "digits_cnn":
-        return digits_cnn(in_channels=channels, num_classes=num_classes, act=activation)
-    if name == "cnn28":
-        return cnn28(in_channels=channels, num_classes=num_classes, act=activation)
-    if name == "resnet20_gn":
-        return resnet20_gn(in_channels=channels, num_classes=num_classes, act=activation)
-    if name == "wrn16_4":
-        return wrn16_4(in_channels=channels, num_classes=num_classes, act=activation)
-    return cnn5(in_channels=channels, num_classes=num_classes, act=activation, image_size=shape[1])
+    size = {"image_size": shape[1]} if name in _SIZED else {}
+    return BUILDERS[name](in_channels=shape[0], num_classes=num_classes, act=activation, **size)

@@ -102,31 +102,12 @@ class ModelSource:
         fixed (``trainables.models.fix``) before the checks, and the model's ``model_fixes``
         lists what was replaced (plain dicts, for the privacy record).
         """
-        from torch import nn
+        # the builders need torch; the spec, the manifest and ``config --check`` read this
+        # record without it
+        from trainables.models.assemble import build_network
 
-        from trainables.models.fix import fix_model
-        from trainables.models.networks import build_model
-        from trainables.models.validator import sample_batch, wrap_checked
-
-        if not self.is_user:  # nothing to fix: no built-in model has a BatchNorm
-            return build_model(name=model_for(model=self.name, dataset=dataset),
-                               input_shape=tuple(input_shape), num_classes=num_classes,
-                               activation=self.activation)
-        fn = usercode.resolve(field="model.factory", reference=self.factory,
-                              code_dir=self.code_dir or None)
-        net = usercode.call_user(field="model.factory", fn=fn, reference=self.factory,
-                                 kwargs={"input_shape": tuple(input_shape),
-                                         "num_classes": num_classes, **self.args})
-        fixes = None
-        if self.fix and isinstance(net, nn.Module):
-            net, fixes = fix_model(net)
-        batch = sample if sample is not None else sample_batch(input_shape=input_shape,
-                                                               tokens=False)
-        model = wrap_checked(net, layers=self.layers, sample=batch, num_classes=num_classes,
-                             reference=self.factory)
-        if fixes is not None:
-            model.model_fixes = [r.to_dict() for r in fixes]
-        return model
+        return build_network(self, input_shape=input_shape, num_classes=num_classes,
+                             dataset=dataset, sample=sample)
 
     def fingerprint(self) -> dict[str, str]:
         """SHA-256 of the user's code (every ``.py`` under ``code_dir``), for the manifest."""

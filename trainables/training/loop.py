@@ -13,24 +13,26 @@ import platform
 import time
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import prv_accountant
 import torch
 import torch.nn.functional as F
 
-from core import layout
+from core import __version__, layout
 from core.errors import PrivacyBoundViolation, TrialDiverged, UserInputError
 from core.layout import CHECKPOINT_FILE
+from core.poisson import poisson_plan
 from core.records import MECHANISM, PrivacyRecord
-from core.schedule import Schedule
 from core.storage import atomic_write, atomic_write_json
+from core.trial import TrialSpec
 from trainables.data.files import FileSource
 from trainables.data.splits import DataSplits, SplitSizes, load_splits
 from trainables.dp.randomness import Randomness, poisson_batches
-from trainables.dp.step import DEFAULT_PHYSICAL_BATCH, DPStep, PublicData
+from trainables.dp.step import DPStep, PublicData
 from trainables.methods import get_method
 from trainables.models.networks import LayeredModel
 from trainables.models.source import ModelSource
@@ -46,106 +48,34 @@ CHECKPOINT_FORMAT = "dpsweep-checkpoint"
 #: 3: the optimizer state is ``trainables.dp.optim.Update``'s (2 held torch.optim's).
 CHECKPOINT_VERSION = 4
 
-__all__ = ["TrialDiverged", "TrialResult", "TrialSpec", "evaluate", "load_checkpoint_state",
-           "load_model", "poisson_plan", "train_trial"]
+__all__ = ["TrialDiverged", "TrialResult", "checked_spec", "evaluate", "load_checkpoint_state",
+           "load_model", "load_spec", "spec_file_source", "spec_model_source", "train_trial"]
 
 
-def poisson_plan(*, dataset_size: int, batch_size: int) -> tuple[float, int]:
-    """(sample rate, steps per epoch) for an expected batch size.
-
-    Mirrors Opacus's ``DPDataLoader.from_data_loader``: q = 1 / len(loader) with
-    len(loader) = ceil(N / B). The accountant must be given exactly this q.
-    """
-    steps = math.ceil(dataset_size / batch_size)
-    return 1.0 / steps, steps
+def spec_model_source(spec: TrialSpec) -> ModelSource:
+    """The network a spec trains: a user's (``user_model``) or the built-in ``model``."""
+    if spec.user_model:
+        return ModelSource.from_dict(spec.user_model)
+    return ModelSource(name=spec.model, activation=spec.activation)
 
 
-@dataclass(frozen=True)
-class TrialSpec:
-    """Everything one trial needs; plain data so Ray can ship it and a checkpoint can pin it.
+def spec_file_source(spec: TrialSpec) -> FileSource | None:
+    """A user's data of a spec, or None; files are read only where no pool was shared (a
+    worker may lack them)."""
+    return (None if spec.data_source is None
+            else FileSource.from_dict(spec.data_source, check_files=False))
 
-    ``method_params`` are the method's validated hyperparameters (its declaration: mode, lr,
-    clip_norm, ...). ``seed`` fixes initialisation and public-batch order only; the noise and
-    the Poisson sampling come from ``randomness`` (fresh OS entropy unless reproducible).
-    ``gpu_share`` is the fraction of one GPU the trial was given (``resources.gpus_per_trial``,
-    at most 1): on CUDA it caps the trial's memory (``trainables.training.placement``). It is
-    written only when below 1, so specs stored before it existed still compare equal. """
 
-    method: str
-    method_params: Mapping[str, Any]
-    epochs: int
-    batch_size: int
-    calibration: dict[str, Any]  # orchestrator.accounting.certificate.Calibration.to_dict()
-    epsilon_curve: list[float]  # accountant's upper epsilon after each epoch
-    seed: int = 0
-    randomness: str = "secret"
-    dataset: str = "digits"
-    data_dir: str | None = None
-    split_seed: int = 0
-    sizes: dict[str, int] | None = None
-    model: str = "auto"
-    activation: str = "tanh"
-    #: A user's network (``ModelSource.to_dict()``) instead of the built-in ``model``.
-    user_model: dict[str, Any] | None = None
-    #: A user's data (``FileSource.to_dict()``) when ``dataset`` is "file".
-    data_source: dict[str, Any] | None = None
-    device: str = "auto"
-    threads: int = 1
-    max_physical_batch: int = DEFAULT_PHYSICAL_BATCH
-    trial_id: str = "trial"
-    extra: dict[str, Any] = field(default_factory=dict)
-    gpu_share: float = 1.0
+def checked_spec(spec: TrialSpec) -> TrialSpec:
+    """``spec`` with its hyperparameters checked against its method's declaration: the one
+    check on the training side (a planner's already validated values pass unchanged)."""
+    params = get_method(spec.method).validate_params(spec.method_params)
+    return spec if params is spec.method_params else replace(spec, method_params=params)
 
-    def __post_init__(self) -> None:
-        # The one check of a spec's hyperparameters on the training side: a spec arrives as
-        # plain data (Ray, spec.json, a checkpoint); a planner's already validated values pass.
-        object.__setattr__(self, "method_params",
-                           get_method(self.method).validate_params(self.method_params))
-        share = self.gpu_share
-        if isinstance(share, bool) or not isinstance(share, int | float) \
-                or not 0.0 < share <= 1.0:
-            raise UserInputError(field="resources.gpus_per_trial", value=share,
-                                 allowed="a share in (0, 1] of one GPU")
 
-    @property
-    def model_source(self) -> ModelSource:
-        if self.user_model:
-            return ModelSource.from_dict(self.user_model)
-        return ModelSource(name=self.model, activation=self.activation)
-
-    @property
-    def file_source(self) -> FileSource | None:
-        # Files are read only where no pool was shared (a worker may lack them).
-        return (None if self.data_source is None
-                else FileSource.from_dict(self.data_source, check_files=False))
-
-    @property
-    def lr(self) -> float:
-        return float(self.method_params["lr"])
-
-    @property
-    def clip_norm(self) -> float:
-        return float(self.method_params["clip_norm"])
-
-    @property
-    def mode(self) -> str:
-        return str(self.method_params["mode"])
-
-    @property
-    def release_safe(self) -> bool:
-        return self.randomness != "reproducible"
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain, mutable data (what Ray ships and ``spec.json`` holds); ``gpu_share`` only
-        when below 1 (the class docstring)."""
-        d = {**asdict(self), "method_params": dict(self.method_params)}
-        if self.gpu_share == 1.0:
-            del d["gpu_share"]
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TrialSpec:
-        return cls(**d)
+def load_spec(d: Mapping[str, Any]) -> TrialSpec:
+    """A spec arriving as plain data (Ray, ``spec.json``, a checkpoint), rebuilt and checked."""
+    return checked_spec(TrialSpec.from_dict(d))
 
 
 @dataclass
@@ -218,11 +148,11 @@ class _Run:
 def load_trial_data(spec: TrialSpec) -> DataSplits:
     return load_splits(dataset=spec.dataset, seed=spec.split_seed,
                        sizes=SplitSizes(**spec.sizes) if spec.sizes else None,
-                       data_dir=spec.data_dir, source=spec.file_source)
+                       data_dir=spec.data_dir, source=spec_file_source(spec))
 
 
 def build_trial_model(spec: TrialSpec, data: DataSplits) -> LayeredModel:
-    return spec.model_source.build(input_shape=data.input_shape, num_classes=data.num_classes,
+    return spec_model_source(spec).build(input_shape=data.input_shape, num_classes=data.num_classes,
                                    dataset=data.name, sample=data.shadow.x[:2])
 
 
@@ -232,11 +162,11 @@ def _build(spec: TrialSpec, data: DataSplits | None) -> _Run:
     data = load_trial_data(spec) if data is None else data
     n = len(data.train)
     q, steps_per_epoch = poisson_plan(dataset_size=n, batch_size=spec.batch_size)
-    cal = spec.calibration
-    if cal["sample_rate"] != q:
-        raise RuntimeError(f"calibration sample rate {cal['sample_rate']!r} differs from the "
-                           f"loader's exact rate {q!r}: the accountant would not cover training")
-    schedule = Schedule.from_list(cal["schedule"])
+    if spec.calibration.sample_rate != q:
+        raise RuntimeError(f"calibration sample rate {spec.calibration.sample_rate!r} differs "
+                           f"from the loader's exact rate {q!r}: the accountant would not cover "
+                           "training")
+    schedule = spec.calibration.schedule
     if schedule.steps != spec.epochs * steps_per_epoch:
         raise RuntimeError("calibrated step count differs from epochs x steps per epoch")
     seed_model, seed_public = _derived_seeds(spec.seed)
@@ -336,17 +266,13 @@ def load_model(directory: Path, *, data: DataSplits | None = None,
                device: str = "cpu") -> tuple[LayeredModel, TrialSpec]:
     """The trained model stored in a checkpoint, for the audit and for users."""
     state = load_checkpoint_state(directory)
-    spec = TrialSpec.from_dict(state["spec"])
+    spec = load_spec(state["spec"])
     model = build_trial_model(spec, load_trial_data(spec) if data is None else data)
     model.load_state_dict(state["model"])
     return model.to(torch.device(device)), spec
 
 
 def _versions() -> dict[str, str]:
-    import prv_accountant
-
-    from core import __version__
-
     return {"dpsweep": __version__, "torch": torch.__version__,
             "prv_accountant": getattr(prv_accountant, "__version__", "0.2.0"),
             "python": platform.python_version()}
@@ -378,7 +304,7 @@ def privacy_record(run: _Run) -> PrivacyRecord:
     """The trial's privacy record, after checking every step was as noisy as certified."""
     cal = run.spec.calibration
     verify_ledger(run.method)
-    bounds = cal["bounds"]
+    bounds = cal.bounds
     return PrivacyRecord(
         mechanism=MECHANISM,
         method=run.spec.method,
@@ -387,19 +313,19 @@ def privacy_record(run: _Run) -> PrivacyRecord:
         validity_reason=run.method.validity_reason,
         randomness=run.spec.randomness,
         release_safe=run.spec.release_safe,
-        sample_rate=cal["sample_rate"],
+        sample_rate=cal.sample_rate,
         steps=run.method.ledger.steps,
-        noise_multiplier=cal["schedule"][0]["noise_multiplier"],
-        noise_schedule=Schedule.from_list(cal["schedule"]),
+        noise_multiplier=cal.noise_multiplier,
+        noise_schedule=cal.schedule,
         clip_norm=run.spec.clip_norm,
-        delta=cal["delta"],
-        target_epsilon=cal["target_epsilon"],
-        epsilon_lower=bounds["lower"],
-        epsilon_estimate=bounds["estimate"],
-        epsilon_upper=bounds["upper"],
-        accountant=cal["accountant"],
-        accountant_fallback=cal["fallback_reason"],
-        eps_error=cal["eps_error"],
+        delta=cal.delta,
+        target_epsilon=cal.target_epsilon,
+        epsilon_lower=bounds.lower,
+        epsilon_estimate=bounds.estimate,
+        epsilon_upper=bounds.upper,
+        accountant=cal.accountant,
+        accountant_fallback=cal.fallback_reason,
+        eps_error=cal.eps_error,
         ledger=run.method.ledger.to_dict(),
         guard_capped=run.method.guard_capped,
         method_record={**run.method.extra_record(), "per_example_path": run.method.engine.path,
@@ -458,6 +384,7 @@ def train_trial(
     ``plan_cache``: the run's cache folder, where the timings are kept per device and shapes).
     """
     start = time.perf_counter()
+    spec = checked_spec(spec)
     run = _build(spec, data)
     if resume_from is not None:
         _restore(run, load_checkpoint_state(resume_from))

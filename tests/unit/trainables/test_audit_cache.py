@@ -94,14 +94,14 @@ def test_a_dp_reference_key_holds_its_budget_not_its_name() -> None:
     spec = plan_trial(tiny_config(), trial_id="dp", data=digits)
     rdata = reference_data(plan_references(data=digits, kind="offline", n_references=4,
                                            seed=2), digits, index=1)
-    budget = Budget(calibration=dict(spec.calibration), epsilon_curve=list(spec.epsilon_curve))
-    looser = Budget(calibration={**spec.calibration, "target_epsilon": 99.0},
+    budget = Budget(calibration=spec.calibration, epsilon_curve=list(spec.epsilon_curve))
+    looser = Budget(calibration=dataclasses.replace(spec.calibration, target_epsilon=99.0),
                     epsilon_curve=list(spec.epsilon_curve))
     a = dp_trainer(spec, budgets={250: budget}).describe(rdata, 7, 1)
     renamed = dataclasses.replace(spec, trial_id="dp-r1", device="cpu", threads=2)
     assert dp_trainer(renamed, budgets={250: budget}).describe(rdata, 7, 1) == a
     assert dp_trainer(spec, budgets={250: looser}).describe(rdata, 7, 1) != a
-    assert a["calibration"] == spec.calibration and a["seed"] == 7
+    assert a["calibration"] == spec.calibration.to_dict() and a["seed"] == 7
     assert "trial_id" not in a and a["method"] == spec.method
     model = dp_trainer(spec, budgets={250: budget}).blank(rdata)
     assert not model.training

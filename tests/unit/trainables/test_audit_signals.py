@@ -402,9 +402,9 @@ def test_dp_references_use_the_supplied_budget_and_their_own_seed() -> None:
         cal, curve = match_budget(
             method=spec.method, params=dict(spec.method_params), dataset_size=size,
             batch_size=spec.batch_size, epochs=spec.epochs,
-            epsilon=float(spec.calibration["target_epsilon"]),
-            delta=float(spec.calibration["delta"]), cache_dir=None, timeout_s=120.0)
-        return Budget(calibration=cal.to_dict(), epsilon_curve=curve)
+            epsilon=spec.calibration.target_epsilon,
+            delta=spec.calibration.delta, cache_dir=None, timeout_s=120.0)
+        return Budget(calibration=cal, epsilon_curve=curve)
 
     plan = plan_references(data=digits, kind="offline", n_references=4, seed=2)
     assert plan.reference_size == 250 and "half the pool" in plan.note
@@ -413,10 +413,10 @@ def test_dp_references_use_the_supplied_budget_and_their_own_seed() -> None:
     model, seconds = dp_trainer(spec, budgets=budgets)(rdata, seed, 1)
     assert asked == [250] and seconds > 0
     rspec = reference_spec(spec, dataset_size=250, budgets=budgets, seed=seed, index=1)
-    assert rspec.calibration["sample_rate"] == pytest.approx(1 / math.ceil(250 / 50))
-    assert rspec.calibration["sample_rate"] != spec.calibration["sample_rate"]
+    assert rspec.calibration.sample_rate == pytest.approx(1 / math.ceil(250 / 50))
+    assert rspec.calibration.sample_rate != spec.calibration.sample_rate
     assert (rspec.seed, rspec.trial_id, rspec.method) == (seed, "dp-ref1", spec.method)
-    assert rspec.calibration["target_epsilon"] == spec.calibration["target_epsilon"]
+    assert rspec.calibration.target_epsilon == spec.calibration.target_epsilon
     with torch.no_grad():
         assert torch.isfinite(model(rdata.test.x)).all()
     with pytest.raises(UserInputError):

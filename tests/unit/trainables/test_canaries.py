@@ -34,6 +34,7 @@ import pytest
 import torch
 
 from core.errors import UserInputError
+from core.trial import TrialSpec
 from orchestrator.audit.canary import audit_with_canaries
 from orchestrator.config import PrivacyConfig
 from orchestrator.rundir import RunDir
@@ -53,18 +54,16 @@ from trainables.audit.canaries import (
     CANARY_NORM_FACTOR,
     CanaryView,
     WhiteBoxInstrument,
-    black_box_run,
-    choose_input_canaries,
     choose_layer_canaries,
     draw_membership,
-    white_box_run,
 )
+from trainables.audit.canary_runs import black_box_run, white_box_run
+from trainables.audit.input_canaries import choose_input_canaries
 from trainables.dp.randomness import Randomness, poisson_batches
 from trainables.engine.grad_engine import MaterializedGrads
 from trainables.methods import METHODS, registered
 from trainables.methods.dp_adamilg import DPAdamILG
 from trainables.methods.dpsgd import DPSGD
-from trainables.training.loop import TrialSpec
 
 #: The claim every audited trial makes.
 CLAIM = 1.0

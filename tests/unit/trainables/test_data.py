@@ -17,11 +17,10 @@ from sklearn.datasets import load_digits
 
 from core.errors import UserInputError
 from trainables.data import splits as data
+from trainables.data.pools import DEBIAN_FASHION_MNIST_DIR, FASHION_MNIST_FILES
 from trainables.data.splits import (
     DATASET_NAMES,
-    DEBIAN_FASHION_MNIST_DIR,
     DEFAULT_SIZES,
-    FASHION_MNIST_FILES,
     DataSplits,
     SplitSizes,
     available_size,

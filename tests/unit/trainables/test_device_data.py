@@ -19,10 +19,11 @@ import torch
 from scipy import stats
 
 from core.errors import UserInputError
+from core.trial import TrialSpec
 from orchestrator.trial.plan import gpu_share, plan_trial
 from tests.conftest import tiny_config
 from trainables.dp.randomness import Randomness, poisson_batches
-from trainables.training.loop import TrialSpec, train_trial
+from trainables.training.loop import train_trial
 from trainables.training.placement import (
     DATA_SHARE,
     HEADROOM,

@@ -18,8 +18,8 @@ import torch
 from core.errors import PrivacyBoundViolation, UserInputError
 from core.events import PoissonSubsampledGaussian, events_from_list
 from tests.contract.conformance import build_step, digits
+from trainables.dp.ledger import Ledger
 from trainables.dp.randomness import Randomness
-from trainables.dp.step import Ledger
 from trainables.methods.dpsgd import DPSGD
 from trainables.training.loop import verify_ledger
 

@@ -21,24 +21,21 @@ from core.storage import JsonCache
 from orchestrator.trial.plan import plan_trial
 from tests.conftest import tiny_config
 from tests.contract.conformance import NUM_LAYERS, adversarial_view, build_step
+from trainables.audit import layer_risk as layer_risk_module
+from trainables.audit.layer_risk import CACHE_NAMESPACE, Stage1, estimate_layer_risk, risk_identity
 from trainables.data.splits import load_splits
 from trainables.engine.grad_engine import MaterializedGrads
 from trainables.methods import get_method
-from trainables.methods import lm_dpsgd as lm_dpsgd_module
 from trainables.methods.lm_dpsgd import (
     _U_FROM,
-    CACHE_NAMESPACE,
     LMDPSGD,
     U_STAT,
-    Stage1,
     _PrivateU,
     _PublicU,
     _ReleasedU,
     bias_optimal_weights,
     bias_terms,
     calibrate,
-    estimate_layer_risk,
-    risk_identity,
     risk_terms,
 )
 from trainables.models.networks import build_model
@@ -340,7 +337,7 @@ def test_stage1_on_digits_is_cached_and_keyed(tmp_path: Path,
         raise AssertionError("stage 1 was trained again although its result was cached")
 
     with monkeypatch.context() as patch:
-        patch.setattr(lm_dpsgd_module, "compute_layer_risk", recompute)
+        patch.setattr(layer_risk_module, "compute_layer_risk", recompute)
         again = _prepare(tmp_path)
     assert again == first
     files = list((tmp_path / CACHE_NAMESPACE).glob("*"))

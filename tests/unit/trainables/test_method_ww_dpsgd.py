@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from core.errors import UserInputError
+from core.trial import TrialSpec
 from orchestrator.trial.plan import plan_trial
 from tests.conftest import tiny_config
 from tests.contract.conformance import build_step
@@ -23,7 +24,7 @@ from trainables.dp.randomness import Randomness
 from trainables.dp.spectral import TailFit
 from trainables.methods import ww_dpsgd
 from trainables.methods.ww_dpsgd import WWDPSGD
-from trainables.training.loop import TrialSpec, train_trial
+from trainables.training.loop import train_trial
 
 SIGMA = 1.3
 LR = 0.1  # build_step's learning rate

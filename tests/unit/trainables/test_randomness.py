@@ -16,7 +16,7 @@ from orchestrator.trial.single import TRIAL_ID, train_single
 from tests.conftest import tiny_config
 from trainables.dp import randomness
 from trainables.dp.randomness import Randomness
-from trainables.training.loop import TrialSpec, load_checkpoint_state, train_trial
+from trainables.training.loop import load_checkpoint_state, load_spec, train_trial
 
 DRAWS = 100_000
 #: |correlation| of 1e5 independent standard normals is below 0.05 with overwhelming
@@ -74,7 +74,7 @@ def test_the_run_directory_holds_no_secret_and_cannot_replay_the_weights(
                          struct.pack("<q", seed), struct.pack(">q", seed)):
                 assert form not in data, f"{path} contains the secret seed"
     trial = run / "trials" / TRIAL_ID
-    spec = TrialSpec.from_dict(json.loads((trial / "spec.json").read_text()))
+    spec = load_spec(json.loads((trial / "spec.json").read_text()))
     assert spec.randomness == "secret"
     stored = load_checkpoint_state(trial / "checkpoint")["model"]
     replay = train_trial(spec, checkpoint_root=tmp_path / "replay",
@@ -87,7 +87,7 @@ def test_a_reproducible_trial_replays_bit_identically(tmp_path: Path) -> None:
     run = tmp_path / "run"
     train_single(tiny_config(reproducible=True), out=run)
     trial = run / "trials" / TRIAL_ID
-    spec = TrialSpec.from_dict(json.loads((trial / "spec.json").read_text()))
+    spec = load_spec(json.loads((trial / "spec.json").read_text()))
     stored = load_checkpoint_state(trial / "checkpoint")["model"]
     replayed = load_checkpoint_state(train_trial(
         dataclasses.replace(spec), checkpoint_root=tmp_path / "replay",
