@@ -24,6 +24,13 @@ def sample_rate(*, dataset_size: int, batch_size: int) -> float:
     return 1.0 / steps_per_epoch(dataset_size=dataset_size, batch_size=batch_size)
 
 
+def poisson_plan(*, dataset_size: int, batch_size: int) -> tuple[float, int]:
+    """(sample rate, steps per epoch) for an expected batch size: what the planner calibrates
+    for and the loop samples with."""
+    return (sample_rate(dataset_size=dataset_size, batch_size=batch_size),
+            steps_per_epoch(dataset_size=dataset_size, batch_size=batch_size))
+
+
 def delta_bound(train_size: int) -> float:
     """delta must stay below 1 / N: a larger delta permits releasing a whole example."""
     return 1.0 / train_size

@@ -11,6 +11,10 @@
 Every function validates its input first and raises :class:`UserInputError` (one message naming
 the field, the value and what is allowed) on bad input; files in a run directory are verified
 against its manifest before they are read.
+
+``run`` and ``resume`` import the sweep (Ray, Optuna) and ``pick`` and ``export`` the release
+code (torch) only when they are called: ``dpsweep report`` imports this module and needs none
+of them.
 """
 
 from __future__ import annotations
@@ -20,9 +24,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from core.errors import UserInputError
+from core.layout import RESULTS
 from orchestrator.config import Config, load, read_toml
 from orchestrator.config import from_dict as config_from_dict
 from orchestrator.config.paths import check_address_form, check_path_form
+from orchestrator.rundir import RunDir
+from reports.html import build_report
+from reports.store import read_results
+from trainables.methods import prepared_params
+from trainables.models.source import source_of_callable
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -68,8 +78,6 @@ def run(cfg: Config, *, out: str | Path, address: str | None = None, quiet: bool
 
 def _with_model(raw: Mapping[str, Any], model: Callable[..., Any]) -> dict[str, Any]:
     """``raw`` with ``[model] factory`` and ``code_dir`` naming the callable ``model``."""
-    from trainables.models.source import source_of_callable
-
     section = dict(raw.get("model") or {})
     source = source_of_callable(model, args=section.get("args"),
                                 layers=tuple(section.get("layers") or ()))
@@ -89,10 +97,6 @@ def resume(run_dir: str | Path, *, address: str | None = None, quiet: bool = Tru
 
 def results(run_dir: str | Path) -> pd.DataFrame:
     """The verified results store (columns: ``reports.store.COLUMNS``; docs/results.md)."""
-    from core.layout import RESULTS
-    from orchestrator.rundir import RunDir
-    from reports.store import read_results
-
     run = RunDir.open(Path(run_dir), write=False)
     run.verify(RESULTS)
     return read_results(run.path)
@@ -100,10 +104,6 @@ def results(run_dir: str | Path) -> pd.DataFrame:
 
 def report(run_dir: str | Path) -> Path:
     """(Re)build the HTML report from the stored results; returns its path."""
-    from orchestrator.rundir import RunDir
-    from reports.html import build_report
-    from trainables.methods import prepared_params
-
     RunDir.open(Path(run_dir), write=False).verify_all()
     return build_report(Path(run_dir), prepared=prepared_params())
 

@@ -6,27 +6,34 @@ every path argument is checked before the command runs (``orchestrator.config.pa
 ends with one line saying what could not be written and how to go on (exit code 74), an
 interrupt with one line and exit code 130: never a traceback.
 
-Where each command's work lives (this module only parses, checks flags and prints), under
-``orchestrator``: budget -> ``accounting.calibration``; run, resume, demo -> ``sweep.driver``;
-train -> ``trial.single``; report -> ``api``; pick -> ``release.pick``; export ->
-``release.export``; audit -> ``audit.canary``; config -> ``config``.
+Where each command's work lives (this module only parses, checks flags and prints; ``COMMANDS``
+names the module, imported only when its command runs), under ``orchestrator``: budget ->
+``cli_budget`` (``accounting.calibration``); run, resume, demo -> ``sweep.commands``
+(``sweep.driver``); train -> ``trial.single``; report -> ``api``; pick -> ``release.pick``;
+export -> ``release.export``; audit -> ``audit.canary``; config -> ``config`` (and
+``trainables.data.splits`` for --check).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import errno
-import json
-import logging
+import importlib
 import math
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any, NoReturn
 
 from core.errors import EXIT_DISK_FULL, DiskFull, UserInputError, disk_full
+from orchestrator import __version__
+from orchestrator import config as config_mod
+from orchestrator.config import DEFAULT_ACCOUNTANT_TIMEOUT_S
+from orchestrator.config.checks import MAX_EPSILON
+from orchestrator.config.paths import check_address_form, check_path_form
+from orchestrator.sweep.signals import ignore_further_signals
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -34,6 +41,15 @@ EXIT_INTERRUPTED = 130
 #: checked in form before any command.
 PATH_ARGS = {"out": ("--out", True), "run_dir": ("RUN_DIR", False), "config": ("CONFIG", False),
              "check": ("CONFIG", False), "export": ("--export", True)}
+#: The module each command's work lives in, imported only when that command runs (its handler
+#: here, ``cmd_<command>``, is given it): ``--help``, ``config``, ``budget`` and the other
+#: commands that train nothing never import torch, Ray or Optuna through another command.
+COMMANDS = {"budget": "orchestrator.cli_budget",
+            "run": "orchestrator.sweep.commands", "resume": "orchestrator.sweep.commands",
+            "demo": "orchestrator.sweep.commands", "train": "orchestrator.trial.single",
+            "report": "orchestrator.api", "pick": "orchestrator.release.pick",
+            "export": "orchestrator.release.export", "audit": "orchestrator.audit.canary",
+            "config": "trainables.data.splits"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -44,113 +60,8 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_USAGE)
 
 
-def cmd_budget(args: argparse.Namespace) -> int:
-    """The calibrated noise for a budget, light enough to answer in about a second.
-
-    Neither torch nor opacus is imported: q = 1 / ceil(N / B) is restated from
-    ``trainables.training.loop.poisson_plan`` (the loader's exact rate), and the fresh PRV
-    calibration (no cache: computing is cheaper than verifying a cached answer) runs in a
-    forked child. sigma and the upper bound are printed rounded up, the lower bound down.
-    """
-    from core.checks import number, whole
-    from orchestrator.accounting.calibration import calibrate
-    from orchestrator.accounting.certificate import (
-        MIN_SAMPLE_RATE,
-        check_delta,
-        check_epsilon,
-        check_sample_rate,
-    )
-    from orchestrator.config import DEFAULT_ACCOUNTANT_TIMEOUT_S, MAX_ACCOUNTANT_TIMEOUT_S
-    from orchestrator.config.checks import check_reachable
-
-    def need(ok: bool, flag: str, value: Any, allowed: str) -> None:
-        """For the flag combinations; numbers go through core.checks."""
-        if not ok:
-            raise UserInputError(field=flag, value=value, allowed=allowed)
-
-    eps = check_epsilon(args.epsilon, field="--epsilon (privacy.epsilon)")
-    delta = check_delta(args.delta, field="--delta (privacy.delta)")
-    timeout = number(
-        DEFAULT_ACCOUNTANT_TIMEOUT_S if args.accountant_timeout_s is None
-        else args.accountant_timeout_s,
-        field="--accountant-timeout-s (privacy.accountant_timeout_s)",
-        low=1.0, high=MAX_ACCOUNTANT_TIMEOUT_S,
-        allowed=f"a number in [1, {MAX_ACCOUNTANT_TIMEOUT_S:g}]")
-    if args.sample_rate is not None:
-        need(args.batch_size is None and args.train_size is None, "--sample-rate",
-             args.sample_rate, "either --sample-rate or --batch-size with --train-size, not both")
-        q = check_sample_rate(args.sample_rate, field="--sample-rate", low=MIN_SAMPLE_RATE)
-        steps_per_epoch = max(1, round(1.0 / q))
-    else:
-        need(args.batch_size is not None and args.train_size is not None,
-             "--batch-size/--train-size", (args.batch_size, args.train_size),
-             "both given (or --sample-rate instead)")
-        train_size = whole(args.train_size, field="--train-size (data.train_size)", low=1)
-        batch_size = whole(args.batch_size, field="--batch-size (training.batch_size)", low=1,
-                           high=train_size,
-                           allowed=f"an integer in [1, --train-size={train_size}]")
-        steps_per_epoch = math.ceil(train_size / batch_size)
-        q = 1.0 / steps_per_epoch
-    need((args.steps is None) != (args.epochs is None), "--steps/--epochs",
-         (args.steps, args.epochs), "exactly one of them")
-    if args.steps is not None:
-        steps = whole(args.steps, field="--steps", low=1)
-    else:
-        steps = whole(args.epochs, field="--epochs (training.epochs)", low=1) * steps_per_epoch
-    if args.sample_rate is not None:  # (a loader's rate 1/ceil(N/B) > 1/N > delta always)
-        need(q * steps > delta, "--sample-rate", args.sample_rate,
-             f"a number in ({delta / steps:.3g}, 1] for --steps {steps} at --delta {delta:g}: "
-             "an example sampled with probability at most delta in all the steps costs "
-             "epsilon 0 without any noise, so there is nothing to calibrate")
-    if args.train_size is not None:
-        need(delta < 1.0 / args.train_size, "--delta (privacy.delta)", delta,
-             f"< 1/--train-size = {1.0 / args.train_size:.3g}")
-        need(q >= MIN_SAMPLE_RATE, "--train-size (data.train_size)", args.train_size,
-             f"at most {MIN_SAMPLE_RATE ** -1:g} batches per epoch (a sample rate "
-             f"1/ceil(N/B) >= {MIN_SAMPLE_RATE:g}, the accountant's range)")
-    check_reachable(eps, delta, steps=steps, epsilon_field="--epsilon (privacy.epsilon)",
-                    delta_field="--delta (privacy.delta)")
-    # dp_accounting's RDP (the fallback) reports each order it drops through absl; a fallback
-    # itself is printed below with its reason, so the accountant's log line would repeat it
-    logging.getLogger("absl").setLevel(logging.ERROR)
-    logging.getLogger("orchestrator.accounting.calibration").setLevel(logging.ERROR)
-    cal = calibrate(target_epsilon=eps, delta=delta, sample_rate=q, steps=steps,
-                    timeout_s=timeout, use_cache=False)
-    if args.json:
-        print(json.dumps(cal.to_dict(), indent=2))
-    else:
-        _print_budget(cal, q=q, steps=steps, delta=delta, eps=eps)
-    return 0
-
-
-def _print_budget(cal: Any, *, q: float, steps: int, delta: float, eps: float) -> None:
-    """``dpsweep budget``'s table: sigma and the upper bound rounded up, the lower down."""
-    from decimal import ROUND_CEILING, ROUND_FLOOR, ROUND_HALF_EVEN, Decimal
-
-    def fixed(value: float | None, rounding: str) -> str:
-        """4 decimals of the exact binary value, rounded in the safe direction."""
-        if value is None:
-            return "n/a"
-        return str(Decimal(value).quantize(Decimal("0.0001"), rounding=rounding))
-
-    b = cal.bounds
-    print(f"sigma (noise multiplier): {fixed(cal.noise_multiplier, ROUND_CEILING)}")
-    print(f"sample rate q:            {q:.6g}")
-    print(f"steps:                    {steps}")
-    print(f"delta:                    {delta:g}")
-    print(f"epsilon lower:            {fixed(b.lower, ROUND_FLOOR)}")
-    print(f"epsilon estimate:         {fixed(b.estimate, ROUND_HALF_EVEN)}")
-    print(f"epsilon upper:            {fixed(b.upper, ROUND_CEILING)}   (target {eps:g})")
-    print(f"accountant:               {cal.accountant}"
-          + (f"  (fallback: {cal.fallback_reason})" if cal.fallback_reason else ""))
-
-
-def _out_dir(args: argparse.Namespace, *, stem: str) -> Path:
-    """--out, or runs/STEM-TIMESTAMP when it is left out (an empty --out is refused in form);
-    remembered on ``args`` for the disk-full message."""
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    args.sweep_dir = Path(args.out) if args.out is not None else Path("runs") / f"{stem}-{stamp}"
-    return args.sweep_dir
+def cmd_budget(args: argparse.Namespace, budget: ModuleType) -> int:
+    return int(budget.run(args))
 
 
 def _print_trial(result: Any, out: Path) -> None:
@@ -179,10 +90,7 @@ def _up(value: float) -> str:
     return f"{math.ceil(value * 1e4) / 1e4:.4f}"
 
 
-def cmd_train(args: argparse.Namespace) -> int:
-    from orchestrator import config as config_mod
-    from orchestrator.trial.single import train_single
-
+def cmd_train(args: argparse.Namespace, single: ModuleType) -> int:
     cfg = config_mod.load(args.config)
     out = Path(args.out)
 
@@ -190,151 +98,67 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"  epoch {m['epoch']:>3}/{cfg.training.epochs}: val acc {m['val_accuracy']:.4f}, "
               f"eps spent {m['epsilon_spent']:.3f}", flush=True)
 
-    _print_trial(train_single(cfg, out=out, progress=progress), out)
+    _print_trial(single.train_single(cfg, out=out, progress=progress), out)
     return 0
 
 
-#: The demo's digits splits (all 1,797 images): more members than the dataset defaults
-#: (800 vs 500) so that DP training at epsilon 3 clears 0.75 validation accuracy with a margin
-#: (0.77 -> 0.86 for DP-SGD's preset step, docs/search.md), at the cost of a smaller test split
-#: and shadow pool (offline references train on 150 of its 300 examples).
-DEMO_SIZES = {"train_size": 800, "validation_size": 200, "holdout_size": 300, "test_size": 197,
-              "shadow_size": 300}
-#: Batch 128 keeps the demo at 140 steps (20 epochs of 7 Poisson batches) on 800 members.
-DEMO_BATCH = 128
-#: Two targets, so the report opens on privacy-utility curves as well as fronts; the pruner
-#: (ASHA from epoch 1, factor 3) stops the weaker trials before their audit, which pays for
-#: the second target.
-DEMO_EPSILONS = (1.0, 3.0)
-DEMO_FIRST_RUNG = 1
+def cmd_demo(args: argparse.Namespace, sweep: ModuleType) -> int:
+    return int(sweep.demo(args))
 
 
-def demo_config() -> Any:
-    """The embedded default sweep: every registered method, 3 trials each, on digits."""
-    import dataclasses
-
-    from orchestrator.config import Config
-
-    cfg = Config()
-    return dataclasses.replace(
-        cfg, data=dataclasses.replace(cfg.data, **DEMO_SIZES),
-        training=dataclasses.replace(cfg.training, batch_size=DEMO_BATCH),
-        budget=dataclasses.replace(cfg.budget, epsilons=list(DEMO_EPSILONS)),
-        sweep=dataclasses.replace(cfg.sweep, trials_per_method=3, pruner="asha",
-                                  pruner_min_epochs=DEMO_FIRST_RUNG))
+def cmd_run(args: argparse.Namespace, sweep: ModuleType) -> int:
+    return int(sweep.run(args))
 
 
-#: Ray Tune prints every failed trial's traceback (a killed worker's ActorDiedError) on stderr;
-#: dpsweep records each failure with its reason (results store, report, Optuna attributes).
-TUNE_TRIAL_ERRORS_ENV = "TUNE_PRINT_ALL_TRIAL_ERRORS"
+def cmd_resume(args: argparse.Namespace, sweep: ModuleType) -> int:
+    return int(sweep.resume(args))
 
 
-def _sweep(action: Any) -> int:
-    from orchestrator.sweep.signals import Interrupted
-
-    os.environ.setdefault(TUNE_TRIAL_ERRORS_ENV, "0")
-    try:
-        action()
-    except Interrupted as exc:
-        _ignore_further_signals()  # Ray's exit handlers still run: a second Ctrl-C is no error
-        sys.stderr.write(f"dpsweep: {exc}; the run directory is consistent: continue with "
-                         f"`dpsweep resume {exc.run_dir}`\n")
-        return exc.exit_code
+def cmd_report(args: argparse.Namespace, api: ModuleType) -> int:
+    print(f"report: {api.report(args.run_dir)}")
     return 0
 
 
-def _ignore_further_signals() -> None:
-    import signal
-
-    for s in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(s, signal.SIG_IGN)
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    from orchestrator.sweep.driver import run_sweep
-    from trainables.methods import METHODS
-
-    cfg = demo_config()
-    out = _out_dir(args, stem="demo")
-    print(f"dpsweep demo: sweep of all {len(METHODS)} DP methods on the bundled digits data "
-          f"(offline), 3 trials each at epsilon "
-          f"{' and '.join(f'{e:g}' for e in cfg.budget.epsilons)} (weak trials pruned at "
-          "epoch rungs), per-layer MIA audit, report", flush=True)
-    return _sweep(lambda: run_sweep(cfg, run_dir=out, quiet=args.quiet))
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    from orchestrator import config as config_mod
-    from orchestrator.sweep.driver import run_sweep
-
-    cfg = config_mod.load(args.config)
-    out = _out_dir(args, stem=Path(args.config).stem)
-    return _sweep(lambda: run_sweep(cfg, run_dir=out, address=args.address, quiet=args.quiet))
-
-
-def cmd_resume(args: argparse.Namespace) -> int:
-    from orchestrator.sweep.driver import resume_sweep
-
-    return _sweep(lambda: resume_sweep(Path(args.run_dir), address=args.address,
-                                       quiet=args.quiet, retry_failed=args.retry_failed))
-
-
-def cmd_report(args: argparse.Namespace) -> int:
-    from orchestrator.api import report
-
-    print(f"report: {report(args.run_dir)}")
-    return 0
-
-
-def cmd_pick(args: argparse.Namespace) -> int:
-    from orchestrator.release.pick import pick_and_write
-
+def cmd_pick(args: argparse.Namespace, pick: ModuleType) -> int:
     for name, value in (("--max-peak-mia", args.max_peak_mia),
                         ("--min-val-acc", args.min_val_acc)):
         if value is not None and not (math.isfinite(value) and 0.0 <= value <= 1.0):
             raise UserInputError(field=name, value=value, allowed="a number in [0, 1]")
-    print(pick_and_write(Path(args.run_dir), max_peak_mia=args.max_peak_mia,
-                         min_val_acc=args.min_val_acc, series=args.series,
-                         allow_invalid_dp=args.allow_invalid_dp,
-                         allow_replayable=args.allow_replayable,
-                         export_to=Path(args.export) if args.export else None,
-                         allow_degenerate=args.allow_degenerate))
+    print(pick.pick_and_write(Path(args.run_dir), max_peak_mia=args.max_peak_mia,
+                              min_val_acc=args.min_val_acc, series=args.series,
+                              allow_invalid_dp=args.allow_invalid_dp,
+                              allow_replayable=args.allow_replayable,
+                              export_to=Path(args.export) if args.export else None,
+                              allow_degenerate=args.allow_degenerate))
     return 0
 
 
-def cmd_export(args: argparse.Namespace) -> int:
-    from orchestrator.release.export import export_from_run
-
-    result = export_from_run(Path(args.run_dir), trial_id=args.trial, out=Path(args.out),
-                             allow_replayable=args.allow_replayable,
-                             allow_invalid_dp=args.allow_invalid_dp,
-                             allow_degenerate=args.allow_degenerate)
+def cmd_export(args: argparse.Namespace, export: ModuleType) -> int:
+    result = export.export_from_run(Path(args.run_dir), trial_id=args.trial, out=Path(args.out),
+                                    allow_replayable=args.allow_replayable,
+                                    allow_invalid_dp=args.allow_invalid_dp,
+                                    allow_degenerate=args.allow_degenerate)
     print(result.summary())
     return 0
 
 
-def cmd_audit(args: argparse.Namespace) -> int:
-    from orchestrator.audit.canary import audit_with_canaries
-
-    result = audit_with_canaries(Path(args.run_dir), trial_id=args.trial,
-                                 canaries=args.canaries, white_box=args.white_box,
-                                 quiet=args.quiet)
+def cmd_audit(args: argparse.Namespace, canary: ModuleType) -> int:
+    result = canary.audit_with_canaries(Path(args.run_dir), trial_id=args.trial,
+                                        canaries=args.canaries, white_box=args.white_box,
+                                        quiet=args.quiet)
     print(result.summary())
     return 0
 
 
-def cmd_config(args: argparse.Namespace) -> int:
-    from orchestrator import config as config_mod
-
+def cmd_config(args: argparse.Namespace, splits: ModuleType) -> int:
     if args.method:
         print(config_mod.describe(args.method))
         return 0
     if args.check:
         cfg = config_mod.load(args.check)
-        from trainables.data.splits import check_available
-
-        where = check_available(dataset=cfg.data.dataset, data_dir=cfg.data.data_dir or None,
-                                source=cfg.file_source())
+        where = splits.check_available(dataset=cfg.data.dataset,
+                                       data_dir=cfg.data.data_dir or None,
+                                       source=cfg.file_source())
         print(f"{args.check}: valid; {cfg.data.dataset} data: {where}")
         return 0
     print(config_mod.describe())
@@ -345,7 +169,7 @@ def _add_budget(sub: Any) -> None:
     """``dpsweep budget``'s arguments."""
     b = sub.add_parser("budget", help="noise multiplier for a privacy budget (PRV accountant)")
     b.add_argument("--epsilon", type=float, required=True,
-                   help="target epsilon (privacy.epsilon), in (0, 100]")
+                   help=f"target epsilon (privacy.epsilon), in (0, {MAX_EPSILON:g}]")
     b.add_argument("--delta", type=float, required=True, help="target delta (privacy.delta)")
     b.add_argument("--sample-rate", type=float, help="Poisson sampling rate q")
     b.add_argument("--batch-size", type=int,
@@ -356,7 +180,7 @@ def _add_budget(sub: Any) -> None:
     b.add_argument("--epochs", type=int, help="number of epochs (training.epochs; 1/q steps each)")
     b.add_argument("--accountant-timeout-s", type=float,
                    help="seconds before falling back to RDP (privacy.accountant_timeout_s, "
-                        "default 120)")
+                        f"default {DEFAULT_ACCOUNTANT_TIMEOUT_S:g})")
     b.add_argument("--json", action="store_true", help="print the full calibration as JSON")
     b.set_defaults(func=cmd_budget)
 
@@ -465,8 +289,6 @@ def _add_config(sub: Any) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from orchestrator import __version__
-
     p = _Parser(prog="dpsweep", description=__doc__.splitlines()[0])
     p.add_argument("--version", action="version", version=f"dpsweep {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -479,8 +301,6 @@ def build_parser() -> argparse.ArgumentParser:
 def _check_path_forms(args: argparse.Namespace) -> None:
     """Every path argument given is usable in form (``orchestrator.config.paths``), and a given
     --address is not empty, before any command."""
-    from orchestrator.config.paths import check_address_form, check_path_form
-
     for dest, (flag, creates) in PATH_ARGS.items():
         value = getattr(args, dest, None)
         if value is not None:
@@ -532,12 +352,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         _check_path_forms(args)
-        return int(args.func(args) or 0)
+        return int(args.func(args, importlib.import_module(COMMANDS[args.command])) or 0)
     except UserInputError as exc:
         sys.stderr.write(f"dpsweep: error: {exc}\n")
         return EXIT_USAGE
     except KeyboardInterrupt:  # CalibrationInterrupted included: never an RDP fallback
-        _ignore_further_signals()
+        ignore_further_signals()
         sys.stderr.write("dpsweep: interrupted\n")
         return EXIT_INTERRUPTED
     except BaseException as exc:  # a sweep's stop on a full disk may be a BaseException too

@@ -123,7 +123,27 @@ def check_creatable(path: Path, *, field_name: str = "--out") -> Path:
     if not os.access(probe_dir, os.W_OK | os.X_OK):
         raise UserInputError(field=field_name, value=str(path),
                              allowed=f"a location you can write ({probe_dir} is not writable)")
+    enclosing = enclosing_run(resolved)
+    if enclosing is not None:
+        raise UserInputError(field=field_name, value=str(path),
+                             allowed=f"a directory outside the run directory {enclosing} (a "
+                                     "run directory is private and verified file by file: "
+                                     "nothing new is written inside it)")
     return path
+
+
+def enclosing_run(path: Path) -> Path | None:
+    """The run directory ``path`` is in (itself or an ancestor), judged by its manifest's
+    format (a ``manifest.json`` of another program does not count), or None."""
+    for folder in (path, *path.parents):
+        manifest = folder / MANIFEST
+        try:
+            if manifest.is_file() and json.loads(
+                    manifest.read_text(encoding="utf-8")).get("format") == FORMAT:
+                return folder
+        except (OSError, ValueError, AttributeError):
+            continue
+    return None
 
 
 def private_file(path: Path) -> Path:

@@ -69,7 +69,7 @@ def one_thread() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def ray_local():
     """A loopback-only local Ray with 2 CPUs, shut down after the module."""
-    from orchestrator import cluster
+    from orchestrator.cluster import connection as cluster
 
     cluster.start_local(num_cpus=2, num_gpus=None, quiet=True)
     yield

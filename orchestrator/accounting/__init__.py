@@ -14,7 +14,7 @@ sandbox from forking; import it from its module.
 
 from orchestrator.accounting.cache import default_cache_dir
 from orchestrator.accounting.calibration import calibrate, certify, epsilon_curve
-from orchestrator.accounting.certificate import WINDOW, Calibration, EpsilonBounds
+from orchestrator.accounting.certificate import WINDOW
 from orchestrator.accounting.prv import prv_epsilon
 from orchestrator.accounting.sandbox import keep_interpreters
 from orchestrator.accounting.verify import (
@@ -27,8 +27,6 @@ from orchestrator.accounting.verify import (
 
 __all__ = [
     "WINDOW",
-    "Calibration",
-    "EpsilonBounds",
     "IndependentCheck",
     "calibrate",
     "certify",

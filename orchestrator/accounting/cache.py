@@ -18,7 +18,8 @@ from typing import Any
 from core.errors import CacheIntegrityError, UserInputError
 from core.schedule import Schedule
 from core.storage import JsonCache, canonical_hash
-from orchestrator.accounting.certificate import SCHEMA_VERSION, WINDOW, Calibration
+from core.trial import SCHEMA_VERSION, Calibration
+from orchestrator.accounting.certificate import WINDOW
 from orchestrator.accounting.verify import verify_calibration
 
 logger = logging.getLogger(__name__)

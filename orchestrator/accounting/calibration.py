@@ -22,11 +22,10 @@ from typing import Any
 from core.checks import whole
 from core.errors import UserInputError
 from core.schedule import Phase, Schedule
+from core.trial import Calibration, EpsilonBounds
 from orchestrator.accounting.cache import cache_for, calibration_key, lookup, store
 from orchestrator.accounting.certificate import (
     WINDOW,
-    Calibration,
-    EpsilonBounds,
     as_schedule,
     check_delta,
     check_epsilon,

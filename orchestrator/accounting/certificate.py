@@ -1,121 +1,21 @@
-"""What a matched budget promises: the schedule to train with and the accountant's bounds for it.
+"""What every accountant shares: the calibration window and the input checks.
 
-Trials receive these as dicts and the cache stores them, so their form is versioned here, apart
-from the accountants that compute them.
-
-The accountants' input checks live here too, in one place: every public entry point checks its
+A matched budget's type (``core.trial.Calibration``, ``EpsilonBounds``) lives in core, since
+trials read it too; the checks live here, in one place: every public entry point checks its
 input before any computation, so a bad value costs nothing and is refused naming its config field.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from core.checks import number
 from core.errors import UserInputError
 from core.schedule import Phase, Schedule
-from orchestrator.config import MAX_EPSILON
-
-SCHEMA_VERSION = 2
-"""Bump when the cache's meaning changes, so stale answers are never served."""
+from orchestrator.config.checks import MAX_EPSILON
 
 WINDOW = 0.99
 """Calibrated upper epsilon lies in [WINDOW * target, target]: within 1% of the budget."""
-
-
-@dataclass(frozen=True)
-class EpsilonBounds:
-    """Epsilon of a schedule; RDP gives only an upper bound, so lower/estimate are None there."""
-
-    lower: float | None
-    estimate: float | None
-    upper: float
-    accountant: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"lower": self.lower, "estimate": self.estimate, "upper": self.upper,
-                "accountant": self.accountant}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> EpsilonBounds:
-        def opt(v: Any) -> float | None:
-            return None if v is None else float(v)
-
-        accountant = str(d["accountant"])
-        if accountant not in ("prv", "rdp"):
-            raise ValueError(f"unknown accountant {accountant!r}")
-        return cls(lower=opt(d["lower"]), estimate=opt(d["estimate"]), upper=float(d["upper"]),
-                   accountant=accountant)
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """A matched budget: the schedule to train with and the accountant's certificate for it."""
-
-    target_epsilon: float
-    delta: float
-    sample_rate: float
-    schedule: Schedule
-    scale: float
-    bounds: EpsilonBounds
-    accountant: str
-    fallback_reason: str | None
-    eps_error: float
-    seconds: float
-    cached: bool
-
-    @property
-    def noise_multiplier(self) -> float:
-        """The first phase's multiplier: sigma for a constant schedule, sigma_0 for a decay."""
-        return self.schedule.first
-
-    @property
-    def steps(self) -> int:
-        return self.schedule.steps
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-safe form; trials receive this, and the cache stores it."""
-        return {
-            "schema": SCHEMA_VERSION,
-            "target_epsilon": self.target_epsilon,
-            "delta": self.delta,
-            "sample_rate": self.sample_rate,
-            "schedule": self.schedule.to_list(),
-            "scale": self.scale,
-            "bounds": self.bounds.to_dict(),
-            "accountant": self.accountant,
-            "fallback_reason": self.fallback_reason,
-            "eps_error": self.eps_error,
-            "seconds": self.seconds,
-            "cached": self.cached,
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Calibration:
-        """Inverse of to_dict; a malformed dict raises UserInputError(field="calibration")."""
-        try:
-            schedule = Schedule.from_list(d["schedule"])
-            accountant = str(d["accountant"])
-            if accountant not in ("prv", "rdp"):
-                raise ValueError("accountant must be 'prv' or 'rdp'")
-            reason = d["fallback_reason"]
-            return cls(
-                target_epsilon=float(d["target_epsilon"]),
-                delta=float(d["delta"]),
-                sample_rate=float(d["sample_rate"]),
-                schedule=schedule,
-                scale=float(d["scale"]),
-                bounds=EpsilonBounds.from_dict(d["bounds"]),
-                accountant=accountant,
-                fallback_reason=None if reason is None else str(reason),
-                eps_error=float(d["eps_error"]),
-                seconds=float(d["seconds"]),
-                cached=bool(d.get("cached", False)),
-            )
-        except (KeyError, TypeError, ValueError, AttributeError, UserInputError) as exc:
-            raise UserInputError(field="calibration", value=f"{type(exc).__name__}: {exc}",
-                                 allowed="a dict produced by Calibration.to_dict()") from exc
 
 
 # ---- input checks -------------------------------------------------------------------------

@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from core.schedule import Phase, Schedule
+from core.trial import EpsilonBounds
 from orchestrator.accounting.certificate import (
-    EpsilonBounds,
     as_schedule,
     check_delta,
     check_positive,

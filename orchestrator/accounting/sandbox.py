@@ -20,8 +20,11 @@ import json
 import math
 import multiprocessing
 import os
+import select
 import signal
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -154,9 +157,6 @@ class _Interpreter:
     child per job."""
 
     def __init__(self) -> None:
-        import subprocess
-        import tempfile
-
         self.stderr = tempfile.TemporaryFile()
         try:
             self.proc = subprocess.Popen(
@@ -179,8 +179,6 @@ class _Interpreter:
 
     def ask(self, job: dict[str, Any], timeout_s: float) -> tuple[ChildOutcome, bool]:
         """The outcome, and whether this interpreter may answer another job."""
-        import select
-
         deadline = math.inf if math.isinf(timeout_s) else time.monotonic() + timeout_s
         try:
             assert self.proc.stdin is not None

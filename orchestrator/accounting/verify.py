@@ -25,9 +25,8 @@ from core.events import (
     RepeatAndSelect,
 )
 from core.schedule import Phase, Schedule
+from core.trial import Calibration, EpsilonBounds
 from orchestrator.accounting.certificate import (
-    Calibration,
-    EpsilonBounds,
     as_schedule,
     check_delta,
     check_positive,

@@ -15,32 +15,31 @@ apply to every method that declares them (in a sweep they are then fixed, not se
 from __future__ import annotations
 
 import dataclasses
-import functools
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import tomli_w
 
-from core.datasets import FILE_DATASET, INPUT_SHAPES, NUM_CLASSES, POOLS
+from core.datasets import FILE_DATASET, POOLS
 from core.errors import UserInputError
-from core.modes import INVALID_TAG
 from core.params import Param, is_real
+from core.poisson import PHYSICAL_BATCH
 from orchestrator.config.checks import (
     MAX_EPSILON,
     check_budget,
     check_plain,
     check_series_texts,
     check_sizes,
-    file_sizes,
-    fixed_keys,
 )
 from orchestrator.config.paths import resolve_paths
-from trainables.models.catalog import MODEL_NAMES, check_input_shape, layer_count, model_for
+from trainables.models.catalog import MODEL_NAMES
 
 if TYPE_CHECKING:
+    from orchestrator.trial.setup import ResolvedSetup
     from trainables.data.files import FileSource
     from trainables.data.splits import DataSplits
     from trainables.models.networks import LayeredModel
@@ -65,6 +64,15 @@ MAX_SEED = 2**63 - 1 - 100
 #: Largest ``sweep.seed``: Optuna's samplers seed numpy's RandomState (< 2^32) with the seed
 #: plus the study's index.
 MAX_SWEEP_SEED = 2**31 - 1
+
+
+def _setup_module() -> ModuleType:
+    """``orchestrator.trial.setup``, imported the first time a value needs resolving: it loads
+    the method registry (and torch's lazy stub), which reading this module's constants must not
+    (``dpsweep budget``, ``dpsweep --help``)."""
+    from orchestrator.trial import setup
+
+    return setup
 
 
 def _f(default: Any, doc: str, **rules: Any) -> Any:
@@ -189,8 +197,8 @@ class TrainingConfig:
     batch_size: int = _f(64, "expected Poisson batch size; sample rate = 1/ceil(N/batch_size)",
                          low=1)
     epochs: int = _f(20, "training epochs", low=1, high=10000)
-    max_physical_batch: int = _f(512, "examples per per-example-gradient chunk (memory bound; "
-                                      "no effect on results)", low=1, high=1 << 20)
+    max_physical_batch: int = _f(PHYSICAL_BATCH, "examples per per-example-gradient chunk "
+                                 "(memory bound; no effect on results)", low=1, high=1 << 20)
     seed: int = _f(0, "seed of model initialisation and public-batch order (never of the noise "
                       "or sampling, unless reproducible)", low=0, high=MAX_SEED,
                    allowed_text=f"an integer in [0, {MAX_SEED}]")
@@ -323,10 +331,6 @@ class Config:
         """The target epsilons trained at: ``budget.epsilons``, or ``[privacy.epsilon]``."""
         return list(self.budget.epsilons) or [self.privacy.epsilon]
 
-    def at_epsilon(self, eps: float) -> Config:
-        """This config held to one target (``privacy.epsilon`` is what a trial plans with)."""
-        return dataclasses.replace(self, privacy=dataclasses.replace(self.privacy, epsilon=eps))
-
     def one_target(self, *, command: str) -> Config:
         """This config at its only target: a command that trains one model at one epsilon
         refuses several rather than pick one (``privacy.epsilon`` is not read when
@@ -336,129 +340,61 @@ class Config:
             raise UserInputError(field="budget.epsilons", value=targets,
                                  allowed=f"one target for {command} (it trains one model at "
                                          "one epsilon; `dpsweep run` sweeps several)")
-        return self.at_epsilon(targets[0])
+        return dataclasses.replace(self, privacy=dataclasses.replace(self.privacy,
+                                                                     epsilon=targets[0]))
+
+    def setup(self) -> ResolvedSetup:
+        """What this config means for its data, model and methods, resolved once
+        (``orchestrator.trial.setup``)."""
+        if "_setup" not in self.__dict__:  # frozen: memoised the way cached_property does
+            object.__setattr__(self, "_setup", _setup_module().resolve(self))
+        return self.__dict__["_setup"]
 
     def series(self) -> list[tuple[str, str]]:
         """The sweep's (method, mode) series, in order."""
-        from trainables.methods import METHODS, parse_series
-
-        names = self.sweep.methods or list(METHODS)
-        return [parse_series(n) for n in names]
+        return self.setup().series()
 
     def given_params(self, method: str) -> dict[str, Any]:
         """What the config sets for ``method``: flat keys it declares, then its own table."""
-        from trainables.methods import get_method
-
-        declared = get_method(method).declaration()
-        flat = {k: v for k, v in self.method_params.items()
-                if not isinstance(v, dict) and k in declared}
-        own = self.method_params.get(method, {})
-        return {**flat, **own}
+        return self.setup().given_params(method)
 
     def trial_params(self, method: str | None = None, *, mode: str | None = None,
                      preset: str | None = None) -> dict[str, Any]:
-        """The validated method parameters of one trial: the preset (``training.preset`` for the
-        single-trial method), then the config's values, then ``mode`` if given."""
-        from trainables.methods import get_method
-
-        name = method or self.training.method
-        cls = get_method(name)
-        chosen = self.training.preset if preset is None and name == self.training.method \
-            else (preset or "")
-        values = dict(cls.presets()[chosen]) if chosen else {}
-        values.update(self.given_params(name))
-        if mode is not None:
-            values["mode"] = mode
-        return cls.validate_params(values)
+        """The validated method parameters of one trial (``ResolvedSetup.trial_params``)."""
+        return self.setup().trial_params(method, mode=mode, preset=preset)
 
     @property
     def user_data(self) -> bool:
         return self.data.dataset == FILE_DATASET
 
+    # The resolved values, read through the setup (``ResolvedSetup``'s attributes of the
+    # same names).
     def model_source(self) -> ModelSource:
-        """The network every trial of this config trains (``trainables.models.source``)."""
-        from trainables.models.source import ModelSource
-
-        m = self.model
-        return ModelSource(name=m.name, activation=m.activation, factory=m.factory,
-                           args=m.args, layers=tuple(m.layers), code_dir=m.code_dir, fix=m.fix)
+        return self.setup().model_source
 
     def file_source(self) -> FileSource | None:
-        """The user's data (``dataset = 'file'``), else None."""
-        if not self.user_data:
-            return None
-        from trainables.data.files import FileSource
+        return self.setup().file_source
 
-        d = self.data
-        return FileSource(path=d.path, factory=d.factory, code_dir=self.model.code_dir,
-                          label_column=d.label_column, feature_columns=tuple(d.feature_columns),
-                          split_column=d.split_column, public_path=d.public_path,
-                          mean=tuple(d.mean), std=tuple(d.std), num_classes=d.num_classes,
-                          inputs=d.inputs)
-
-    @functools.cached_property
+    @property
     def num_layers(self) -> int:
-        """How many layers DP training trains (``trainables.models.networks.TrainableLayers``: a
-        frozen layer is none, a trainable parameter of a parent is one); a user's network is built
-        and checked (``trainables.models.validator``) the first time this is read, during
-        validation."""
-        if not self.model.factory and not self.user_data:
-            name = model_for(model=self.model.name, dataset=self.data.dataset)
-            check_input_shape(model=name, input_shape=INPUT_SHAPES[self.data.dataset])
-            return layer_count(model=name, dataset=self.data.dataset)
-        from trainables.models.trainable import trainable_layers
+        return self.setup().num_layers
 
-        return len(trainable_layers(self.build_network()).layer_names)
+    @property
+    def num_classes(self) -> int:
+        return self.setup().num_classes
 
     def data_splits(self) -> DataSplits:
-        """The config's splits (the pool is cached in-process); bad data raise UserInputError."""
-        from trainables.data.splits import SplitSizes, load_splits
-
-        return load_splits(dataset=self.data.dataset, seed=self.data.split_seed,
-                           sizes=SplitSizes(**self.split_sizes()),
-                           data_dir=self.data.data_dir or None, source=self.file_source())
+        return self.setup().data_splits()
 
     def build_network(self, data: DataSplits | None = None) -> LayeredModel:
-        """A fresh network of the config's architecture for its data (seed torch first): a
-        user's is checked on two real public examples (the shadow split's)."""
-        source = self.model_source()
-        if self.user_data or data is not None:
-            data = self.data_splits() if data is None else data
-            return source.build(input_shape=data.input_shape, num_classes=data.num_classes,
-                                dataset=data.name, sample=data.shadow.x[:2])
-        return source.build(input_shape=INPUT_SHAPES[self.data.dataset],
-                            num_classes=NUM_CLASSES[self.data.dataset], dataset=self.data.dataset)
-
-    @functools.cached_property
-    def num_classes(self) -> int:
-        """Classes of the config's data (a user's data is read for it)."""
-        if not self.user_data:
-            return NUM_CLASSES[self.data.dataset]
-        from trainables.data.splits import load_pool
-
-        return load_pool(dataset=FILE_DATASET, source=self.file_source()).num_classes
+        return self.setup().build_network(data)
 
     def input_fingerprints(self) -> dict[str, str]:
-        """SHA-256 of the user's model code and data files (empty for built-ins only)."""
-        out: dict[str, str] = {}
-        if self.model.factory or self.data.factory:
-            out.update(self.model_source().fingerprint())
-            if not out and self.model.code_dir:
-                from trainables.models.usercode import tree_sha256
-
-                out["model_code"] = tree_sha256(self.model.code_dir)
-        source = self.file_source()
-        if source is not None:
-            out.update(source.fingerprint())
-        return out
+        return self.setup().input_fingerprints()
 
     def split_sizes(self) -> dict[str, int]:
         """Split sizes with dataset defaults filled in."""
-        from trainables.data.splits import DEFAULT_SIZES
-
-        d = file_sizes(self) if self.user_data else DEFAULT_SIZES[self.data.dataset]
-        return {name: getattr(self.data, f"{name}_size") or getattr(d, name)
-                for name in ("train", "validation", "holdout", "test", "shadow")}
+        return dict(self.setup().split_sizes)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -532,39 +468,11 @@ def load(path: str | Path) -> Config:
     return from_dict(read_toml(path), base_dir=Path(path).resolve().parent)
 
 
-def _check_method_params(cfg: Config, methods: list[str]) -> None:
-    """Every key is declared by some method in play; per-method tables name known methods."""
-    from trainables.methods import METHODS
-
-    for key, value in cfg.method_params.items():
-        if isinstance(value, dict):
-            if key not in METHODS:
-                raise UserInputError(field=f"method_params.{key}", value="[table]",
-                                     allowed=f"a table named after a method: {sorted(METHODS)}")
-            continue
-        if not any(key in METHODS[m].declaration() for m in methods):
-            raise UserInputError(field=f"method_params.{key}", value=value,
-                                 allowed=f"a hyperparameter declared by {', '.join(methods)} "
-                                         "(see `dpsweep config --method M`)")
-
-
 def _cross_checks(cfg: Config) -> None:
-    from trainables.methods import METHODS
-
-    if cfg.training.method not in METHODS:
-        raise UserInputError(field="training.method", value=cfg.training.method,
-                             allowed=f"one of {sorted(METHODS)}")
-    presets = METHODS[cfg.training.method].presets()
-    if cfg.training.preset and cfg.training.preset not in presets:
-        raise UserInputError(field="training.preset", value=cfg.training.preset,
-                             allowed=f"'' or a preset of {cfg.training.method}: "
-                                     f"{sorted(presets) or 'none'}")
-    series = cfg.series()
-    if len(set(series)) != len(series):
-        raise UserInputError(field="sweep.methods", value=cfg.sweep.methods,
-                             allowed="distinct 'method' or 'method:mode' entries")
-    in_play = sorted({cfg.training.method, *(m for m, _ in series)})
-    _check_method_params(cfg, in_play)
+    """The checks across sections and against the method registry, the data and the model, in
+    one order (so a config with several faults is always refused for the same one first)."""
+    setup = cfg.setup()
+    setup.check_methods()
     _check_data_keys(cfg)
     check_sizes(cfg)
     check_budget(cfg)
@@ -572,18 +480,7 @@ def _cross_checks(cfg: Config) -> None:
         raise UserInputError(field="sweep.pruner_min_epochs", value=cfg.sweep.pruner_min_epochs,
                              allowed=f"< training.epochs = {cfg.training.epochs} (the first "
                                      "rung must come before the last epoch)")
-    layers = cfg.num_layers
-    sizes = cfg.split_sizes()
-    checks = [(cfg.training.method, cfg.trial_params())]  # the single-trial method, too
-    checks += [(method, cfg.trial_params(method, mode=mode)) for method, mode in series]
-    for method, params in checks:
-        METHODS[method].check_setting(params, num_layers=layers, sizes=sizes)
-    from search_spaces import check_overrides
-
-    swept = sorted({m for m, _ in series})
-    check_overrides(cfg.search, methods=[m for m, _ in series],
-                    fixed={m: fixed_keys(cfg, m) for m in swept},
-                    modes={m: [mode for n, mode in series if n == m] for m in swept})
+    setup.check_settings()
     _check_private(cfg)
     if cfg.resources.device == "cuda" and cfg.resources.gpus_per_trial == 0:
         raise UserInputError(field="resources.gpus_per_trial", value=0.0,
@@ -642,7 +539,7 @@ def _check_private(cfg: Config) -> None:
 def describe(method: str | None = None) -> str:
     """The documented defaults as a commented TOML file, or one method's declaration table."""
     if method is not None:
-        return describe_method(method)
+        return _setup_module().describe_method(method)
     lines = ["# dpsweep config: every key with its default. Unknown keys are an error.",
              "# [method_params]: method hyperparameters (lr, clip_norm, ...); flat keys apply to",
              "# every method declaring them, [method_params.<method>] to one method. See",
@@ -660,21 +557,3 @@ def describe(method: str | None = None) -> str:
             lines.append(f"{f.name} = {value:<12} # {p.doc} ({p.allowed()})")
         lines.append("")
     return "\n".join(lines)
-
-
-def describe_method(method: str) -> str:
-    """One method's hyperparameter table, from its declaration."""
-    from trainables.methods import get_method
-
-    cls = get_method(method)
-    rows = cls.declaration().table()
-    modes = "; ".join(f"{m.name} ({'valid' if m.dp_valid else INVALID_TAG})" for m in cls.modes)
-    out = [f"{cls.name}: {cls.summary}", f"  source: {cls.citation or 'baseline'}",
-           f"  modes: {modes}", ""]
-    width = max(len(r["name"]) for r in rows)
-    for r in rows:
-        extra = [x for x in (r["log"], f"modes: {r['modes']}" if r["modes"] != "all" else "",
-                             f"presets: {r['presets']}" if r["presets"] else "") if x]
-        out.append(f"  {r['name']:<{width}}  default {r['default']:<10} {r['allowed']}")
-        out.append(f"  {'':<{width}}  {r['doc']}" + (f" [{'; '.join(extra)}]" if extra else ""))
-    return "\n".join(out)

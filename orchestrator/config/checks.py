@@ -14,8 +14,9 @@ import datetime
 import math
 from typing import Any
 
-from core.datasets import FILE_DATASET, POOLS
+from core.datasets import POOLS
 from core.errors import UserInputError
+from core.poisson import delta_bound, steps_per_epoch
 
 #: A built ``orchestrator.config.Config``: typed loosely here, since that module imports this
 #: one and the import graph keeps no cycle, not even a type-only one.
@@ -122,7 +123,8 @@ def check_budget(cfg: Config) -> None:
     when ``budget.epsilons`` is set) is one the accountant can certify at its delta, over the
     trials' steps (epochs x ceil(train_size / batch_size), the loader's plan)."""
     delta = cfg.privacy.delta
-    steps = cfg.training.epochs * math.ceil(cfg.split_sizes()["train"] / cfg.training.batch_size)
+    steps = cfg.training.epochs * steps_per_epoch(dataset_size=cfg.split_sizes()["train"],
+                                                  batch_size=cfg.training.batch_size)
     if not cfg.budget.epsilons:
         check_reachable(cfg.privacy.epsilon, delta, steps=steps)
         return
@@ -170,42 +172,12 @@ def check_validation_size(cfg: Config, sizes: dict[str, int]) -> None:
 
 
 # ---- sizes ------------------------------------------------------------------------------------
-def file_sizes(cfg: Config) -> Any:
-    """A user's data: its own split assignment's counts, else shares of its rows."""
-    from trainables.data.splits import available_size, default_file_sizes
-
-    avail = available_size(FILE_DATASET, source=cfg.file_source())
-    if avail.assigned is not None:
-        return avail.assigned
-    return default_file_sizes(avail.pool, has_public=avail.public is not None,
-                              public_n=avail.public or 0)
-
-
-def _check_file_sizes(cfg: Config, sizes: dict[str, int]) -> int:
-    """Sizes a user's data can serve; returns the rows the pool check below counts against."""
-    from trainables.data.splits import available_size
-
-    avail = available_size(FILE_DATASET, source=cfg.file_source())
-    if avail.assigned is not None:
-        for name, count in vars(avail.assigned).items():
-            if sizes[name] != count:
-                raise UserInputError(field=f"data.{name}_size", value=sizes[name],
-                                     allowed=f"0 or {count} (the split column assigns {count})")
-        return sum(sizes.values())
-    if avail.public is not None:
-        if sizes["shadow"] > avail.public:
-            raise UserInputError(field="data.shadow_size", value=sizes["shadow"],
-                                 allowed=f"<= {avail.public} (rows of data.public_path)")
-        return avail.pool + sizes["shadow"]
-    return avail.pool
-
-
 def check_sizes(cfg: Config) -> None:
     """The splits fit the data, delta is below 1/train_size, a batch fits the members, and the
     validation split can tell a trial from chance."""
     sizes = cfg.split_sizes()
     if cfg.user_data:
-        pool, official_test = _check_file_sizes(cfg, sizes), 0
+        pool, official_test = cfg.setup().file_pool(sizes), 0
     else:
         pool, official_test = POOLS[cfg.data.dataset]
     private = ("train", "validation", "holdout", "shadow")
@@ -222,10 +194,10 @@ def check_sizes(cfg: Config) -> None:
         raise UserInputError(field="data.sizes", value=f"{what} = {used}",
                              allowed=f"<= {pool} examples available in {cfg.data.dataset}")
     n = sizes["train"]
-    if cfg.privacy.delta >= 1.0 / n:
+    if cfg.privacy.delta >= delta_bound(n):
         raise UserInputError(field="privacy.delta", value=cfg.privacy.delta,
-                             allowed=f"< 1/train_size = {1.0 / n:.3g} (a larger delta permits "
-                                     "releasing whole examples)")
+                             allowed=f"< 1/train_size = {delta_bound(n):.3g} (a larger delta "
+                                     "permits releasing whole examples)")
     if cfg.training.batch_size > n:
         raise UserInputError(field="training.batch_size", value=cfg.training.batch_size,
                              allowed=f"<= train_size = {n}")
@@ -259,16 +231,3 @@ def check_series_texts(value: Any) -> list[str]:
                                  allowed=f"'{name}' (its default mode) or '{name}:MODE' with "
                                          "a mode named after the colon")
     return list(value)
-
-
-def fixed_keys(cfg: Config, method: str) -> dict[str, tuple[str, Any]]:
-    """The hyperparameters ``[method_params]`` fixes for ``method``: name -> (key, value)."""
-    from trainables.methods import get_method
-
-    declared = get_method(method).declaration()
-    out = {k: (f"method_params.{k}", v) for k, v in cfg.method_params.items()
-           if not isinstance(v, dict) and k in declared}
-    own = cfg.method_params.get(method)
-    if isinstance(own, dict):
-        out.update({k: (f"method_params.{method}.{k}", v) for k, v in own.items()})
-    return out

@@ -27,9 +27,27 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import ray
+
 from core import layout
 from core.errors import describe
+from core.layout import CHECKPOINT_DIR
 from core.storage import atomic_write_json
+from core.vocabulary import FAILED, OK
+from orchestrator.audit.membership import (
+    AUDIT_FILE,
+    AuditSettings,
+    audit_in_trial,
+    audit_model,
+    audit_trial_model,
+    budgets_from_config,
+    trial_audit_paths,
+)
+from orchestrator.sweep.studies import RESULT_FILE
+from orchestrator.trial import runner
+from reports import store
+from trainables.audit.references import NonPrivateRecipe, nonprivate_trainer, train_nonprivate
+from trainables.training.loop import evaluate, load_spec, load_trial_data, spec_model_source
 
 BASELINE_ID = "nonprivate"
 
@@ -75,8 +93,6 @@ def run_jobs(jobs: list[Job], *, cpus: int, gpus: float, concurrency: int,
     ``stop`` is polled every ``POLL_S`` and raises to end the loop (a signal is never raised
     inside ``ray.wait``, whose C code turns it into a ``SystemError``); pending jobs are then
     cancelled and stay undone, so a resume runs them."""
-    import ray
-
     remote = ray.remote(num_cpus=cpus, num_gpus=gpus)(_call)
     shared = None if data is None else ray.put(data)
     pending: dict[Any, Job] = {}
@@ -102,9 +118,7 @@ def run_jobs(jobs: list[Job], *, cpus: int, gpus: float, concurrency: int,
 
 def _call(fn: Callable[..., dict[str, Any]], kwargs: dict[str, Any],
           data: dict[str, Any] | None = None) -> dict[str, Any]:
-    from orchestrator.trial.runner import use_data_pool
-
-    use_data_pool(data)
+    runner.use_data_pool(data)
     return fn(**kwargs)
 
 
@@ -112,17 +126,7 @@ def _call(fn: Callable[..., dict[str, Any]], kwargs: dict[str, Any],
 def audit_job(*, trial_dir: str, spec: dict[str, Any], settings: dict[str, Any],
               budgets: dict[str, Any]) -> dict[str, Any]:
     """Audit one finished trial from its checkpoint; writes its audit.json."""
-    from core.layout import CHECKPOINT_DIR
-    from orchestrator.audit.membership import (
-        AUDIT_FILE,
-        AuditSettings,
-        audit_trial_model,
-        budgets_from_config,
-        trial_audit_paths,
-    )
-    from trainables.training.loop import TrialSpec, load_trial_data
-
-    trial_spec = TrialSpec.from_dict(spec)
+    trial_spec = load_spec(spec)
     data = load_trial_data(trial_spec)
     record = audit_trial_model(spec=trial_spec, checkpoint=Path(trial_dir) / CHECKPOINT_DIR,
                                data=data, settings=AuditSettings.from_config(settings),
@@ -135,7 +139,7 @@ def audit_job(*, trial_dir: str, spec: dict[str, Any], settings: dict[str, Any],
 def rerun_pending(row: dict[str, Any] | None, *, retry_failed: bool) -> bool:
     """Whether a re-run is to be trained: not recorded yet, or recorded as failed and the
     user asked for failed re-runs again (``dpsweep resume --retry-failed``)."""
-    return row is None or (retry_failed and row.get("status") == "failed")
+    return row is None or (retry_failed and row.get("status") == FAILED)
 
 
 def rerun_job(*, config: dict[str, Any]) -> dict[str, Any]:
@@ -143,39 +147,22 @@ def rerun_job(*, config: dict[str, Any]) -> dict[str, Any]:
 
     Never pruned: a re-run is one more seed of a finished trial, so it runs to its last epoch
     (stopping the unlucky seeds at a rung would bias the mean over seeds upwards)."""
-    from orchestrator.audit.membership import audit_in_trial
-    from orchestrator.trial.runner import execute
-
-    return execute({k: v for k, v in config.items() if k != "pruning"}, audit=audit_in_trial)
+    return runner.execute({k: v for k, v in config.items() if k != "pruning"}, audit=audit_in_trial)
 
 
 def baseline_job(*, run_dir: str, spec: dict[str, Any], settings: dict[str, Any],
                  audit: bool, lr: float) -> dict[str, Any]:
     """Train and audit the non-private baseline; writes trials/nonprivate/{result,audit}.json."""
-    from orchestrator.audit.membership import (
-        AUDIT_FILE,
-        AuditSettings,
-        audit_model,
-        trial_audit_paths,
-    )
-    from orchestrator.sweep.studies import RESULT_FILE
-    from trainables.audit.references import (
-        NonPrivateRecipe,
-        nonprivate_trainer,
-        train_nonprivate,
-    )
-    from trainables.training.loop import TrialSpec, evaluate, load_trial_data
-
     started_at = time.time()
-    trial_spec = TrialSpec.from_dict(spec)
+    trial_spec = load_spec(spec)
     data = load_trial_data(trial_spec)
     recipe = NonPrivateRecipe(epochs=trial_spec.epochs, lr=lr,
                               batch_size=trial_spec.batch_size,
-                              model_source=trial_spec.model_source.to_dict())
+                              model_source=spec_model_source(trial_spec).to_dict())
     model, seconds = train_nonprivate(data=data, recipe=recipe, seed=trial_spec.seed,
                                       threads=trial_spec.threads)
     out = Path(run_dir) / layout.TRIALS / BASELINE_ID
-    record: dict[str, Any] = {"status": "ok", "trial_id": BASELINE_ID, "train_seconds": seconds,
+    record: dict[str, Any] = {"status": OK, "trial_id": BASELINE_ID, "train_seconds": seconds,
                               "recipe": dataclasses.asdict(recipe)}
     for split in ("validation", "test"):
         acc, loss = evaluate(model, getattr(data, split).x, getattr(data, split).y)
@@ -195,11 +182,9 @@ def baseline_job(*, run_dir: str, spec: dict[str, Any], settings: dict[str, Any]
 
 def baseline_row(record: dict[str, Any], *, num_classes: int) -> dict[str, Any]:
     """The baseline's results row: not a DP trial (no epsilon; never releasable)."""
-    from reports import store
-
     row = store.failed_row(trial_id=BASELINE_ID, method=BASELINE_ID, series=BASELINE_ID,
                            study="baseline", error="")
-    row.update({"status": "ok", "validity_reason": "non-private: no clipping, no noise",
+    row.update({"status": OK, "validity_reason": "non-private: no clipping, no noise",
                 "randomness": "none", "release_safe": False,
                 "val_accuracy": record["val_accuracy"], "val_loss": record["val_loss"],
                 "test_accuracy": record["test_accuracy"], "test_loss": record["test_loss"],

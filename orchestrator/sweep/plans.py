@@ -8,10 +8,13 @@ Shared by the driver (``orchestrator.sweep.driver``) and how it tunes
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.accounting.sandbox import keep_interpreters
+from orchestrator.audit.membership import reference_budgets
 from orchestrator.config import Config
-from orchestrator.sweep.signals import progress
+from orchestrator.sweep.progress import progress
 from orchestrator.sweep.studies import (
     ATTACK_OBJECTIVE,
     NOISY_OBJECTIVE,
@@ -19,7 +22,10 @@ from orchestrator.sweep.studies import (
     StudyPlan,
     study_name,
 )
+from orchestrator.trial.plan import plan_trial
 from search_spaces import build_space
+from trainables.dp.step import DPStep
+from trainables.methods import get_method, series_name
 
 if TYPE_CHECKING:
     from orchestrator.rundir import RunDir
@@ -31,8 +37,6 @@ def study_plans(cfg: Config, *, counts: dict[str, int] | None = None) -> list[St
     """Every (series, target) study with its space: fixed values from [method_params] are not
     searched, user ranges from [search.<method>] replace the defaults. ``counts`` (private
     tuning) gives each series its share of the secretly drawn number of trials."""
-    from trainables.methods import series_name
-
     layers = cfg.num_layers
     two = cfg.audit.enabled and cfg.audit.in_trial
     if cfg.sweep.tuning == "private":
@@ -81,9 +85,6 @@ def precompute_order(plans: list[StudyPlan]) -> list[tuple[StudyPlan, dict[str, 
     method's points stay in order, so a budget the first caches serves the next. One queue,
     not a fixed lane per method: the demo's six DP-AdamILG points alone took one lane 12.2 s
     while the other idled from 8.7 s (balanced: about 10.5 s)."""
-    from trainables.dp.step import DPStep
-    from trainables.methods import get_method
-
     by_method: dict[str, list[tuple[StudyPlan, dict[str, Any]]]] = {}
     for plan in plans:
         by_method.setdefault(plan.method, []).extend(
@@ -105,12 +106,6 @@ def precompute(cfg: Config, *, run: RunDir, plans: list[StudyPlan], data: Any,
     :func:`precompute_order`. Two lanes may compute one budget at once (DP-AdamILG's k = 0 is
     DP-SGD's schedule): the cache's writes are atomic and the two results identical.
     """
-    from concurrent.futures import ThreadPoolExecutor
-
-    from orchestrator.accounting.sandbox import keep_interpreters
-    from orchestrator.audit.membership import reference_budgets
-    from orchestrator.trial.plan import plan_trial
-
     order = precompute_order(plans)
     queue = iter(order)
     total = len(order)
@@ -125,7 +120,7 @@ def precompute(cfg: Config, *, run: RunDir, plans: list[StudyPlan], data: Any,
                 if item is None:
                     return
                 plan, point = item
-                spec = plan_trial(cfg.at_epsilon(plan.epsilon), method=plan.method,
+                spec = plan_trial(cfg, epsilon=plan.epsilon, method=plan.method,
                                   params=plan.space.decode(point), cache_dir=run.cache_dir,
                                   data=data, calibration=calibration)
                 if cfg.audit.enabled:

@@ -25,7 +25,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ray._private import services
+
 from core.errors import UserInputError
+from orchestrator.cluster import connection
+from orchestrator.rundir import _undo_create
 
 _log = logging.getLogger(__name__)
 
@@ -63,14 +67,12 @@ def start_ray(*, address: str | None, quiet: bool, runtime_env: dict[str, Any] |
     """Join the cluster at ``address`` (its native warnings caught, :func:`native_stderr`), or
     start a local Ray, once more with a longer wait when it times out; returns the
     ``ClusterInfo``."""
-    from orchestrator import cluster
-
     quiet_ray_loggers()
     if address:
         with native_stderr():
-            return cluster.connect(address, quiet=quiet, runtime_env=runtime_env)
+            return connection.connect(address, quiet=quiet, runtime_env=runtime_env)
     try:
-        return cluster.start_local(num_cpus=None, num_gpus=None, quiet=quiet,
+        return connection.start_local(num_cpus=None, num_gpus=None, quiet=quiet,
                                    runtime_env=runtime_env)
     except Exception as exc:
         if not is_start_timeout(exc):
@@ -79,7 +81,7 @@ def start_ray(*, address: str | None, quiet: bool, runtime_env: dict[str, Any] |
     time.sleep(pause_s)
     try:
         with _patient_get_node(RETRY_EXTRA_WAIT_S):
-            return cluster.start_local(num_cpus=None, num_gpus=None, quiet=quiet,
+            return connection.start_local(num_cpus=None, num_gpus=None, quiet=quiet,
                                        runtime_env=runtime_env)
     except Exception as exc:
         if not is_start_timeout(exc):
@@ -98,8 +100,6 @@ def _patient_get_node(extra_s: float) -> Iterator[None]:
     """Ray's wait for its raylet made longer by ``extra_s``: its loop asks
     ``services.get_node`` until 30 s have passed; the first call here keeps asking (a
     ``RuntimeError`` while the node is not registered) for up to ``extra_s`` itself."""
-    from ray._private import services
-
     original: Callable[..., Any] = services.get_node
     deadline: list[float] = []
 
@@ -159,8 +159,6 @@ def discarded_if_ray_fails(path: Path) -> Iterator[None]:
     """Remove the run directory a first ``run`` makes in the block when its Ray does not start
     (:class:`RayStartFailed`): it holds only the config and the manifest, nothing to resume.
     The outermost folder the run creates goes, or only the contents of an empty ``path``."""
-    from orchestrator.rundir import _undo_create
-
     top = Path(path)
     while not top.parent.exists():
         top = top.parent

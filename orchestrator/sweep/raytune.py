@@ -23,14 +23,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from optuna.trial import TrialState
+from ray import tune
 from ray.tune import ProgressReporter, Stopper
+from ray.tune.logger import JsonLoggerCallback
 from ray.tune.search import Searcher
 
 from core.errors import DiskFull, describe, disk_full
 from core.layout import OPTUNA_DB
+from core.vocabulary import DISK_FULL_KEY, FAILED, INTERRUPTED, OK, PRUNED
+from orchestrator.audit.membership import audit_in_trial
+from orchestrator.config import Config
 from orchestrator.sweep import jobs
 from orchestrator.sweep.studies import (
-    DISK_FULL_KEY,
     ID_ATTR,
     INTERRUPTED_ATTR,
     Outcome,
@@ -38,19 +43,20 @@ from orchestrator.sweep.studies import (
     Tally,
     read_outcome,
 )
-from orchestrator.trial.pruning import PRUNED
 from orchestrator.trial.runner import execute, use_data_pool
 
 if TYPE_CHECKING:
     from orchestrator.sweep.signals import _StopFlag
 
+#: Bytes per MiB (Ray counts a trial's memory in bytes; the config in MiB).
+MIB = 2**20
 #: The key of a Tune config that names a job (its kind's value) instead of a trial.
 JOB_KEY = "job"
 #: What a job reports to Tune when it fails (its reason: the searcher passes it to the driver).
 JOB_ERROR = "job_error"
-#: What a trial reports to Tune when a full disk stopped it (the reason: the searcher stops the
-#: sweep and the trial runs again on resume).
-DISK_FULL = "disk_full"
+#: What a trial reports to Tune when a full disk stopped it (``DISK_FULL_KEY``: what could not
+#: be written; this key: the reason): the searcher stops the sweep and the trial runs again on
+#: resume.
 DISK_FULL_REASON = "disk_full_reason"
 #: The jobs a Tune experiment may run beside its trials, by kind.
 TUNE_JOBS: dict[str, Callable[..., dict[str, Any]]] = {
@@ -61,10 +67,6 @@ def tune_trainable(config: dict[str, Any], data: dict[str, Any] | None = None) -
     """The Ray Tune function trainable: :func:`execute` with per-epoch reports to Tune, or a job
     from outside the studies (``config[JOB_KEY]``) run in the same warm worker. ``data`` is the
     driver's ``orchestrator.trial.plan.data_pool`` (``tune.with_parameters``)."""
-    from ray import tune
-
-    from orchestrator.audit.membership import audit_in_trial
-
     use_data_pool(data)
 
     if JOB_KEY in config:
@@ -83,7 +85,7 @@ def tune_trainable(config: dict[str, Any], data: dict[str, Any] | None = None) -
         if full is None:
             raise
         # reported, not raised: Tune would log the traceback, and the driver needs the reason
-        tune.report({DISK_FULL: full.what, DISK_FULL_REASON: full.reason, "done": True})
+        tune.report({DISK_FULL_KEY: full.what, DISK_FULL_REASON: full.reason, "done": True})
         return
     tune.report({k: v for k, v in record.items() if isinstance(v, (int, float))
                  and not isinstance(v, bool)} | {"done": True})
@@ -183,7 +185,7 @@ class SweepSearcher(Searcher):
             except Exception as exc:  # planning failed: the trial fails, not the run
                 if disk_full(exc) is not None:
                     raise  # the disk, not the plan: the trial (RUNNING) is reconciled on resume
-                self._finish(plan, ot, tid, Outcome("failed", {}, describe(exc)))
+                self._finish(plan, ot, tid, Outcome(FAILED, {}, describe(exc)))
                 continue
             self._live[trial_id] = (plan, ot, tid)
             return config
@@ -208,17 +210,15 @@ class SweepSearcher(Searcher):
             return
         plan, ot, tid = entry
         outcome = read_outcome(self._trials_root / tid)
-        if result and result.get(DISK_FULL) and outcome.status == "interrupted" \
+        if result and result.get(DISK_FULL_KEY) and outcome.status == INTERRUPTED \
                 and not outcome.error:  # the disk took no error.json: the report says why
-            full = DiskFull(str(result[DISK_FULL]), str(result.get(DISK_FULL_REASON, "")))
-            outcome = Outcome("interrupted", {DISK_FULL_KEY: {"what": full.what,
+            full = DiskFull(str(result[DISK_FULL_KEY]), str(result.get(DISK_FULL_REASON, "")))
+            outcome = Outcome(INTERRUPTED, {DISK_FULL_KEY: {"what": full.what,
                                                               "reason": full.reason}},
                               describe(full))
         self._finish(plan, ot, tid, outcome)
 
     def _finish(self, plan: StudyPlan, ot: Any, tid: str, outcome: Outcome) -> None:
-        from optuna.trial import TrialState
-
         study = self._studies[plan.name]
         tally = self._tallies[plan.name]
         values = outcome.values(plan.objectives)
@@ -233,7 +233,7 @@ class SweepSearcher(Searcher):
             ot.set_user_attr("pruned_at", rung)
             study.tell(ot, state=TrialState.PRUNED)
             tally.pruned.add(tid)
-        elif outcome.status == "interrupted":
+        elif outcome.status == INTERRUPTED:
             # a dead worker, a stopped run or a full disk: re-run it under the same id
             full = outcome.metrics.get(DISK_FULL_KEY)
             if isinstance(full, dict):
@@ -249,7 +249,7 @@ class SweepSearcher(Searcher):
             ot.set_user_attr("error", outcome.error or "a metric was missing or "
                                                         "not finite")
             study.tell(ot, state=TrialState.FAIL)
-            if outcome.status == "ok":
+            if outcome.status == OK:
                 tally.done.add(tid)
             else:
                 tally.failed.add(tid)
@@ -258,13 +258,11 @@ class SweepSearcher(Searcher):
     def interrupt(self, reason: str) -> list[str]:
         """Tell every live trial FAIL (interrupted) and enqueue its re-run."""
         with self._lock:
-            from optuna.trial import TrialState
-
             stopped = []
             for plan, ot, tid in self._live.values():
                 try:
                     outcome = read_outcome(self._trials_root / tid)
-                    if outcome.status != "interrupted":
+                    if outcome.status != INTERRUPTED:
                         self._finish(plan, ot, tid, outcome)
                         continue
                     study = self._studies[plan.name]
@@ -307,3 +305,30 @@ class SilentReporter(ProgressReporter):
 
     def report(self, trials: list, done: bool, *sys_info: dict) -> None:
         del trials, done, sys_info
+
+
+def _tune_trial_name(trial: Any) -> str:
+    """Tune's own name and directory for a trial: its id (the default spells out the config)."""
+    return str(trial.trial_id)
+
+
+def make_tuner(searcher: SweepSearcher, flag: _StopFlag, *, cfg: Config, tune_dir: Path,
+               data: Any, samples: int) -> tune.Tuner:
+    """The sweep's Tune experiment: one attempt directory per run or resume, each trial's
+    resources, the data pool shared through the object store (``data``), Tune's output
+    silenced, and the stopper that polls ``flag`` and the searcher's halt."""
+    attempt = 1 + sum(1 for _ in tune_dir.glob("attempt-*"))
+    resources = {"cpu": cfg.resources.cpus_per_trial, "gpu": cfg.resources.gpus_per_trial}
+    if cfg.resources.memory_per_trial_mb:
+        resources["memory"] = cfg.resources.memory_per_trial_mb * MIB
+    return tune.Tuner(
+        tune.with_resources(tune.with_parameters(tune_trainable, data=data), resources),
+        tune_config=tune.TuneConfig(
+            search_alg=searcher, num_samples=samples,
+            max_concurrent_trials=cfg.sweep.max_concurrent_trials, reuse_actors=True,
+            trial_name_creator=_tune_trial_name, trial_dirname_creator=_tune_trial_name),
+        run_config=tune.RunConfig(
+            name=f"attempt-{attempt}", storage_path=str(tune_dir), verbose=0,
+            progress_reporter=SilentReporter(), callbacks=[JsonLoggerCallback()],
+            stop=InterruptStopper(flag, halted=lambda: searcher.halt is not None),
+            failure_config=tune.FailureConfig(max_failures=0)))

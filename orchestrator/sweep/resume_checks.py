@@ -1,8 +1,16 @@
-"""What ``resume`` verifies before it writes anything or imports any code a config names.
+"""What keeps a run directory whole when files vanish or the disk fills: what ``resume`` verifies
+before it writes anything or imports any code a config names, and how a full disk stops a sweep.
+
+* **Before a resume starts anything** (:func:`check_records`): every file the manifest lists is
+  there and unchanged, the results store is readable, every file a results row points to exists,
+  the Optuna storage is readable and agrees with the trial records (:func:`check_storage`), and
+  every trial it counts as finished still has its result record. A deleted trial directory (or
+  storage) would otherwise be trained again under a reused id; the resume is refused with one
+  line naming what is missing.
 
 * **The Optuna storage is a record like the others** (:func:`check_storage`, the last check
   before Ray starts, so that a damaged record, changed inputs or a bad address are named
-  first; ``signals.check_records`` reads it earlier, :func:`finished_in_storage`). Not hashed
+  first; :func:`check_records` reads it earlier, :func:`finished_in_storage`). Not hashed
   (SQLite rewrites it on every trial), so it is checked for what it must be: a readable SQLite
   file that passes SQLite's own integrity check and holds Optuna's tables, and consistent with
   the trial records: every search trial whose directory exists is in it, every trial that
@@ -19,6 +27,12 @@
   the run's ``config.toml`` names *before* the config is validated, since validating a config
   that names a factory imports and calls it. A config edited to name other code is refused
   without running it.
+* **A full disk** (``core.errors.DiskFull``, at any write: a trial's records, the results store,
+  the manifest, the Optuna storage) stops the sweep as an interrupt does: running trials stop,
+  the trial it hit is not recorded as failed but runs again on resume
+  (:func:`raise_if_disk_full`), whatever the driver could not write is reconciled then, and the
+  sweep ends with :func:`stopped_by`'s ``DiskFull``, which names the run directory (the command
+  prints one line and exits ``EXIT_DISK_FULL``).
 """
 
 from __future__ import annotations
@@ -31,11 +45,16 @@ import sqlite3
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-from core.errors import UserInputError
+from core import layout
+from core.errors import DiskFull, UserInputError, disk_full, disk_full_in
 from core.layout import OPTUNA_DB, RESULT, TRIALS
+from orchestrator import config as config_mod
+from orchestrator.config.paths import resolve_paths
 from orchestrator.rundir import RESTORE, RunDir
 from orchestrator.sweep.studies import FINISHED_STATES, ID_ATTR
+from reports import store
 
 #: Optuna's tables a resume reads (optuna.storages._rdb.models).
 REQUIRED_TABLES = ("studies", "trials", "trial_user_attributes", "trial_values", "version_info")
@@ -148,12 +167,52 @@ def _readable_copy(db: Path) -> Iterator[sqlite3.Connection]:
 def check_inputs_first(run: RunDir, config_path: Path) -> None:
     """Compare the manifest's input hashes with the files the config names, before the
     config is validated (validation imports and calls a factory it names)."""
-    from orchestrator import config as config_mod
-    from orchestrator.config.paths import resolve_paths
-
     # The steps of ``config.from_dict`` that run no code: sections, then absolute paths.
     raw = dict(config_mod.read_toml(config_path))
     sections = {k: config_mod._section(k, v) for k, v in raw.items()
                 if k in config_mod.SECTIONS}
     cfg = resolve_paths(config_mod.Config(**sections), Path(config_path).resolve().parent)
     run.check_inputs(cfg.input_fingerprints())
+
+
+# ---- records that vanish, a disk that fills ---------------------------------------------
+def check_records(run: RunDir) -> None:
+    """Refuse to resume a run directory whose records are damaged, before anything writes or
+    Ray starts: the results store unchanged and readable, the Optuna storage readable
+    (:func:`finished_in_storage`; its agreement with the trial records is
+    :func:`check_storage`, last before Ray), then
+    ``RunDir.check_resumable`` with the files the rows point to and the trials Optuna counts
+    as finished; last the code and data hashes, before the config is validated
+    (:func:`check_inputs_first`: validation imports the factories it names)."""
+    listed = run.manifest.get("files", {})
+    entry = listed.get(layout.RESULTS)
+    if entry is not None and ("sha256" in entry or (run.path / layout.RESULTS).exists()):
+        run.verify(layout.RESULTS, hint=RESTORE)  # edited: named as such, not as unreadable
+    referenced: dict[str, list[str]] = {}
+    for row in store.read_results(run.path, allow_empty=True).to_dict("records"):
+        rels = [row["privacy_record"]] if _text(row.get("privacy_record")) else []
+        if _text(row.get("checkpoint")):
+            rels.append(f"{row['checkpoint']}/{layout.CHECKPOINT_FILE}")
+        referenced[str(row["trial_id"])] = rels
+    run.check_resumable(referenced=referenced, finished=finished_in_storage(run))
+    check_inputs_first(run, run.verify(layout.CONFIG))  # before any code the config names
+
+
+def _text(value: Any) -> bool:
+    return isinstance(value, str) and bool(value)
+
+
+def raise_if_disk_full(error: str) -> None:
+    """A job's or trial's reason that is a full disk is not its failure: the sweep stops."""
+    full = disk_full_in(error) if error else None
+    if full is not None:
+        raise full
+
+
+def stopped_by(exc: Exception, run_dir: Path) -> DiskFull | None:
+    """The full disk that ended a sweep in ``run_dir``, as the ``DiskFull`` to raise (its
+    ``run_dir`` says where to resume), or None when ``exc`` is something else."""
+    full = disk_full(exc, database=str(run_dir / layout.OPTUNA_DB))
+    if full is not None:
+        full.run_dir = run_dir
+    return full

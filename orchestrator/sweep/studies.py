@@ -29,6 +29,7 @@ import contextlib
 import json
 import math
 import re
+import sqlite3
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,8 +39,13 @@ from typing import Any
 from core.errors import describe
 from core.layout import ERROR as ERROR_FILE
 from core.layout import RESULT as RESULT_FILE
-from orchestrator.trial.pruning import PRUNED
+from core.lazy import lazy_module
+from core.vocabulary import DISK_FULL_KEY, FAILED, INTERRUPTED, OK, PRUNED
 from search_spaces import BuiltSpace
+
+#: Optuna is imported on first use: ``orchestrator.trial.runner`` (every trial worker, and
+#: ``dpsweep train``) reads this module's record names and never opens a study.
+optuna = lazy_module("optuna")
 
 #: The objectives a sampler can see: noiseless validation accuracy, the in-trial attack's peak
 #: accuracy on training members (adaptive tuning), the noisy validation score (private tuning).
@@ -51,9 +57,6 @@ OBJECTIVES = {VALIDATION_OBJECTIVE: "maximize", ATTACK_OBJECTIVE: "minimize",
               NOISY_OBJECTIVE: "maximize"}
 ID_ATTR = "dpsweep_trial_id"
 INTERRUPTED_ATTR = "interrupted"
-#: Set in a trial's ``error.json`` when it stopped on a full disk: not a failure of the trial,
-#: which runs again (the record keeps the reason until then).
-DISK_FULL_KEY = "disk_full"
 #: Optuna trial states whose trial finished: its directory must hold ``result.json``.
 FINISHED_STATES = ("COMPLETE", "PRUNED")
 
@@ -88,8 +91,6 @@ class StudyPlan:
 def make_sampler(kind: str, *, seed: int, parallel: bool) -> Any:
     """The Optuna sampler named in ``sweep.sampler`` (seeded: the search, not the noise), for
     adaptive tuning only: private tuning uses :func:`secret_random_sampler`."""
-    import optuna
-
     if kind == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if kind == "nsga2":
@@ -111,8 +112,6 @@ def secret_random_sampler() -> Any:
     would let anyone holding the config replay the draws: a released ``clip_norm`` would then
     name the winning trial and bound the secret trial count from below.
     """
-    import optuna
-
     return optuna.samplers.RandomSampler(seed=None)
 
 
@@ -121,8 +120,6 @@ def open_study(plan: StudyPlan, *, storage: str, sampler: Any, first_point: bool
 
     ``first_point`` enqueues the space's first point (the paper preset) once; private tuning
     passes False, since a fixed point is not a draw from the search distribution."""
-    import optuna
-
     study = optuna.create_study(
         study_name=plan.name, storage=storage, load_if_exists=True, sampler=sampler,
         directions=[OBJECTIVES[o] for o in plan.objectives])
@@ -142,32 +139,32 @@ def open_study(plan: StudyPlan, *, storage: str, sampler: Any, first_point: bool
 class Outcome:
     """What a trial left in its directory: finished (with metrics) or failed (with why)."""
 
-    status: str  # "ok" | "failed" | "pruned" | "interrupted"
+    status: str  # one of core.vocabulary.STATUSES
     metrics: dict[str, Any]
     error: str
 
     def values(self, objectives: tuple[str, ...]) -> list[float] | None:
         vals = [self.metrics.get(o) for o in objectives]
-        if self.status != "ok" or any(v is None or not math.isfinite(float(v)) for v in vals):
+        if self.status != OK or any(v is None or not math.isfinite(float(v)) for v in vals):
             return None
         return [float(v) for v in vals]
 
 
 def read_outcome(trial_dir: Path) -> Outcome:
     """The trial's final record; a directory with neither record was interrupted."""
-    for name, status in ((RESULT_FILE, "ok"), (ERROR_FILE, "failed")):
+    for name, status in ((RESULT_FILE, OK), (ERROR_FILE, FAILED)):
         path = trial_dir / name
         if path.is_file():
             try:
                 record = json.loads(path.read_text())
             except (OSError, ValueError) as exc:
-                return Outcome("failed", {}, f"unreadable {name}: {describe(exc)}")
-            if status == "ok" and record.get("status") == PRUNED:
+                return Outcome(FAILED, {}, f"unreadable {name}: {describe(exc)}")
+            if status == OK and record.get("status") == PRUNED:
                 status = PRUNED  # stopped at a rung: a final record, never re-run
-            if status == "failed" and record.get(DISK_FULL_KEY):
-                status = "interrupted"  # the disk, not the trial: it runs again
+            if status == FAILED and record.get(DISK_FULL_KEY):
+                status = INTERRUPTED  # the disk, not the trial: it runs again
             return Outcome(status, record, str(record.get("error", "")))
-    return Outcome("interrupted", {}, "")
+    return Outcome(INTERRUPTED, {}, "")
 
 
 def finished_trial_ids(db: Path) -> set[str]:
@@ -176,8 +173,6 @@ def finished_trial_ids(db: Path) -> set[str]:
     Read with SQLite itself, read-only, so that a resume can check them against the trial
     directories before anything (Optuna included) writes; an unreadable storage gives no ids
     here (``resume_checks.check_storage`` refuses it before a resume)."""
-    import sqlite3
-
     if not db.is_file():
         return set()
     marks = ", ".join("?" for _ in FINISHED_STATES)
@@ -232,8 +227,6 @@ def reconcile(study: Any, plan: StudyPlan, *, storage: Any, trials_root: Path,
     was interrupted: it is told FAIL (``interrupted``) and re-enqueued under the same id. COMPLETE
     or FAIL trials are reported through ``on_finished`` so their result rows exist.
     """
-    from optuna.trial import TrialState
-
     done: set[str] = set()
     failed: set[str] = set()
     pruned: set[str] = set()
@@ -244,44 +237,44 @@ def reconcile(study: Any, plan: StudyPlan, *, storage: Any, trials_root: Path,
         if tid is None:
             continue
         indices.append(int(tid.rsplit("-", 1)[1]))
-        if t.state == TrialState.WAITING:
+        if t.state == optuna.trial.TrialState.WAITING:
             waiting_ids.add(tid)
     for t in study.get_trials(deepcopy=False):
         tid = t.user_attrs.get(ID_ATTR)
-        if tid is None and t.state == TrialState.RUNNING:
+        if tid is None and t.state == optuna.trial.TrialState.RUNNING:
             # The driver died between ``ask`` and naming the trial: it never started.
             _set_attr(storage, study, t.number, "error", ORPHAN_REASON)
-            study.tell(t.number, state=TrialState.FAIL)
+            study.tell(t.number, state=optuna.trial.TrialState.FAIL)
             continue
-        if tid is None or t.state == TrialState.WAITING:
+        if tid is None or t.state == optuna.trial.TrialState.WAITING:
             continue
         outcome = read_outcome(trials_root / tid)
-        if t.state == TrialState.RUNNING:
+        if t.state == optuna.trial.TrialState.RUNNING:
             values = outcome.values(plan.objectives)
             if values is not None:
                 study.tell(t.number, values)
             elif outcome.status == PRUNED:
-                study.tell(t.number, state=TrialState.PRUNED)
+                study.tell(t.number, state=optuna.trial.TrialState.PRUNED)
             else:
                 reason = outcome.error or "interrupted (the sweep stopped while it ran)"
                 _set_attr(storage, study, t.number, INTERRUPTED_ATTR,
-                          outcome.status == "interrupted")
+                          outcome.status == INTERRUPTED)
                 _set_attr(storage, study, t.number, "error", reason)
-                study.tell(t.number, state=TrialState.FAIL)
-                if outcome.status == "interrupted" and tid not in waiting_ids:
+                study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+                if outcome.status == INTERRUPTED and tid not in waiting_ids:
                     study.enqueue_trial(dict(t.params), user_attrs={ID_ATTR: tid,
                                                                     "rerun_of": t.number})
                     waiting_ids.add(tid)
-        if outcome.status == "ok":
+        if outcome.status == OK:
             done.add(tid)
             on_finished(tid, outcome, t)
         elif outcome.status == PRUNED:
             pruned.add(tid)
             on_finished(tid, outcome, t)
-        elif outcome.status == "failed" and not t.user_attrs.get(INTERRUPTED_ATTR):
+        elif outcome.status == FAILED and not t.user_attrs.get(INTERRUPTED_ATTR):
             failed.add(tid)
             on_finished(tid, outcome, t)
-        elif outcome.status == "interrupted" and t.state == TrialState.FAIL \
+        elif outcome.status == INTERRUPTED and t.state == optuna.trial.TrialState.FAIL \
                 and tid not in waiting_ids and tid not in done:
             study.enqueue_trial(dict(t.params), user_attrs={ID_ATTR: tid, "rerun_of": t.number})
             waiting_ids.add(tid)

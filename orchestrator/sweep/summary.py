@@ -14,9 +14,10 @@ import json
 import math
 import platform
 import time
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from core import layout
+from core import __version__, layout
 from core.errors import UserInputError
 from core.storage import json_bytes
 from orchestrator.rundir import RunDir
@@ -112,8 +113,6 @@ def summary_bytes(*, attempts: list[dict[str, Any]], cfg: Any,
                   tuning: dict[str, Any]) -> bytes:
     """summary.json for a sweep whose last attempt has just finished: what the report's header,
     the export's tuning statement and ``dpsweep pick`` read."""
-    from core import __version__
-
     summary = {
         "started": attempts[0]["started"], "finished": attempts[-1]["finished"],
         **wall_of(attempts),
@@ -128,8 +127,6 @@ def summary_bytes(*, attempts: list[dict[str, Any]], cfg: Any,
 
 
 def _library_versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
     out = {}
     for name in VERSIONED:
         try:

@@ -14,16 +14,29 @@ every trial's noiseless scores: it stays with whoever ran the sweep (docs/search
 from __future__ import annotations
 
 import json
+import logging
+import secrets
 from typing import Any
 
+import pandas as pd
+import tomli_w
+
 from core.errors import UserInputError
+from core.poisson import poisson_plan
+from core.schedule import Schedule
+from core.vocabulary import OK
+from orchestrator.accounting.tuning.adaptive import adaptive_statement
+from orchestrator.accounting.tuning.private import draw_trial_count, plan_private_tuning
 from orchestrator.config import Config
+from orchestrator.sweep.plans import schedule_points, study_plans
 from orchestrator.sweep.studies import (
     StudyPlan,
     make_sampler,
     open_study,
     secret_random_sampler,
 )
+from reports.pick import choose_private
+from trainables.methods import get_method, series_name
 
 #: ``[sweep]`` keys private tuning never reads (its points come from OS entropy, by random
 #: search): the run directory's config.toml leaves them out rather than record a value unused.
@@ -39,7 +52,6 @@ def recorded_config_text(cfg: Config) -> str:
     private tuning, without PRIVATE_UNUSED (loading it back gives their defaults, unused too)."""
     if cfg.sweep.tuning != "private":
         return cfg.to_toml()
-    import tomli_w
 
     raw = cfg.to_dict()
     raw["sweep"] = {k: v for k, v in raw["sweep"].items() if k not in PRIVATE_UNUSED}
@@ -62,13 +74,6 @@ def private_tuning_plan(cfg: Config) -> Any:
 
 
 def _private_tuning_plan(cfg: Config) -> Any:
-    import logging
-
-    from orchestrator.accounting.tuning.private import plan_private_tuning
-    from orchestrator.sweep.plans import schedule_points, study_plans
-    from trainables.methods import get_method
-    from trainables.training.loop import poisson_plan
-
     sizes = cfg.split_sizes()
     q, steps_per_epoch = poisson_plan(dataset_size=sizes["train"],
                                       batch_size=cfg.training.batch_size)
@@ -98,11 +103,6 @@ def _private_tuning_plan(cfg: Config) -> Any:
 
 def draw_counts(cfg: Config, plan: Any) -> dict[str, int]:
     """K ~ the plan's law (secret entropy), each trial's series uniformly at random."""
-    import secrets
-
-    from orchestrator.accounting.tuning.private import draw_trial_count
-    from trainables.methods import series_name
-
     series = [series_name(m, mode) for m, mode in cfg.series()]
     counts = dict.fromkeys(series, 0)
     for _ in range(draw_trial_count(plan=plan)):
@@ -125,10 +125,6 @@ def open_plan_study(cfg: Config, plan: StudyPlan, *, index: int, storage: Any,
 def released_front(rows: list[dict[str, Any]]) -> dict[str, list[str]]:
     """Private tuning's one released trial by study ({} when none finished: K = 0, or every
     trial failed): what an after-sweep audit may look at, chosen by the noisy score alone."""
-    import pandas as pd
-
-    from reports.pick import choose_private
-
     try:
         choice = choose_private(pd.DataFrame(rows))
     except UserInputError:
@@ -137,8 +133,6 @@ def released_front(rows: list[dict[str, Any]]) -> dict[str, list[str]]:
 
 
 def _dp_valid(plan: StudyPlan) -> bool:
-    from trainables.methods import get_method
-
     return next(m.dp_valid for m in get_method(plan.method).modes if m.name == plan.mode)
 
 
@@ -150,15 +144,12 @@ def adaptive_summary(cfg: Config, plans: list[StudyPlan],
     composed exactly, anything else (a failed trial's unknown schedule) as black boxes. A
     series with an invalid claim is not DP: no composition counts or covers it (each study's
     sampler sees only its own trials, so it does not reach the valid ones)."""
-    from core.schedule import Schedule
-    from orchestrator.accounting.tuning.adaptive import adaptive_statement
-
     by_target: dict[str, dict[str, Any]] = {}
     for eps in dict.fromkeys(p.epsilon for p in plans):
         at = [p for p in plans if p.epsilon == eps]
         names = {p.name for p in at if _dp_valid(p)}
         mine = [r for r in rows if r.get("study") in names]
-        ok = [r for r in mine if r["status"] == "ok"]
+        ok = [r for r in mine if r["status"] == OK]
         if not ok:
             continue
         reruns = sum(1 for r in mine if r.get("repeat_of"))

@@ -14,13 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import UserInputError
+from core.poisson import PHYSICAL_BATCH, poisson_plan
+from core.trial import Calibration, TrialSpec
+from core.vocabulary import SPLIT_NAMES
 from orchestrator.accounting.cache import default_cache_dir
 from orchestrator.accounting.calibration import calibrate, epsilon_curve
-from orchestrator.accounting.certificate import Calibration
 from orchestrator.config import Config, from_dict
 from trainables.data.splits import DataSplits, load_pool
 from trainables.methods import METHODS, get_method, series_name
-from trainables.training.loop import TrialSpec, poisson_plan
 
 
 def data_pool(cfg: Config) -> dict[str, Any]:
@@ -52,11 +53,14 @@ def match_budget(*, method: str, params: dict, dataset_size: int, batch_size: in
 
 
 def plan_trial(cfg: Config, *, method: str | None = None, params: Mapping[str, Any] | None = None,
-               trial_id: str = "trial", cache_dir: Path | None = None,
-               data: DataSplits | None = None,
+               epsilon: float | None = None, trial_id: str = "trial",
+               cache_dir: Path | None = None, data: DataSplits | None = None,
                calibration: Calibration | None = None) -> TrialSpec:
     """Match the budget for the config's sampling plan and method schedule; return the spec.
 
+    ``epsilon`` is the target the trial is held to (one of ``Config.targets``; by default
+    ``privacy.epsilon``): a sweep passes each study's target here rather than a copy of the
+    config per target.
     ``params`` are the trial's method parameters (validated here); by default the config's
     (``Config.trial_params``). ``calibration`` replaces budget matching with a certified
     schedule (private tuning). Runs the method's once-per-sweep preparation (on public data
@@ -70,7 +74,8 @@ def plan_trial(cfg: Config, *, method: str | None = None, params: Mapping[str, A
     if calibration is None:
         cal, curve = match_budget(method=name, params=params, dataset_size=sizes["train"],
                                   batch_size=cfg.training.batch_size, epochs=epochs,
-                                  epsilon=cfg.privacy.epsilon, delta=cfg.privacy.delta,
+                                  epsilon=cfg.privacy.epsilon if epsilon is None else epsilon,
+                                  delta=cfg.privacy.delta,
                                   cache_dir=cache_dir,
                                   timeout_s=cfg.privacy.accountant_timeout_s)
     else:  # a schedule fixed elsewhere (private tuning): certified, not searched
@@ -91,7 +96,7 @@ def plan_trial(cfg: Config, *, method: str | None = None, params: Mapping[str, A
         method_params=params,
         epochs=epochs,
         batch_size=cfg.training.batch_size,
-        calibration=cal.to_dict(),
+        calibration=cal,
         epsilon_curve=curve,
         seed=cfg.training.seed,
         randomness=randomness_kind(cfg),
@@ -142,7 +147,7 @@ def config_from_spec(spec: Mapping[str, Any]) -> Config:
     params = {k: v for k, v in (spec.get("method_params") or {}).items()
               if k in declared and k not in declared.prepared()}
     sizes = spec.get("sizes") or {}
-    cal = spec["calibration"]
+    cal = Calibration.from_dict(spec["calibration"])
     device = str(spec.get("device", "auto"))
     randomness = str(spec.get("randomness", "secret"))
     mode = str(params.get("mode", cls.modes[0].name))
@@ -150,12 +155,12 @@ def config_from_spec(spec: Mapping[str, Any]) -> Config:
         "data": {"dataset": spec["dataset"], "data_dir": spec.get("data_dir") or "",
                  "split_seed": int(spec.get("split_seed", 0)),
                  **{f"{name}_size": int(sizes.get(name, 0))
-                    for name in ("train", "validation", "holdout", "test", "shadow")}},
+                    for name in SPLIT_NAMES}},
         "model": {"name": spec.get("model", "auto"), "activation": spec.get("activation", "tanh")},
-        "privacy": {"epsilon": float(cal["target_epsilon"]), "delta": float(cal["delta"])},
+        "privacy": {"epsilon": cal.target_epsilon, "delta": cal.delta},
         "training": {"method": method, "preset": "", "batch_size": int(spec["batch_size"]),
                      "epochs": int(spec["epochs"]),
-                     "max_physical_batch": int(spec.get("max_physical_batch", 512)),
+                     "max_physical_batch": int(spec.get("max_physical_batch", PHYSICAL_BATCH)),
                      "seed": int(spec.get("seed", 0)),
                      "reproducible": randomness == "reproducible",
                      "secure_mode": randomness == "secure"},

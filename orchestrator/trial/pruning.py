@@ -24,8 +24,6 @@ from typing import Any
 
 from core.errors import UserInputError
 
-#: Status of a pruned trial's record and result row.
-PRUNED = "pruned"
 #: The actor's name prefix (one per sweep) and its Ray namespace (every trial worker looks it
 #: up there, whatever namespace Tune's actors run in).
 ACTOR_PREFIX = "dpsweep-rungs-"

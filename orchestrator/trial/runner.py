@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -26,13 +27,17 @@ from core import layout
 from core.errors import DiskFull, UserInputError, describe, disk_full
 from core.layout import CHECKPOINT_DIR
 from core.storage import atomic_write_json
-from orchestrator.sweep.studies import DISK_FULL_KEY, ERROR_FILE, RESULT_FILE
-from orchestrator.trial.pruning import PRUNED, TrialPruned, ask_board
+from core.trial import TrialSpec
+from core.vocabulary import DISK_FULL_KEY, FAILED, OK, PRUNED
+from orchestrator.sweep.studies import ERROR_FILE, RESULT_FILE
+from orchestrator.trial.pruning import TrialPruned, ask_board
+from trainables.data.files import FileSource
+from trainables.data.splits import share_pool
 from trainables.training.loop import (
     CHECKPOINT_FILE,
     TrialResult,
-    TrialSpec,
     load_checkpoint_state,
+    load_spec,
     load_trial_data,
     train_trial,
 )
@@ -78,7 +83,7 @@ def execute(config: dict[str, Any], *,
         (trial_dir / stale).unlink(missing_ok=True)
     started, started_at = time.perf_counter(), time.time()
     try:
-        spec = TrialSpec.from_dict(config["spec"])
+        spec = load_spec(config["spec"])
         data = load_trial_data(spec)
 
         last_report = time.perf_counter()
@@ -103,7 +108,7 @@ def execute(config: dict[str, Any], *,
             return _pruned_record(spec, trial_dir, pruned, history=history, started=started,
                                   started_at=started_at)
         record: dict[str, Any] = {
-            "status": "ok", "trial_id": spec.trial_id, "node": _ray_node(), "pid": os.getpid(),
+            "status": OK, "trial_id": spec.trial_id, "node": _ray_node(), "pid": os.getpid(),
             "val_accuracy": result.val_accuracy, "test_accuracy": result.test_accuracy,
             "epsilon_upper": result.privacy_record.epsilon_upper,
             "train_seconds": sum(m["epoch_seconds"] for m in result.history),
@@ -145,7 +150,7 @@ def _record_failure(trial_dir: Path, config: dict[str, Any], exc: Exception) -> 
     progress, stays); with no room even then there is no record at all, which reads as
     interrupted too. Either way the sweep hears ``DiskFull`` and stops."""
     full = disk_full(exc)
-    record = {"status": "failed", "trial_id": config.get("trial_id"),
+    record = {"status": FAILED, "trial_id": config.get("trial_id"),
               "error": describe(full or exc), "type": type(full or exc).__name__,
               "traceback": traceback.format_exc().splitlines()[-TRACEBACK_LINES:]}
     if full is not None:
@@ -184,12 +189,9 @@ def _pruned_record(spec: TrialSpec, trial_dir: Path, pruned: TrialPruned, *,
 
 def _ray_node() -> str | None:
     """The Ray node that ran the trial (None outside Ray): where each trial ran on a cluster."""
-    import sys
-
-    if "ray" not in sys.modules:
+    ray = sys.modules.get("ray")  # never imported here: a trial outside Ray has no node
+    if ray is None:
         return None
-    import ray
-
     return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
 
 
@@ -198,9 +200,6 @@ def use_data_pool(shared: dict[str, Any] | None) -> None:
     (``orchestrator.trial.plan.data_pool``: no scikit-learn import, no file read per worker);
     None leaves the worker to read the data."""
     if shared is not None:
-        from trainables.data.files import FileSource
-        from trainables.data.splits import share_pool
-
         raw = shared.get("source")  # the pool travels with it: the files need not be here
         source = None if raw is None else FileSource.from_dict(raw, check_files=False)
         share_pool(shared["pool"], dataset=shared["dataset"], data_dir=shared["data_dir"],

@@ -12,7 +12,7 @@ from typing import Any
 
 from core.layout import CHECKPOINT_DIR, RESULTS
 from orchestrator.config import Config
-from orchestrator.rundir import RunDir
+from orchestrator.rundir import RunDir, check_creatable
 from orchestrator.trial.plan import plan_trial
 from reports import store
 from trainables.training.loop import TrialResult, train_trial
@@ -23,8 +23,6 @@ TRIAL_ID = "trial-000"
 def train_single(cfg: Config, *, out: Path,
                  progress: Callable[[dict[str, Any]], None] | None = None) -> TrialResult:
     """Plan the budget, train, and record one trial into a new run directory ``out``."""
-    from orchestrator.rundir import check_creatable
-
     cfg = cfg.one_target(command="dpsweep train")  # budget.epsilons = [1] trains at 1, not 3
     check_creatable(Path(out))
     data = cfg.data_splits()  # validates data_dir and files before anything is written

@@ -897,7 +897,7 @@ def guarded(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
         raise _Reached("validation passed: the command went on to its expensive stage")
 
     for module, names in (("orchestrator.sweep.driver", ["_drive"]),
-                          ("trainables.audit.canaries", ["black_box_run", "white_box_run"])):
+                          ("orchestrator.audit.canary", ["black_box_run", "white_box_run"])):
         loaded = importlib.import_module(module)
         for name in names:
             monkeypatch.setattr(loaded, name, reached)

@@ -20,9 +20,10 @@ from typing import Any
 import pytest
 
 from core.errors import UserInputError
-from orchestrator import cli, cluster
+from orchestrator import cli
+from orchestrator.cluster import connection as cluster
 from orchestrator.rundir import RunDir
-from orchestrator.sweep import ray_start
+from orchestrator.sweep import commands, ray_start
 from orchestrator.sweep.signals import EXIT_SIGINT, Interrupted, _StopFlag
 
 TIMEOUT = Exception("The current node timed out during startup. This could happen because "
@@ -117,7 +118,7 @@ def test_the_cli_ignores_signals_once_it_reports_the_interrupt(
         raise Interrupted(signal.SIGINT, Path("/runs/x"))
 
     try:
-        assert cli._sweep(interrupted) == EXIT_SIGINT
+        assert commands.sweep(interrupted) == EXIT_SIGINT
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
         for s, h in before.items():

@@ -30,8 +30,7 @@ from core import layout
 from orchestrator import config as config_mod
 from orchestrator.cli import main
 from orchestrator.rundir import RunDir
-from orchestrator.sweep.resume_checks import check_storage, finished_in_storage
-from orchestrator.sweep.signals import check_records
+from orchestrator.sweep.resume_checks import check_records, check_storage, finished_in_storage
 from orchestrator.sweep.studies import ID_ATTR
 from trainables.models.usercode import tree_sha256
 
@@ -61,7 +60,7 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 @pytest.fixture
 def no_ray(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fail the test if a command starts or joins Ray (nothing could be trained without)."""
-    from orchestrator import cluster
+    from orchestrator.cluster import connection as cluster
 
     def started(*_a: Any, **_k: Any) -> Any:
         raise AssertionError("Ray was started")

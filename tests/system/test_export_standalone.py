@@ -138,14 +138,14 @@ def _image_folder(root: Path) -> list[tuple[str, Path]]:
 def _training_predictions(run: Path) -> tuple[list[int], list[int], float]:
     """(test rows, what the training code predicts for each, the recorded test accuracy)."""
     from trainables.training.loop import (
-        TrialSpec,
         build_trial_model,
         load_checkpoint_state,
+        load_spec,
         load_trial_data,
     )
 
     state = load_checkpoint_state(run / "trials" / TRIAL_ID / "checkpoint")
-    spec = TrialSpec.from_dict(state["spec"])
+    spec = load_spec(state["spec"])
     data = load_trial_data(spec)
     model = build_trial_model(spec, data)
     model.load_state_dict(state["model"])

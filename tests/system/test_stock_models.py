@@ -109,11 +109,11 @@ def _audit_lists_every_layer(config: Path, checkpoint: Path, spec: dict) -> None
         budgets_from_config,
         reference_budgets,
     )
-    from trainables.training.loop import TrialSpec
+    from trainables.training.loop import load_spec
 
     cfg = config_mod.load(config)
     data = cfg.data_splits()
-    trial = TrialSpec.from_dict(spec)
+    trial = load_spec(spec)
     budgets = reference_budgets(cfg, method="dpsgd", params=trial.method_params, epsilon=3.0,
                                 data=data, cache_dir=None)
     record = audit_trial_model(spec=trial, checkpoint=checkpoint, data=data,

@@ -264,7 +264,7 @@ def test_every_trial_has_a_row_with_the_users_layers_attacked(cli_run: Path) -> 
 def test_the_export_loads_into_the_factorys_module_with_the_recorded_accuracy(
         cli_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from orchestrator.cli import main
-    from trainables.training.loop import TrialSpec, load_trial_data
+    from trainables.training.loop import load_spec, load_trial_data
 
     trial = "dpsgd_eps3-000"
     assert main(["export", str(cli_run), "--trial", trial, "--out", str(tmp_path / "rel")]) == 0
@@ -281,7 +281,7 @@ def test_the_export_loads_into_the_factorys_module_with_the_recorded_accuracy(
     net = build(input_shape=tuple(info["input_shape"]), num_classes=info["num_classes"],
                 **info["model_source"]["args"])
     net.load_state_dict(torch.load(tmp_path / "rel" / "weights.pt", weights_only=True))
-    spec = TrialSpec.from_dict(json.loads((cli_run / "trials" / trial / "spec.json").read_text()))
+    spec = load_spec(json.loads((cli_run / "trials" / trial / "spec.json").read_text()))
     test = load_trial_data(spec).test
     with torch.no_grad():
         accuracy = float((net.eval()(test.x).argmax(1) == test.y).float().mean())

@@ -34,12 +34,13 @@ from core.events import (
     events_to_list,
 )
 from core.schedule import Phase, Schedule
+from core.trial import Calibration, EpsilonBounds
 from orchestrator.accounting import cache as budget_cache
 from orchestrator.accounting import calibration as curves
 from orchestrator.accounting import sandbox, search
 from orchestrator.accounting.cache import default_cache_dir
 from orchestrator.accounting.calibration import calibrate, epsilon_curve
-from orchestrator.accounting.certificate import WINDOW, Calibration, EpsilonBounds
+from orchestrator.accounting.certificate import WINDOW
 from orchestrator.accounting.prv import prv_epsilon, rdp_integer_epsilon
 from orchestrator.accounting.verify import (
     _one_step_epsilon,

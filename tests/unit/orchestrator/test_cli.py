@@ -241,6 +241,7 @@ def test_a_full_disk_is_one_line_with_what_to_do(argv: list[str], hint: str,
     import errno
 
     from orchestrator import cli
+    from orchestrator.sweep import commands
 
     full = OSError(errno.ENOSPC, "No space left on device", "runs/full/optuna.db")
     try:
@@ -249,9 +250,9 @@ def test_a_full_disk_is_one_line_with_what_to_do(argv: list[str], hint: str,
         error = wrapped
     command = {"run": "cmd_run", "resume": "cmd_resume", "export": "cmd_export"}[argv[0]]
 
-    def fails(args: object) -> int:
+    def fails(args: object, _module: object) -> int:
         if argv[0] == "run":
-            cli._out_dir(args, stem="c")  # what cmd_run does first
+            commands.out_dir(args, stem="c")  # what cmd_run does first
         raise error
 
     monkeypatch.setattr(cli, command, fails)
@@ -331,8 +332,8 @@ def test_out_of_a_bad_form_is_refused_before_anything(out: str, tmp_path: Path,
 def test_a_sweep_keeps_tunes_trial_tracebacks_off_the_terminal(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A killed worker's ActorDiedError is recorded as the trial's failure, not printed."""
-    from orchestrator import cli
+    from orchestrator.sweep import commands
 
-    monkeypatch.delenv(cli.TUNE_TRIAL_ERRORS_ENV, raising=False)
-    assert cli._sweep(lambda: None) == 0
-    assert os.environ[cli.TUNE_TRIAL_ERRORS_ENV] == "0"
+    monkeypatch.delenv(commands.TUNE_TRIAL_ERRORS_ENV, raising=False)
+    assert commands.sweep(lambda: None) == 0
+    assert os.environ[commands.TUNE_TRIAL_ERRORS_ENV] == "0"

@@ -13,12 +13,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import safetensors.torch
 import torch
+from safetensors.torch import load_file
 
 import trainables.dp.randomness
 from core.errors import UserInputError
+from core.poisson import poisson_plan
 from core.records import PrivacyRecord
+from core.schedule import Schedule
+from core.trial import Calibration, EpsilonBounds, TrialSpec
 from orchestrator import __version__
 from orchestrator.accounting.tuning.adaptive import adaptive_statement
 from orchestrator.release.bundle import RELEASE_ENTRIES, RELEASE_FILES, export_trial
@@ -41,10 +44,8 @@ from trainables.methods import get_method
 from trainables.models.networks import build_model
 from trainables.training.loop import (
     TrialResult,
-    TrialSpec,
     evaluate,
     load_trial_data,
-    poisson_plan,
     train_trial,
 )
 
@@ -66,12 +67,12 @@ def _spec(*, data_dir: Path, randomness: str) -> TrialSpec:
     sizes = cfg.split_sizes()
     q, steps_per_epoch = poisson_plan(dataset_size=sizes["train"],
                                       batch_size=cfg.training.batch_size)
-    calibration = {
-        "target_epsilon": 4.0, "delta": DELTA, "sample_rate": q,
-        "schedule": [{"noise_multiplier": SIGMA, "steps": EPOCHS * steps_per_epoch}],
-        "bounds": {"lower": 3.91, "estimate": 3.95, "upper": EPSILON_UPPER, "accountant": "prv"},
-        "accountant": "prv", "fallback_reason": None, "eps_error": 0.008,
-    }
+    calibration = Calibration(
+        target_epsilon=4.0, delta=DELTA, sample_rate=q,
+        schedule=Schedule.constant(noise_multiplier=SIGMA, steps=EPOCHS * steps_per_epoch),
+        scale=1.0,
+        bounds=EpsilonBounds(lower=3.91, estimate=3.95, upper=EPSILON_UPPER, accountant="prv"),
+        accountant="prv", fallback_reason=None, eps_error=0.008, seconds=0.0, cached=False)
     method = cfg.training.method
     return TrialSpec(
         method=method, method_params=get_method(method).validate_params(cfg.trial_params(method)),
@@ -188,7 +189,7 @@ def test_weights_reproduce_the_recorded_test_accuracy(trained: Trained, release:
     accuracy, _ = evaluate(model.eval(), test.x, test.y)
     assert accuracy == recorded
 
-    tensors = safetensors.torch.load_file(release / "model.safetensors")
+    tensors = load_file(release / "model.safetensors")
     assert tensors.keys() == model.state_dict().keys()
     for name, value in model.state_dict().items():
         assert torch.equal(tensors[name], value)
@@ -529,11 +530,11 @@ def test_loader_refuses_changed_extra_or_shadowed_code(release: Path, tmp_path: 
     # Intact, but this process imported dpsweep's own trainables: refused, never mixed.
     with pytest.raises(ImportError, match="already imported from elsewhere"):
         loader.load(copy)
-    models = copy / "code" / "trainables" / "models.py"
+    models = copy / "code" / "trainables" / "models" / "networks.py"
     models.write_bytes(models.read_bytes() + b"\n# edited\n")
     with pytest.raises(ImportError, match="changed since export"):
         loader.load(copy)
-    shutil.copy(release / "code" / "trainables" / "models.py", models)
+    shutil.copy(release / "code" / "trainables" / "models" / "networks.py", models)
     (copy / "code" / "sitecustomize.py").write_text("raise SystemExit\n")
     with pytest.raises(ImportError, match=r"model\.json lists"):
         loader.load(copy)

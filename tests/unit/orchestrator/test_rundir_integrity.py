@@ -30,11 +30,11 @@ from core.errors import (
     disk_full_in,
 )
 from core.storage import atomic_write, atomic_write_json
+from core.vocabulary import DISK_FULL_KEY
 from orchestrator import config as config_mod
 from orchestrator import raytemp
 from orchestrator.rundir import RESTORE, RunDir
 from orchestrator.sweep.studies import (
-    DISK_FULL_KEY,
     ID_ATTR,
     INTERRUPTED_ATTR,
     Outcome,
@@ -309,7 +309,7 @@ def _searcher(tmp_path: Path, on_outcome: Any) -> tuple[Any, Any, Any]:
 
 def test_a_trial_that_reports_a_full_disk_runs_again_and_halts_the_search(
         tmp_path: Path) -> None:
-    from orchestrator.sweep.raytune import DISK_FULL, DISK_FULL_REASON, InterruptStopper
+    from orchestrator.sweep.raytune import DISK_FULL_REASON, InterruptStopper
     from orchestrator.sweep.signals import _StopFlag
 
     outcomes: list[str] = []
@@ -317,7 +317,7 @@ def test_a_trial_that_reports_a_full_disk_runs_again_and_halts_the_search(
     first = searcher.suggest("tune-1")
     stopper = InterruptStopper(_StopFlag(), halted=lambda: searcher.halt is not None)
     assert not stopper.stop_all()
-    searcher.on_trial_complete("tune-1", result={DISK_FULL: "/r/x/state.pt",
+    searcher.on_trial_complete("tune-1", result={DISK_FULL_KEY: "/r/x/state.pt",
                                                  DISK_FULL_REASON: ENOSPC_TEXT})
     assert searcher.halt is not None and searcher.halt.what == "/r/x/state.pt"
     assert stopper.stop_all() and searcher.suggest("tune-2") is None

@@ -14,7 +14,6 @@ import json
 import math
 import os
 import signal
-import sys
 import types
 from pathlib import Path
 from typing import Any
@@ -411,7 +410,7 @@ def test_signals_are_handled_while_installed_and_restored_after() -> None:
 
 def test_cli_prints_one_resume_hint_and_exits_with_the_signal_code(
         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    from orchestrator.cli import _sweep
+    from orchestrator.sweep.commands import sweep as _sweep
 
     def stopped() -> None:
         raise Interrupted(signal.SIGTERM, tmp_path / "run")
@@ -471,7 +470,7 @@ def test_an_interrupt_during_after_search_jobs_is_not_recorded_as_a_failed_job(
     fake.get = lambda ref: ref.value
     fake.cancel = lambda ref, **_kw: None
     fake.put = lambda value: value
-    monkeypatch.setitem(sys.modules, "ray", fake)
+    monkeypatch.setattr(postsweep, "ray", fake)
     calls: list[tuple[str, str]] = []
 
     def on_done(job: postsweep.Job, result: Any, error: str) -> None:
@@ -511,7 +510,7 @@ def test_front_ids_are_the_leader_and_the_trials_tied_with_it() -> None:
 
 
 def test_audit_settings_and_summary_inputs_follow_the_config() -> None:
-    from orchestrator.sweep.driver import audit_settings
+    from orchestrator.sweep.search import audit_settings
 
     on = audit_settings(_config(methods=["dpsgd"], audit=True))
     off = audit_settings(_config(methods=["dpsgd"], audit=False))
@@ -556,6 +555,7 @@ def test_the_after_sweep_audit_uses_the_run_cache_and_the_accountant_timeout(
             return types.SimpleNamespace(to_dict=lambda: {}), []
 
         monkeypatch.setattr(trial, "match_budget", match_budget)
+        monkeypatch.setattr(audit_mod, "match_budget", match_budget)  # imported by name
         jobs: list[Any] = []
         monkeypatch.setattr(postsweep, "run_jobs", lambda j, **_kw: jobs.extend(j))
         driver.flag = types.SimpleNamespace(in_tune=False, event=None)

@@ -16,7 +16,7 @@ from core.params import ParamSet, ValidatedParams
 from orchestrator.trial.plan import plan_trial
 from tests.conftest import tiny_config
 from trainables.methods import get_method
-from trainables.training.loop import TrialSpec, train_trial
+from trainables.training.loop import load_spec, train_trial
 
 
 @pytest.fixture
@@ -50,7 +50,7 @@ def test_plain_data_is_checked_when_it_arrives(checks: list[str], tmp_path) -> N
     wire = spec.to_dict()
     assert type(wire["method_params"]) is dict and json.loads(json.dumps(wire)) == wire
     checks.clear()
-    again = TrialSpec.from_dict(wire)  # what a worker or ``spec.json`` hands over
+    again = load_spec(wire)  # what a worker or ``spec.json`` hands over
     assert checks == ["method_params"] and again == spec
     get_method("dp_adamilg").noise_shape(epochs=2, steps_per_epoch=3, params=again.method_params)
     assert checks == ["method_params"]
@@ -60,7 +60,7 @@ def test_a_spec_from_disk_with_a_bad_value_is_refused_by_name(tmp_path) -> None:
     wire = plan_trial(tiny_config(epochs=1), method="dpsgd", cache_dir=tmp_path).to_dict()
     wire["method_params"]["clip_norm"] = -1.0
     with pytest.raises(UserInputError, match=r"method_params\.clip_norm"):
-        TrialSpec.from_dict(wire)
+        load_spec(wire)
 
 
 def test_validated_values_are_read_only_and_belong_to_one_method() -> None:

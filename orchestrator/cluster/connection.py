@@ -1,4 +1,4 @@
-"""Where a sweep runs: a loopback-only local Ray, an honest cluster connection, resource checks.
+"""A loopback-only local Ray, an honest cluster connection, and the environment both set.
 
 Why this module exists (measured with Ray 2.60 on Linux, see docs/security.md):
 
@@ -17,8 +17,6 @@ Why this module exists (measured with Ray 2.60 on Linux, see docs/security.md):
   sweep writes anything (:func:`check_address`).
 * Under a long TMPDIR Ray's Unix socket paths exceed 107 bytes; a local Ray's temp dir is kept
   short and private (``orchestrator.raytemp``).
-* A trial asking for more CPUs, GPUs or memory than any single node has waits forever in Ray's
-  queue; :func:`check_resources` refuses it up front.
 
 Token authentication stays on for a local run (loopback is reachable by every local user and
 container sharing the network namespace); the token is a fresh random one per run, passed to
@@ -33,29 +31,40 @@ import logging
 import math
 import os
 import secrets
-import shutil
 import socket
-import subprocess
-import sys
-import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.checks import number, whole
-from core.errors import UserInputError
+import ray
+import ray._private.worker as ray_worker
+from ray._private import ray_constants, services
+from ray._private import utils as ray_utils
+from ray._raylet import (
+    AuthenticationMode,
+    AuthenticationTokenLoader,
+    Config,
+    InnerGcsClient,
+    get_authentication_mode,
+)
+from ray.core.generated.gcs_pb2 import GcsNodeInfo
 
-# A local Ray's temp dir lives in orchestrator.raytemp; its names stay reachable from here.
-from orchestrator.raytemp import PRIVATE_TEMP_PREFIX  # noqa: F401
-from orchestrator.raytemp import private_temp_dir as _private_temp_dir
+from core.errors import UserInputError
+from orchestrator.cluster.resources import (
+    ADDRESS_FIELD,
+    LOOPBACK_V4,
+    MIB,
+    ClusterInfo,
+    NodeResources,
+    usable_cpus,
+)
+from orchestrator.raytemp import private_temp_dir
 
 _log = logging.getLogger("dpsweep.cluster")
 
-LOOPBACK_V4 = "127.0.0.1"
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
-ADDRESS_FIELD = "--address"
 CLIENT_SCHEME = "ray://"
 AUTO_ADDRESS = "auto"
 # Ray refuses GCS ports outside this range (services.extract_ip_port).
@@ -66,10 +75,7 @@ CONNECT_PROBE_TIMEOUT_S = 5.0
 # ray.init's connection attempts, about 1 s each once the probe has seen the port speak gRPC
 # (Ray's default is 20; a wrong or missing token fails every one of them).
 GCS_CONNECT_ATTEMPTS = 3
-STORAGE_PROBE_TIMEOUT_S = 60.0
-NVIDIA_SMI_TIMEOUT_S = 5.0
 TOKEN_HEX_BYTES = 32  # 256 bits, the size Ray generates itself
-MIB = 1024 * 1024
 
 # Ray's environment switches this module sets (and restores on shutdown).
 AUTH_MODE_ENV = "RAY_AUTH_MODE"
@@ -84,30 +90,7 @@ USAGE_STATS_ENV = "RAY_USAGE_STATS_ENABLED"
 _H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
 _H2_FRAME_HEADER = 9
 _H2_SETTINGS = 0x04
-_CUDA_NONE = frozenset({"", "-1", "NoDevFiles"})
 _AUTH_FAILURE_MARKERS = ("InvalidAuthToken", "Authentication token", "AuthenticationError")
-
-
-@dataclass(frozen=True)
-class NodeResources:
-    """What one node offers a trial (a trial must fit on one node)."""
-
-    node_id: str
-    address: str
-    cpus: float
-    gpus: float
-    memory_mb: float
-
-
-@dataclass(frozen=True)
-class ClusterInfo:
-    """The Ray this process is attached to: its GCS address and its alive nodes."""
-
-    address: str
-    local: bool
-    token_auth: bool
-    nodes: tuple[NodeResources, ...]
-    session_dir: str  # this machine's Ray session: logs, sockets, spilled objects
 
 
 @dataclass
@@ -139,11 +122,9 @@ def start_local(*, num_cpus: int | None, num_gpus: float | None, quiet: bool,
                                  or not isinstance(num_gpus, (int, float))
                                  or not math.isfinite(num_gpus) or num_gpus < 0):
         raise UserInputError(field="num_gpus", value=num_gpus, allowed="a number >= 0 or None")
-    import ray
-
     if ray.is_initialized():
         raise RuntimeError("Ray is already initialised in this process; call "
-                           "orchestrator.cluster.shutdown() (or ray.shutdown()) first")
+                           "orchestrator.cluster.connection.shutdown() (or ray.shutdown()) first")
     _save_env()
     token_auth = _configure_local_auth()
     # ray.init turns usage stats off for a local cluster already; said explicitly, it holds for
@@ -153,8 +134,8 @@ def start_local(*, num_cpus: int | None, num_gpus: float | None, quiet: bool,
     _state.owner = "local"  # from here on shutdown() stops whatever part of Ray came up
     try:
         with _loopback_node_address():
-            ray.init(address="local", num_cpus=num_cpus or _usable_cpus(), num_gpus=num_gpus,
-                     include_dashboard=False, _temp_dir=str(_private_temp_dir()),
+            ray.init(address="local", num_cpus=num_cpus or usable_cpus(), num_gpus=num_gpus,
+                     include_dashboard=False, _temp_dir=str(private_temp_dir()),
                      **_init_kwargs(quiet=quiet, runtime_env=runtime_env))
         _route_raylet_messages()
         info = _describe(local=True, token_auth=token_auth)
@@ -180,8 +161,7 @@ def shutdown() -> None:
 
 def _shutdown(*, refresh_config: bool) -> None:
     if _state.owner is not None:
-        ray = sys.modules.get("ray")
-        if ray is not None and ray.is_initialized():
+        if ray.is_initialized():
             ray.shutdown()
         _state.owner = None
     if _state.saved_env is not None:
@@ -209,11 +189,9 @@ def connect(address: str, *, quiet: bool,
     Every failure is one :class:`UserInputError` naming ``--address``, within seconds: the
     address is probed before Ray's own (minutes-long) retry loop can start.
     """
-    import ray
-
     if ray.is_initialized():
         raise RuntimeError("Ray is already initialised in this process; call "
-                           "orchestrator.cluster.shutdown() (or ray.shutdown()) first")
+                           "orchestrator.cluster.connection.shutdown() (or ray.shutdown()) first")
     target = _checked_target(address)
     if isinstance(target, str):
         return _connect_client(target, quiet=quiet, runtime_env=runtime_env)
@@ -249,9 +227,7 @@ def _checked_target(address: str) -> tuple[str, int] | str:
         raise _address_error(address, "host:port of a running Ray cluster's GCS (`ray start "
                                       "--head` prints it), 'auto', or ray://host:port")
     if text.startswith(CLIENT_SCHEME):
-        from ray._private.utils import get_ray_client_dependency_error
-
-        if get_ray_client_dependency_error() is not None:
+        if ray_utils.get_ray_client_dependency_error() is not None:
             raise _address_error(text, "a host:port GCS address: ray:// (Ray Client) addresses "
                                        "need `pip install 'ray[client]'` (grpcio), not installed")
         host, port = _split_host_port(text[len(CLIENT_SCHEME):], original=text,
@@ -273,10 +249,6 @@ def _check_gcs_and_local_node(gcs_address: str, *, original: str) -> None:
     A driver attaches to a Ray node running on its own machine; ray.init looks for one for 60 s
     before saying so, and retries a missing token 20 times: both are answered here at once.
     """
-    from ray._private import services
-    from ray._raylet import InnerGcsClient
-    from ray.core.generated.gcs_pb2 import GcsNodeInfo
-
     try:
         gcs = InnerGcsClient.standalone(gcs_address, None, int(CONNECT_PROBE_TIMEOUT_S * 1000))
         alive = gcs.get_all_node_info(timeout=CONNECT_PROBE_TIMEOUT_S,
@@ -299,8 +271,6 @@ def _connect_client(text: str, *, quiet: bool,
                     runtime_env: dict[str, Any] | None = None) -> ClusterInfo:
     """A Ray Client address (checked: ``ray[client]``, which dpsweep does not require, is
     installed and the port speaks gRPC)."""
-    import ray
-
     _save_env()
     _register_atexit()
     _state.owner = "cluster"
@@ -314,8 +284,6 @@ def _connect_client(text: str, *, quiet: bool,
 
 
 def _resolve_auto(original: str) -> str:
-    from ray._private import services
-
     try:
         return services.canonicalize_bootstrap_address_or_die(AUTO_ADDRESS)
     except ConnectionError as exc:
@@ -397,8 +365,6 @@ def _route_raylet_messages() -> None:
     """Ray prints the raylet's error messages (a worker that died, a task that failed) straight
     to the driver's stderr, whatever ``log_to_driver`` says; dpsweep records each trial's failure
     with its reason, so those lines go to this module's log instead of the user's terminal."""
-    import ray._private.worker as ray_worker
-
     original = getattr(ray_worker, "print_to_stdstream", None)
     if original is None or getattr(original, "_dpsweep_routed", False):
         return
@@ -475,8 +441,6 @@ def _loopback_node_address(*, enabled: bool = True) -> Iterator[None]:
     time; Ray's processes get the node address on their command line, so restoring it after
     ``ray.init`` changes nothing for them.
     """
-    from ray._private import ray_constants
-
     before = ray_constants.ENABLE_RAY_CLUSTER
     if enabled:
         ray_constants.ENABLE_RAY_CLUSTER = False
@@ -509,17 +473,11 @@ def _refresh_ray_auth_config() -> None:
     Ray reads ``RAY_AUTH_MODE`` once per process (its own tests refresh it the same way); the
     config is refreshed before the token cache is dropped, as Ray's test utilities do.
     """
-    if "ray" not in sys.modules:
-        return
-    from ray._raylet import AuthenticationTokenLoader, Config
-
     Config.initialize("")
     AuthenticationTokenLoader.instance().reset_cache()
 
 
 def _auth_mode_is_token() -> bool:
-    from ray._raylet import AuthenticationMode, get_authentication_mode
-
     return get_authentication_mode() == AuthenticationMode.TOKEN
 
 
@@ -544,8 +502,6 @@ def _register_atexit() -> None:
 
 
 def _describe(*, local: bool, token_auth: bool) -> ClusterInfo:
-    import ray
-
     nodes = tuple(
         NodeResources(node_id=n["NodeID"], address=n["NodeManagerAddress"],
                       cpus=float(n["Resources"].get("CPU", 0.0)),
@@ -566,216 +522,3 @@ def _truthy(value: str | None) -> bool:
 
 
 # --------------------------------------------------------------------------- resources
-
-
-def machine_resources() -> NodeResources:
-    """This machine as Ray would see it, read without starting Ray or importing torch."""
-    return NodeResources(node_id="", address=LOOPBACK_V4, cpus=float(_usable_cpus()),
-                         gpus=float(_visible_gpus()), memory_mb=_memory_mb())
-
-
-def check_resources(*, cpus_per_trial: float, gpus_per_trial: float,
-                    memory_per_trial_mb: float | None, max_concurrent: int,
-                    info: ClusterInfo | None) -> int:
-    """Refuse a trial that no single node can ever run (Ray would queue it forever).
-
-    Checked against this machine when ``info`` is None (before Ray starts), else against the
-    alive nodes of ``info``. Returns how many trials can run at once: ``max_concurrent``, or
-    fewer when the nodes hold fewer (not an error: the rest wait their turn).
-    """
-    nodes: Sequence[NodeResources] = info.nodes if info is not None else (machine_resources(),)
-    where = ("this machine" if info is None else
-             "one node of this cluster" if not info.local else "the local Ray")
-    number(cpus_per_trial, field="resources.cpus_per_trial", low=0.0)
-    number(gpus_per_trial, field="resources.gpus_per_trial", low=0.0)
-    if memory_per_trial_mb is not None:
-        number(memory_per_trial_mb, field="resources.memory_per_trial_mb", low=0.0)
-    whole(max_concurrent, field="sweep.max_concurrent_trials", low=1)
-    if gpus_per_trial > 1 and gpus_per_trial != int(gpus_per_trial):
-        raise UserInputError(field="resources.gpus_per_trial", value=gpus_per_trial,
-                             allowed="a fraction below 1 or a whole number (Ray's rule)")
-    if not nodes:
-        raise UserInputError(field=ADDRESS_FIELD, value=info.address if info else None,
-                             allowed="a cluster with at least one alive node")
-    most_cpus = max(n.cpus for n in nodes)
-    if cpus_per_trial > most_cpus:
-        raise UserInputError(field="resources.cpus_per_trial", value=cpus_per_trial,
-                             allowed=f"at most {most_cpus:g}, the CPUs of {where}"
-                                     f"{_listing(nodes, 'cpus')}")
-    most_gpus = max(n.gpus for n in nodes)
-    if gpus_per_trial > 0 and most_gpus == 0:
-        raise UserInputError(field="resources.gpus_per_trial", value=gpus_per_trial,
-                             allowed=f"0: {where} has no GPU{_gpu_hint(info)}")
-    if gpus_per_trial > most_gpus:
-        raise UserInputError(field="resources.gpus_per_trial", value=gpus_per_trial,
-                             allowed=f"at most {most_gpus:g}, the GPUs of {where}"
-                                     f"{_listing(nodes, 'gpus')}")
-    memory = memory_per_trial_mb or 0.0
-    most_memory = max(n.memory_mb for n in nodes)
-    if memory > most_memory:
-        raise UserInputError(field="resources.memory_per_trial_mb", value=memory_per_trial_mb,
-                             allowed=f"at most {most_memory:.0f} MB, the memory of {where}")
-    per_node = [_fits(n, cpus=cpus_per_trial, gpus=gpus_per_trial, memory_mb=memory)
-                for n in nodes]
-    if not any(per_node):
-        wanted = {"cpus_per_trial": cpus_per_trial, "gpus_per_trial": gpus_per_trial}
-        raise UserInputError(field="resources", value=wanted,
-                             allowed="a trial that fits on one node: no node has "
-                                     f"{cpus_per_trial:g} CPUs and {gpus_per_trial:g} GPUs "
-                                     f"together{_listing(nodes, 'cpus', 'gpus')}")
-    return max(1, min(max_concurrent, sum(per_node)))
-
-
-def _fits(node: NodeResources, *, cpus: float, gpus: float, memory_mb: float) -> int:
-    """How many such trials this node holds at once."""
-    counts = [math.floor(have / want + 1e-9) for have, want in
-              ((node.cpus, cpus), (node.gpus, gpus), (node.memory_mb, memory_mb)) if want > 0]
-    return min(counts) if counts else sys.maxsize  # asks for nothing: max_concurrent limits
-
-
-def _listing(nodes: Sequence[NodeResources], *keys: str) -> str:
-    if len(nodes) < 2:
-        return ""
-    parts = [", ".join(f"{getattr(n, k):g} {k}" for k in keys) + f" on {n.address}"
-             for n in nodes]
-    return " (nodes: " + "; ".join(parts) + ")"
-
-
-def _gpu_hint(info: ClusterInfo | None) -> str:
-    if info is not None:
-        return ""
-    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if cvd is not None:
-        return f" visible (CUDA_VISIBLE_DEVICES={cvd!r})"
-    return " (no NVIDIA driver found)"
-
-
-def _usable_cpus() -> int:
-    """CPUs this process may run on: affinity mask and cgroup quota, whichever is smaller."""
-    try:
-        count = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        count = os.cpu_count() or 1
-    quota = _cgroup_cpu_quota()
-    if quota is not None:
-        count = min(count, max(1, math.floor(quota)))
-    return max(1, count)
-
-
-def _cgroup_cpu_quota() -> float | None:
-    """CPU quota of this process's cgroup (v2 cpu.max or v1 cfs quota), None when unlimited."""
-    v2 = Path("/sys/fs/cgroup/cpu.max")
-    v1 = (Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"), Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us"))
-    try:
-        if v2.is_file():
-            quota, period = v2.read_text().split()[:2]
-            return None if quota == "max" else float(quota) / float(period)
-        if v1[0].is_file() and v1[1].is_file():
-            quota_us = float(v1[0].read_text())
-            return None if quota_us <= 0 else quota_us / float(v1[1].read_text())
-    except (OSError, ValueError):
-        return None
-    return None
-
-
-def _visible_gpus() -> int:
-    """NVIDIA GPUs this process may use, honouring CUDA_VISIBLE_DEVICES, without torch."""
-    physical = _physical_gpus()
-    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if cvd is None:
-        return physical
-    visible = 0
-    for item in cvd.split(","):
-        if item.strip() in _CUDA_NONE:  # CUDA stops at the first invalid entry
-            break
-        visible += 1
-    return min(visible, physical)
-
-
-def _physical_gpus() -> int:
-    """GPUs the NVIDIA driver lists: /proc first (no process), else ``nvidia-smi -L``.
-
-    Without either, a torch the program already imported is asked (never imported for this).
-    """
-    proc = Path("/proc/driver/nvidia/gpus")
-    if proc.is_dir():
-        return sum(1 for _ in proc.iterdir())
-    smi = shutil.which("nvidia-smi")
-    if smi is not None:
-        try:
-            out = subprocess.run([smi, "-L"], capture_output=True, text=True, check=False,
-                                 timeout=NVIDIA_SMI_TIMEOUT_S).stdout
-        except (OSError, subprocess.TimeoutExpired):
-            return 0
-        return sum(1 for line in out.splitlines() if line.startswith("GPU "))
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available():
-        return int(torch.cuda.device_count())
-    return 0
-
-
-def _memory_mb() -> float:
-    """Physical memory, or the cgroup limit when lower."""
-    total = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    for limit in (Path("/sys/fs/cgroup/memory.max"),
-                  Path("/sys/fs/cgroup/memory/memory.limit_in_bytes")):
-        try:
-            text = limit.read_text().strip()
-        except OSError:
-            continue
-        if text.isdigit():
-            total = min(total, float(text))
-        break
-    return total / MIB
-
-
-# --------------------------------------------------------------------------- storage
-
-
-def check_storage(run_dir: Path) -> int:
-    """Every alive Ray node must read and write RUN_DIR (shared storage on a cluster).
-
-    Bounded by STORAGE_PROBE_TIMEOUT_S: a node that cannot start the probe (no worker, dead
-    node) is an error, not a wait. Returns the number of nodes that passed.
-    """
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    marker = Path(run_dir) / ".storage-probe"
-    token = f"{socket.gethostname()}-{os.getpid()}-{time.time()}"
-    marker.write_text(token)
-
-    # Defined here so cloudpickle ships it by value: a node need not have dpsweep installed to
-    # answer the probe.
-    def probe(path: str, expected: str) -> str:
-        import os
-        import socket
-        from pathlib import Path
-
-        p = Path(path)
-        seen = p.read_text() if p.is_file() else None
-        if seen != expected:
-            raise RuntimeError(f"cannot read {path} on {socket.gethostname()}")
-        w = p.with_name(f".probe-{socket.gethostname()}-{os.getpid()}")
-        w.write_text("ok")
-        w.unlink()
-        return socket.gethostname()
-
-    remote = ray.remote(num_cpus=0)(probe)
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    refs = [remote.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
-        node_id=n["NodeID"], soft=False)).remote(str(marker), token) for n in nodes]
-    try:
-        passed = len(ray.get(refs, timeout=STORAGE_PROBE_TIMEOUT_S))
-    except Exception as exc:
-        for ref in refs:
-            with suppress(ray.exceptions.RayError, ValueError):  # best effort: it may be done
-                ray.cancel(ref, force=True)
-        reason = (f"no answer within {STORAGE_PROBE_TIMEOUT_S:g} s"
-                  if isinstance(exc, ray.exceptions.GetTimeoutError) else str(exc))
-        raise UserInputError(field="RUN_DIR", value=str(run_dir),
-                             allowed="a directory every Ray node can read and write (shared "
-                                     f"storage on a cluster): {reason}") from None
-    finally:
-        marker.unlink(missing_ok=True)
-    return passed

@@ -1,0 +1,225 @@
+"""What happens after the search: the fronts a release is chosen among, the after-sweep audits,
+the re-runs with fresh noise, the non-private baseline, and the recovery of such a job that
+finished on disk but not in the results (the driver stopped in between).
+
+``AfterSearchJobs`` is the part of the driver (``orchestrator.sweep.driver._Driver``) that plans
+those jobs (``orchestrator.sweep.jobs``) and records what they return. A job whose reason is a
+full disk stops the sweep (it runs again on resume); a signal stops it as during the search.
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+from core.vocabulary import FAILED, OK
+from orchestrator.audit.membership import AUDIT_FILE, reference_budgets, row_audit_columns
+from orchestrator.sweep import jobs as postsweep
+from orchestrator.sweep.progress import progress
+from orchestrator.sweep.records import read_json
+from orchestrator.sweep.resume_checks import raise_if_disk_full
+from orchestrator.sweep.search import audit_settings
+from orchestrator.sweep.signals import Interrupted
+from orchestrator.sweep.state import SweepState
+from orchestrator.sweep.studies import Outcome, read_outcome
+from orchestrator.sweep.tuning import released_front
+from orchestrator.trial.plan import data_pool
+from reports import store
+from reports.pareto import wilson_interval
+
+#: What separates a re-run's id from the trial it repeats (``<trial id>-r<k>``).
+RERUN_SEPARATOR = "-r"
+
+
+class AfterSearchJobs(SweepState):
+    """Fronts, after-sweep audits, re-runs and the baseline of one sweep, and their recovery."""
+
+    def front_ids(self) -> dict[str, list[str]]:
+        """Per study, the trials a release would be chosen among: the validation-accuracy
+        leader and every trial tied with it within its 95% interval, or the leader alone with
+        ``sweep.front = "best"`` (what the after-sweep audit and the re-runs spend on). Under
+        private tuning, the released trial alone: the audit then runs after the selection and
+        reads no noiseless metric to choose what it audits."""
+        if self.cfg.sweep.tuning == "private":
+            return released_front(list(self.rows.values()))
+
+        n_val = self.cfg.split_sizes()["validation"]
+        by_study: dict[str, list[dict[str, Any]]] = {}
+        for row in self.rows.values():
+            if row["status"] == OK and not row.get("repeat_of") and not row.get("degenerate") \
+                    and row["study"] in {p.name for p in self.plans}:
+                by_study.setdefault(row["study"], []).append(row)
+        out = {}
+        for study, rows in by_study.items():
+            best = max(rows, key=lambda r: r["val_accuracy"])
+            if self.cfg.sweep.front == "best":
+                out[study] = [best["trial_id"]]
+                continue
+            low = wilson_interval(best["val_accuracy"], n=n_val)[0]
+            out[study] = sorted(r["trial_id"] for r in rows
+                                if wilson_interval(r["val_accuracy"], n=n_val)[1] >= low)
+        return out
+
+    def _spec_of(self, tid: str) -> dict[str, Any]:
+        return read_json(self.run.verify(f"trials/{tid}/spec.json"))
+
+    def post_sweep(self) -> None:
+        """After-sweep audits, re-runs with fresh noise and the non-private baseline."""
+        fronts = self.front_ids()
+        jobs = self._audit_jobs(fronts) + self._rerun_jobs(fronts)
+        baseline = None if self.baseline_ran else self.baseline_job()
+        if baseline is not None:
+            jobs.append(baseline)
+        if jobs:
+            self._run_jobs(jobs)
+
+    def _audit_jobs(self, fronts: dict[str, list[str]]) -> list[postsweep.Job]:
+        """The after-sweep audits (``audit.in_trial = false``) of the fronts or of every
+        finished trial, less those audited or recovered already."""
+        cfg, jobs = self.cfg, []
+        if not (cfg.audit.enabled and not cfg.audit.in_trial):
+            return jobs
+        plans = {p.name: p for p in self.plans}
+        settings = audit_settings(cfg)
+        todo = (sorted(t for ids in fronts.values() for t in ids) if cfg.audit.scope == "front"
+                else sorted(t for t, r in self.rows.items() if r["status"] == OK))
+        for tid in todo:
+            if isinstance(self.rows[tid].get("mia_layers"), str) and \
+                    self.rows[tid]["mia_layers"] not in ("", "[]"):
+                continue
+            if self._recover(postsweep.Job(postsweep.JobKind.AUDIT, tid,
+                                           postsweep.audit_job, {})):
+                continue
+            spec = self._spec_of(tid)
+            plan = plans[self.rows[tid]["study"]]
+            jobs.append(postsweep.Job(postsweep.JobKind.AUDIT, tid, postsweep.audit_job, {
+                "trial_dir": str(self.run.trial_dir(tid)), "spec": spec,
+                "settings": settings,
+                "budgets": reference_budgets(cfg, method=plan.method,
+                                             params=spec["method_params"],
+                                             epsilon=self.trial_epsilon(plan),
+                                             data=self.data,
+                                             cache_dir=self.run.cache_dir)}))
+        return jobs
+
+    def _rerun_jobs(self, fronts: dict[str, list[str]]) -> list[postsweep.Job]:
+        """``sweep.seeds`` re-runs of every front trial with fresh noise, less those recorded
+        (failed ones too, unless ``resume --retry-failed``) or recovered already."""
+        plans = {p.name: p for p in self.plans}
+        in_trial = audit_settings(self.cfg)["in_trial"]
+        jobs = []
+        for study, ids in fronts.items():
+            for tid in ids:
+                for k in range(1, self.cfg.sweep.seeds + 1):
+                    rid = f"{tid}{RERUN_SEPARATOR}{k}"
+                    if not postsweep.rerun_pending(self.rows.get(rid),
+                                                   retry_failed=self.retry_failed) \
+                            or self._recover(postsweep.Job(
+                            postsweep.JobKind.RERUN, rid, postsweep.rerun_job, {})):
+                        continue
+                    spec = self._spec_of(tid)
+                    config = self.trial_config(plans[study], spec["method_params"], rid)
+                    config["spec"]["seed"] = int(spec["seed"]) + k
+                    config["audit"]["in_trial"] = in_trial
+                    jobs.append(postsweep.Job(postsweep.JobKind.RERUN, rid, postsweep.rerun_job,
+                                              {"config": config}))
+        return jobs
+
+    def _run_jobs(self, jobs: list[postsweep.Job]) -> None:
+        """The jobs on Ray under a progress bar; each result recorded as it comes."""
+        cfg = self.cfg
+        with progress(total=len(jobs), desc="after the search",
+                      quiet=self.quiet) as bar:
+            self.bar, self.bar_counts_records = bar, False
+
+            def done(job: Any, result: dict[str, Any] | None, error: str) -> None:
+                raise_if_disk_full(error)  # the sweep stops; the job runs again on resume
+                self._after(job, result, error)
+                bar.update(1)
+
+            flag = self.flag
+            flag.in_tune = True  # a signal inside ray.wait is deferred and polled, not raised
+
+            def stop() -> None:
+                if flag.event.is_set():
+                    raise Interrupted(flag.signum or signal.SIGINT)
+
+            try:
+                postsweep.run_jobs(jobs, cpus=cfg.resources.cpus_per_trial, data=data_pool(cfg),
+                                   gpus=cfg.resources.gpus_per_trial,
+                                   concurrency=cfg.sweep.max_concurrent_trials, on_done=done,
+                                   stop=stop)
+            finally:
+                flag.in_tune = False
+                self.bar = None
+
+    def baseline_job(self) -> postsweep.Job | None:
+        """The non-private baseline's job, or None: off, already recorded, or finished on disk
+        (then recorded now). Its spec is a trial's (model, data, epochs, batch size, seed) built
+        from the first study's first point, so it can start before any trial finishes."""
+        if not self.cfg.sweep.baseline or postsweep.BASELINE_ID in self.rows or self._recover(
+                postsweep.Job(postsweep.JobKind.BASELINE, postsweep.BASELINE_ID,
+                              postsweep.baseline_job, {})):
+            return None
+        plan = next((p for p in self.plans if p.n_trials), None)
+        if plan is None:
+            return None
+        config = self.trial_config(plan, plan.space.decode(plan.space.first_point),
+                                   postsweep.BASELINE_ID)
+        return postsweep.Job(postsweep.JobKind.BASELINE, postsweep.BASELINE_ID,
+                             postsweep.baseline_job, {
+            "run_dir": str(self.run.path), "spec": config["spec"],
+            "settings": audit_settings(self.cfg), "audit": self.cfg.audit.enabled,
+            "lr": self.cfg.sweep.baseline_lr})
+
+    def _recover(self, job: postsweep.Job) -> bool:
+        """Record an after-search job that finished on disk but not in the results (the driver
+        stopped in between), instead of running it again; True when there was one."""
+        trial_dir = self.run.trial_dir(job.trial_id)
+        if job.kind is postsweep.JobKind.AUDIT:
+            path = trial_dir / AUDIT_FILE
+            if not path.is_file():
+                return False
+            try:
+                record = read_json(path)
+            except (OSError, ValueError):
+                return False
+        else:
+            outcome = read_outcome(trial_dir)
+            if outcome.status != OK:
+                return False
+            record = outcome.metrics
+        self._after(job, record, "")
+        return True
+
+    def _after(self, job: postsweep.Job, result: dict[str, Any] | None, error: str) -> None:
+        """A job's result (or its failure) in the results: an audit's columns on its trial's
+        row, a re-run's own row, the baseline's row."""
+        tid = job.trial_id
+        line = f"[{job.name}] " + ("FAILED: " + error if error else "done")
+        if job.kind is postsweep.JobKind.AUDIT:
+            row = self.rows[tid]
+            if result is not None:
+                row.update(row_audit_columns(result, row=row))
+                row["audit_error"] = ""
+            else:
+                row.update(store.empty_audit())
+                row["audit_error"] = error
+            self._write(tid)
+        elif job.kind is postsweep.JobKind.RERUN:
+            base = tid.rsplit(RERUN_SEPARATOR, 1)[0]
+            plan = next(p for p in self.plans if p.name == self.rows[base]["study"])
+            outcome = Outcome(OK, result, "") if result is not None else Outcome(
+                FAILED, {}, error)
+            self.record(plan, tid, outcome)
+            self.rows[tid]["repeat_of"] = base
+            self._write(tid)
+        elif job.kind is postsweep.JobKind.BASELINE and result is not None:
+            row = postsweep.baseline_row(result, num_classes=self.cfg.num_classes)
+            audit_file = self.run.trial_dir(postsweep.BASELINE_ID) / AUDIT_FILE
+            if audit_file.is_file():
+                row.update(row_audit_columns(read_json(audit_file), row=row))
+            self.rows[postsweep.BASELINE_ID] = row
+            self._write(postsweep.BASELINE_ID)
+        if not self.quiet and self.bar is not None:
+            self.bar.write(line)

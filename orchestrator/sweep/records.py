@@ -1,0 +1,133 @@
+"""A sweep's records: one results row per trial, written with the trial's files as one step,
+the progress line each finished trial prints, and the summary over every attempt.
+
+``SweepRecords`` is the part of the driver (``orchestrator.sweep.driver._Driver``) that owns
+``rows`` (trial id -> results row, read back from the results store on a resume) and the
+progress shown meanwhile (``bar``, ``best``). A row is written together with the files it points
+to (``RunDir.commit``): after a crash or a full disk, a row never lacks its files.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from core import layout
+from core.errors import describe
+from core.layout import RESULTS
+from core.records import PrivacyRecord
+from core.vocabulary import OK, PRUNED
+from orchestrator.audit.membership import row_audit_columns
+from orchestrator.sweep.state import SweepState
+from orchestrator.sweep.studies import Outcome, StudyPlan
+from orchestrator.sweep.summary import end_attempt, summary_bytes
+from orchestrator.sweep.tuning import adaptive_summary
+from reports import store
+
+#: The id suffix of a study's first trial, which an adaptive study starts at the paper preset.
+FIRST_TRIAL_SUFFIX = "-000"
+PAPER_PRESET = "paper"
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(Path(path).read_text())
+
+
+class SweepRecords(SweepState):
+    """Rows, trial records, progress lines and the summary of one sweep attempt."""
+
+    def _row(self, plan: StudyPlan, tid: str, outcome: Outcome) -> dict[str, Any]:
+        trial_dir = self.run.trial_dir(tid)
+        if outcome.status == PRUNED:
+            return store.pruned_row(trial_id=tid, method=plan.method, record=outcome.metrics,
+                                    spec=read_json(trial_dir / layout.SPEC), series=plan.series,
+                                    study=plan.name, preset=self._preset(tid))
+        if outcome.status != OK:  # the spec may never have been written: the reason stays
+            spec_file = trial_dir / layout.SPEC
+            spec = read_json(spec_file) if spec_file.is_file() else None
+            return store.failed_row(trial_id=tid, method=plan.method, series=plan.series,
+                                    study=plan.name, error=outcome.error, spec=spec)
+
+        spec = read_json(trial_dir / layout.SPEC)
+        history = read_json(trial_dir / layout.HISTORY)
+        privacy = trial_dir / layout.PRIVACY
+        row = store.row_from_trial(
+            run_dir=self.run.path, trial_dir=trial_dir,
+            checkpoint_dir=trial_dir / layout.CHECKPOINT_DIR, spec=spec,
+            privacy=PrivacyRecord.from_dict(read_json(privacy), where=str(privacy)),
+            history=history,
+            train_seconds=float(outcome.metrics.get("train_seconds", math.nan)),
+            num_classes=self.cfg.num_classes, series=plan.series,
+            study=plan.name, preset=self._preset(tid))
+        audit_file = trial_dir / layout.AUDIT
+        if audit_file.is_file():
+            row.update(row_audit_columns(read_json(audit_file), row=row))
+        row["audit_error"] = str(outcome.metrics.get("audit_error", "") or "")
+        if outcome.metrics.get("noisy_val_score") is not None:
+            row["noisy_val_score"] = float(outcome.metrics["noisy_val_score"])
+        if "audit_seconds" in outcome.metrics:
+            row["audit_seconds"] = float(outcome.metrics["audit_seconds"])
+        return row
+
+    def _preset(self, tid: str) -> str:
+        """Adaptive studies start from the paper preset; private ones have no fixed point."""
+        return PAPER_PRESET if tid.endswith(FIRST_TRIAL_SUFFIX) and self.private is None else ""
+
+    def record(self, plan: StudyPlan, tid: str, outcome: Outcome, _ot: Any = None) -> None:
+        """One finished or failed trial: its row, its files in the manifest, a progress line."""
+        try:
+            row = self._row(plan, tid, outcome)
+        except Exception as exc:  # a record missing after a crash: the failure stays visible
+            unread = f"records could not be read: {describe(exc)}"
+            row = store.failed_row(trial_id=tid, method=plan.method, series=plan.series,
+                                   study=plan.name,
+                                   error=f"{outcome.error} ({unread})" if outcome.error
+                                   else unread)
+        self.rows[tid] = row
+        self._write(tid)
+        self._progress_line(plan, row)
+
+    def _progress_line(self, plan: StudyPlan, row: dict[str, Any]) -> None:
+        if self.quiet:
+            return
+        ok = row["status"] == OK
+        if ok and not row.get("degenerate"):
+            self.best[plan.name] = max(self.best.get(plan.name, -1.0), row["val_accuracy"])
+        done = sum(r["status"] == OK for r in self.rows.values())
+        pruned = sum(r["status"] == PRUNED for r in self.rows.values())
+        failed = len(self.rows) - done - pruned
+        if row["status"] == PRUNED:
+            what = f"pruned at epoch {row['pruned_at']} (val acc {row['val_accuracy']:.3f})"
+        else:
+            what = (f"val acc {row['val_accuracy']:.3f}" + (
+                f", peak MIA {row['peak_mia_accuracy']:.3f}"
+                if isinstance(row.get("peak_mia_accuracy"), float)
+                and math.isfinite(row["peak_mia_accuracy"]) else "")
+                    if ok else f"FAILED: {row['error']}")
+        line = (f"[{plan.name}] {row['trial_id']}: {what} | done {done}, "
+                + (f"pruned {pruned}, " if pruned else "") + f"failed {failed}, "
+                f"best {self.best.get(plan.name, float('nan')):.3f}, "
+                f"elapsed {time.time() - self.start:.0f} s")
+        if self.bar is not None:
+            self.bar.write(line)
+            if self.bar_counts_records:
+                self.bar.update(1)
+        else:
+            print(line, flush=True)
+
+    def _write(self, tid: str) -> None:
+        """The results store with ``tid``'s row, and the trial's files, recorded as one step
+        (``RunDir.commit``): after a crash or a full disk, a row never lacks its files."""
+        self.run.commit(RESULTS, store.results_bytes(list(self.rows.values())),
+                        also=self.run.trial_files(tid))
+
+    def write_summary(self) -> None:
+        """The attempt's end, then summary.json over every attempt."""
+        tuning = (adaptive_summary(self.cfg, self.plans, list(self.rows.values()))
+                  if self.private is None else {"mode": "private", **self.private.to_dict()})
+        end_attempt(self.run, self.attempts, ended="finished")
+        self.run.commit(layout.SUMMARY, summary_bytes(attempts=self.attempts, cfg=self.cfg,
+                                                      tuning=tuning))
