@@ -42,6 +42,7 @@ from core.layout import CHECKPOINT_DIR
 from core.poisson import poisson_plan
 from orchestrator.config import from_dict, read_toml
 from orchestrator.trial.plan import plan_trial
+from orchestrator.trial.setup import resolve
 from trainables.dp.randomness import Randomness
 from trainables.dp.step import DPStep, PublicData
 from trainables.methods import get_method
@@ -173,8 +174,9 @@ def main() -> None:
     if args.epochs < 2:
         ap.error("--epochs must be >= 2 (the first is warm-up)")
     cfg = full_size_config(epochs=args.epochs, threads=args.threads)
-    data = cfg.data_splits()
-    spec = plan_trial(cfg, data=data)
+    setup = resolve(cfg)
+    data = setup.data_splits()
+    spec = plan_trial(setup, data=data)
     load = wait_for_quiet(max_load=args.max_load, timeout_s=QUIET_TIMEOUT_S)
     probe = Probe(spec=spec, data=data, steps=args.steps)
     with tempfile.TemporaryDirectory() as tmp:

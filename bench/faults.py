@@ -84,8 +84,9 @@ def expected_ids(config: Path) -> tuple[frozenset[str], frozenset[str]]:
     from orchestrator.config import load
     from orchestrator.sweep.jobs import BASELINE_ID
     from orchestrator.sweep.plans import study_plans
+    from orchestrator.trial.setup import resolve
 
-    plans = study_plans(load(config))
+    plans = study_plans(resolve(load(config)))
     search = frozenset(p.trial_id(i) for p in plans for i in range(p.n_trials))
     return search, search | {BASELINE_ID}
 

@@ -81,12 +81,20 @@ def trial_config(path: Path, *, device: str, data_dir: Path | None, epochs: int 
     return cfg.one_target(command="bench.gpu_check")
 
 
+def _resolved(cfg: Any) -> Any:
+    """The config's resolved setup (``orchestrator.trial.setup``; imported here, as every
+    orchestrator module is in this file)."""
+    from orchestrator.trial.setup import resolve
+
+    return resolve(cfg)
+
+
 def plan(cfg: Any, data: Any, cache_dir: Path) -> tuple[Any, float]:
     """The trial's spec (budget matched by the accountant) and the seconds it took."""
     from orchestrator.trial.plan import plan_trial
 
     start = time.perf_counter()
-    spec = plan_trial(cfg, trial_id="gpu-check", data=data, cache_dir=cache_dir)
+    spec = plan_trial(_resolved(cfg), trial_id="gpu-check", data=data, cache_dir=cache_dir)
     return spec, time.perf_counter() - start
 
 
@@ -105,7 +113,7 @@ def full_trial(ctx: dict[str, Any], *, config_path: Path, device: str,
     found = None if smoke else find_data(data_dir)
     start = time.perf_counter()
     cfg = trial_config(config_path, device=device, data_dir=found, smoke=smoke)
-    data = cfg.data_splits()
+    data = _resolved(cfg).data_splits()
     load_s = time.perf_counter() - start
     spec, plan_s = plan(cfg, data, ctx["cache_dir"])
     ctx.update(data=data, data_dir=found)
@@ -163,7 +171,7 @@ def loop_syncs(ctx: dict[str, Any], *, config_path: Path, device: str,
             train_trial(spec, data=data, evaluate_epochs=False)
         counts[epochs] = _count_trial(spec, data, dev)
         release(dev)
-    _, per_epoch = poisson_plan(dataset_size=int(cfg.split_sizes()["train"]),
+    _, per_epoch = poisson_plan(dataset_size=int(_resolved(cfg).split_sizes["train"]),
                                 batch_size=cfg.training.batch_size)
     marginal = {k: counts[2][k] - counts[1][k] for k in counts[1]}
     out = {"steps_per_epoch": per_epoch, "one_epoch_trial": counts[1],
@@ -177,7 +185,7 @@ def loop_syncs(ctx: dict[str, Any], *, config_path: Path, device: str,
 def _data(ctx: dict[str, Any], cfg: Any) -> Any:
     """The splits the trial section loaded, else the config's."""
     data = ctx.get("data")
-    return cfg.data_splits() if data is None else data
+    return _resolved(cfg).data_splits() if data is None else data
 
 
 # ---- several trials sharing one GPU -----------------------------------------------------------
@@ -229,7 +237,7 @@ def _share_spec(ctx: dict[str, Any], *, config_path: Path, device: str, steps: i
 
     data_dir = ctx.get("data_dir") or (None if smoke else find_data(None))
     probe = trial_config(config_path, device=device, data_dir=data_dir, smoke=smoke)
-    _, per_epoch = poisson_plan(dataset_size=int(probe.split_sizes()["train"]),
+    _, per_epoch = poisson_plan(dataset_size=int(_resolved(probe).split_sizes["train"]),
                                 batch_size=probe.training.batch_size)
     epochs = max(1, math.ceil(steps / per_epoch))
     cfg = trial_config(config_path, device=device, data_dir=data_dir, epochs=epochs,

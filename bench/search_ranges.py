@@ -21,6 +21,7 @@ from bench.harness import write_results
 from orchestrator.config import Config
 from orchestrator.sweep.plans import study_plans
 from orchestrator.trial.plan import plan_trial
+from orchestrator.trial.setup import resolve
 from search_spaces import STEP
 from trainables.training.loop import train_trial
 
@@ -39,9 +40,10 @@ def main() -> None:
     torch.set_num_threads(1)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     cfg = Config()
-    data = cfg.data_splits()
+    setup = resolve(cfg)
+    data = setup.data_splits()
     rows: list[dict[str, Any]] = []
-    for plan in study_plans(cfg):
+    for plan in study_plans(setup):
         study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=args.seed),
                                     directions=["maximize"])
         points = [("preset", plan.space.first_point)]
@@ -49,7 +51,7 @@ def main() -> None:
                    for _ in range(args.points)]
         for kind, point in points:
             params = plan.space.decode(point)
-            spec = plan_trial(cfg, epsilon=plan.epsilon, method=plan.method,
+            spec = plan_trial(setup, epsilon=plan.epsilon, method=plan.method,
                               params=params, data=data, trial_id="probe")
             started = time.perf_counter()
             result = train_trial(spec, data=data)

@@ -242,18 +242,19 @@ def make_run(root: Path, *, audited: bool = True, summary: bool = True,
     try:
         for seed, t in enumerate(TRIALS):
             trial = run.path / layout.TRIALS / t.tid
-            checkpoint = trial / "checkpoint"
+            checkpoint = trial / layout.CHECKPOINT_DIR
             checkpoint.mkdir(parents=True)
-            (checkpoint / "state.pt").write_bytes(b"synthetic checkpoint " + t.tid.encode())
+            (checkpoint / layout.CHECKPOINT_FILE).write_bytes(
+                b"synthetic checkpoint " + t.tid.encode())
             spec = make_spec(t, seed)
             privacy = _privacy_record(t, spec, seed)
             history = [{"epoch": e, "val_accuracy": t.val * f, "val_loss": 0.5 / f,
                         "test_accuracy": t.test * f, "test_loss": 0.5 / f,
                         "train_loss_nonprivate": 0.6 / f, "epsilon_spent": t.eps * f,
                         "epoch_seconds": 1.0} for e, f in ((1, 0.9), (2, 1.0))]
-            _write_json(trial / "spec.json", spec)
-            _write_json(trial / "privacy.json", privacy.to_dict())
-            _write_json(trial / "history.json", history)
+            _write_json(trial / layout.SPEC, spec)
+            _write_json(trial / layout.PRIVACY, privacy.to_dict())
+            _write_json(trial / layout.HISTORY, history)
             row = store.row_from_trial(
                 run_dir=run.path, trial_dir=trial, checkpoint_dir=checkpoint, spec=spec,
                 privacy=privacy, history=history, train_seconds=30.0, num_classes=10,

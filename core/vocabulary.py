@@ -26,3 +26,10 @@ PRIVATE_SPLITS: Final[tuple[str, ...]] = SPLIT_NAMES[:4]
 
 #: The key under which a trial's metrics say that the disk filled and where.
 DISK_FULL_KEY: Final = "disk_full"
+
+#: The objectives a sampler can see, as studies and tuning records name them: noiseless
+#: validation accuracy, the in-trial attack's peak accuracy on training members (adaptive
+#: tuning), the noisy validation score (private tuning).
+VALIDATION_OBJECTIVE: Final = "val_accuracy"
+ATTACK_OBJECTIVE: Final = "peak_mia_accuracy"
+NOISY_OBJECTIVE: Final = "noisy_val_score"

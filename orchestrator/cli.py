@@ -11,7 +11,7 @@ names the module, imported only when its command runs), under ``orchestrator``: 
 ``cli_budget`` (``accounting.calibration``); run, resume, demo -> ``sweep.commands``
 (``sweep.driver``); train -> ``trial.single``; report -> ``api``; pick -> ``release.pick``;
 export -> ``release.export``; audit -> ``audit.canary``; config -> ``config`` (and
-``trainables.data.splits`` for --check).
+``trial.setup`` for --check).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ COMMANDS = {"budget": "orchestrator.cli_budget",
             "demo": "orchestrator.sweep.commands", "train": "orchestrator.trial.single",
             "report": "orchestrator.api", "pick": "orchestrator.release.pick",
             "export": "orchestrator.release.export", "audit": "orchestrator.audit.canary",
-            "config": "trainables.data.splits"}
+            "config": "orchestrator.trial.setup"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -150,15 +150,13 @@ def cmd_audit(args: argparse.Namespace, canary: ModuleType) -> int:
     return 0
 
 
-def cmd_config(args: argparse.Namespace, splits: ModuleType) -> int:
+def cmd_config(args: argparse.Namespace, setup: ModuleType) -> int:
     if args.method:
         print(config_mod.describe(args.method))
         return 0
     if args.check:
         cfg = config_mod.load(args.check)
-        where = splits.check_available(dataset=cfg.data.dataset,
-                                       data_dir=cfg.data.data_dir or None,
-                                       source=cfg.file_source())
+        where = setup.resolve(cfg).data_available()
         print(f"{args.check}: valid; {cfg.data.dataset} data: {where}")
         return 0
     print(config_mod.describe())

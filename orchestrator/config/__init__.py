@@ -40,10 +40,6 @@ from trainables.models.catalog import MODEL_NAMES
 
 if TYPE_CHECKING:
     from orchestrator.trial.setup import ResolvedSetup
-    from trainables.data.files import FileSource
-    from trainables.data.splits import DataSplits
-    from trainables.models.networks import LayeredModel
-    from trainables.models.source import ModelSource
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -314,6 +310,10 @@ SECTIONS: dict[str, type] = {"data": DataConfig, "model": ModelConfig, "privacy"
 
 @dataclass(frozen=True)
 class Config:
+    """A validated config: parsed, cross-checked plain values and nothing resolved, so it can
+    be copied, compared and written back as it was read. What it means for its data, model and
+    methods is a :class:`orchestrator.trial.setup.ResolvedSetup`, resolved by each command."""
+
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
@@ -343,58 +343,9 @@ class Config:
         return dataclasses.replace(self, privacy=dataclasses.replace(self.privacy,
                                                                      epsilon=targets[0]))
 
-    def setup(self) -> ResolvedSetup:
-        """What this config means for its data, model and methods, resolved once
-        (``orchestrator.trial.setup``)."""
-        if "_setup" not in self.__dict__:  # frozen: memoised the way cached_property does
-            object.__setattr__(self, "_setup", _setup_module().resolve(self))
-        return self.__dict__["_setup"]
-
-    def series(self) -> list[tuple[str, str]]:
-        """The sweep's (method, mode) series, in order."""
-        return self.setup().series()
-
-    def given_params(self, method: str) -> dict[str, Any]:
-        """What the config sets for ``method``: flat keys it declares, then its own table."""
-        return self.setup().given_params(method)
-
-    def trial_params(self, method: str | None = None, *, mode: str | None = None,
-                     preset: str | None = None) -> dict[str, Any]:
-        """The validated method parameters of one trial (``ResolvedSetup.trial_params``)."""
-        return self.setup().trial_params(method, mode=mode, preset=preset)
-
     @property
     def user_data(self) -> bool:
         return self.data.dataset == FILE_DATASET
-
-    # The resolved values, read through the setup (``ResolvedSetup``'s attributes of the
-    # same names).
-    def model_source(self) -> ModelSource:
-        return self.setup().model_source
-
-    def file_source(self) -> FileSource | None:
-        return self.setup().file_source
-
-    @property
-    def num_layers(self) -> int:
-        return self.setup().num_layers
-
-    @property
-    def num_classes(self) -> int:
-        return self.setup().num_classes
-
-    def data_splits(self) -> DataSplits:
-        return self.setup().data_splits()
-
-    def build_network(self, data: DataSplits | None = None) -> LayeredModel:
-        return self.setup().build_network(data)
-
-    def input_fingerprints(self) -> dict[str, str]:
-        return self.setup().input_fingerprints()
-
-    def split_sizes(self) -> dict[str, int]:
-        """Split sizes with dataset defaults filled in."""
-        return dict(self.setup().split_sizes)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -470,12 +421,15 @@ def load(path: str | Path) -> Config:
 
 def _cross_checks(cfg: Config) -> None:
     """The checks across sections and against the method registry, the data and the model, in
-    one order (so a config with several faults is always refused for the same one first)."""
-    setup = cfg.setup()
+    one order (so a config with several faults is always refused for the same one first).
+
+    The setup resolved for these checks is dropped with them: a config stays a plain value,
+    and each command resolves its own (``orchestrator.trial.setup.resolve``)."""
+    setup = _setup_module().resolve(cfg)
     setup.check_methods()
-    _check_data_keys(cfg)
-    check_sizes(cfg)
-    check_budget(cfg)
+    _check_data_keys(cfg, setup)
+    check_sizes(cfg, setup)
+    check_budget(cfg, setup)
     if cfg.sweep.pruner != "none" and cfg.sweep.pruner_min_epochs >= cfg.training.epochs:
         raise UserInputError(field="sweep.pruner_min_epochs", value=cfg.sweep.pruner_min_epochs,
                              allowed=f"< training.epochs = {cfg.training.epochs} (the first "
@@ -493,9 +447,9 @@ _FILE_KEYS = ("path", "factory", "feature_columns", "split_column", "public_path
               "num_classes", "inputs")
 
 
-def _check_data_keys(cfg: Config) -> None:
+def _check_data_keys(cfg: Config, setup: ResolvedSetup) -> None:
     if cfg.user_data:
-        cfg.file_source()  # validates every field of the user's data description
+        _ = setup.file_source  # validates every field of the user's data description
         if not cfg.model.factory and cfg.model.name == "auto":
             raise UserInputError(field="model.factory", value="",
                                  allowed="your model ('package.module:function') for dataset = "
@@ -506,7 +460,7 @@ def _check_data_keys(cfg: Config) -> None:
         if getattr(cfg.data, key) != getattr(defaults, key):
             raise UserInputError(field=f"data.{key}", value=getattr(cfg.data, key),
                                  allowed=f"unset unless data.dataset = '{FILE_DATASET}'")
-    cfg.model_source()  # the factory reference, args and layers, checked
+    _ = setup.model_source  # the factory reference, args and layers, checked
 
 
 def _check_private(cfg: Config) -> None:

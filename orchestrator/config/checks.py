@@ -21,6 +21,9 @@ from core.poisson import delta_bound, steps_per_epoch
 #: A built ``orchestrator.config.Config``: typed loosely here, since that module imports this
 #: one and the import graph keeps no cycle, not even a type-only one.
 Config = Any
+#: An ``orchestrator.trial.setup.ResolvedSetup`` (the config's sizes, classes and a user's
+#: data), typed loosely for the same reason.
+ResolvedSetup = Any
 
 #: Largest epsilon any config may target: far beyond every meaningful claim, small enough that
 #: the accountants' discretisations stay within memory.
@@ -118,12 +121,12 @@ def check_reachable(epsilon: float, delta: float, *, steps: int | None = None,
                                      "delta, whatever the noise")
 
 
-def check_budget(cfg: Config) -> None:
+def check_budget(cfg: Config, setup: ResolvedSetup) -> None:
     """Every target the config trains at (``Config.targets``: ``privacy.epsilon`` is not read
     when ``budget.epsilons`` is set) is one the accountant can certify at its delta, over the
     trials' steps (epochs x ceil(train_size / batch_size), the loader's plan)."""
     delta = cfg.privacy.delta
-    steps = cfg.training.epochs * steps_per_epoch(dataset_size=cfg.split_sizes()["train"],
+    steps = cfg.training.epochs * steps_per_epoch(dataset_size=setup.split_sizes["train"],
                                                   batch_size=cfg.training.batch_size)
     if not cfg.budget.epsilons:
         check_reachable(cfg.privacy.epsilon, delta, steps=steps)
@@ -157,10 +160,10 @@ def min_validation_size(num_classes: int) -> int:
     return math.ceil(Z95 * Z95 * p * (1.0 - p) / (DEGENERATE_MARGIN * DEGENERATE_MARGIN))
 
 
-def check_validation_size(cfg: Config, sizes: dict[str, int]) -> None:
+def check_validation_size(*, num_classes: int, sizes: dict[str, int]) -> None:
     """Refuse a validation split too small to tell a trial from chance: a trial that scores 1.0
     on one example would be neither degenerate nor distinguishable from a lucky guess."""
-    n, k = sizes["validation"], cfg.num_classes
+    n, k = sizes["validation"], num_classes
     need = min_validation_size(k)
     if n < need:
         raise UserInputError(field="data.validation_size", value=n,
@@ -172,12 +175,12 @@ def check_validation_size(cfg: Config, sizes: dict[str, int]) -> None:
 
 
 # ---- sizes ------------------------------------------------------------------------------------
-def check_sizes(cfg: Config) -> None:
+def check_sizes(cfg: Config, setup: ResolvedSetup) -> None:
     """The splits fit the data, delta is below 1/train_size, a batch fits the members, and the
     validation split can tell a trial from chance."""
-    sizes = cfg.split_sizes()
+    sizes = dict(setup.split_sizes)
     if cfg.user_data:
-        pool, official_test = cfg.setup().file_pool(sizes), 0
+        pool, official_test = setup.file_pool(sizes), 0
     else:
         pool, official_test = POOLS[cfg.data.dataset]
     private = ("train", "validation", "holdout", "shadow")
@@ -201,7 +204,7 @@ def check_sizes(cfg: Config) -> None:
     if cfg.training.batch_size > n:
         raise UserInputError(field="training.batch_size", value=cfg.training.batch_size,
                              allowed=f"<= train_size = {n}")
-    check_validation_size(cfg, sizes)
+    check_validation_size(num_classes=setup.num_classes, sizes=sizes)
     check_max_candidates(cfg, sizes)
 
 

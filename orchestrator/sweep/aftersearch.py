@@ -43,7 +43,7 @@ class AfterSearchJobs(SweepState):
         if self.cfg.sweep.tuning == "private":
             return released_front(list(self.rows.values()))
 
-        n_val = self.cfg.split_sizes()["validation"]
+        n_val = self.setup.split_sizes["validation"]
         by_study: dict[str, list[dict[str, Any]]] = {}
         for row in self.rows.values():
             if row["status"] == OK and not row.get("repeat_of") and not row.get("degenerate") \
@@ -145,8 +145,8 @@ class AfterSearchJobs(SweepState):
                     raise Interrupted(flag.signum or signal.SIGINT)
 
             try:
-                postsweep.run_jobs(jobs, cpus=cfg.resources.cpus_per_trial, data=data_pool(cfg),
-                                   gpus=cfg.resources.gpus_per_trial,
+                postsweep.run_jobs(jobs, cpus=cfg.resources.cpus_per_trial,
+                                   data=data_pool(self.setup), gpus=cfg.resources.gpus_per_trial,
                                    concurrency=cfg.sweep.max_concurrent_trials, on_done=done,
                                    stop=stop)
             finally:
@@ -215,7 +215,7 @@ class AfterSearchJobs(SweepState):
             self.rows[tid]["repeat_of"] = base
             self._write(tid)
         elif job.kind is postsweep.JobKind.BASELINE and result is not None:
-            row = postsweep.baseline_row(result, num_classes=self.cfg.num_classes)
+            row = postsweep.baseline_row(result, num_classes=self.setup.num_classes)
             audit_file = self.run.trial_dir(postsweep.BASELINE_ID) / AUDIT_FILE
             if audit_file.is_file():
                 row.update(row_audit_columns(read_json(audit_file), row=row))

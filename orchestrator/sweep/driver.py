@@ -55,6 +55,7 @@ from orchestrator.sweep.signals import Interrupted, _signals, _StopFlag
 from orchestrator.sweep.summary import begin_attempt, end_if_begun, read_attempts
 from orchestrator.sweep.tuning import private_tuning_plan, recorded_config_text
 from orchestrator.trial.pruning import rungs
+from orchestrator.trial.setup import ResolvedSetup, resolve
 from reports import store
 from reports.html import build_report
 from trainables.methods import prepared_params
@@ -74,9 +75,11 @@ class _Driver(SweepSearch, AfterSearchJobs, SweepRecords):
     """Driver-side state of one sweep attempt (a run or a resume); its fields are declared in
     ``state.SweepState``."""
 
-    def __init__(self, cfg: Config, run: RunDir, *, quiet: bool, attempts: list[dict[str, Any]],
-                 retry_failed: bool = False) -> None:
+    def __init__(self, setup: ResolvedSetup, run: RunDir, *, quiet: bool,
+                 attempts: list[dict[str, Any]], retry_failed: bool = False) -> None:
+        cfg = setup.config
         self.flag = _StopFlag()
+        self.setup = setup
         self.cfg = cfg
         self.run = run
         self.attempts = attempts
@@ -93,8 +96,8 @@ class _Driver(SweepSearch, AfterSearchJobs, SweepRecords):
         counts = None
         if cfg.sweep.tuning == "private":
             self.private, counts = self._private_setup()
-        self.plans = study_plans(cfg, counts=counts)
-        self.data = cfg.data_splits()
+        self.plans = study_plans(setup, counts=counts)
+        self.data = setup.data_splits()
         self.rows = {
             r["trial_id"]: r for r in store.read_results(run.path, allow_empty=True)
             .to_dict("records")}
@@ -126,9 +129,11 @@ class _Driver(SweepSearch, AfterSearchJobs, SweepRecords):
         return summary
 
 
-def _validate_before_ray(cfg: Config, *, out: Path | None, address: str | None) -> None:
+def _validate_before_ray(setup: ResolvedSetup, *, out: Path | None,
+                         address: str | None) -> None:
     """Everything that can be checked without Ray: resources, --out, data, search spaces, the
     cluster's address (probed) or a temp dir for a local Ray."""
+    cfg = setup.config
     if out is not None:
         check_creatable(out)
     if cfg.model.code_dir:  # where the user's code must be for the workers to import it
@@ -137,12 +142,12 @@ def _validate_before_ray(cfg: Config, *, out: Path | None, address: str | None) 
                     gpus_per_trial=cfg.resources.gpus_per_trial,
                     memory_per_trial_mb=cfg.resources.memory_per_trial_mb or None,
                     max_concurrent=cfg.sweep.max_concurrent_trials, info=None)
-    data = cfg.data_splits()
+    data = setup.data_splits()
     if cfg.audit.enabled:
         check_settings(data, AuditSettings.from_config(cfg.audit))
-    study_plans(cfg)
+    study_plans(setup)
     if cfg.sweep.tuning == "private":  # a target the plan cannot reach: refused before Ray
-        private_tuning_plan(cfg)
+        private_tuning_plan(setup)
     if address:
         with ray_start.native_stderr():  # Ray's C++ warnings (a wrong token): to the log
             connection.check_address(address)
@@ -184,9 +189,10 @@ def _quiet_libraries() -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
-def _drive(cfg: Config, run: RunDir, *, address: str | None, quiet: bool,
+def _drive(setup: ResolvedSetup, run: RunDir, *, address: str | None, quiet: bool,
            attempts: list[dict[str, Any]], command: str,
            retry_failed: bool = False) -> SweepSummary:
+    cfg = setup.config
     _quiet_libraries()
     flag = _StopFlag()
     with _signals(flag):
@@ -202,11 +208,11 @@ def _drive(cfg: Config, run: RunDir, *, address: str | None, quiet: bool,
                                 max_concurrent=cfg.sweep.max_concurrent_trials, info=info)
             storage.check_storage(run.path)
             begin_attempt(run, attempts, command=command)  # every check passed: it starts
-            driver = _Driver(cfg, run, quiet=quiet, attempts=attempts,
+            driver = _Driver(setup, run, quiet=quiet, attempts=attempts,
                              retry_failed=retry_failed)
             driver.flag = flag
             studies, tallies = driver.open_studies()
-            precompute(cfg, run=run, plans=[p for p in driver.plans if p.n_trials],
+            precompute(setup, run=run, plans=[p for p in driver.plans if p.n_trials],
                        data=driver.data, quiet=quiet, calibration=driver.certified)
             driver.tune(studies, tallies, flag)
             return driver.finish()
@@ -216,13 +222,16 @@ def _drive(cfg: Config, run: RunDir, *, address: str | None, quiet: bool,
 
 def run_sweep(cfg: Config, *, run_dir: Path, address: str | None = None,
               quiet: bool = False) -> SweepSummary:
-    """A new sweep into a new (or empty) RUN_DIR."""
+    """A new sweep into a new (or empty) RUN_DIR; ``cfg`` is resolved once here for the whole
+    sweep."""
     address = _address(address)
-    _validate_before_ray(cfg, out=Path(run_dir), address=address)
+    setup = resolve(cfg)
+    _validate_before_ray(setup, out=Path(run_dir), address=address)
     with ray_start.discarded_if_ray_fails(Path(run_dir)):  # no half-made run left behind
         run = RunDir.create(Path(run_dir), config_text=recorded_config_text(cfg),
-                            inputs=cfg.input_fingerprints())
-        return _drive_and_release(run, lambda: cfg, address=address, quiet=quiet, command="run")
+                            inputs=setup.input_fingerprints())
+        return _drive_and_release(run, lambda: setup, address=address, quiet=quiet,
+                                  command="run")
 
 
 def resume_sweep(run_dir: Path, *, address: str | None = None, quiet: bool = False,
@@ -233,19 +242,19 @@ def resume_sweep(run_dir: Path, *, address: str | None = None, quiet: bool = Fal
     address = _address(address)
     run = RunDir.open(Path(run_dir), write=True)
 
-    def verified_config() -> Config:
+    def verified_config() -> ResolvedSetup:
         if run.manifest.get("kind") != "sweep":
             raise UserInputError(field="RUN_DIR", value=str(run_dir),
                                  allowed=f"the run directory of a sweep (this one is a "
                                          f"{run.manifest.get('kind')!r} run: nothing to resume)")
         check_records(run)  # Optuna's storage and the code and data hashes included
-        cfg = config_mod.load(run.verify(layout.CONFIG))
-        run.check_inputs(cfg.input_fingerprints())
-        _validate_before_ray(cfg, out=None, address=address)
+        setup = resolve(config_mod.load(run.verify(layout.CONFIG)))
+        run.check_inputs(setup.input_fingerprints())
+        _validate_before_ray(setup, out=None, address=address)
         check_storage(run)  # optuna.db agrees with the trial records: nothing trained twice
         if not quiet:
             print(f"resuming {run.path}", flush=True)
-        return cfg
+        return setup
 
     return _drive_and_release(run, verified_config, address=address, quiet=quiet,
                               retry_failed=retry_failed,
@@ -258,7 +267,8 @@ def _address(address: str | None) -> str | None:
     return address or os.environ.get("RAY_ADDRESS") or None
 
 
-def _drive_and_release(run: RunDir, config: Callable[[], Config], *, address: str | None,
+def _drive_and_release(run: RunDir, config: Callable[[], ResolvedSetup], *,
+                       address: str | None,
                        quiet: bool, command: str, retry_failed: bool = False) -> SweepSummary:
     """Drive the sweep in a locked run directory; the lock is released however it ends, and
     an interrupt or a full disk names the directory to resume. The attempt is recorded once
@@ -266,10 +276,10 @@ def _drive_and_release(run: RunDir, config: Callable[[], Config], *, address: st
     attempts: list[dict[str, Any]] = []
     before = 0
     try:
-        cfg = config()
+        setup = config()
         attempts.extend(read_attempts(run))  # checked before Ray; this one is begun in _drive
         before = len(attempts)
-        return _drive(cfg, run, address=address, quiet=quiet, attempts=attempts,
+        return _drive(setup, run, address=address, quiet=quiet, attempts=attempts,
                       command=command, retry_failed=retry_failed)
     except Interrupted as exc:
         exc.run_dir = run.path

@@ -11,18 +11,13 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from core.vocabulary import ATTACK_OBJECTIVE, NOISY_OBJECTIVE, VALIDATION_OBJECTIVE
 from orchestrator.accounting.sandbox import keep_interpreters
 from orchestrator.audit.membership import reference_budgets
-from orchestrator.config import Config
 from orchestrator.sweep.progress import progress
-from orchestrator.sweep.studies import (
-    ATTACK_OBJECTIVE,
-    NOISY_OBJECTIVE,
-    VALIDATION_OBJECTIVE,
-    StudyPlan,
-    study_name,
-)
+from orchestrator.sweep.studies import StudyPlan, study_name
 from orchestrator.trial.plan import plan_trial
+from orchestrator.trial.setup import ResolvedSetup
 from search_spaces import build_space
 from trainables.dp.step import DPStep
 from trainables.methods import get_method, series_name
@@ -33,11 +28,13 @@ if TYPE_CHECKING:
 __all__ = ["precompute", "precompute_order", "schedule_points", "study_plans"]
 
 
-def study_plans(cfg: Config, *, counts: dict[str, int] | None = None) -> list[StudyPlan]:
+def study_plans(setup: ResolvedSetup, *,
+                counts: dict[str, int] | None = None) -> list[StudyPlan]:
     """Every (series, target) study with its space: fixed values from [method_params] are not
     searched, user ranges from [search.<method>] replace the defaults. ``counts`` (private
     tuning) gives each series its share of the secretly drawn number of trials."""
-    layers = cfg.num_layers
+    cfg = setup.config
+    layers = setup.num_layers
     two = cfg.audit.enabled and cfg.audit.in_trial
     if cfg.sweep.tuning == "private":
         objectives: tuple[str, ...] = (NOISY_OBJECTIVE,)
@@ -46,10 +43,10 @@ def study_plans(cfg: Config, *, counts: dict[str, int] | None = None) -> list[St
                       else (VALIDATION_OBJECTIVE,))
     plans = []
     for eps in cfg.targets():
-        for method, mode in cfg.series():
+        for method, mode in setup.series():
             series = series_name(method, mode)
             space = build_space(method, mode=mode, num_layers=layers,
-                                fixed=cfg.given_params(method),
+                                fixed=setup.given_params(method),
                                 overrides=cfg.search.get(method))
             n_trials = (cfg.sweep.trials_per_method if counts is None
                         else counts.get(series, 0))
@@ -97,7 +94,7 @@ def precompute_order(plans: list[StudyPlan]) -> list[tuple[StudyPlan, dict[str, 
     return [item for method in order for item in by_method[method]]
 
 
-def precompute(cfg: Config, *, run: RunDir, plans: list[StudyPlan], data: Any,
+def precompute(setup: ResolvedSetup, *, run: RunDir, plans: list[StudyPlan], data: Any,
                quiet: bool, calibration: Any = None) -> None:
     """Budgets and once-per-sweep preparations for every schedule a study can produce, so
     trials only ever hit the cache (and the shadow pool's risk estimate runs once).
@@ -106,6 +103,7 @@ def precompute(cfg: Config, *, run: RunDir, plans: list[StudyPlan], data: Any,
     :func:`precompute_order`. Two lanes may compute one budget at once (DP-AdamILG's k = 0 is
     DP-SGD's schedule): the cache's writes are atomic and the two results identical.
     """
+    cfg = setup.config
     order = precompute_order(plans)
     queue = iter(order)
     total = len(order)
@@ -120,7 +118,7 @@ def precompute(cfg: Config, *, run: RunDir, plans: list[StudyPlan], data: Any,
                 if item is None:
                     return
                 plan, point = item
-                spec = plan_trial(cfg, epsilon=plan.epsilon, method=plan.method,
+                spec = plan_trial(setup, epsilon=plan.epsilon, method=plan.method,
                                   params=plan.space.decode(point), cache_dir=run.cache_dir,
                                   data=data, calibration=calibration)
                 if cfg.audit.enabled:

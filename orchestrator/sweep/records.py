@@ -60,7 +60,7 @@ class SweepRecords(SweepState):
             privacy=PrivacyRecord.from_dict(read_json(privacy), where=str(privacy)),
             history=history,
             train_seconds=float(outcome.metrics.get("train_seconds", math.nan)),
-            num_classes=self.cfg.num_classes, series=plan.series,
+            num_classes=self.setup.num_classes, series=plan.series,
             study=plan.name, preset=self._preset(tid))
         audit_file = trial_dir / layout.AUDIT
         if audit_file.is_file():
@@ -129,5 +129,5 @@ class SweepRecords(SweepState):
         tuning = (adaptive_summary(self.cfg, self.plans, list(self.rows.values()))
                   if self.private is None else {"mode": "private", **self.private.to_dict()})
         end_attempt(self.run, self.attempts, ended="finished")
-        self.run.commit(layout.SUMMARY, summary_bytes(attempts=self.attempts, cfg=self.cfg,
+        self.run.commit(layout.SUMMARY, summary_bytes(attempts=self.attempts, setup=self.setup,
                                                       tuning=tuning))

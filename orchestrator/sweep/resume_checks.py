@@ -54,6 +54,7 @@ from orchestrator import config as config_mod
 from orchestrator.config.paths import resolve_paths
 from orchestrator.rundir import RESTORE, RunDir
 from orchestrator.sweep.studies import FINISHED_STATES, ID_ATTR
+from orchestrator.trial.setup import resolve
 from reports import store
 
 #: Optuna's tables a resume reads (optuna.storages._rdb.models).
@@ -172,7 +173,7 @@ def check_inputs_first(run: RunDir, config_path: Path) -> None:
     sections = {k: config_mod._section(k, v) for k, v in raw.items()
                 if k in config_mod.SECTIONS}
     cfg = resolve_paths(config_mod.Config(**sections), Path(config_path).resolve().parent)
-    run.check_inputs(cfg.input_fingerprints())
+    run.check_inputs(resolve(cfg).input_fingerprints())
 
 
 # ---- records that vanish, a disk that fills ---------------------------------------------

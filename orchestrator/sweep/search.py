@@ -63,12 +63,12 @@ class SweepSearch(SweepState):
     def _private_setup(self) -> tuple[Any, dict[str, int]]:
         """The private-tuning plan, printed before any training, and the secret trial counts
         (drawn once; kept in the run directory for a resume, never in a release)."""
-        plan = private_tuning_plan(self.cfg)
+        plan = private_tuning_plan(self.setup)
         path = self.run.path / layout.PRIVATE_TUNING
         if path.is_file():
             counts = read_json(self.run.verify(layout.PRIVATE_TUNING))["counts"]
         else:
-            counts = draw_counts(self.cfg, plan)
+            counts = draw_counts(self.setup, plan)
             self.run.commit(layout.PRIVATE_TUNING, json_bytes(
                 {"counts": counts, "note": "the secret number of trials per series: never "
                                            "exported"}))
@@ -90,7 +90,7 @@ class SweepSearch(SweepState):
         return plan.epsilon if self.certified is None else self.certified.bounds.upper
 
     def trial_config(self, plan: StudyPlan, params: dict[str, Any], tid: str) -> dict[str, Any]:
-        spec = plan_trial(self.cfg, epsilon=plan.epsilon, method=plan.method,
+        spec = plan_trial(self.setup, epsilon=plan.epsilon, method=plan.method,
                           params=params, trial_id=tid, cache_dir=self.run.cache_dir,
                           data=self.data, calibration=self.certified)
         audit = audit_settings(self.cfg)
@@ -157,7 +157,7 @@ class SweepSearch(SweepState):
             on_outcome=self.record, trials_root=self.run.path / layout.TRIALS, jobs=jobs,
             on_job_done=job_done)
         tuner = raytune.make_tuner(
-            searcher, flag, cfg=self.cfg, tune_dir=self.run.tune_dir, data=data_pool(self.cfg),
+            searcher, flag, cfg=self.cfg, tune_dir=self.run.tune_dir, data=data_pool(self.setup),
             samples=SAMPLES_PER_TRIAL * to_run + len(jobs) + SPARE_SAMPLES)
         self._fit(tuner, searcher, flag, total=to_run)
 

@@ -10,11 +10,15 @@ from orchestrator.config import Config
 from orchestrator.rundir import RunDir
 from orchestrator.sweep.signals import _StopFlag
 from orchestrator.sweep.studies import StudyPlan
+from orchestrator.trial.setup import ResolvedSetup
 
 
 class SweepState:
     """The fields of one sweep attempt."""
 
+    #: The sweep's config, resolved once where the sweep starts, and its plain values
+    #: (``setup.config``).
+    setup: ResolvedSetup
     cfg: Config
     run: RunDir
     quiet: bool
@@ -23,7 +27,7 @@ class SweepState:
     #: ``resume --retry-failed``: failed re-runs are trained again (search trials are not).
     retry_failed: bool
     plans: list[StudyPlan]
-    #: The data splits every trial plans and audits with (``cfg.data_splits()``).
+    #: The data splits every trial plans and audits with (``setup.data_splits()``).
     data: Any
     #: Trial id -> results row, read back from the results store on a resume.
     rows: dict[str, dict[str, Any]]

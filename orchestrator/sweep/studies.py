@@ -40,18 +40,22 @@ from core.errors import describe
 from core.layout import ERROR as ERROR_FILE
 from core.layout import RESULT as RESULT_FILE
 from core.lazy import lazy_module
-from core.vocabulary import DISK_FULL_KEY, FAILED, INTERRUPTED, OK, PRUNED
+from core.vocabulary import (
+    ATTACK_OBJECTIVE,
+    DISK_FULL_KEY,
+    FAILED,
+    INTERRUPTED,
+    NOISY_OBJECTIVE,
+    OK,
+    PRUNED,
+    VALIDATION_OBJECTIVE,
+)
 from search_spaces import BuiltSpace
 
 #: Optuna is imported on first use: ``orchestrator.trial.runner`` (every trial worker, and
 #: ``dpsweep train``) reads this module's record names and never opens a study.
 optuna = lazy_module("optuna")
 
-#: The objectives a sampler can see: noiseless validation accuracy, the in-trial attack's peak
-#: accuracy on training members (adaptive tuning), the noisy validation score (private tuning).
-VALIDATION_OBJECTIVE = "val_accuracy"
-ATTACK_OBJECTIVE = "peak_mia_accuracy"
-NOISY_OBJECTIVE = "noisy_val_score"
 #: Objectives and their directions; names carried by every study (optuna-dashboard shows them).
 OBJECTIVES = {VALIDATION_OBJECTIVE: "maximize", ATTACK_OBJECTIVE: "minimize",
               NOISY_OBJECTIVE: "maximize"}

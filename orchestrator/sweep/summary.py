@@ -15,12 +15,15 @@ import math
 import platform
 import time
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core import __version__, layout
 from core.errors import UserInputError
 from core.storage import json_bytes
 from orchestrator.rundir import RunDir
+
+if TYPE_CHECKING:
+    from orchestrator.trial.setup import ResolvedSetup
 
 __all__ = ["ATTEMPT_COMMANDS", "ATTEMPT_ENDS", "begin_attempt", "end_attempt", "end_if_begun",
            "read_attempts", "summary_bytes", "wall_of"]
@@ -109,7 +112,7 @@ def wall_of(attempts: list[dict[str, Any]]) -> dict[str, Any]:
             "attempts": len(attempts), "attempts_without_end": len(attempts) - len(ended)}
 
 
-def summary_bytes(*, attempts: list[dict[str, Any]], cfg: Any,
+def summary_bytes(*, attempts: list[dict[str, Any]], setup: ResolvedSetup,
                   tuning: dict[str, Any]) -> bytes:
     """summary.json for a sweep whose last attempt has just finished: what the report's header,
     the export's tuning statement and ``dpsweep pick`` read."""
@@ -119,9 +122,9 @@ def summary_bytes(*, attempts: list[dict[str, Any]], cfg: Any,
         "versions": {"dpsweep": __version__, "python": platform.python_version(),
                      **_library_versions()},
         "accountant": "prv (upper bound; RDP fallback recorded per trial)",
-        "split_sizes": cfg.split_sizes(),
-        "model": cfg.model.factory or cfg.model.name,
-        "num_classes": cfg.num_classes, "tuning": tuning,
+        "split_sizes": dict(setup.split_sizes),
+        "model": setup.config.model.factory or setup.config.model.name,
+        "num_classes": setup.num_classes, "tuning": tuning,
     }
     return json_bytes(summary)
 

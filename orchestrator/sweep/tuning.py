@@ -35,6 +35,7 @@ from orchestrator.sweep.studies import (
     open_study,
     secret_random_sampler,
 )
+from orchestrator.trial.setup import ResolvedSetup
 from reports.pick import choose_private
 from trainables.methods import get_method, series_name
 
@@ -64,21 +65,22 @@ def recorded_config_text(cfg: Config) -> str:
 _PLANS: dict[str, Any] = {}
 
 
-def private_tuning_plan(cfg: Config) -> Any:
+def private_tuning_plan(setup: ResolvedSetup) -> Any:
     """Papernot & Steinke's random search: one noise schedule for every trial (the end-to-end
     bound needs one base mechanism), the per-trial noise derived from the end-to-end target."""
-    key = cfg.to_toml()
+    key = setup.config.to_toml()
     if key not in _PLANS:
-        _PLANS[key] = _private_tuning_plan(cfg)
+        _PLANS[key] = _private_tuning_plan(setup)
     return _PLANS[key]
 
 
-def _private_tuning_plan(cfg: Config) -> Any:
-    sizes = cfg.split_sizes()
+def _private_tuning_plan(setup: ResolvedSetup) -> Any:
+    cfg = setup.config
+    sizes = setup.split_sizes
     q, steps_per_epoch = poisson_plan(dataset_size=sizes["train"],
                                       batch_size=cfg.training.batch_size)
     shapes = {}
-    for plan in study_plans(cfg):
+    for plan in study_plans(setup):
         for point in schedule_points(plan):
             params = get_method(plan.method).validate_params(plan.space.decode(point))
             shapes[(plan.series, str(point))] = get_method(plan.method).noise_shape(
@@ -101,9 +103,9 @@ def _private_tuning_plan(cfg: Config) -> Any:
         score_noise_multiplier=cfg.sweep.score_noise)
 
 
-def draw_counts(cfg: Config, plan: Any) -> dict[str, int]:
+def draw_counts(setup: ResolvedSetup, plan: Any) -> dict[str, int]:
     """K ~ the plan's law (secret entropy), each trial's series uniformly at random."""
-    series = [series_name(m, mode) for m, mode in cfg.series()]
+    series = [series_name(m, mode) for m, mode in setup.series()]
     counts = dict.fromkeys(series, 0)
     for _ in range(draw_trial_count(plan=plan)):
         counts[secrets.choice(series)] += 1

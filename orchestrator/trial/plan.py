@@ -20,15 +20,17 @@ from core.vocabulary import SPLIT_NAMES
 from orchestrator.accounting.cache import default_cache_dir
 from orchestrator.accounting.calibration import calibrate, epsilon_curve
 from orchestrator.config import Config, from_dict
+from orchestrator.trial.setup import ResolvedSetup
 from trainables.data.splits import DataSplits, load_pool
 from trainables.methods import METHODS, get_method, series_name
 
 
-def data_pool(cfg: Config) -> dict[str, Any]:
+def data_pool(setup: ResolvedSetup) -> dict[str, Any]:
     """The config's raw pool as workers receive it (Ray's object store: read once by the driver,
     mapped once per node) for ``orchestrator.trial.runner.use_data_pool``."""
+    cfg = setup.config
     data_dir = cfg.data.data_dir or None
-    source = cfg.file_source()
+    source = setup.file_source
     return {"pool": load_pool(dataset=cfg.data.dataset, data_dir=data_dir, source=source),
             "dataset": cfg.data.dataset, "data_dir": data_dir,
             "source": None if source is None else source.to_dict()}
@@ -52,24 +54,27 @@ def match_budget(*, method: str, params: dict, dataset_size: int, batch_size: in
     return cal, [b.upper for b in curve]
 
 
-def plan_trial(cfg: Config, *, method: str | None = None, params: Mapping[str, Any] | None = None,
-               epsilon: float | None = None, trial_id: str = "trial",
-               cache_dir: Path | None = None, data: DataSplits | None = None,
+def plan_trial(setup: ResolvedSetup, *, method: str | None = None,
+               params: Mapping[str, Any] | None = None, epsilon: float | None = None,
+               trial_id: str = "trial", cache_dir: Path | None = None,
+               data: DataSplits | None = None,
                calibration: Calibration | None = None) -> TrialSpec:
     """Match the budget for the config's sampling plan and method schedule; return the spec.
 
-    ``epsilon`` is the target the trial is held to (one of ``Config.targets``; by default
-    ``privacy.epsilon``): a sweep passes each study's target here rather than a copy of the
-    config per target.
+    ``setup`` is the config resolved once by the command that plans (its sizes, model and data
+    sources are looked up once for every trial it plans). ``epsilon`` is the target the trial
+    is held to (one of ``Config.targets``; by default ``privacy.epsilon``): a sweep passes each
+    study's target here rather than a copy of the config per target.
     ``params`` are the trial's method parameters (validated here); by default the config's
-    (``Config.trial_params``). ``calibration`` replaces budget matching with a certified
+    (``ResolvedSetup.trial_params``). ``calibration`` replaces budget matching with a certified
     schedule (private tuning). Runs the method's once-per-sweep preparation (on public data
     only, cached) first, since its output (e.g. LM-DP-SGD's risk vector) travels in the spec.
     """
+    cfg = setup.config
     name = method or cfg.training.method
     method_cls = get_method(name)
-    params = method_cls.validate_params(cfg.trial_params(name) if params is None else params)
-    sizes = cfg.split_sizes()
+    params = method_cls.validate_params(setup.trial_params(name) if params is None else params)
+    sizes = dict(setup.split_sizes)
     epochs = cfg.training.epochs
     if calibration is None:
         cal, curve = match_budget(method=name, params=params, dataset_size=sizes["train"],
@@ -85,12 +90,12 @@ def plan_trial(cfg: Config, *, method: str | None = None, params: Mapping[str, A
         curve = [b.upper for b in epsilon_curve(
             cal, at_steps=[steps_per_epoch * (e + 1) for e in range(epochs)])]
     prepared = method_cls.prepare(
-        data=data if data is not None else _lazy_data(cfg),
-        model_factory=cfg.build_network,
+        data=data if data is not None else _lazy_data(setup),
+        model_factory=setup.build_network,
         params=params, seed=cfg.training.seed, cache_dir=cache_dir or default_cache_dir())
     if prepared:  # new values (computed, or read from the preparation cache): checked once
         params = method_cls.validate_params({**params, **prepared})
-    source = cfg.file_source()
+    source = setup.file_source
     return TrialSpec(
         method=name,
         method_params=params,
@@ -106,7 +111,7 @@ def plan_trial(cfg: Config, *, method: str | None = None, params: Mapping[str, A
         sizes=sizes,
         model=cfg.model.name,
         activation=cfg.model.activation,
-        user_model=cfg.model_source().to_dict() if cfg.model.factory else None,
+        user_model=setup.model_source.to_dict() if cfg.model.factory else None,
         data_source=None if source is None else source.to_dict(),
         device=cfg.resources.device,
         threads=cfg.resources.cpus_per_trial,
@@ -185,11 +190,11 @@ def config_from_spec(spec: Mapping[str, Any]) -> Config:
 class _lazy_data:
     """Loads the splits only if a method's preparation actually reads them."""
 
-    def __init__(self, cfg: Config) -> None:
-        self._cfg = cfg
+    def __init__(self, setup: ResolvedSetup) -> None:
+        self._setup = setup
         self._data: DataSplits | None = None
 
     def __getattr__(self, name: str) -> object:
         if self._data is None:
-            self._data = self._cfg.data_splits()
+            self._data = self._setup.data_splits()
         return getattr(self._data, name)

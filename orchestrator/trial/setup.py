@@ -3,12 +3,17 @@
 A :class:`~orchestrator.config.Config` holds plain values. Everything that needs the method
 registry, a user's files or a built network (split sizes with their defaults, the model and data
 sources, the trained layer count, the class count, the fingerprints of a user's code and data)
-is resolved here, once per config, and memoised on the :class:`ResolvedSetup`: a user's network
-is built and checked at most once, a user's data read at most once.
+is resolved here and memoised on the :class:`ResolvedSetup`: a user's network is built and
+checked at most once per setup, a user's data read at most once.
 
-This module is the config's one door to the trainables: ``orchestrator.config`` reaches it
-through :func:`orchestrator.config.Config.setup` only when a value needs resolving, so reading a
-config's constants (``dpsweep budget``) never imports a method or torch.
+A command resolves its config once where it starts (``dpsweep run``, ``train``, ``config
+--check``) and hands the setup down to everything that plans or records trials; the config
+itself stays a plain value. Ray workers never receive a setup: they get a
+:class:`core.trial.TrialSpec`.
+
+This module is the config's one door to the trainables: ``orchestrator.config`` imports it only
+when validating a config needs the methods, data or model, so reading a config's constants
+(``dpsweep budget``) never imports a method or torch.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from trainables.data.splits import (
     DataSplits,
     SplitSizes,
     available_size,
+    check_available,
     default_file_sizes,
     load_pool,
     load_splits,
@@ -218,6 +224,13 @@ class ResolvedSetup:
                                 dataset=data.name, sample=data.shadow.x[:2])
         return source.build(input_shape=INPUT_SHAPES[dataset], num_classes=NUM_CLASSES[dataset],
                             dataset=dataset)
+
+    def data_available(self) -> str:
+        """Where the config's data is found, without downloading (``dpsweep config --check``);
+        a user's data is read and checked in full."""
+        d = self.config.data
+        return check_available(dataset=d.dataset, data_dir=d.data_dir or None,
+                               source=self.file_source)
 
     def input_fingerprints(self) -> dict[str, str]:
         """SHA-256 of the user's model code and data files (empty for built-ins only)."""

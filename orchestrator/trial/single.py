@@ -14,6 +14,7 @@ from core.layout import CHECKPOINT_DIR, RESULTS
 from orchestrator.config import Config
 from orchestrator.rundir import RunDir, check_creatable
 from orchestrator.trial.plan import plan_trial
+from orchestrator.trial.setup import resolve
 from reports import store
 from trainables.training.loop import TrialResult, train_trial
 
@@ -25,12 +26,13 @@ def train_single(cfg: Config, *, out: Path,
     """Plan the budget, train, and record one trial into a new run directory ``out``."""
     cfg = cfg.one_target(command="dpsweep train")  # budget.epsilons = [1] trains at 1, not 3
     check_creatable(Path(out))
-    data = cfg.data_splits()  # validates data_dir and files before anything is written
+    setup = resolve(cfg)  # once for the command: the plan, the record and the row read it
+    data = setup.data_splits()  # validates data_dir and files before anything is written
     # planned before the run directory exists (budgets in the user's cache): a setting that
     # cannot work leaves nothing behind
-    spec = plan_trial(cfg, trial_id=TRIAL_ID, data=data)
+    spec = plan_trial(setup, trial_id=TRIAL_ID, data=data)
     run = RunDir.create(Path(out), config_text=cfg.to_toml(), kind="trial",
-                        inputs=cfg.input_fingerprints())
+                        inputs=setup.input_fingerprints())
     try:
         trial_dir = run.trial_dir(TRIAL_ID)
         result = train_trial(spec, data=data, checkpoint_root=trial_dir,
@@ -40,7 +42,7 @@ def train_single(cfg: Config, *, out: Path,
             run_dir=run.path, trial_dir=trial_dir, checkpoint_dir=trial_dir / CHECKPOINT_DIR,
             spec=spec.to_dict(), privacy=result.privacy_record, history=result.history,
             train_seconds=sum(m["epoch_seconds"] for m in result.history),
-            num_classes=cfg.num_classes, study="single",
+            num_classes=setup.num_classes, study="single",
             preset=cfg.training.preset)
         store.write_results(run.path, [row])
         run.record_trial(TRIAL_ID)

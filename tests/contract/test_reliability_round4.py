@@ -32,6 +32,7 @@ from core.errors import UserInputError
 from orchestrator import config as config_mod
 from orchestrator.cli import main
 from orchestrator.rundir import DIR_MODE, FILE_MODE, RunDir
+from orchestrator.trial.setup import resolve
 from orchestrator.trial.single import train_single
 from reports import store
 from tests.conftest import tiny_config
@@ -289,8 +290,9 @@ def test_a_sweep_run_directory_keeps_the_optuna_storage_and_lock_private(
         assert stat.S_IMODE((run.path).stat().st_mode) == DIR_MODE
         assert stat.S_IMODE((run.path / layout.LOCK).stat().st_mode) == FILE_MODE
         driver = object.__new__(_Driver)
-        driver.__dict__.update(cfg=cfg, run=run, quiet=True, rows={}, best={}, bar=None,
-                               start=0.0, plans=study_plans(cfg))
+        setup = resolve(cfg)
+        driver.__dict__.update(setup=setup, cfg=cfg, run=run, quiet=True, rows={}, best={},
+                               bar=None, start=0.0, plans=study_plans(setup))
         studies, _ = driver.open_studies()
         assert studies
         assert stat.S_IMODE((run.path / layout.OPTUNA_DB).stat().st_mode) == FILE_MODE
@@ -332,7 +334,7 @@ def test_a_private_tuning_run_records_neither_sweep_seed_nor_sampler(
     assert text.startswith("# sweep.tuning = 'private': sweep.seed and sweep.sampler are not")
     # loads back as the same run (resume reads it), the keys at their unused defaults
     again = config_mod.load(tmp_path / "run" / layout.CONFIG)
-    assert again.sweep.tuning == "private" and again.series() == cfg.series()
+    assert again.sweep.tuning == "private" and resolve(again).series() == resolve(cfg).series()
     assert again.privacy == cfg.privacy and again.training == cfg.training
     with RunDir.open(tmp_path / "run", write=False) as run:
         run.verify(layout.CONFIG)

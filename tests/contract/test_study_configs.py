@@ -17,6 +17,7 @@ import pytest
 
 from core.params import Param
 from orchestrator.config import load, read_toml
+from orchestrator.trial.setup import resolve
 from search_spaces import STEP, STEP_PARAM
 from trainables.methods import METHODS
 
@@ -114,5 +115,5 @@ def test_published_point_runs_on_the_parts_setting() -> None:
         assert point[section] == part[section], section
     cfg = load(PUBLISHED)
     assert cfg.sweep.methods == ["dpsgd"] and cfg.sweep.seeds == 2
-    assert cfg.trial_params("dpsgd")["lr"] * cfg.trial_params("dpsgd")["clip_norm"] == \
-        pytest.approx(0.4)
+    dpsgd = resolve(cfg).trial_params("dpsgd")
+    assert dpsgd["lr"] * dpsgd["clip_norm"] == pytest.approx(0.4)

@@ -17,6 +17,7 @@ from PIL import Image
 
 from core import layout
 from orchestrator.cli import main
+from orchestrator.trial.setup import resolve
 from orchestrator.trial.single import TRIAL_ID
 from trainables.training.loop import _derived_seeds, load_checkpoint_state
 
@@ -112,7 +113,7 @@ def _audit_lists_every_layer(config: Path, checkpoint: Path, spec: dict) -> None
     from trainables.training.loop import load_spec
 
     cfg = config_mod.load(config)
-    data = cfg.data_splits()
+    data = resolve(cfg).data_splits()
     trial = load_spec(spec)
     budgets = reference_budgets(cfg, method="dpsgd", params=trial.method_params, epsilon=3.0,
                                 data=data, cache_dir=None)

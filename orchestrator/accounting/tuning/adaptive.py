@@ -20,6 +20,7 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from core.checks import whole
 from core.errors import UserInputError
 from core.schedule import Schedule
+from core.vocabulary import ATTACK_OBJECTIVE, VALIDATION_OBJECTIVE
 from orchestrator.accounting.certificate import check_delta, check_positive
 from orchestrator.accounting.tuning.private import PLD_DISCRETIZATION, training_event
 
@@ -60,8 +61,6 @@ class AdaptiveStatement:
 
 def _objectives(value: Any) -> tuple[str, ...]:
     """The adaptive sampler's objectives: validation accuracy, optionally the in-trial attack."""
-    from orchestrator.sweep.studies import ATTACK_OBJECTIVE, VALIDATION_OBJECTIVE
-
     allowed = (f"({VALIDATION_OBJECTIVE!r},) or ({VALIDATION_OBJECTIVE!r}, "
                f"{ATTACK_OBJECTIVE!r}): what the adaptive sampler saw")
     objectives = tuple(value) if isinstance(value, (list, tuple)) else ()

@@ -15,6 +15,7 @@ import pytest
 from core.datasets import POOLS
 from core.errors import UserInputError
 from orchestrator import config
+from orchestrator.trial.setup import resolve
 from trainables.methods import METHODS
 
 REPO = Path(__file__).resolve().parents[3]
@@ -34,9 +35,9 @@ def _parse(text: str) -> config.Config:
 def test_defaults_are_valid_and_round_trip(tmp_path: Path) -> None:
     cfg = config.Config()
     assert cfg.data.dataset == "digits" and cfg.training.method == "dpsgd"
-    assert cfg.split_sizes() == {"train": 500, "validation": 200, "holdout": 300, "test": 297,
-                                 "shadow": 500}
-    assert sum(cfg.split_sizes().values()) == POOLS["digits"][0]  # all of it
+    sizes = resolve(cfg).split_sizes
+    assert sizes == {"train": 500, "validation": 200, "holdout": 300, "test": 297, "shadow": 500}
+    assert sum(sizes.values()) == POOLS["digits"][0]  # all of it
     assert _load(tmp_path, cfg.to_toml()) == cfg
     assert _load(tmp_path, "") == cfg
     assert cfg.method_params == {} and cfg.search == {}
@@ -67,7 +68,7 @@ clip_norm = {low = 0.5, high = 2.0, log = true}
     cfg = _load(tmp_path, text)
     assert cfg.budget.epsilons == [1.0, 2.0, 8.0]  # sorted, as floats
     assert cfg.method_params == {"lr": 0.3, "lm_dpsgd": {"mode": "lagged", "lagged_beta": 0.8}}
-    single = cfg.trial_params()  # the preset, then the config's values
+    single = resolve(cfg).trial_params()  # the preset, then the config's values
     assert (single["mode"], single["lagged_beta"], single["r"], single["lr"]) == (
         "lagged", 0.8, 5.0, 0.3)
     assert cfg.search == {"dpsgd": {"clip_norm": {"low": 0.5, "high": 2.0, "log": True}}}
@@ -239,50 +240,52 @@ def test_unreadable_file(tmp_path: Path) -> None:
 
 def test_fashion_mnist_sizes_default_to_official_test_set(tmp_path: Path) -> None:
     cfg = _load(tmp_path, "[data]\ndataset = 'fashion-mnist'\n")
-    assert cfg.split_sizes() == {"train": 30000, "validation": 5000, "holdout": 10000,
-                                 "test": 10000, "shadow": 15000}
-    assert cfg.split_sizes()["train"] + 5000 + 10000 + 15000 == 60000
+    sizes = resolve(cfg).split_sizes
+    assert sizes == {"train": 30000, "validation": 5000, "holdout": 10000, "test": 10000,
+                     "shadow": 15000}
+    assert sizes["train"] + 5000 + 10000 + 15000 == 60000
 
 
 # ---- method hyperparameters ------------------------------------------------------------------
 def test_flat_keys_apply_to_every_method_declaring_them() -> None:
-    cfg = _parse("[method_params]\nlr = 0.3\nclip_norm = 2.0\nr = 4.0\n")
-    assert cfg.given_params("dpsgd") == {"lr": 0.3, "clip_norm": 2.0}  # dpsgd has no r
-    assert cfg.given_params("lm_dpsgd") == {"lr": 0.3, "clip_norm": 2.0, "r": 4.0}
-    assert cfg.given_params("dp_psac") == {"lr": 0.3, "clip_norm": 2.0, "r": 4.0}
+    setup = resolve(_parse("[method_params]\nlr = 0.3\nclip_norm = 2.0\nr = 4.0\n"))
+    assert setup.given_params("dpsgd") == {"lr": 0.3, "clip_norm": 2.0}  # dpsgd has no r
+    assert setup.given_params("lm_dpsgd") == {"lr": 0.3, "clip_norm": 2.0, "r": 4.0}
+    assert setup.given_params("dp_psac") == {"lr": 0.3, "clip_norm": 2.0, "r": 4.0}
     for method in METHODS:
-        assert cfg.trial_params(method)["lr"] == 0.3, method
+        assert setup.trial_params(method)["lr"] == 0.3, method
 
 
 def test_a_method_table_overrides_the_flat_keys_for_that_method_only() -> None:
-    cfg = _parse("[method_params]\nlr = 0.3\n[method_params.ww_dpsgd]\nlr = 0.05\nK = 7\n")
-    assert cfg.trial_params("ww_dpsgd")["lr"] == 0.05 and cfg.trial_params("ww_dpsgd")["K"] == 7
-    assert cfg.trial_params("dpsgd")["lr"] == 0.3
+    setup = resolve(_parse("[method_params]\nlr = 0.3\n[method_params.ww_dpsgd]\nlr = 0.05\n"
+                           "K = 7\n"))
+    assert setup.trial_params("ww_dpsgd")["lr"] == 0.05 and setup.trial_params("ww_dpsgd")["K"] == 7
+    assert setup.trial_params("dpsgd")["lr"] == 0.3
 
 
 def test_trial_params_start_from_the_preset_then_the_config_then_the_mode() -> None:
-    cfg = _parse("[training]\nmethod = 'lm_dpsgd'\npreset = 'paper'\n"
-                 "[method_params.lm_dpsgd]\nr = 2.0\n")
-    p = cfg.trial_params()
+    setup = resolve(_parse("[training]\nmethod = 'lm_dpsgd'\npreset = 'paper'\n"
+                           "[method_params.lm_dpsgd]\nr = 2.0\n"))
+    p = setup.trial_params()
     assert (p["clip_norm"], p["er_eval"], p["r"], p["mode"]) == (1.0, "train", 2.0, "public")
-    lagged = cfg.trial_params("lm_dpsgd", mode="lagged", preset="")
+    lagged = setup.trial_params("lm_dpsgd", mode="lagged", preset="")
     assert (lagged["mode"], lagged["er_eval"], lagged["r"]) == ("lagged", "heldout", 2.0)
-    assert cfg.trial_params("dpsgd") == METHODS["dpsgd"].validate_params({})
+    assert setup.trial_params("dpsgd") == METHODS["dpsgd"].validate_params({})
 
 
 def test_mode_specific_keys_are_allowed_when_the_mode_reads_them() -> None:
     cfg = _parse("[sweep]\nmethods = ['lm_dpsgd:lagged']\n"
                  "[method_params.lm_dpsgd]\nlagged_beta = 0.8\n")
-    assert cfg.trial_params("lm_dpsgd", mode="lagged")["lagged_beta"] == 0.8
+    assert resolve(cfg).trial_params("lm_dpsgd", mode="lagged")["lagged_beta"] == 0.8
     cfg = _parse("[sweep]\nmethods = ['dp_adamilg:faithful']\n[method_params]\nalpha = 2.0\n")
-    assert cfg.trial_params("dp_adamilg", mode="faithful")["alpha"] == 2.0
+    assert resolve(cfg).trial_params("dp_adamilg", mode="faithful")["alpha"] == 2.0
 
 
 def test_series_are_method_and_mode_pairs() -> None:
     cfg = _parse("[sweep]\nmethods = ['lm_dpsgd:lagged', 'dpsgd', 'lm_dpsgd']\n")
-    assert cfg.series() == [("lm_dpsgd", "lagged"), ("dpsgd", "standard"),
-                            ("lm_dpsgd", "public")]
-    everything = config.Config().series()
+    assert resolve(cfg).series() == [("lm_dpsgd", "lagged"), ("dpsgd", "standard"),
+                                     ("lm_dpsgd", "public")]
+    everything = resolve(config.Config()).series()
     assert everything == [(name, cls.modes[0].name) for name, cls in METHODS.items()]
     assert {"auto_s", "dp_psac", "dpsgd", "dpsgd_lf", "lm_dpsgd", "ww_dpsgd",
             "dp_adamilg"} <= {m for m, _ in everything}
@@ -423,7 +426,8 @@ def test_validation_needs_enough_examples_to_tell_a_trial_from_chance(tmp_path: 
     with pytest.raises(UserInputError) as exc:
         _load(tmp_path, "[data]\nvalidation_size = 34\n")
     assert exc.value.field == "data.validation_size" and "at least 35" in exc.value.allowed
-    assert _load(tmp_path, "[data]\nvalidation_size = 35\n").split_sizes()["validation"] == 35
+    enough = resolve(_load(tmp_path, "[data]\nvalidation_size = 35\n"))
+    assert enough.split_sizes["validation"] == 35
 
 
 @pytest.mark.parametrize(("text", "field", "fragment"), [

@@ -22,6 +22,7 @@ from core.poisson import poisson_plan
 from core.records import PrivacyRecord
 from core.schedule import Schedule
 from core.trial import Calibration, EpsilonBounds, TrialSpec
+from core.vocabulary import ATTACK_OBJECTIVE, VALIDATION_OBJECTIVE
 from orchestrator import __version__
 from orchestrator.accounting.tuning.adaptive import adaptive_statement
 from orchestrator.release.bundle import RELEASE_ENTRIES, RELEASE_FILES, export_trial
@@ -34,7 +35,7 @@ from orchestrator.release.statement import (
     round_up,
 )
 from orchestrator.rundir import RunDir
-from orchestrator.sweep.studies import ATTACK_OBJECTIVE, VALIDATION_OBJECTIVE
+from orchestrator.trial.setup import resolve
 from orchestrator.trial.single import TRIAL_ID as SINGLE_TRIAL
 from orchestrator.trial.single import train_single
 from reports import store
@@ -64,7 +65,8 @@ def _spec(*, data_dir: Path, randomness: str) -> TrialSpec:
     """A tiny digits trial with a calibration written by hand (the budget module is not under
     test here; the training loop checks the sampling rate and step count it is given)."""
     cfg = tiny_config()
-    sizes = cfg.split_sizes()
+    setup = resolve(cfg)
+    sizes = dict(setup.split_sizes)
     q, steps_per_epoch = poisson_plan(dataset_size=sizes["train"],
                                       batch_size=cfg.training.batch_size)
     calibration = Calibration(
@@ -75,7 +77,7 @@ def _spec(*, data_dir: Path, randomness: str) -> TrialSpec:
         accountant="prv", fallback_reason=None, eps_error=0.008, seconds=0.0, cached=False)
     method = cfg.training.method
     return TrialSpec(
-        method=method, method_params=get_method(method).validate_params(cfg.trial_params(method)),
+        method=method, method_params=get_method(method).validate_params(setup.trial_params(method)),
         epochs=EPOCHS, batch_size=cfg.training.batch_size, calibration=calibration,
         epsilon_curve=[2.8, EPSILON_UPPER], seed=SPEC_SEED, randomness=randomness,
         dataset="digits", data_dir=str(data_dir), sizes=sizes, device="cpu",

@@ -19,6 +19,7 @@ from orchestrator.cli import main
 from orchestrator.config import from_dict, load
 from orchestrator.release.pick import PICK_CONFIG_FILE, PICK_FILE, pick_and_write
 from orchestrator.trial.plan import config_from_spec
+from orchestrator.trial.setup import resolve
 from orchestrator.trial.single import train_single
 from reports import store
 from reports.pick import choose
@@ -235,8 +236,9 @@ def test_config_reproduces_the_trial_spec(index: int) -> None:
 
     spec = make_spec(TRIALS[index], seed=index)
     cfg = config_from_spec(json.loads(json.dumps(spec)))
-    assert cfg.trial_params(spec["method"]) == spec["method_params"]
-    assert cfg.split_sizes() == spec["sizes"]
+    setup = resolve(cfg)
+    assert setup.trial_params(spec["method"]) == spec["method_params"]
+    assert setup.split_sizes == spec["sizes"]
     assert (cfg.training.method, cfg.training.batch_size, cfg.training.epochs,
             cfg.training.seed, cfg.training.max_physical_batch) == \
         (spec["method"], spec["batch_size"], spec["epochs"], spec["seed"],
@@ -246,8 +248,7 @@ def test_config_reproduces_the_trial_spec(index: int) -> None:
         (spec["calibration"]["target_epsilon"], spec["calibration"]["delta"])
     assert (cfg.data.dataset, cfg.data.split_seed, cfg.model.name, cfg.model.activation) == \
         (spec["dataset"], spec["split_seed"], spec["model"], spec["activation"])
-    assert len(cfg.series()) == 1 and cfg.series()[0] == (spec["method"],
-                                                         spec["method_params"]["mode"])
+    assert setup.series() == [(spec["method"], spec["method_params"]["mode"])]
 
 
 def test_prepared_parameters_are_not_written_as_hyperparameters() -> None:

@@ -44,6 +44,7 @@ from orchestrator.sweep.studies import (
     read_outcome,
     reconcile,
 )
+from orchestrator.trial.setup import resolve
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 ENOSPC_TEXT = os.strerror(errno.ENOSPC)
@@ -295,7 +296,7 @@ def _searcher(tmp_path: Path, on_outcome: Any) -> tuple[Any, Any, Any]:
     tmp_path.mkdir(exist_ok=True)
     cfg = config_mod.from_dict({"training": {"epochs": 1}, "audit": {"enabled": False},
                                 "sweep": {"methods": ["dpsgd"], "trials_per_method": 2}})
-    plan = study_plans(cfg)[0]
+    plan = study_plans(resolve(cfg))[0]
     storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / layout.OPTUNA_DB}")
     study = open_study(plan, storage=storage, sampler=make_sampler("tpe", seed=0, parallel=True))
     tally = reconcile(study, plan, storage=storage, trials_root=tmp_path,

@@ -43,6 +43,7 @@ from orchestrator.sweep.studies import (
     study_name,
 )
 from orchestrator.sweep.tuning import open_plan_study
+from orchestrator.trial.setup import resolve
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -94,14 +95,14 @@ def test_study_names_and_trial_ids_are_one_path_component() -> None:
     assert study_name("dpsgd", 0.5) == "dpsgd@eps0.5"
     assert slug("lm_dpsgd:faithful@eps3") == "lm_dpsgd-faithful_eps3"
     assert slug("dpsgd@eps0.5") == "dpsgd_eps0.5"
-    plan = study_plans(_config(methods=["lm_dpsgd:faithful"]))[0]
+    plan = study_plans(resolve(_config(methods=["lm_dpsgd:faithful"])))[0]
     assert [plan.trial_id(i) for i in (0, 7, 123)] == [
         "lm_dpsgd-faithful_eps3-000", "lm_dpsgd-faithful_eps3-007", "lm_dpsgd-faithful_eps3-123"]
 
 
 def test_one_study_per_series_and_target_with_equal_budgets() -> None:
     cfg = _config(methods=["dpsgd", "lm_dpsgd:faithful"], trials=5, eps=[4, 1], audit=True)
-    plans = study_plans(cfg)
+    plans = study_plans(resolve(cfg))
     assert cfg.targets() == [1.0, 4.0]  # sorted by the config
     assert [p.name for p in plans] == ["dpsgd@eps1", "lm_dpsgd:faithful@eps1", "dpsgd@eps4",
                                        "lm_dpsgd:faithful@eps4"]
@@ -111,18 +112,18 @@ def test_one_study_per_series_and_target_with_equal_budgets() -> None:
     assert {p.n_trials for p in plans} == {5}
     # the audit inside the trial makes the search two-objective; without it, accuracy alone
     assert {p.objectives for p in plans} == {("val_accuracy", "peak_mia_accuracy")}
-    assert {p.objectives for p in study_plans(_config(methods=["dpsgd"]))} == {
+    assert {p.objectives for p in study_plans(resolve(_config(methods=["dpsgd"])))} == {
         ("val_accuracy",)}
     assert _config(methods=["dpsgd"]).targets() == [3.0]  # [privacy] epsilon without a list
 
 
 def test_a_fixed_clip_norm_is_not_searched_but_the_learning_rate_still_is() -> None:
-    free = study_plans(_config(methods=["dpsgd"]))[0].space
+    free = study_plans(resolve(_config(methods=["dpsgd"])))[0].space
     assert set(free.distributions) == {"clip_norm", "lr_x_clip"}
     decoded = free.decode({"clip_norm": 0.5, "lr_x_clip": 1.0})
     assert decoded["clip_norm"] == 0.5 and decoded["lr"] == pytest.approx(2.0)
     cfg = _config(methods=["dpsgd"], method_params={"dpsgd": {"clip_norm": 2.0}})
-    space = study_plans(cfg)[0].space
+    space = study_plans(resolve(cfg))[0].space
     assert "clip_norm" not in space.distributions
     assert space.decode(space.first_point)["clip_norm"] == 2.0
     # with C fixed, a study that searches nothing would train one configuration n times
@@ -131,7 +132,7 @@ def test_a_fixed_clip_norm_is_not_searched_but_the_learning_rate_still_is() -> N
 
 def test_open_study_names_metrics_and_enqueues_the_first_point_once(
         storage: Any, tmp_path: Path) -> None:
-    plan = study_plans(_config(methods=["lm_dpsgd:faithful"], audit=True))[0]
+    plan = study_plans(resolve(_config(methods=["lm_dpsgd:faithful"], audit=True)))[0]
     for _ in range(2):  # reopening (a resume) changes nothing
         study = open_study(plan, storage=storage, sampler=make_sampler("tpe", seed=0,
                                                                       parallel=False))
@@ -169,7 +170,7 @@ def test_read_outcome_tells_finished_failed_and_interrupted_apart(tmp_path: Path
 def _crashed_study(storage: Any, root: Path) -> tuple[StudyPlan, Any, list[int]]:
     """A study whose driver asked for trials 000-003 and died: 000 finished (result.json),
     001 failed (error.json), 002 was running (spec only), 003 finished without its objective."""
-    plan = study_plans(_config(methods=["dpsgd"], trials=6))[0]
+    plan = study_plans(resolve(_config(methods=["dpsgd"], trials=6)))[0]
     study = open_study(plan, storage=storage, sampler=make_sampler("random", seed=0,
                                                                   parallel=False))
     numbers = []
@@ -260,7 +261,7 @@ class Recorder:
 
 
 def _searcher(storage: Any, root: Path, *, trials: int = 2) -> tuple[Any, Recorder, dict, list]:
-    plans = study_plans(_config(methods=["dpsgd", "auto_s"], trials=trials))
+    plans = study_plans(resolve(_config(methods=["dpsgd", "auto_s"], trials=trials)))
     studies, tallies = _studies(plans, storage, root)
     rec = Recorder()
     searcher = SweepSearcher(plans=plans, studies=studies, tallies=tallies,
@@ -363,7 +364,7 @@ def test_a_trial_reports_fast_epochs_to_tune_sparingly_and_slow_ones_each(
     from orchestrator.trial.plan import plan_trial
 
     cfg = _config(methods=["dpsgd"], training={"epochs": 4})
-    spec = plan_trial(cfg, method="dpsgd", trial_id="t0", cache_dir=tmp_path / "cache")
+    spec = plan_trial(resolve(cfg), method="dpsgd", trial_id="t0", cache_dir=tmp_path / "cache")
     epochs: dict[float, list[int]] = {}
     default = trial_runner.REPORT_INTERVAL_S
     for interval in (default, 0.0):
@@ -432,13 +433,14 @@ def test_an_interrupt_while_a_row_is_recorded_is_not_turned_into_a_failed_trial(
     cfg = _config(methods=["dpsgd"])
     run = RunDir.create(tmp_path / "run", config_text=cfg.to_toml())
     driver = object.__new__(_Driver)
-    driver.__dict__.update(cfg=cfg, run=run, quiet=True, rows={}, best={}, bar=None, start=0.0)
+    driver.__dict__.update(setup=resolve(cfg), cfg=cfg, run=run, quiet=True, rows={}, best={},
+                           bar=None, start=0.0)
 
     def interrupted(*_a: Any) -> dict[str, Any]:
         raise Interrupted(signal.SIGINT)
 
     monkeypatch.setattr(driver, "_row", interrupted)
-    plan = study_plans(cfg)[0]
+    plan = study_plans(resolve(cfg))[0]
     try:
         with pytest.raises(Interrupted):
             driver.record(plan, "dpsgd_eps3-000", Outcome("ok", {"val_accuracy": 0.7}, ""))
@@ -490,8 +492,9 @@ def test_front_ids_are_the_leader_and_the_trials_tied_with_it() -> None:
     from reports.pareto import wilson_interval
 
     cfg = _config(methods=["dpsgd"])
-    n_val = cfg.split_sizes()["validation"]
-    plans = study_plans(cfg)
+    setup = resolve(cfg)
+    n_val = setup.split_sizes["validation"]
+    plans = study_plans(setup)
 
     def row(tid: str, acc: float, **extra: Any) -> dict[str, Any]:
         return {"trial_id": tid, "status": "ok", "study": "dpsgd@eps3", "val_accuracy": acc,
@@ -500,7 +503,8 @@ def test_front_ids_are_the_leader_and_the_trials_tied_with_it() -> None:
     rows = [row("a", 0.80), row("b", 0.78), row("c", 0.65), row("d", 0.95, repeat_of="a"),
             row("e", 0.99, degenerate=True), row("f", 0.99, status="failed"),
             row("g", 0.99, study="elsewhere")]
-    stub = types.SimpleNamespace(cfg=cfg, plans=plans, rows={r["trial_id"]: r for r in rows})
+    stub = types.SimpleNamespace(setup=setup, cfg=cfg, plans=plans,
+                                 rows={r["trial_id"]: r for r in rows})
     low = wilson_interval(0.80, n=n_val)[0]
     assert wilson_interval(0.78, n=n_val)[1] >= low > wilson_interval(0.65, n=n_val)[1]
     assert _Driver.front_ids(stub) == {"dpsgd@eps3": ["a", "b"]}
@@ -533,8 +537,9 @@ def test_the_after_sweep_audit_uses_the_run_cache_and_the_accountant_timeout(
     cfg = dataclasses.replace(cfg, audit=dataclasses.replace(cfg.audit, in_trial=False),
                               sweep=dataclasses.replace(cfg.sweep, seeds=0, baseline=False))
     run = RunDir.create(tmp_path / "run", config_text=cfg.to_toml())
+    setup = resolve(cfg)
     try:
-        plan = study_plans(cfg)[0]
+        plan = study_plans(setup)[0]
         tid = f"{plan.name.split('@')[0]}_eps3-000"
         (run.trial_dir(tid)).mkdir(parents=True)
         (run.trial_dir(tid) / "spec.json").write_text(json.dumps(
@@ -545,9 +550,10 @@ def test_the_after_sweep_audit_uses_the_run_cache_and_the_accountant_timeout(
         row.update(status="ok", val_accuracy=0.8, degenerate=False, repeat_of="",
                    mia_layers="")
         driver = object.__new__(_Driver)
-        driver.__dict__.update(cfg=cfg, run=run, quiet=True, rows={tid: row}, best={},
-                               bar=None, start=0.0, plans=[plan], certified=None, private=None,
-                               data=cfg.data_splits(), flag=None, baseline_ran=False)
+        driver.__dict__.update(setup=setup, cfg=cfg, run=run, quiet=True, rows={tid: row},
+                               best={}, bar=None, start=0.0, plans=[plan], certified=None,
+                               private=None, data=setup.data_splits(), flag=None,
+                               baseline_ran=False)
         asked: list[dict[str, Any]] = []
 
         def match_budget(**kw: Any) -> tuple[Any, list[float]]:
@@ -581,7 +587,7 @@ def test_the_after_sweep_audit_uses_the_run_cache_and_the_accountant_timeout(
 def test_budget_lanes_take_the_preparing_method_first_then_the_most_points() -> None:
     """One queue for both lanes: LM-DP-SGD's point (it carries the risk estimate, the longest
     item) first, then DP-AdamILG's six schedules, each method's points in order."""
-    plans = study_plans(_config(methods=["dpsgd", "dp_adamilg", "lm_dpsgd", "auto_s"]))
+    plans = study_plans(resolve(_config(methods=["dpsgd", "dp_adamilg", "lm_dpsgd", "auto_s"])))
     order = precompute_order(plans)
     methods = [plan.method for plan, _ in order]
     assert methods[0] == "lm_dpsgd"
@@ -610,7 +616,7 @@ def _draws(cfg: Config, tmp: Path, n: int) -> tuple[Any, list[dict[str, Any]]]:
 
     np.random.seed(0)
     random.seed(0)
-    plan = study_plans(cfg, counts={"dpsgd": n})[0]
+    plan = study_plans(resolve(cfg), counts={"dpsgd": n})[0]
     storage = optuna.storages.RDBStorage(f"sqlite:///{tmp / 'optuna.db'}")
     study = open_plan_study(cfg, plan, index=0, storage=storage, parallel=True)
     before = study.get_trials(deepcopy=False)
@@ -635,7 +641,7 @@ def test_private_studies_draw_fresh_points_with_no_preset_or_enqueued_point(
         for t in optuna.load_study(study_name="dpsgd@eps3", storage=storage).trials:
             assert "fixed_params" not in t.system_attrs and "preset" not in t.user_attrs
     assert all(a != b for a, b in zip(*runs, strict=True)), runs
-    space = study_plans(cfg)[0].space
+    space = study_plans(resolve(cfg))[0].space
     assert all(p != dict(space.first_point) for p in runs[0] + runs[1])
 
     adaptive = dataclasses.replace(cfg, sweep=dataclasses.replace(cfg.sweep, tuning="adaptive",
@@ -657,7 +663,8 @@ def test_private_after_sweep_audit_looks_at_the_released_trial_only() -> None:
              "repeat_of": "", "dp_valid": True, "release_safe": True, "val_accuracy": acc,
              "noisy_val_score": noisy, "degenerate": acc < 0.2}
             for tid, acc, noisy in (("a", 0.95, 0.70), ("b", 0.15, 0.90), ("c", 0.80, 0.85))]
-    stub = types.SimpleNamespace(cfg=cfg, plans=study_plans(cfg),
+    setup = resolve(cfg)
+    stub = types.SimpleNamespace(setup=setup, cfg=cfg, plans=study_plans(setup),
                                  rows={r["trial_id"]: r for r in rows})
     assert _Driver.front_ids(stub) == {"dpsgd@eps3": ["b"]}
     stub.rows = {}
@@ -676,7 +683,7 @@ def test_adaptive_summary_counts_every_model_and_states_what_the_sampler_saw() -
     from orchestrator.sweep.tuning import adaptive_summary
 
     cfg = _config(methods=["dpsgd", "lm_dpsgd:faithful"], eps=[1, 4])
-    plans = study_plans(cfg)
+    plans = study_plans(resolve(cfg))
     rows = [_summary_row("a", "dpsgd@eps1"), _summary_row("b", "dpsgd@eps1"),
             _summary_row("a-r1", "dpsgd@eps1", repeat_of="a"),
             _summary_row("f", "lm_dpsgd:faithful@eps1"),  # not DP: never counted
@@ -697,7 +704,7 @@ def test_adaptive_summary_counts_every_model_and_states_what_the_sampler_saw() -
     assert "invalid (lm_dpsgd:faithful) are not counted: nothing covers" in one["statement"]
 
     audited = _config(methods=["dpsgd"], audit=True)
-    tuning = adaptive_summary(audited, study_plans(audited),
+    tuning = adaptive_summary(audited, study_plans(resolve(audited)),
                               [_summary_row("a", "dpsgd@eps3"), _summary_row("b", "dpsgd@eps3")])
     entry = tuning["by_target"]["3"]
     assert entry["objectives"] == ["val_accuracy", "peak_mia_accuracy"]

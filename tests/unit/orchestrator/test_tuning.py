@@ -21,6 +21,7 @@ from scipy import optimize, stats
 
 from core.errors import UserInputError
 from core.schedule import Phase, Schedule
+from core.vocabulary import ATTACK_OBJECTIVE, NOISY_OBJECTIVE, VALIDATION_OBJECTIVE
 from orchestrator.accounting.tuning.adaptive import adaptive_statement
 from orchestrator.accounting.tuning.private import (
     PLD_DISCRETIZATION,
@@ -34,7 +35,7 @@ from orchestrator.accounting.tuning.private import (
     trial_event,
     tuning_event,
 )
-from orchestrator.sweep.studies import ATTACK_OBJECTIVE, NOISY_OBJECTIVE, VALIDATION_OBJECTIVE
+from orchestrator.trial.setup import resolve
 
 DELTA = 1e-5
 #: What an adaptive sampler can see: validation accuracy alone, or with the in-trial attack.
@@ -448,6 +449,6 @@ def test_private_plan_targets_the_budget_epsilon():
     raw = {"budget": {"epsilons": [1.0]}, "training": {"epochs": 1},
            "sweep": {"tuning": "private", "methods": ["dpsgd"]},
            "audit": {"in_trial": False}}
-    plan = private_tuning_plan(from_dict(raw))
+    plan = private_tuning_plan(resolve(from_dict(raw)))
     assert plan.target_epsilon == 1.0
     assert plan.end_to_end_epsilon <= 1.0

@@ -17,6 +17,7 @@ from core.errors import UserInputError
 from core.poisson import poisson_plan
 from core.schedule import Schedule
 from core.trial import Calibration, EpsilonBounds, TrialSpec
+from orchestrator.trial.setup import resolve
 from reports import store
 from tests.conftest import tiny_config
 from trainables.methods import get_method
@@ -30,7 +31,8 @@ def _spec(method: str, trial_id: str, **params: Any) -> TrialSpec:
     """A tiny digits trial with a hand-written calibration (the budget module is not under
     test here; the training loop checks the sampling rate and step count it is given)."""
     cfg = tiny_config()
-    sizes = cfg.split_sizes()
+    setup = resolve(cfg)
+    sizes = dict(setup.split_sizes)
     q, steps_per_epoch = poisson_plan(dataset_size=sizes["train"],
                                       batch_size=cfg.training.batch_size)
     steps = cfg.training.epochs * steps_per_epoch
@@ -41,7 +43,7 @@ def _spec(method: str, trial_id: str, **params: Any) -> TrialSpec:
         accountant="prv", fallback_reason=None, eps_error=0.01, seconds=0.0, cached=False)
     cls = get_method(method)
     return TrialSpec(method=method, method_params=cls.validate_params(
-        {**cfg.trial_params(method), **params}), epochs=cfg.training.epochs,
+        {**setup.trial_params(method), **params}), epochs=cfg.training.epochs,
         batch_size=cfg.training.batch_size, calibration=calibration,
         epsilon_curve=[1.9, EPSILON_UPPER], seed=4, randomness="secret", sizes=sizes,
         device="cpu", trial_id=trial_id)

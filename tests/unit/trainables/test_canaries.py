@@ -39,6 +39,7 @@ from orchestrator.audit.canary import audit_with_canaries
 from orchestrator.config import PrivacyConfig
 from orchestrator.rundir import RunDir
 from orchestrator.trial.plan import plan_trial
+from orchestrator.trial.setup import resolve
 from orchestrator.trial.single import TRIAL_ID, train_single
 from reports import store
 from tests.conftest import tiny_config
@@ -151,7 +152,8 @@ def train_run(tmp_path: Path, method: str) -> Path:
 def trial_spec(method: str, **params: Any) -> TrialSpec:
     """The planned trial of ``method`` (default mode) at epsilon 1, ``params`` overriding."""
     cfg = claim_config(method)
-    return plan_trial(cfg, params={**cfg.trial_params(method), **params})
+    setup = resolve(cfg)
+    return plan_trial(setup, params={**setup.trial_params(method), **params})
 
 
 @pytest.fixture(scope="module")
@@ -419,7 +421,7 @@ def test_black_box_bound_on_a_model_that_memorises() -> None:
     0."""
     with registered(NonPrivateSGD):
         cfg = claim_config(NonPrivateSGD.name, epochs=LEAKY_EPOCHS, lr=LEAKY_LR)
-        run = black_box_run(plan_trial(cfg), m=300, seed=0)
+        run = black_box_run(plan_trial(resolve(cfg)), m=300, seed=0)
     bound = run.bound()
     print(f"\nnon-private black-box: {bound.epsilon_lower:.3f} ({bound.best})")
     assert bound.epsilon_lower > LEAKY_BOUND

@@ -15,6 +15,7 @@ from torch import nn
 from core.errors import UserInputError
 from orchestrator import config as config_mod
 from orchestrator.cli import main
+from orchestrator.trial.setup import resolve
 from trainables.models.fix import fix_model, group_count
 from trainables.models.source import ModelSource
 from trainables.models.validator import sample_batch, wrap_checked
@@ -176,7 +177,7 @@ def test_the_config_key_is_a_boolean(tmp_path: Path) -> None:
     assert err.value.field == "model.fix" and "\n" not in str(err.value)
     path.write_text(CONFIG.format(fix="fix = true"))
     cfg = config_mod.load(path)
-    assert cfg.model.fix is True and cfg.model_source().fix is True
+    assert cfg.model.fix is True and resolve(cfg).model_source.fix is True
     path.write_text(CONFIG.format(fix="fix = false"))  # the default: refused, naming the fix
     with pytest.raises(UserInputError, match=r"set \[model\] fix = true"):
         config_mod.load(path)
