@@ -37,7 +37,7 @@ import numpy as np
 from bench.harness import RESULTS_DIR, write_results
 from core import layout
 from orchestrator import api
-from orchestrator.audit.membership import AUDIT_FILE, claim_check
+from orchestrator.audit.membership import claim_check
 
 #: The seed papers' claims re-tested against DP-SGD: (series, epsilon, what the paper reports).
 CLAIMS = (("dpsgd_lf", 1.0, "paper: 0.801 -> 0.815 test accuracy on Fashion-MNIST at epsilon 1"),
@@ -80,7 +80,7 @@ def time_split(frame: Any, run_dir: Path) -> dict[str, float]:
 
 
 def _audit_fields(run_dir: Path, a: Any) -> dict[str, Any]:
-    record = json.loads((run_dir / layout.TRIALS / a["trial_id"] / AUDIT_FILE).read_text())
+    record = json.loads((run_dir / layout.TRIALS / a["trial_id"] / layout.AUDIT).read_text())
     return {"audited": a["trial_id"], "peak_mia": float(a["peak_mia_accuracy"]),
             "peak_mia_upper": float(a["peak_mia_upper"]), "peak_layer": a["peak_layer"],
             "peak_attack": a["peak_attack"], "leak_detected": bool(a["leak_detected"]),

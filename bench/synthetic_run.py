@@ -26,7 +26,6 @@ from core.events import PoissonSubsampledGaussian, events_to_list
 from core.records import PrivacyRecord
 from orchestrator.config import Config, DataConfig, PrivacyConfig, SweepConfig
 from orchestrator.rundir import RunDir
-from reports import html as report_html
 from reports import store
 
 DATASET = "fashion-mnist"
@@ -267,7 +266,7 @@ def make_run(root: Path, *, audited: bool = True, summary: bool = True,
                             "loss_attack_accuracy": 0.5 + (t.mia - 0.5) * 0.5,
                             "mia_layers": json.dumps(cells), "audit_seconds": 12.0,
                             "audit_mode": "offline"})
-                _write_json(trial / report_html.AUDIT_FILE, {"trial_id": t.tid, "attacks": [
+                _write_json(trial / layout.AUDIT, {"trial_id": t.tid, "attacks": [
                     {**c, "roc_fpr": _roc(c["accuracy"])[0], "roc_tpr": _roc(c["accuracy"])[1]}
                     for c in cells], "note": REFERENCE_NOTE,
                     "references": [{"index": k, "test_accuracy": 0.3} for k in range(4)]})
@@ -287,10 +286,10 @@ def make_run(root: Path, *, audited: bool = True, summary: bool = True,
         if rows_hook is not None:
             rows_hook(rows)
         store.write_results(run.path, rows)
-        rels.append(store.RESULTS_FILE)
+        rels.append(layout.RESULTS)
         if summary:
-            _write_json(run.path / report_html.SUMMARY_FILE, SUMMARY)
-            rels.append(report_html.SUMMARY_FILE)
+            _write_json(run.path / layout.SUMMARY, SUMMARY)
+            rels.append(layout.SUMMARY)
         run.record(rels)
     finally:
         run.release()

@@ -31,7 +31,6 @@ import pandas as pd
 
 from core import layout
 from core.errors import UserInputError
-from core.layout import RESULTS as RESULTS_FILE
 from core.records import PrivacyRecord
 from core.storage import atomic_write
 from core.vocabulary import FAILED, OK, PRUNED
@@ -303,13 +302,13 @@ def results_bytes(rows: list[dict[str, Any]]) -> bytes:
 def write_results(run_dir: Path, rows: list[dict[str, Any]]) -> Path:
     """Write all rows atomically, so a reader never sees half a file."""
     frame = frame_of(rows)
-    return atomic_write(Path(run_dir) / RESULTS_FILE,
+    return atomic_write(Path(run_dir) / layout.RESULTS,
                         lambda fh: frame.to_parquet(fh, index=False))
 
 
 def append_row(run_dir: Path, row: dict[str, Any]) -> Path:
     """Append (or replace, by trial_id) one row."""
-    path = Path(run_dir) / RESULTS_FILE
+    path = Path(run_dir) / layout.RESULTS
     rows = read_results(run_dir).to_dict("records") if path.exists() else []
     rows = [r for r in rows if r["trial_id"] != row["trial_id"]] + [row]
     return write_results(run_dir, rows)
@@ -320,12 +319,12 @@ def read_results(run_dir: Path, *, allow_empty: bool = False) -> pd.DataFrame:
     run = Path(run_dir)
     if not run.is_dir():
         raise UserInputError(field="RUN_DIR", value=str(run), allowed="an existing run directory")
-    path = run / RESULTS_FILE
+    path = run / layout.RESULTS
     if not path.is_file():
         if allow_empty:
             return frame_of([])
         raise UserInputError(field="RUN_DIR", value=str(run),
-                             allowed=f"a run directory containing {RESULTS_FILE}")
+                             allowed=f"a run directory containing {layout.RESULTS}")
     try:
         frame = pd.read_parquet(path)
     except Exception as exc:  # pyarrow raises several types for corrupt files

@@ -38,9 +38,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from core import layout
 from core.errors import UserInputError
-from core.layout import AUDIT as AUDIT_FILE
-from core.layout import AUDIT_SCORES as AUDIT_SCORES_FILE
 from core.layout import CACHE, CHECKPOINT_DIR, TRIALS
 from core.storage import atomic_write_bytes, atomic_write_json
 from core.trial import Calibration, TrialSpec
@@ -346,7 +345,7 @@ def trial_audit_paths(trial_dir: Path) -> dict[str, Path | None]:
     a run directory)."""
     trial_dir = Path(trial_dir)
     run = trial_dir.parent.parent if trial_dir.parent.name == TRIALS else None
-    return {"scores_out": trial_dir / AUDIT_SCORES_FILE,
+    return {"scores_out": trial_dir / layout.AUDIT_SCORES,
             "cache_dir": None if run is None else run / CACHE}
 
 
@@ -372,7 +371,7 @@ def audit_in_trial(*, spec: TrialSpec, result: TrialResult, trial_dir: Path,
     record = audit_trial_model(spec=spec, checkpoint=Path(trial_dir) / CHECKPOINT_DIR,
                                data=data, settings=settings, budgets=budgets,
                                **trial_audit_paths(Path(trial_dir)))
-    atomic_write_json(Path(trial_dir) / AUDIT_FILE, record)
+    atomic_write_json(Path(trial_dir) / layout.AUDIT, record)
     return {k: record[k] for k in ("peak_mia_accuracy", "peak_mia_upper", "leak_detected")}
 
 

@@ -15,7 +15,6 @@ apply to every method that declares them (in a sweep they are then fixed, not se
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -28,6 +27,7 @@ from core.datasets import FILE_DATASET, POOLS
 from core.errors import UserInputError
 from core.params import Param, is_real
 from core.poisson import PHYSICAL_BATCH
+from core.toml import tomllib
 from orchestrator.config.checks import (
     MAX_EPSILON,
     check_budget,
@@ -41,10 +41,6 @@ from trainables.models.catalog import MODEL_NAMES
 if TYPE_CHECKING:
     from orchestrator.trial.setup import ResolvedSetup
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 #: Model names the config accepts: the catalog's (torch-free, so validating a config never
 #: imports torch), or "auto" for the dataset's default.

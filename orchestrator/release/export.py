@@ -23,7 +23,6 @@ from core import layout
 from core.datasets import NUM_CLASSES
 from core.errors import UserInputError
 from core.layout import RESULTS
-from core.layout import SUMMARY as SUMMARY_FILE
 from core.records import PrivacyRecord
 from orchestrator.release.bundle import OUT_FIELD, ExportResult, check_outside_run, export_trial
 from orchestrator.rundir import RunDir, check_trial_id
@@ -65,10 +64,10 @@ def _row(run: RunDir, trial_id: str) -> dict[str, Any]:
 
 def _tuning(run: RunDir, *, target: float) -> dict[str, Any] | None:
     """The run's tuning statement for the trial's target (a sweep states one per target)."""
-    path = run.path / SUMMARY_FILE
+    path = run.path / layout.SUMMARY
     if not path.is_file():
         return None
-    tuning = json.loads(run.verify(SUMMARY_FILE).read_text()).get("tuning") or {}
+    tuning = json.loads(run.verify(layout.SUMMARY).read_text()).get("tuning") or {}
     return (tuning.get("by_target") or {}).get(f"{target:g}", tuning) or None
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,11 +26,10 @@ import tomli_w
 from core import layout
 from core.errors import UserInputError
 from core.layout import CONFIG, RESULTS
-from core.layout import PICK as PICK_FILE
-from core.layout import PICK_CONFIG as PICK_CONFIG_FILE
 from core.modes import INVALID_TAG
 from core.records import PrivacyRecord
 from core.storage import atomic_write_text
+from core.toml import tomllib
 from orchestrator.config import Config
 from orchestrator.rundir import RunDir
 from orchestrator.trial.plan import config_from_spec
@@ -48,11 +46,6 @@ from reports.pick import (
     describe,
 )
 from trainables.data.splits import DEFAULT_SIZES
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 #: The config alone, ready for ``dpsweep train PICK_CONFIG --out DIR``.
 TEST_NOTE = "reported, not used to choose"
@@ -220,7 +213,7 @@ def _document(pick: Pick) -> dict[str, Any]:
 
 def _write(pick: Pick) -> None:
     text = ("# dpsweep pick: the chosen trial. [config] is a full dpsweep config that retrains "
-            f"it;\n# {PICK_CONFIG_FILE} holds it alone: dpsweep train {PICK_CONFIG_FILE} "
+            f"it;\n# {layout.PICK_CONFIG} holds it alone: dpsweep train {layout.PICK_CONFIG} "
             "--out DIR.\n"
             + ("# Private tuning: chosen by the noisy validation score; keep this file with the "
                "run directory.\n" if pick.private is not None
@@ -228,7 +221,7 @@ def _write(pick: Pick) -> None:
             + tomli_w.dumps(_toml_safe(_document(pick))))
     config_text = (f"# dpsweep config of trial {pick.choice.trial_id} (written by dpsweep pick)\n"
                    + tomli_w.dumps(_toml_safe(pick.config.to_dict())))
-    atomic_write_text(pick.path.with_name(PICK_CONFIG_FILE), config_text)
+    atomic_write_text(pick.path.with_name(layout.PICK_CONFIG), config_text)
     atomic_write_text(pick.path, text)
 
 
@@ -255,8 +248,8 @@ def _flags(row: Mapping[str, Any]) -> list[str]:
 
 def _tail(pick: Pick) -> list[str]:
     lines = [f"  checkpoint           {pick.checkpoint}",
-             f"  written              {pick.path} and {PICK_CONFIG_FILE}",
-             f"  retrain with         dpsweep train {pick.path.with_name(PICK_CONFIG_FILE)} "
+             f"  written              {pick.path} and {layout.PICK_CONFIG}",
+             f"  retrain with         dpsweep train {pick.path.with_name(layout.PICK_CONFIG)} "
              "--out DIR"]
     if pick.export_summary:
         lines.append(f"  exported             {pick.export_summary}")
@@ -369,7 +362,7 @@ def pick_and_write(run_dir: Path, *, max_peak_mia: float | None, min_val_acc: fl
         summary = getattr(result, "summary", None)
         export_summary = summary() if callable(summary) else str(export_to)
     pick = Pick(choice=choice, config=config, privacy=privacy, checkpoint=checkpoint,
-                path=run.path / PICK_FILE, export_summary=export_summary, private=private)
+                path=run.path / layout.PICK, export_summary=export_summary, private=private)
     _write(pick)
     return format_pick(pick)
 

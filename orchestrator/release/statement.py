@@ -19,17 +19,12 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from core import layout
 from core.checks import number, whole
 from core.errors import UserInputError
-from core.layout import EXPORT_SAFETENSORS as SAFETENSORS_FILE
-from core.layout import EXPORT_STATEMENT_JSON as STATEMENT_JSON
-from core.layout import EXPORT_STATEMENT_MD as STATEMENT_MD
-from core.layout import EXPORT_WEIGHTS as WEIGHTS_FILE
 from core.records import PrivacyRecord
 
 __all__ = [
-    "STATEMENT_JSON",
-    "STATEMENT_MD",
     "PrivacyStatement",
     "privacy_statement",
 ]
@@ -385,8 +380,9 @@ def _markdown(s: PrivacyStatement) -> str:
               f"target {s.target_epsilon!r}; exact {s.epsilon_exact!r})",
               f"- delta: **{s.delta!r}**",
               f"- neighbouring datasets: {s.neighbouring}; dataset: {s.dataset}",
-              f"- covers: the released weights ({WEIGHTS_FILE}, {SAFETENSORS_FILE}) and anything "
-              f"computed from them without private data (post-processing)",
+              f"- covers: the released weights ({layout.EXPORT_WEIGHTS}, "
+              f"{layout.EXPORT_SAFETENSORS}) and anything computed from them without private "
+              "data (post-processing)",
               f"- guarantee holds: {yes[s.holds]}", ""]
     lines += ["## Accountant", "", f"- {s.accountant}: {s.accountant_description}"]
     if s.epsilon_lower is not None and s.epsilon_estimate is not None:

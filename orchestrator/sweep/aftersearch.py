@@ -12,8 +12,9 @@ from __future__ import annotations
 import signal
 from typing import Any
 
+from core import layout
 from core.vocabulary import FAILED, OK
-from orchestrator.audit.membership import AUDIT_FILE, reference_budgets, row_audit_columns
+from orchestrator.audit.membership import reference_budgets, row_audit_columns
 from orchestrator.sweep import jobs as postsweep
 from orchestrator.sweep.progress import progress
 from orchestrator.sweep.records import read_json
@@ -177,7 +178,7 @@ class AfterSearchJobs(SweepState):
         stopped in between), instead of running it again; True when there was one."""
         trial_dir = self.run.trial_dir(job.trial_id)
         if job.kind is postsweep.JobKind.AUDIT:
-            path = trial_dir / AUDIT_FILE
+            path = trial_dir / layout.AUDIT
             if not path.is_file():
                 return False
             try:
@@ -216,7 +217,7 @@ class AfterSearchJobs(SweepState):
             self._write(tid)
         elif job.kind is postsweep.JobKind.BASELINE and result is not None:
             row = postsweep.baseline_row(result, num_classes=self.setup.num_classes)
-            audit_file = self.run.trial_dir(postsweep.BASELINE_ID) / AUDIT_FILE
+            audit_file = self.run.trial_dir(postsweep.BASELINE_ID) / layout.AUDIT
             if audit_file.is_file():
                 row.update(row_audit_columns(read_json(audit_file), row=row))
             self.rows[postsweep.BASELINE_ID] = row

@@ -35,7 +35,6 @@ from core.layout import CHECKPOINT_DIR
 from core.storage import atomic_write_json
 from core.vocabulary import FAILED, OK
 from orchestrator.audit.membership import (
-    AUDIT_FILE,
     AuditSettings,
     audit_in_trial,
     audit_model,
@@ -43,7 +42,6 @@ from orchestrator.audit.membership import (
     budgets_from_config,
     trial_audit_paths,
 )
-from orchestrator.sweep.studies import RESULT_FILE
 from orchestrator.trial import runner
 from reports import store
 from trainables.audit.references import NonPrivateRecipe, nonprivate_trainer, train_nonprivate
@@ -132,7 +130,7 @@ def audit_job(*, trial_dir: str, spec: dict[str, Any], settings: dict[str, Any],
                                data=data, settings=AuditSettings.from_config(settings),
                                budgets=budgets_from_config(budgets),
                                **trial_audit_paths(Path(trial_dir)))
-    atomic_write_json(Path(trial_dir) / AUDIT_FILE, record)
+    atomic_write_json(Path(trial_dir) / layout.AUDIT, record)
     return record
 
 
@@ -173,10 +171,10 @@ def baseline_job(*, run_dir: str, spec: dict[str, Any], settings: dict[str, Any]
         audited = audit_model(target=model, data=data, settings=AuditSettings.from_config(
             settings), trainer=nonprivate_trainer(recipe, threads=trial_spec.threads),
             **trial_audit_paths(out))
-        atomic_write_json(out / AUDIT_FILE, audited)
+        atomic_write_json(out / layout.AUDIT, audited)
         record["audit_seconds"] = time.perf_counter() - started
     record.update(pid=os.getpid(), started_at=started_at, finished_at=time.time())
-    atomic_write_json(out / RESULT_FILE, record)
+    atomic_write_json(out / layout.RESULT, record)
     return record
 
 

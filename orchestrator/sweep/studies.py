@@ -36,9 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from core import layout
 from core.errors import describe
-from core.layout import ERROR as ERROR_FILE
-from core.layout import RESULT as RESULT_FILE
 from core.lazy import lazy_module
 from core.vocabulary import (
     ATTACK_OBJECTIVE,
@@ -156,7 +155,7 @@ class Outcome:
 
 def read_outcome(trial_dir: Path) -> Outcome:
     """The trial's final record; a directory with neither record was interrupted."""
-    for name, status in ((RESULT_FILE, OK), (ERROR_FILE, FAILED)):
+    for name, status in ((layout.RESULT, OK), (layout.ERROR, FAILED)):
         path = trial_dir / name
         if path.is_file():
             try:

@@ -29,7 +29,6 @@ from core.layout import CHECKPOINT_DIR
 from core.storage import atomic_write_json
 from core.trial import TrialSpec
 from core.vocabulary import DISK_FULL_KEY, FAILED, OK, PRUNED
-from orchestrator.sweep.studies import ERROR_FILE, RESULT_FILE
 from orchestrator.trial.pruning import TrialPruned, ask_board
 from trainables.data.files import FileSource
 from trainables.data.splits import share_pool
@@ -79,7 +78,7 @@ def execute(config: dict[str, Any], *,
     """
     trial_dir = Path(config["run_dir"]) / layout.TRIALS / config["trial_id"]
     trial_dir.mkdir(parents=True, exist_ok=True)
-    for stale in (RESULT_FILE, ERROR_FILE):
+    for stale in (layout.RESULT, layout.ERROR):
         (trial_dir / stale).unlink(missing_ok=True)
     started, started_at = time.perf_counter(), time.time()
     try:
@@ -134,7 +133,7 @@ def execute(config: dict[str, Any], *,
             record["audit_seconds"] = time.perf_counter() - audit_started
         record["seconds"] = time.perf_counter() - started
         record["started_at"], record["finished_at"] = started_at, time.time()
-        atomic_write_json(trial_dir / RESULT_FILE, record)
+        atomic_write_json(trial_dir / layout.RESULT, record)
         return record
     except Exception as exc:
         _record_failure(trial_dir, config, exc)
@@ -156,13 +155,13 @@ def _record_failure(trial_dir: Path, config: dict[str, Any], exc: Exception) -> 
     if full is not None:
         record[DISK_FULL_KEY] = {"what": full.what, "reason": full.reason}
     try:
-        atomic_write_json(trial_dir / ERROR_FILE, record)
+        atomic_write_json(trial_dir / layout.ERROR, record)
     except DiskFull as unwritten:
         if full is not None:
             for name in PROVISIONAL:
                 (trial_dir / name).unlink(missing_ok=True)
             with contextlib.suppress(DiskFull):
-                atomic_write_json(trial_dir / ERROR_FILE, record)
+                atomic_write_json(trial_dir / layout.ERROR, record)
         full = full or unwritten
     if full is not None and full is not exc:
         raise full from exc
@@ -183,7 +182,7 @@ def _pruned_record(spec: TrialSpec, trial_dir: Path, pruned: TrialPruned, *,
         "train_seconds": sum(m["epoch_seconds"] for m in history), "audit_error": "",
         "seconds": time.perf_counter() - started, "started_at": started_at,
         "finished_at": time.time()}
-    atomic_write_json(trial_dir / RESULT_FILE, record)
+    atomic_write_json(trial_dir / layout.RESULT, record)
     return record
 
 

@@ -25,8 +25,14 @@ module that defines it; what code outside ``reports.html`` may use is exported h
 from __future__ import annotations
 
 from reports.html.overview import tuning_statement
-from reports.html.page import HTML_FILE, REPORT_DIR, STAMP_CLASS, build_report
-from reports.html.records import AUDIT_FILE, SUMMARY_FILE, RunData, load_run
+from reports.html.page import HTML_FILE, STAMP_CLASS, build_report
+from reports.html.records import RunData, load_run
 
-__all__ = ["AUDIT_FILE", "HTML_FILE", "REPORT_DIR", "STAMP_CLASS",
-           "SUMMARY_FILE", "RunData", "build_report", "load_run", "tuning_statement"]
+__all__ = [
+           "HTML_FILE",
+           "STAMP_CLASS",
+           "RunData",
+           "build_report",
+           "load_run",
+           "tuning_statement",
+]

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from core import layout
 from reports import plots
 from reports.html.fmt import (
     CONTRADICTED_TAG,
@@ -33,7 +34,7 @@ from reports.html.fmt import (
     th,
 )
 from reports.html.fronts import front_trials_at
-from reports.html.records import AUDIT_FILE, Records, RunData, as_float, plan_statement
+from reports.html.records import Records, RunData, as_float, plan_statement
 from reports.pareto import KIND_ALL, MIA, Front, natural_key, sort_trials
 
 #: Test-accuracy gap beyond which the report calls the audit's references weaker than the target.
@@ -259,7 +260,7 @@ def roc_section(data: RunData, *, front_list: Sequence[Front], records: Records,
         for _, r in front.trials.iterrows():
             document = records.audits.get(r["trial_id"])
             if document is None:
-                missing.append(f"{r['trial_id']} (no {AUDIT_FILE})")
+                missing.append(f"{r['trial_id']} (no {layout.AUDIT})")
                 continue
             cells = roc_by_cell(document)
             curve = cells.get((r["peak_layer"], r["peak_attack"]))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from core.layout import REPORT as REPORT_DIR
+from core import layout
 from core.storage import atomic_write_text
 from reports.html.attacks import (
     canary_frame,
@@ -128,13 +128,13 @@ def build_report(run_dir: Path, *, num_classes: int | None = None,
     """
     data = load_run(Path(run_dir), num_classes=num_classes, prepared=prepared)
     run = data.run_dir
-    final = run / REPORT_DIR
-    work = run / f".{REPORT_DIR}.tmp"
+    final = run / layout.REPORT
+    work = run / f".{layout.REPORT}.tmp"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir()
     try:
         _build_into(data, out=work)
-        old = run / f".{REPORT_DIR}.old"
+        old = run / f".{layout.REPORT}.old"
         shutil.rmtree(old, ignore_errors=True)
         if final.exists():
             os.replace(final, old)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import zipfile
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -20,11 +19,7 @@ import pandas as pd
 from core import layout
 from core.datasets import NUM_CLASSES
 from core.errors import UserInputError
-from core.layout import AUDIT as AUDIT_FILE
-from core.layout import AUDIT_SCORES as AUDIT_SCORES_FILE
-from core.layout import CONFIG as CONFIG_FILE
-from core.layout import HISTORY as HISTORY_FILE
-from core.layout import SUMMARY as SUMMARY_FILE
+from core.toml import tomllib
 from core.vocabulary import FAILED, OK
 from reports.pareto import (
     DEFAULT_NUM_CLASSES,
@@ -34,13 +29,6 @@ from reports.pareto import (
     sort_trials,
 )
 from reports.store import COLUMNS, read_results
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
-
 
 
 def _parse_json_cell(value: Any, *, column: str, trial_id: str,
@@ -138,7 +126,7 @@ def _trial_file(run: Path, row: pd.Series, name: str) -> Path | None:
 
 
 def _read_config(run: Path) -> dict[str, Any]:
-    path = run / CONFIG_FILE
+    path = run / layout.CONFIG
     if not path.is_file():
         return {}
     try:
@@ -151,7 +139,7 @@ def _read_config(run: Path) -> dict[str, Any]:
 
 
 def _read_summary(run: Path) -> dict[str, Any]:
-    path = run / SUMMARY_FILE
+    path = run / layout.SUMMARY
     if not path.is_file():
         return {}
     parsed = _read_json_file(path, what="summary")
@@ -285,7 +273,7 @@ def plan_statement(data: RunData, trial_id: str) -> str:
     """What the trial's audit plan can and cannot see, as its audit.json states it ("" when
     the trial has no audit record or the record predates the statement)."""
     rows = data.frame[data.frame["trial_id"] == trial_id]
-    path = None if rows.empty else _trial_file(data.run_dir, rows.iloc[0], AUDIT_FILE)
+    path = None if rows.empty else _trial_file(data.run_dir, rows.iloc[0], layout.AUDIT)
     if path is None:
         return ""
     document = _read_json_file(path, what="audit")
@@ -302,17 +290,17 @@ def read_records(data: RunData, *, trial_ids: Iterable[str]) -> Records:
     scores: dict[str, pd.DataFrame] = {}
     for tid in sorted(set(trial_ids), key=natural_key):
         row = rows.loc[tid]
-        path = _trial_file(data.run_dir, row, HISTORY_FILE)
+        path = _trial_file(data.run_dir, row, layout.HISTORY)
         if path is not None:
             history = _read_json_file(path, what="history")
             if not isinstance(history, list) or not all(isinstance(h, dict) for h in history):
                 raise UserInputError(field="history", value=str(path),
                                      allowed="a JSON list of per-epoch objects")
             histories[tid] = history
-        path = _trial_file(data.run_dir, row, AUDIT_FILE)
+        path = _trial_file(data.run_dir, row, layout.AUDIT)
         if path is not None:
             audits[tid] = _read_json_file(path, what="audit")
-        path = _trial_file(data.run_dir, row, AUDIT_SCORES_FILE)
+        path = _trial_file(data.run_dir, row, layout.AUDIT_SCORES)
         if path is not None:
             scores[tid] = read_audit_scores(path)
     return Records(histories=histories, audits=audits, scores=scores)

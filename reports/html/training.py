@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from core import layout
 from reports import plots
 from reports.html.fmt import (
     TEST_NOTE,
@@ -25,7 +26,7 @@ from reports.html.fmt import (
     th,
 )
 from reports.html.fronts import baseline_point, front_trials_at
-from reports.html.records import HISTORY_FILE, Records, RunData, as_float
+from reports.html.records import Records, RunData, as_float
 from reports.pareto import ACC, MIA, Front, natural_key, sort_trials
 
 #: Most curves in one validation-curve figure (further ones are in the CSV).
@@ -67,7 +68,7 @@ def curves_section(data: RunData, *, front_list: Sequence[Front], records: Recor
     text = "\n".join(parts) or note_html("No validation curves: no front trial has a history.")
     if missing:
         listed = ids_text(sorted(set(missing), key=natural_key))
-        text += note_html(f"No {HISTORY_FILE} for: {listed}.")
+        text += note_html(f"No {layout.HISTORY} for: {listed}.")
     return text
 
 

@@ -34,6 +34,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from core import layout
 from core.layout import LOCK, LOCK_INFO, MANIFEST
 from orchestrator.cli import main
 from orchestrator.rundir import RunDir
@@ -114,7 +115,7 @@ class Ctx:
         frame.loc[0, "val_accuracy"] = max(float(frame.loc[0, "val_accuracy"]), 0.9)
         frame.loc[0, "degenerate"] = False
         store.write_results(run, frame.to_dict("records"))
-        self.rerecord(run, [store.RESULTS_FILE])
+        self.rerecord(run, [layout.RESULTS])
         return run
 
     def evil_pickle(self, run: Path, rel: str) -> None:
@@ -297,10 +298,10 @@ def _damaged_sweep(damage: Callable[[Ctx, Path], object]) -> Callable[[Ctx], lis
 
 def _truncated_results(*, rerecorded: bool) -> Callable[[Ctx, Path], None]:
     def damage(ctx: Ctx, run: Path) -> None:
-        path = run / store.RESULTS_FILE
+        path = run / layout.RESULTS
         path.write_bytes(path.read_bytes()[:100])
         if rerecorded:
-            ctx.rerecord(run, [store.RESULTS_FILE])
+            ctx.rerecord(run, [layout.RESULTS])
     return damage
 
 
@@ -365,7 +366,7 @@ def _baseline(command: str) -> Callable[[Ctx], list[str]]:
         rows.append(baseline_row({"val_accuracy": 0.9, "val_loss": 0.3, "test_accuracy": 0.9,
                                   "test_loss": 0.3, "train_seconds": 1.0}, num_classes=10))
         store.write_results(run, rows)
-        ctx.rerecord(run, [store.RESULTS_FILE])
+        ctx.rerecord(run, [layout.RESULTS])
         if command == "pick":
             return ["pick", str(run), "--series", BASELINE_ID]
         extra = ["--out", ctx.path("release")] if command == "export" else []
@@ -405,9 +406,9 @@ def _edited_results(command: str) -> Callable[[Ctx], list[str]]:
     """results.parquet rewritten (a claimed epsilon lowered) after the run was written."""
     def argv(ctx: Ctx) -> list[str]:
         run = ctx.audited() if command == "pick" else ctx.run()
-        frame = pd.read_parquet(run / store.RESULTS_FILE)
+        frame = pd.read_parquet(run / layout.RESULTS)
         frame.loc[0, "epsilon_upper"] = 0.01
-        frame.to_parquet(run / store.RESULTS_FILE)
+        frame.to_parquet(run / layout.RESULTS)
         return _on_run(command, ctx, run)
     return argv
 

@@ -15,20 +15,15 @@ from __future__ import annotations
 
 import os
 import stat
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
 from core import layout
 from core.errors import UserInputError
+from core.toml import tomllib
 from orchestrator import config as config_mod
 from orchestrator.cli import main
 from orchestrator.rundir import DIR_MODE, FILE_MODE, RunDir
@@ -76,7 +71,7 @@ def _audited(pristine: Path, target: Path) -> Path:
     frame.loc[0, "degenerate"] = False
     store.write_results(run, frame.to_dict("records"))
     with RunDir.open(run, write=True) as opened:
-        opened.record([store.RESULTS_FILE])
+        opened.record([layout.RESULTS])
     return run
 
 

@@ -10,24 +10,19 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import optuna
 import pytest
 
+from core import layout
+from core.toml import tomllib
 from orchestrator import config as config_mod
 from orchestrator.accounting.tuning import private as private_tuning
 from orchestrator.cli import main
-from orchestrator.release.pick import PICK_FILE
 from orchestrator.sweep.driver import run_sweep
 from reports.store import read_results
 from tests.conftest import leaves
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 pytestmark = pytest.mark.slow
 
@@ -74,7 +69,7 @@ def test_pick_writes_the_noisy_score_and_no_noiseless_metric(
     frame = read_results(run)
     assert main(["pick", str(run)]) == 0
     out = capsys.readouterr().out
-    doc = tomllib.loads((run / PICK_FILE).read_text())
+    doc = tomllib.loads((run / layout.PICK).read_text())
     best = frame.loc[frame["noisy_val_score"].idxmax()]
     sel = doc["selection"]
     assert sel["trial_id"] == best["trial_id"]
@@ -96,10 +91,10 @@ def test_pick_writes_the_noisy_score_and_no_noiseless_metric(
 
 def test_pick_export_states_the_end_to_end_epsilon_and_no_other_trial_leaves(
         run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from orchestrator.release.statement import STATEMENT_JSON, round_up
+    from orchestrator.release.statement import round_up
 
     assert main(["pick", str(run), "--export", str(tmp_path / "release")]) == 0
-    statement = json.loads((tmp_path / "release" / STATEMENT_JSON).read_text())
+    statement = json.loads((tmp_path / "release" / layout.EXPORT_STATEMENT_JSON).read_text())
     e2e = json.loads((run / "summary.json").read_text())["tuning"]["end_to_end_epsilon"]
     assert statement["holds"] and statement["selection_covered"]
     assert statement["tuning"]["end_to_end_epsilon"] == e2e
@@ -110,7 +105,7 @@ def test_pick_export_states_the_end_to_end_epsilon_and_no_other_trial_leaves(
     frame = read_results(run)
     assert not any(str(tid) in released for tid in frame["trial_id"])
 
-    chosen = tomllib.loads((run / PICK_FILE).read_text())["selection"]["trial_id"]
+    chosen = tomllib.loads((run / layout.PICK).read_text())["selection"]["trial_id"]
     other = next(t for t in frame["trial_id"] if t != chosen)
     capsys.readouterr()
     assert main(["export", str(run), "--trial", other, "--out", str(tmp_path / "other")]) == 2

@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 import trainables.dp.randomness
+from core import layout
 from core.errors import UserInputError
 from core.poisson import poisson_plan
 from core.records import PrivacyRecord
@@ -561,7 +562,7 @@ def _degenerate_copy(run_dir: Path, tmp_path: Path) -> Path:
     frame.loc[0, "degenerate"] = True
     store.write_results(copy, frame.to_dict("records"))
     with RunDir.open(copy, write=True) as opened:
-        opened.record([store.RESULTS_FILE])
+        opened.record([layout.RESULTS])
     return copy
 
 

@@ -14,21 +14,18 @@ from typing import Any
 import pytest
 
 from bench.synthetic_run import INVALID_REASON, SIZES, make_run
+from core import layout
 from core.errors import UserInputError
+from core.toml import tomllib
 from orchestrator.cli import main
 from orchestrator.config import from_dict, load
-from orchestrator.release.pick import PICK_CONFIG_FILE, PICK_FILE, pick_and_write
+from orchestrator.release.pick import pick_and_write
 from orchestrator.trial.plan import config_from_spec
 from orchestrator.trial.setup import resolve
 from orchestrator.trial.single import train_single
 from reports import store
 from reports.pick import choose
 from tests.conftest import leaves, tiny_config
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +41,7 @@ def _pick(run: Path, **kw: Any) -> str:
 
 
 def _doc(run: Path) -> dict[str, Any]:
-    return tomllib.loads((run / PICK_FILE).read_text())
+    return tomllib.loads((run / layout.PICK).read_text())
 
 
 def test_default_pick_is_the_most_accurate_admissible_front_trial(run_dir: Path) -> None:
@@ -64,7 +61,7 @@ def test_default_pick_is_the_most_accurate_admissible_front_trial(run_dir: Path)
     assert sel["front_trials"] == ["t23", "t6", "t2", "t9", "t10", "t5", "t1", "t4"]
     assert sel["constraints"] == {"allow_invalid_dp": False, "allow_replayable": False}
     config = from_dict(doc["config"])
-    assert load(run_dir / PICK_CONFIG_FILE) == config
+    assert load(run_dir / layout.PICK_CONFIG) == config
     assert config.training.method == "ww_dpsgd" and config.training.seed == 3
     assert config.training.reproducible is False and config.training.preset == ""
     assert config.method_params["lr"] == pytest.approx(0.8)
@@ -152,11 +149,11 @@ def test_refusals_name_the_constraint_and_the_closest_trials(run_dir: Path) -> N
 
 def test_cli_refusal_is_one_line_and_exit_2(run_dir: Path, capsys: pytest.CaptureFixture
                                             ) -> None:
-    (run_dir / PICK_FILE).unlink(missing_ok=True)
+    (run_dir / layout.PICK).unlink(missing_ok=True)
     assert main(["pick", str(run_dir), "--max-peak-mia", "0.5"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("dpsweep: error: --max-peak-mia = 0.5")
-    assert not (run_dir / PICK_FILE).exists()
+    assert not (run_dir / layout.PICK).exists()
     assert main(["pick", str(run_dir), "--min-val-acc", "0.9", "--max-peak-mia", "0.6"]) == 0
     assert "picked trial t1" in capsys.readouterr().out
 
@@ -199,8 +196,8 @@ def test_records_are_verified_by_the_manifest_and_nothing_is_written(tmp_path: P
     with pytest.raises(UserInputError, match="RUN_DIR"):
         _pick(run)
     for name in "abcd":
-        assert not (tmp_path / name / "run" / PICK_FILE).exists()
-        assert not (tmp_path / name / "run" / PICK_CONFIG_FILE).exists()
+        assert not (tmp_path / name / "run" / layout.PICK).exists()
+        assert not (tmp_path / name / "run" / layout.PICK_CONFIG).exists()
 
 
 def test_export_is_delegated_to_release(run_dir: Path, tmp_path: Path,
@@ -347,7 +344,7 @@ def test_private_pick_writes_the_noisy_score_and_the_statement_only(
     assert values and not [p for p, _ in values if p.rsplit(".", 1)[-1] in NOISELESS_KEYS]
     assert not [(p, v) for p, v in values if isinstance(v, float) and v in noiseless]
     assert "expected_trials" not in doc["tuning"] and "n_trials" not in doc["tuning"]
-    assert load(run / PICK_CONFIG_FILE).training.method == "dpsgd"
+    assert load(run / layout.PICK_CONFIG).training.method == "dpsgd"
     # the only selection covered: no constraint, admitted flags move the choice by the score
     assert main(["pick", str(run), "--max-peak-mia", "0.6"]) == 2
     assert "private-tuning run" in capsys.readouterr().err

@@ -17,9 +17,9 @@ from bench.synthetic_run import (
     TRIALS,
     make_run,
 )
+from core import layout
 from core.errors import UserInputError
 from reports import html as report_html
-from reports import store
 from reports.html import build_report
 from reports.html.fmt import hyperparameters_text
 from reports.html.overview import when_text
@@ -42,7 +42,7 @@ def _without_stamp(text: str) -> str:
 
 
 def test_report_files_and_self_contained_html(run_dir: Path, built: Path) -> None:
-    out = run_dir / report_html.REPORT_DIR
+    out = run_dir / layout.REPORT
     assert built == out / report_html.HTML_FILE
     names = {p.name for p in out.iterdir()}
     pngs = {n for n in names if n.endswith(".png")}
@@ -184,7 +184,7 @@ def test_corrupt_inputs_are_one_user_error_and_write_nothing(tmp_path: Path) -> 
         build_report(tmp_path / "missing")
     with pytest.raises(UserInputError, match=r"results\.parquet"):
         build_report(tmp_path)  # no results file
-    (tmp_path / store.RESULTS_FILE).write_bytes(b"PAR1 garbage")
+    (tmp_path / layout.RESULTS).write_bytes(b"PAR1 garbage")
     with pytest.raises(UserInputError, match="readable Parquet"):
         build_report(tmp_path)
 

@@ -173,17 +173,17 @@ def test_bad_run_dirs_are_user_errors(tmp_path: Path, run: Run) -> None:
         store.read_results(tmp_path)
     empty = store.read_results(tmp_path, allow_empty=True)
     assert empty.empty and list(empty.columns) == list(store.COLUMNS)
-    (tmp_path / store.RESULTS_FILE).write_bytes(b"PAR1 this is not parquet")
+    (tmp_path / layout.RESULTS).write_bytes(b"PAR1 this is not parquet")
     with pytest.raises(UserInputError, match="readable Parquet"):
         store.read_results(tmp_path)
     pd.DataFrame({"trial_id": ["a"], "method": ["dpsgd"]}).to_parquet(
-        tmp_path / store.RESULTS_FILE)
+        tmp_path / layout.RESULTS)
     with pytest.raises(UserInputError) as err:
         store.read_results(tmp_path)
     assert err.value.field == "results" and "missing columns" in err.value.allowed
     bad = pd.DataFrame(run.rows).astype({"epsilon_upper": str})
     bad["epsilon_upper"] = "three"
-    bad.to_parquet(tmp_path / store.RESULTS_FILE)
+    bad.to_parquet(tmp_path / layout.RESULTS)
     with pytest.raises(UserInputError) as err:
         store.read_results(tmp_path)
     assert err.value.field == "results.epsilon_upper"
