@@ -231,3 +231,67 @@ def test_the_checks_catch_a_copy(tmp_path: Path) -> None:
                     '    answer = "ok"\n    return Outcome("failed", answer)\n')
     assert sorted(_status_uses(used)) == [(2, "ok"), (3, "pruned"), (5, "failed")]
     assert [v for _, v in _batch_defaults(used)] == [512]
+
+
+def _module_name(path: Path) -> str:
+    return _rel(path)[:-3].replace("/", ".").removesuffix(".__init__")
+
+
+def _top_level_imports(path: Path, known: set[str]) -> set[str]:
+    """The package modules ``path`` imports when it is imported (TYPE_CHECKING blocks and
+    function bodies left out): ``from a import b`` counts ``a.b`` when that is a module."""
+    found: set[str] = set()
+    for node in _tree(path).body:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            continue
+        body = (node.body + node.orelse if isinstance(node, ast.If)
+                else node.body if isinstance(node, ast.Try) else [node])
+        for sub in body:
+            if isinstance(sub, ast.Import):
+                found |= {a.name for a in sub.names}
+            elif isinstance(sub, ast.ImportFrom) and sub.module and sub.level == 0:
+                found |= {sub.module, *(f"{sub.module}.{a.name}" for a in sub.names)}
+    return found & known - {_module_name(path)}
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_no_import_cycle() -> None:
+    paths = {_module_name(p): p for p in _package_files()}
+    graph = {m: _top_level_imports(p, set(paths)) for m, p in paths.items()}
+    assert import_cycles(graph) == []
+
+
+def test_the_cycle_check_finds_a_cycle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert import_cycles(graph) == [["a", "b", "c"]]
