@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from bench.harness import write_results
@@ -46,6 +47,10 @@ def main() -> None:
         token_env = {dpcluster.AUTH_MODE_ENV: "token",
                      dpcluster.AUTH_TOKEN_ENV: secrets.token_hex(32)}
         os.environ.update(token_env)
+        # Ray's cluster_utils writes the head's address to <RAY_TMPDIR>/ray/ray_current_cluster
+        # whatever temp_dir the nodes get; this run's own directory keeps that out of /tmp/ray.
+        (root / "ray").mkdir()
+        os.environ["RAY_TMPDIR"] = str(root)
         dpcluster._refresh_ray_auth_config()
         loopback = {"node_ip_address": dpcluster.LOOPBACK_V4,
                     "temp_dir": str(private_temp_dir())}
@@ -55,10 +60,12 @@ def main() -> None:
             nodes.add_node(num_cpus=1, **loopback)
             nodes.wait_for_nodes()
             (root / "sweep.toml").write_text(CONFIG)
+            start = time.perf_counter()
             proc = subprocess.run(
                 [sys.executable, "-m", "orchestrator.cli", "run", str(root / "sweep.toml"),
                  "--out", str(root / "run"), "--address", nodes.address, "--quiet"],
                 capture_output=True, text=True, env={**os.environ, **token_env}, timeout=900)
+            wall = time.perf_counter() - start
             print(proc.stdout[-2000:], proc.stderr[-2000:])
             records = [json.loads(p.read_text())
                        for p in sorted((root / "run").glob("trials/*/result.json"))]
@@ -72,7 +79,8 @@ def main() -> None:
     for node, trials in by_node.items():
         print(f"node {node[:12]}: {len(trials)} trials: {', '.join(trials)}")
     write_results("two_node", {"exit_code": proc.returncode, "trials_by_node": by_node,
-                               "nodes_used": len(by_node)})
+                               "nodes_used": len(by_node), "sweep_wall_s": wall,
+                               "config": CONFIG.strip()})
     if proc.returncode != 0 or len(by_node) < 2:
         raise SystemExit("the sweep did not run on both nodes")
 

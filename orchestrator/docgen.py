@@ -5,7 +5,8 @@ The tables come from the methods' declarations (``trainables/methods/``), the se
 sweeps build them (``search_spaces.build_space``, ``search_spaces.searched_params``), the
 config's declarations (``orchestrator/config/``), the built-in datasets' sizes, the results
 schema (``reports/store.py``) and the committed benchmark results (``bench/results/*.json``,
-written by the ``bench`` modules), so they cannot drift from the code or the measurements:
+written by the ``bench`` modules; the whole-run tables are formatted in
+``orchestrator.docgen_runs``), so they cannot drift from the code or the measurements:
 ``python -m orchestrator.docgen`` rewrites the marked blocks, and a test fails when a committed
 file differs from what this module generates.
 """
@@ -27,6 +28,7 @@ import tomli_w
 from core.datasets import DATASET_NAMES, INPUT_SHAPES, POOLS
 from core.modes import INVALID_TAG
 from core.vocabulary import SPLIT_NAMES
+from orchestrator import docgen_runs
 from orchestrator.config import SECTIONS, field_param
 from orchestrator.sweep.commands import DEMO_SIZES
 from reports.store import COLUMNS
@@ -44,7 +46,9 @@ BLOCKS = (("README.md", "methods"), ("README.md", "fmnist_headline"),
           ("docs/studies.md", "fmnist_details"), ("docs/benchmarks.md", "step_time"),
           ("docs/benchmarks.md", "methods_time"), ("docs/benchmarks.md", "gpu_steps"),
           ("docs/benchmarks.md", "gpu_trials"), ("docs/benchmarks.md", "epoch_time"),
-          ("docs/benchmarks.md", "canary_digits"), ("docs/search.md", "search_ranges"))
+          ("docs/benchmarks.md", "canary_digits"), ("docs/search.md", "search_ranges"),
+          ("docs/benchmarks.md", "accounting_time"), ("docs/benchmarks.md", "demo_phases"),
+          ("docs/benchmarks.md", "sweep_overhead"), ("docs/benchmarks.md", "cluster_and_faults"))
 #: The stock models' speed table: its page and the results it is generated from.
 STOCK_DOC = "docs/stock-models.md"
 STOCK_RESULTS = "bench/results/step_time_stock.json"
@@ -511,7 +515,7 @@ GENERATORS = {"methods": methods_table, "hyperparameters": hyperparameter_tables
               "step_time": step_time_table, "methods_time": methods_time_table,
               "gpu_steps": gpu_steps_table, "gpu_trials": gpu_trials_table,
               "epoch_time": epoch_time_table, "canary_digits": canary_digits_table,
-              "search_ranges": search_ranges_table}
+              "search_ranges": search_ranges_table, **docgen_runs.GENERATORS}
 
 
 def _pattern(block: str) -> re.Pattern[str]:

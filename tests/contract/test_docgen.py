@@ -1,4 +1,5 @@
-"""docs/methods.md's "searched" column and docs/search.md's range table say what a sweep searches.
+"""docs/methods.md's "searched" column and docs/search.md's range table say what a sweep searches;
+every generator owns a block, and a bench table without its results file states no figure.
 
 Both are checked against the search spaces as sweeps build them (``build_space`` in every
 mode), not against ``Space.ranges``: a parameter searched through a reparametrisation (lr as
@@ -8,8 +9,12 @@ lr * C) or a model-dependent range (dpsgd_lf's m_f) is searched too.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
-from orchestrator.docgen import RANGE_TABLE_LAYERS, ROOT
+import pytest
+
+from orchestrator import docgen_runs
+from orchestrator.docgen import BLOCKS, GENERATORS, RANGE_TABLE_LAYERS, ROOT
 from search_spaces import SPACES, STEP, build_space
 from trainables.methods import METHODS
 
@@ -89,3 +94,19 @@ def test_search_ranges_table_states_every_range_a_sweep_searches() -> None:
     for key, cell in rows.items():
         assert cell.startswith(expected[key]), (key, cell, expected[key])
     assert ("dpsgd", STEP) in rows and ("dpsgd_lf", "m_f") in rows
+
+
+def test_every_generator_fills_a_block_of_its_page() -> None:
+    """A generator no block names writes nothing; a block no page holds checks nothing."""
+    assert {block for _, block in BLOCKS} == set(GENERATORS)
+    for rel, block in BLOCKS:
+        assert f"<!-- generated:{block} -->" in (ROOT / rel).read_text(), (rel, block)
+
+
+def test_a_missing_results_file_gives_no_figures(monkeypatch: pytest.MonkeyPatch,
+                                                 tmp_path: Path) -> None:
+    """Without its committed file a bench table says how to measure it, never a number."""
+    monkeypatch.setattr(docgen_runs, "RESULTS_DIR", tmp_path)
+    for name, generate in docgen_runs.GENERATORS.items():
+        text = generate()
+        assert "Not measured" in text and not re.search(r"\d+\.\d+", text), name

@@ -10,6 +10,9 @@
   order to choose, not narration). Hand-written text has neither.
 - Every relative link in README.md and docs/*.md names a file that exists, and a link to a
   heading of a Markdown file names a heading that exists.
+- Every table that carries a measured figure lies inside a generated block, so each figure is one
+  a committed ``bench/results`` file holds (issue 34); a hand-written table with a figure is
+  allowed only in ``REFERENCE_TABLES``, each with its reason.
 """
 
 from __future__ import annotations
@@ -125,3 +128,95 @@ def test_the_slugs_follow_github() -> None:
     assert _slug("`[data]`") == "data"
     assert _slug("Stopping weak trials early (adaptive tuning)") == \
         "stopping-weak-trials-early-adaptive-tuning"
+
+
+#: A file of the repository named in code spans: `orchestrator/sweep/driver.py`.
+CODE_PATH = re.compile(r"`((?:core|orchestrator|trainables|search_spaces|reports|bench|tests|"
+                       r"configs|examples)/[\w/.-]+\.(?:py|toml|sh|json))`")
+
+
+@pytest.mark.parametrize("path", PAGES, ids=_name)
+def test_every_file_a_page_names_exists(path: Path) -> None:
+    """Code moves; a page that still names the old file sends a maintainer nowhere."""
+    named = sorted(set(CODE_PATH.findall(path.read_text())))
+    missing = [name for name in named if not (ROOT / name).exists()]
+    assert not missing, f"{_name(path)} names files that do not exist: {missing}"
+
+
+#: A figure: a decimal number (0.73, 1.46) or a number with a unit of time, ratio or share
+#: (34 s, 120 ms, 58 min, 1.7x, 7.2%). Integers alone (counts, sizes, epsilons) are not: too
+#: many reference tables hold them, and a measurement almost never comes without one of these.
+FIGURE = re.compile(r"(?<![\w.])(?:\d+\.\d+|\d+(?:\.\d+)? ?(?:s|ms|min|h|x|%))(?![\w.])")
+_CODE_SPAN = re.compile(r"`[^`]*`")
+_SEPARATOR = re.compile(r"^\|(?:\s*:?-+:?\s*\|)+\s*$")
+#: Hand-written tables that may hold figures or bindings because they are not benchmark
+#: results: (page, header row) -> why.
+_LOCAL_BINDINGS = ("| process | purpose | before (plain "
+                   "`ray.init(_node_ip_address=\"127.0.0.1\")`) | now |")
+REFERENCE_TABLES = {
+    ("docs/security.md", _LOCAL_BINDINGS):
+        "listener bindings: reference facts tests/system/test_cluster.py re-measures on every "
+        "run (no socket off loopback), not benchmark figures",
+    ("docs/security.md", "| process | bind |"):
+        "listener bindings of a cluster node: reference facts tests/system/test_cluster.py checks",
+    ("docs/security.md", "| address | plain `ray.init(address=...)` | `connect()` |"):
+        "connect()'s behaviour per bad address; tests/system/test_cluster.py asserts each case "
+        "fails within its bound (FAST_S) on every run, and Ray's own retry counts are its "
+        "documented settings, not a benchmark",
+    ("docs/design.md", "| command | module |"):
+        "the deferred-imports reference: which light command keeps which module out",
+    ("docs/gpu.md", "| candidate | what it does |"): "the decimals are arXiv identifiers",
+}
+
+
+def _tables(text: str) -> list[tuple[str, list[str]]]:
+    """(header row, body rows) of every Markdown table outside code fences and generated
+    blocks."""
+    lines = _BLOCK.sub("", _FENCE.sub("", text)).splitlines()
+    out, i = [], 0
+    while i < len(lines) - 1:
+        if lines[i].startswith("|") and _SEPARATOR.match(lines[i + 1]):
+            j = i + 2
+            while j < len(lines) and lines[j].startswith("|"):
+                j += 1
+            out.append((lines[i].strip(), lines[i + 2:j]))
+            i = j
+        else:
+            i += 1
+    return out
+
+
+def _hand_written_figures(page: str, text: str) -> list[str]:
+    """Header rows of the hand-written tables of ``page`` that carry a figure, less the
+    reference tables."""
+    return [head for head, rows in _tables(text)
+            if (page, head) not in REFERENCE_TABLES
+            and any(FIGURE.search(_CODE_SPAN.sub("", row)) for row in rows)]
+
+
+@pytest.mark.parametrize("path", PAGES, ids=_name)
+def test_every_table_of_figures_is_generated(path: Path) -> None:
+    found = _hand_written_figures(_name(path), path.read_text())
+    assert not found, (f"{_name(path)}: tables with measured figures outside a generated block "
+                       "(generate them from a committed bench/results file with "
+                       "orchestrator.docgen, or list a reference table in REFERENCE_TABLES): "
+                       f"{found}")
+
+
+def test_every_reference_table_exists() -> None:
+    """An exemption whose table has gone (or whose header changed) exempts nothing: drop it."""
+    heads = {(_name(p), head) for p in PAGES for head, _ in _tables(p.read_text())}
+    assert not set(REFERENCE_TABLES) - heads, set(REFERENCE_TABLES) - heads
+
+
+def test_the_figure_check_catches_a_hand_written_table() -> None:
+    planted = "| what | measured |\n|---|---|\n| the demo | 69.8 s |\n"
+    assert _hand_written_figures("docs/x.md", planted) == ["| what | measured |"]
+    for cell in ("34 s", "1.76x", "7.2%", "120 ms", "0.683", "58 min"):
+        assert _hand_written_figures("docs/x.md", f"| a |\n|---|\n| {cell} |\n"), cell
+    generated = f"<!-- generated:x -->\n{planted}<!-- /generated:x -->\n"
+    assert not _hand_written_figures("docs/x.md", generated)
+    reference = "| key | default |\n|---|---|\n| `lr` | 21 trials, epsilon 3, `0.5` |\n"
+    assert not _hand_written_figures("docs/x.md", reference)
+    fenced = f"```\n{planted}```\n"
+    assert not _hand_written_figures("docs/x.md", fenced)

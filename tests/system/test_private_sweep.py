@@ -18,8 +18,8 @@ import pytest
 from core import layout
 from core.toml import tomllib
 from orchestrator import config as config_mod
-from orchestrator.accounting.tuning import private as private_tuning
 from orchestrator.cli import main
+from orchestrator.sweep import tuning as sweep_tuning
 from orchestrator.sweep.driver import run_sweep
 from reports.store import read_results
 from tests.conftest import leaves
@@ -42,7 +42,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "audit": {"enabled": False}})
     out = tmp_path_factory.mktemp("private") / "run"
     patch = pytest.MonkeyPatch()
-    patch.setattr(private_tuning, "draw_trial_count", lambda *, plan: TRIALS)
+    patch.setattr(sweep_tuning, "draw_trial_count", lambda *, plan: TRIALS)  # where it is used
     try:
         run_sweep(cfg, run_dir=out, quiet=True)
     finally:
