@@ -46,6 +46,8 @@ PRIVACY = "privacy.json"
 AUDIT = "audit.json"
 #: Every audited candidate's pool index, membership and score per layer x attack (numpy npz).
 AUDIT_SCORES = "audit_scores.npz"
+#: ``dpsweep audit``'s canary record, one per kind (white-box, black-box): ``.format(kind=...)``.
+CANARY_AUDIT = "canary_audit_{kind}.json"
 #: Written last: the trial finished (RESULT) or failed with its reason (ERROR).
 RESULT = "result.json"
 ERROR = "error.json"

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from core import layout
 from core.errors import UserInputError
 from core.layout import CONFIG, RESULTS, TRIALS
 from core.storage import atomic_write_json
@@ -42,7 +43,6 @@ DEFAULT_WHITE_BOX_CANARIES = 1000
 #: Black-box canaries by default, capped by the pool they come from (the holdout split: 300
 #: examples on digits, 10,000 on Fashion-MNIST by default).
 DEFAULT_BLACK_BOX_CANARIES = 1000
-AUDIT_FILE = "canary_audit_{kind}.json"
 
 
 @dataclass(frozen=True)
@@ -173,7 +173,7 @@ def _record(run: RunDir, *, rows: list[dict[str, Any]], index: int, result: Cana
     contradicts = dp_valid and math.isfinite(claim) and bound.epsilon_lower > claim
     mia_lower = float(row.get("mia_epsilon_lower") or math.nan)
     flagged = contradicts or (dp_valid and math.isfinite(mia_lower) and mia_lower > claim)
-    rel = f"{TRIALS}/{trial_id}/{AUDIT_FILE.format(kind=result.kind)}"
+    rel = f"{TRIALS}/{trial_id}/{layout.CANARY_AUDIT.format(kind=result.kind)}"
     best = bound.best
     audit = CanaryAudit(
         trial_id=trial_id, kind=result.kind, m=result.m, r=best.r, v=best.v,
