@@ -95,7 +95,7 @@ COLUMNS: dict[str, Column] = {
     "val_accuracy": _c("float64", "final validation accuracy: what selection reads (private "
                                   "data, no noise)", False),
     "val_loss": _c("float64", "final validation cross-entropy", False),
-    "test_accuracy": _c("float64", "final test accuracy: reported, never used to choose",
+    "test_accuracy": _c("float64", "final test accuracy: reported, never a basis for choosing",
                         False),
     "noisy_val_score": _c("float64", "private tuning: validation accuracy with Gaussian noise on "
                                      "the correct count (what selection reads; accounted in the "

@@ -107,8 +107,8 @@ class DataConfig:
     validation_size: int = _f(0, "private validation examples (model selection); 0 = dataset "
                                  "default", low=0)
     holdout_size: int = _f(0, "private non-members for the audit; 0 = dataset default", low=0)
-    test_size: int = _f(0, "test examples (reported, never used to choose); 0 = dataset default",
-                        low=0)
+    test_size: int = _f(0, "test examples (reported, never a basis for choosing); 0 = dataset "
+                           "default", low=0)
     shadow_size: int = _f(0, "public shadow pool; 0 = dataset default", low=0)
     path: str = _f("", "dataset = 'file': an .npz (x, y), a .parquet or .csv table, or a "
                        "class-per-folder image directory (relative to the config file)")

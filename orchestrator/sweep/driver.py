@@ -6,7 +6,7 @@ budget the search can ask for (``plans.precompute``), and runs one Ray Tune expe
 studies (``search``; ``studies``: one Optuna study per series and target epsilon; ``raytune``:
 the searcher and the trainable). Objectives: with the audit inside the trial (default),
 validation accuracy (max) and peak MIA accuracy (min); else validation accuracy alone, the audit
-afterwards (``aftersearch``). Test accuracy is recorded, never used to choose. With
+afterwards (``aftersearch``). Test accuracy is recorded, never a basis for choosing. With
 ``sweep.pruner = "asha"`` weak trials stop at epoch rungs (``orchestrator.trial.pruning``): a
 pruned trial is recorded as such and never enters a front, which holds finished trials only.
 

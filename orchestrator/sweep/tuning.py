@@ -50,7 +50,7 @@ PRIVATE_NOTE = ("# sweep.tuning = 'private': sweep.seed and sweep.sampler are no
 
 def recorded_config_text(cfg: Config) -> str:
     """The config as a run directory records it (config.toml): every key the run uses; with
-    private tuning, without PRIVATE_UNUSED (loading it back gives their defaults, unused too)."""
+    private tuning, without PRIVATE_UNUSED (loading it back gives their defaults, also unused)."""
     if cfg.sweep.tuning != "private":
         return cfg.to_toml()
 

@@ -280,7 +280,7 @@ def _versions() -> dict[str, str]:
 
 def verify_ledger(method: DPStep) -> None:
     """Every step must have been at least as noisy as the schedule the accountant certified
-    (a NaN multiplier, which compares false either way, is refused too)."""
+    (a NaN multiplier, which compares false either way, is also refused)."""
     steps = 0
     for event in method.ledger.events:
         for k in range(event["count"]):
