@@ -104,6 +104,11 @@ class EmbeddingHandler(Handler):
         scale = sb.square()
         return row_sums(gram_b * same) * scale, diagonal_bound(same, gram_b) * scale
 
+    def gram_terms(self, geometry: Geometry) -> int:
+        """The input Gram compares token ids: exact."""
+        del geometry
+        return 1
+
     def cancellation_bound(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         rows = self._rows(a, b)
         return terms_bound(torch.ones_like(rows[..., :1]), rows)

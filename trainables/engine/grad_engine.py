@@ -304,7 +304,6 @@ class GradEngine:
         self._probed = False
         #: the measured plan (``measure_plan``): (module, geometry) -> choice, and its record
         self._measured: dict[tuple[str, Geometry], ModuleTiming] = {}
-        self._dropped: torch.Tensor | None = None
 
     # -- introspection
     @property
@@ -352,16 +351,6 @@ class GradEngine:
                         budget_s=budget)
         self._measured = {(t.module, t.geometry): t for t in found}
         return found
-
-    def count_dropped(self, unsure: torch.Tensor) -> None:
-        """Add the examples a rule gave nothing for cancellation (on the device: no read)."""
-        n = unsure.sum()
-        self._dropped = n if self._dropped is None else self._dropped + n
-
-    def dropped(self) -> int:
-        """Examples x layers given nothing for cancellation so far (one host read: call it
-        where the loop logs, not per step)."""
-        return 0 if self._dropped is None else int(self._dropped)
 
     def live_parameters(self, live: Sequence[bool]) -> list[str]:
         return [n for n, _ in self.model.named_parameters() if live[self.layer_of[n]]]

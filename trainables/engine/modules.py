@@ -17,7 +17,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from core.lazy import lazy_module
-from trainables.engine.norms import row_scale, row_sums, scaled_sq_norms
+from trainables.engine.norms import (
+    certified_ghost_sq,
+    certified_released_sq,
+    row_scale,
+    row_sums,
+    scaled_sq_norms,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -30,10 +36,6 @@ else:
 KEEP_RATIO = 2
 #: Cost of materialising a_i^T b_i for every example, in native weight-gradient kernels.
 MATERIALIZE_COST = 2.0
-#: An example's weight gradient a^T b is a sum of T rank-one terms; when they cancel below
-#: this fraction of (sum_t ||a_t|| ||b_t||)^2, a float32 ghost norm (or a norm and a native sum
-#: rounded apart) no longer tells its size, and the example is materialised and kept.
-CANCELLATION = 2.0 ** -16
 #: Elements of transient per-example tensors (unfolded inputs, dropped gradients) per slice:
 #: bounds the working memory of one module's norm (16 MiB in float32).
 TRANSIENT_ELEMENTS = 1 << 22
@@ -235,6 +237,29 @@ class Handler:
         None where nothing can cancel)."""
         raise NotImplementedError
 
+    def gram_terms(self, geometry: Geometry) -> int:
+        """Products summed into one entry of the input Gram (for a convolution's shifted Gram,
+        a channel dot product and then the sum over taps)."""
+        return geometry.fan_in + geometry.taps
+
+    def release_terms(self, geometry: Geometry) -> int:
+        """Products summed into one entry of the native weight-gradient kernel's sum for one
+        example: one per position (the bound of a direct or matrix-product kernel, which the
+        engine's CPU kernels and cuDNN's non-transform algorithms are)."""
+        return geometry.positions
+
+    def certified(self, sq: torch.Tensor, terms: torch.Tensor, *, geometry: Geometry,
+                  ghost: bool, dtype: torch.dtype) -> torch.Tensor:
+        """[B] upper bounds of the squared norms of what the native sum releases per example,
+        from the ghost estimate or the materialised gradient's norm ``sq`` and
+        ``terms`` = (sum_t ||a_t|| ||b_t||)^2 (:mod:`trainables.engine.norms`)."""
+        if ghost:
+            return certified_ghost_sq(sq, terms, input_terms=self.gram_terms(geometry),
+                                      output_terms=geometry.fan_out,
+                                      release_terms=self.release_terms(geometry), dtype=dtype)
+        return certified_released_sq(sq, terms, materialised_terms=self.release_terms(geometry),
+                                     release_terms=self.release_terms(geometry), dtype=dtype)
+
     def weight_sum(self, a: torch.Tensor, bc: torch.Tensor) -> torch.Tensor:
         """sum_i a_i^T bc_i with the native kernel (bc: output gradients already scaled)."""
         raise NotImplementedError
@@ -267,7 +292,8 @@ class Handler:
 
     def cancellation_bound(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         """[B] float64 (sum_t ||a_t|| ||b_t||)^2, the size of the rank-one terms an example's
-        weight gradient sums (see ``CANCELLATION``); zero where nothing can cancel."""
+        weight gradient sums, on which every rounding of its norm and sum is bounded; zero
+        where nothing can cancel."""
         return torch.zeros(a.shape[0], dtype=torch.float64, device=a.device)
 
 

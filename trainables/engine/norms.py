@@ -1,14 +1,29 @@
-"""Per-example norms that neither underflow nor overflow, for the engine and the DP step.
+"""Certified per-example norms: upper bounds whose floating-point error is bounded analytically.
 
-Squaring float32 entries flushes anything below ~1e-19 towards zero (subnormal or 0), so the
-naive sum of squares of a block of tiny entries under-computes its norm (0.89x at entries of
-2e-23, 0.30x at 1e-23); a rule that divides by the norm then overshoots its bound. Rows are
-divided by their largest magnitude first and the scale is multiplied back in float64.
+A clipping rule divides by a norm, so a norm that comes out low releases more than the bound.
+Every norm here is therefore an *upper bound* of the true norm of what is released:
+
+* a plain norm (a materialised block) is summed in float32 partials of ``PARTIAL`` entries,
+  added in float64, and inflated by ``gamma(PARTIAL + 2)``: the error of any summation order of
+  nonnegative terms (Higham, "Accuracy and Stability of Numerical Algorithms", section 3.1),
+  so no layout of entries (one large entry among many small ones, 16.8M entries) can bring
+  it below the float64 norm, and it stays within about 1e-6 above it;
+* rows are divided by a power of two near their largest magnitude (exact in floating point)
+  only where that magnitude lies outside ``SAFE_RANGE`` (squares that would underflow or
+  overflow); the decision is each row's own, so no example's norm depends on another's;
+* a ghost norm (from Gram matrices, :func:`certified_ghost_sq`) carries the error bound of its
+  Grams and its sum, and of the native kernel that releases the example's sum, both
+  proportional to ``(sum_t ||a_t|| ||b_t||)^2``: rank-one terms that cancel cannot hide there.
+
+:func:`full_precision` keeps an accelerator's reduced-precision matmul (TF32) out of the norms
+and the sums whose errors these bounds assume.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from core.lazy import lazy_module
@@ -19,115 +34,217 @@ if TYPE_CHECKING:
 else:
     torch = lazy_module("torch")
 
-__all__ = ["SAFE_RANGE", "row_scale", "row_sums", "scaled_sq_norms"]
+__all__ = ["PARTIAL", "SAFE_RANGE", "SUM_PARTIAL", "certified_ghost_sq",
+           "certified_released_sq", "full_precision", "gamma", "plain_slack", "row_scale",
+           "row_sums", "scaled_sq_norms", "unit_roundoff"]
 
-#: Rows whose largest magnitude lies in this range are used as they are (no division pass):
-#: their largest squares, and the largest products of two Gram entries (<= T^2 d p 2^80 for a
-#: ghost norm), are normal float32 numbers, so what flushes to zero (each below 2^-126) is far
-#: below the rounding of the sum, and nothing overflows.
+#: Rows whose largest magnitude lies in this range are used unscaled: their squares, and the
+#: products of two Gram entries (<= T^2 d p 2^80 for a ghost norm), are normal float32 numbers,
+#: so nothing overflows and what flushes to zero is far below the certificate's slack.
 SAFE_RANGE = (2.0 ** -20, 2.0 ** 20)
+#: Squares per float32 partial sum of a norm: the certificate's relative slack on a squared
+#: norm is ``gamma(PARTIAL + 2)`` (1.1e-6, with the products that follow under 1e-6 on the
+#: norm); longer partials cost less (1024: 0.2x on 2 CPU cores) but loosen it in proportion.
+PARTIAL = 16
+#: Rows of at most this many entries are normed in float64 (a copy costs little there), so a
+#: product of two such norms (a Linear layer at one position) stays within 1e-6 of float64.
+WIDEN_ROW = 4096
+#: Entries per float32 partial sum of a Gram product (:func:`row_sums`): its error joins a
+#: ghost norm's certificate (gamma(SUM_PARTIAL) on the terms' magnitudes, below the Grams' own
+#: gamma_d for any fan-in over 64).
+SUM_PARTIAL = 64
+#: Factor on every first-order error term of a ghost or released norm: it covers the
+#: second-order terms and the rounding of the bound ``(sum_t ||a_t|| ||b_t||)^2`` itself (each
+#: far below half the first-order term while the total stays under ``MAX_GAMMA``).
+SAFETY = 2.0
+#: A first-order relative error at or beyond this is no bound: the norm is taken as infinite.
+MAX_GAMMA = 0.25
+#: Relative rounding of the coefficient products c x g and of the float32 cast of c that
+#: follow the norm (in units of the roundoff of the gradient's dtype).
+PRODUCT_ROUNDINGS = 4
 
 
-#: Elements per float32 partial sum in :func:`row_sums` and the norms: a float32 reduction over
-#: a whole row loses precision with its length (a 2.4M-entry norm was 4e-5 low, a 9M one 3e-4,
-#: enough to let a clipped example past C), one over 1024 entries keeps ~1e-9; the partial
-#: results are added in float64.
-PARTIAL = 1024
+def unit_roundoff(dtype: torch.dtype) -> float:
+    """The unit roundoff u of ``dtype`` (2^-24 for float32)."""
+    return torch.finfo(dtype).eps / 2
 
 
-#: The shortest chunk worth a view of its own (see ``_chunks``).
-MIN_CHUNK = 64
+def gamma(n: int, u: float) -> float:
+    """Higham's gamma_n = n u / (1 - n u): the relative error bound of any order of a sum of
+    n terms (on the sum of their magnitudes); infinite where n u >= 1."""
+    nu = n * u
+    return nu / (1 - nu) if nu < 1 else math.inf
 
 
-def _chunks(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """[B, M] as [B, M / k, k] chunks and a tail: without a copy (no tail) where a power of
-    two k in [``MIN_CHUNK``, ``PARTIAL``] divides M (a 3x3 convolution's 2,304 entries: k =
-    256), else chunks of ``PARTIAL`` and the [B, M % PARTIAL] rest."""
+@contextlib.contextmanager
+def full_precision(device: torch.device) -> Iterator[None]:
+    """Full float32 matmuls and convolutions on an accelerator (no TF32, no reduced-precision
+    reductions) for the norms' Grams and the released sums, whose certificates assume
+    float32's roundoff; the user's settings are restored after. A no-op on the CPU."""
+    if device.type != "cuda":
+        yield
+        return
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    saved = (matmul.allow_tf32, cudnn.allow_tf32,
+             matmul.allow_fp16_reduced_precision_reduction,
+             matmul.allow_bf16_reduced_precision_reduction)
+    matmul.allow_tf32 = cudnn.allow_tf32 = False
+    matmul.allow_fp16_reduced_precision_reduction = False
+    matmul.allow_bf16_reduced_precision_reduction = False
+    try:
+        yield
+    finally:
+        (matmul.allow_tf32, cudnn.allow_tf32, matmul.allow_fp16_reduced_precision_reduction,
+         matmul.allow_bf16_reduced_precision_reduction) = saved
+
+
+def _chunks(flat: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """[B, M] as [B, M // k, k] (a view where it can be) and the [B, M % k] tail."""
     n = flat.shape[1]
-    k = PARTIAL
-    while k > MIN_CHUNK and n % k:
-        k //= 2
-    if n % k == 0 and flat.is_contiguous():
-        return flat.view(flat.shape[0], n // k, k), None
-    whole = n // PARTIAL * PARTIAL
-    head = flat[:, :whole].reshape(flat.shape[0], -1, PARTIAL)
+    whole = n // k * k
+    if whole == n and flat.is_contiguous():
+        return flat.view(flat.shape[0], -1, k), None
+    head = flat[:, :whole].reshape(flat.shape[0], -1, k)
     return head, (flat[:, whole:] if whole < n else None)
 
 
 def row_sums(x: torch.Tensor) -> torch.Tensor:
-    """[B] float64 sums of each example's entries of x (any shape), accurately: float32
-    partial sums over ``PARTIAL`` entries, added in float64."""
+    """[B] float64 sums of each example's entries of x (any shape): float32 partial sums over
+    ``SUM_PARTIAL`` entries, added in float64 (error <= gamma(SUM_PARTIAL) x the sum of
+    magnitudes)."""
     flat = x.reshape(x.shape[0], -1)
-    if flat.shape[1] <= PARTIAL:
-        return flat.sum(dim=1).double()
-    head, tail = _chunks(flat)
+    if flat.shape[1] <= SUM_PARTIAL or flat.dtype == torch.float64:
+        return flat.sum(dim=1, dtype=torch.float64)
+    head, tail = _chunks(flat, SUM_PARTIAL)
     total = head.sum(dim=2).double().sum(dim=1)
     return total if tail is None else total + tail.sum(dim=1).double()
 
 
 def _sq_norms(flat: torch.Tensor) -> torch.Tensor:
-    """[B] float64 squared norms of the rows of ``flat``, from per-chunk float32 norms."""
-    if flat.shape[1] <= PARTIAL:  # one chunk: one kernel
+    """[B] float64 squared norms of the rows of ``flat``: in float64 for rows of at most
+    ``WIDEN_ROW`` entries, else from float32 partial norms."""
+    if flat.dtype == torch.float64 or flat.shape[1] <= WIDEN_ROW:
+        return torch.linalg.vector_norm(flat.double(), dim=1).square()
+    if flat.shape[1] <= PARTIAL:
         return torch.linalg.vector_norm(flat, dim=1).double().square()
-    head, tail = _chunks(flat)
+    head, tail = _chunks(flat, PARTIAL)
     total = torch.linalg.vector_norm(head, dim=2).double().square().sum(dim=1)
     if tail is not None:
         total = total + torch.linalg.vector_norm(tail, dim=1).double().square()
     return total
 
 
-#: Entries below which the rows are normed without asking whether they need scaling (a host
-#: read of a reduction costs more than the work on a small block): widened to float64 where
-#: that is exact, else always scaled.
-SMALL = 1 << 14
-#: Dtypes whose squares are normal float64 numbers over their whole range.
-_WIDENED = ("float32", "float16", "bfloat16")
+def _pow2_scales(amax: torch.Tensor) -> torch.Tensor:
+    """Each row's own scale: 1 inside ``SAFE_RANGE`` (and for zero or non-finite rows), else
+    the power of two at or just below its largest magnitude, so the division is exact."""
+    inside = (amax >= SAFE_RANGE[0]) & (amax <= SAFE_RANGE[1])
+    usable = torch.isfinite(amax) & (amax > 0) & ~inside
+    _, exponent = torch.frexp(torch.where(usable, amax, torch.ones_like(amax)))
+    # 2^(e - 1) <= amax < 2^e: representable in the row's dtype at both ends of its range
+    pow2 = torch.ldexp(torch.ones_like(amax, dtype=torch.float64), (exponent - 1).double())
+    return torch.where(usable, pow2, torch.ones_like(pow2))
 
 
-def _in_range(scale: torch.Tensor) -> bool:
-    """Whether every row may skip the division pass. Only asked where the host may read
-    (:func:`trainables.engine.host_reads.host_reads_allowed`): on an accelerator the answer would
-    cost a device synchronisation per module and step, more than the division it saves, so rows
-    there are always scaled."""
-    if not host_reads_allowed(scale.device):
-        return False
-    return bool(((scale >= SAFE_RANGE[0]) & (scale <= SAFE_RANGE[1])).all())
+def _any_outside(amax: torch.Tensor) -> bool:
+    """Whether some row needs scaling; where the host may not read (an accelerator) the answer
+    is taken as yes, and every row is divided by its own scale (1 where it needs none)."""
+    if not host_reads_allowed(amax.device):
+        return True
+    return not bool(((amax >= SAFE_RANGE[0]) & (amax <= SAFE_RANGE[1])).all())
+
+
+def row_scale(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(t with each example's row divided by its own power-of-two scale, that scale in float64
+    (infinite for a row with a non-finite entry)), so products of per-example factors (Gram
+    matrices) are formed without overflow or underflow. Each row's scale is its own: dividing
+    the rows that need no scaling by 1 is exact, so skipping the division when none does gives
+    every row the same values."""
+    flat = t.reshape(t.shape[0], -1)
+    amax = flat.abs().amax(dim=1) if flat.shape[1] else torch.zeros(
+        flat.shape[0], dtype=t.dtype, device=t.device)
+    finite = torch.isfinite(amax)
+    if not _any_outside(amax):
+        return t, torch.ones_like(amax, dtype=torch.float64)
+    scale = _pow2_scales(amax)
+    unit = t / scale.to(t.dtype).view(-1, *([1] * (t.dim() - 1)))
+    return unit, torch.where(finite, scale, torch.full_like(scale, math.inf))
+
+
+def plain_slack(n: int, dtype: torch.dtype) -> float:
+    """Relative slack that makes :func:`_sq_norms` of n entries of ``dtype`` an upper bound:
+    partial sums of ``PARTIAL`` squares (and the rounded root and square of each partial),
+    the float64 sum of the partials, and the products that follow the norm."""
+    u = unit_roundoff(dtype)
+    partial = gamma(min(n, PARTIAL) + 2, u) if n > WIDEN_ROW and dtype != torch.float64 \
+        else 0.0
+    return (1 + partial) * (1 + gamma(n + 2, unit_roundoff(torch.float64))) \
+        * (1 + PRODUCT_ROUNDINGS * u) ** 2 - 1
 
 
 def scaled_sq_norms(g: torch.Tensor) -> torch.Tensor:
-    """[B] squared L2 norms of the rows of g, in float64, without underflow or overflow.
+    """[B] certified squared L2 norms of the rows of g, in float64: never below the true
+    squared norm of the row as stored, and within :func:`plain_slack` (~2e-6) above it.
 
-    Squaring float32 entries flushes anything below ~1e-19 towards zero (subnormal or 0), so a
-    block of tiny entries had its norm under-computed and a method that divides by the norm
-    over-scaled it past its bound. Each row is divided by its largest magnitude first (exact up
-    to rounding), normed in its own dtype, and the scale multiplied back in float64. A row with
-    a non-finite entry gets an infinite norm (every clipping rule then gives it nothing).
+    Rows are scaled by their own power of two where their squares would underflow or
+    overflow (:func:`row_scale`); a row with a non-finite entry gets an infinite norm (every
+    clipping rule then gives it nothing).
     """
     flat = g.reshape(g.shape[0], -1)
     if flat.shape[1] == 0:
         return torch.zeros(flat.shape[0], dtype=torch.float64, device=flat.device)
-    if flat.numel() <= SMALL and str(flat.dtype).removeprefix("torch.") in _WIDENED:
-        # a float32 square never underflows or overflows in float64: no scaling to do
-        sq = torch.linalg.vector_norm(flat.double(), dim=1).square()
-        return torch.nan_to_num(sq, nan=math.inf, posinf=math.inf)
-    scale = flat.abs().amax(dim=1)
-    if flat.numel() > SMALL and _in_range(scale):
-        return _sq_norms(flat)
-    finite = torch.isfinite(scale)
-    safe = torch.where(finite & (scale > 0), scale, torch.ones_like(scale))
-    sq = _sq_norms(flat / safe.unsqueeze(1)) * safe.double().square()
-    return torch.where(finite, sq, torch.full_like(sq, float("inf")))
+    unit, scale = row_scale(flat)
+    sq = _sq_norms(unit) * scale.square() * (1 + plain_slack(flat.shape[1], flat.dtype))
+    # an underflowed square is below the smallest normal number: one per entry, at most
+    floor = flat.shape[1] * torch.finfo(flat.dtype).tiny * scale.square()
+    sq = torch.where(sq > 0, sq + floor, sq)
+    return torch.nan_to_num(torch.where(torch.isfinite(scale), sq, math.inf),
+                            nan=math.inf, posinf=math.inf)
 
 
-def row_scale(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(t with each example's row divided by its largest magnitude, that magnitude in float64),
-    so products of per-example factors (Gram matrices) are formed at unit scale."""
-    flat = t.reshape(t.shape[0], -1)
-    scale = flat.abs().amax(dim=1) if flat.shape[1] else torch.zeros(
-        flat.shape[0], dtype=t.dtype, device=t.device)
-    if _in_range(scale):
-        return t, torch.ones_like(scale, dtype=torch.float64)
-    safe = torch.where(torch.isfinite(scale) & (scale > 0), scale, torch.ones_like(scale))
-    unit = t / safe.view(-1, *([1] * (t.dim() - 1)))
-    return unit, torch.where(torch.isfinite(scale), safe.double(),
-                             torch.full_like(safe, float("inf"), dtype=torch.float64))
+def _release_terms(terms: torch.Tensor, *, release_terms: int, dtype: torch.dtype,
+                   extra: float = 0.0) -> tuple[torch.Tensor, float]:
+    """(sqrt of the bound on the sum of the rank-one terms' magnitudes, the relative error of
+    the native kernel that releases the example's sum of ``release_terms`` terms)."""
+    g = gamma(release_terms, unit_roundoff(dtype)) + extra
+    return terms.clamp_min(0).sqrt(), g
+
+
+def certified_ghost_sq(sq: torch.Tensor, terms: torch.Tensor, *, input_terms: int,
+                       output_terms: int, release_terms: int,
+                       dtype: torch.dtype) -> torch.Tensor:
+    """[B] upper bound of the squared norm of an example's released weight gradient, from its
+    ghost estimate ``sq`` = sum_ts <a_t, a_s> <b_t, b_s> formed from float32 Grams.
+
+    Each Gram entry is a dot product over ``input_terms`` (``output_terms``) entries, wrong by
+    at most gamma_n ||a_t|| ||a_s||; their products and the float32 partial sums of
+    :func:`row_sums` add gamma_SUM_PARTIAL and a few roundings, all on at most ``terms`` =
+    (sum_t ||a_t|| ||b_t||)^2; the native kernel that releases the sum of the example's
+    ``release_terms`` rank-one terms is wrong by at most gamma_n sqrt(terms) in norm.
+    """
+    u = unit_roundoff(dtype)
+    g_norm = gamma(input_terms, u) + gamma(output_terms, u) + gamma(SUM_PARTIAL, u) + 3 * u
+    root, g_release = _release_terms(terms, release_terms=release_terms, dtype=dtype)
+    return _certify(sq, terms, root, g_norm=g_norm, g_release=g_release, dtype=dtype)
+
+
+def certified_released_sq(sq: torch.Tensor, terms: torch.Tensor, *, materialised_terms: int,
+                          release_terms: int, dtype: torch.dtype) -> torch.Tensor:
+    """[B] upper bound of the squared norm of an example's released weight gradient where the
+    norm ``sq`` (certified, :func:`scaled_sq_norms`) is of its materialised gradient, summed in
+    float32 over ``materialised_terms`` rank-one terms, and the release is the native kernel's
+    sum of ``release_terms``: each differs from the exact gradient by at most gamma_n
+    sqrt(terms) in norm."""
+    u = unit_roundoff(dtype)
+    root, g_release = _release_terms(terms, release_terms=release_terms, dtype=dtype,
+                                     extra=gamma(materialised_terms, u))
+    return _certify(sq, terms, root, g_norm=0.0, g_release=g_release, dtype=dtype)
+
+
+def _certify(sq: torch.Tensor, terms: torch.Tensor, root: torch.Tensor, *, g_norm: float,
+             g_release: float, dtype: torch.dtype) -> torch.Tensor:
+    if SAFETY * max(g_norm, g_release) >= MAX_GAMMA:
+        return torch.full_like(sq, math.inf)
+    u = unit_roundoff(dtype)
+    norm = (sq.clamp_min(0) + SAFETY * g_norm * terms.clamp_min(0)).sqrt()
+    out = (norm + SAFETY * g_release * root).square() * (1 + PRODUCT_ROUNDINGS * u) ** 2
+    return torch.nan_to_num(out, nan=math.inf, posinf=math.inf)

@@ -8,7 +8,6 @@ sums (:class:`ChunkState`). """
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -19,7 +18,6 @@ from trainables.engine.embedding import EmbeddingBagHandler, EmbeddingHandler, c
 from trainables.engine.func import Call, CallDims, NotPerExample, OwnerFallback, leaves, rebuild
 from trainables.engine.host_reads import host_reads_allowed
 from trainables.engine.modules import (
-    CANCELLATION,
     Choice,
     Conv1dHandler,
     Conv2dHandler,
@@ -31,7 +29,7 @@ from trainables.engine.modules import (
     combine,
     scale_rows,
 )
-from trainables.engine.norms import scaled_sq_norms
+from trainables.engine.norms import full_precision, scaled_sq_norms
 from trainables.engine.params import ParamUses
 from trainables.engine.rnn import RecurrentUnit, recurrent_types
 
@@ -42,6 +40,12 @@ if TYPE_CHECKING:
     from trainables.engine.grad_engine import GradEngine
 else:
     torch = lazy_module("torch")
+
+
+#: An example whose certified norm lies more than this factor above its estimate is
+#: materialised and kept where the host may read (``Pass._by_rule``): its rank-one terms
+#: cancel, and its exact norm costs less than clipping it harder than it needs.
+LOOSE = 1.01
 
 
 # ---- one pass over one chunk ------------------------------------------------------------------
@@ -57,6 +61,11 @@ class ChunkState:
 
     def weighted_sum(self, coef: torch.Tensor,
                      layer_of: dict[str, int]) -> dict[str, torch.Tensor]:
+        with full_precision(coef.device):
+            return self._weighted_sum(coef, layer_of)
+
+    def _weighted_sum(self, coef: torch.Tensor,
+                      layer_of: dict[str, int]) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}
         for n, g in self.kept.items():
             accumulate(out, n, combine(coef[:, layer_of[n]], g))
@@ -187,6 +196,10 @@ class Pass:
                 version: tuple[torch.Tensor, int] | None) -> None:
         if version is not None:
             check_version(version, handler.qualname)
+        with full_precision(a.device):
+            self._on_grad(handler, a, b)
+
+    def _on_grad(self, handler: Handler, a: torch.Tensor, b: torch.Tensor) -> None:
         once = not handler.per_channel and self.calls[id(handler)] == 1
         if not once:  # per-example gradients, kept (ghost norms do not add over calls)
             for n, g in handler.per_example(a, b).items():
@@ -221,33 +234,37 @@ class Pass:
     def _by_rule(self, handler: Handler, a: torch.Tensor, b: torch.Tensor, *,
                  geometry: Geometry, choice: Choice) -> None:
         """A weight normed without its per-example gradients (ghost, or materialised and
-        dropped) and summed by the native kernel, except the examples whose gradient cancels
-        below what float32 resolves in that norm (``CANCELLATION``). Where the host may read
-        (the CPU), theirs are materialised and kept, so what is released for them is exactly
-        what was normed. On an accelerator, finding them would stop the device once per module
-        and step: their norm is set to infinity instead, which every clipping rule answers
-        with a zero coefficient (the example gives this layer nothing, whatever a recomputed
-        chunk rounds), and they are counted (``GradEngine.dropped``)."""
+        dropped) and summed by the native kernel. Each example's norm is certified
+        (:meth:`Handler.certified`): an upper bound of what the native sum releases for it,
+        whatever its rank-one terms cancel. Where the host may read (the CPU), an example whose
+        certificate lies more than ``LOOSE`` above its estimate is materialised and kept
+        instead, so what is released for it is exactly what was normed; on an accelerator,
+        finding it would stop the device once per module and step, so it keeps its certified
+        norm (clipped a little harder than it needs). Each decision reads the example's own
+        values only."""
         name = str(handler.weight_name)
-        if self.coef is not None and not host_reads_allowed(a.device):
+        exact_rows = host_reads_allowed(a.device)
+        if self.coef is not None and not exact_rows:
             accumulate(self.sums, name, handler.weight_sum(
                 a, scale_rows(b, self.coef[:, handler.layer])))
             return
-        sq, bound = handler.weight_sq(a, b, geometry=geometry, ghost=choice.norm == "ghost",
+        ghost = choice.norm == "ghost"
+        sq, terms = handler.weight_sq(a, b, geometry=geometry, ghost=ghost,
                                       kernel=choice.kernel)
-        unsure = None if bound is None else sq < CANCELLATION * bound
-        if unsure is not None and not host_reads_allowed(a.device):
-            self.engine.count_dropped(unsure)
-            sq = sq.masked_fill(unsure, math.inf)
-        elif unsure is not None and bool(unsure.any()):  # a free read on the CPU
-            rows = unsure.nonzero().flatten()
-            g = handler.weight_per_example(a[rows], b[rows])
-            if self.coef is None:
-                self.rows.append((name, handler.layer, rows, g))
-                sq = sq.index_put((rows,), scaled_sq_norms(g))
-            else:
-                accumulate(self.sums, name, combine(self.coef[rows, handler.layer], g))
-            b = b.index_put((rows,), b.new_zeros(()))
+        if terms is not None:
+            certified = handler.certified(sq, terms, geometry=geometry, ghost=ghost,
+                                          dtype=b.dtype)
+            loose = certified > LOOSE ** 2 * sq
+            sq = certified
+            if exact_rows and bool(loose.any()):  # a free read on the CPU
+                rows = loose.nonzero().flatten()
+                g = handler.weight_per_example(a[rows], b[rows])
+                if self.coef is None:
+                    self.rows.append((name, handler.layer, rows, g))
+                    sq = sq.index_put((rows,), scaled_sq_norms(g))
+                else:
+                    accumulate(self.sums, name, combine(self.coef[rows, handler.layer], g))
+                b = b.index_put((rows,), b.new_zeros(()))
         if self.coef is not None:
             accumulate(self.sums, name, handler.weight_sum(
                 a, scale_rows(b, self.coef[:, handler.layer])))

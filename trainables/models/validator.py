@@ -36,6 +36,7 @@ from torch import nn
 from core.errors import UserInputError
 from trainables.engine.func import NotPerExample, probe_calls
 from trainables.engine.grad_engine import WHOLE_EXACT_PATH, GradEngine
+from trainables.engine.passes import LOOSE
 from trainables.models.networks import WrappedModel
 
 #: Modules that normalise with batch statistics, and what to use instead.
@@ -313,7 +314,10 @@ def _one_step(model: WrappedModel, sample: torch.Tensor, y: torch.Tensor, field:
         raise _bad(field, value, _network(model.net), "per-example gradient norms are not finite "
                    "at initialisation", "check the model's initialisation")
     reference = _loop_norms(engine, sample, y)
-    if not torch.allclose(view.norms, reference, rtol=_NORM_CHECK_TOL, atol=1e-12):
+    # the engine's norms are certified upper bounds, up to LOOSE above the exact ones
+    low = view.norms < reference * (1 - _NORM_CHECK_TOL) - 1e-12
+    high = view.norms > reference * (LOOSE + _NORM_CHECK_TOL) + 1e-12
+    if bool((low | high).any()):
         bad = int(((view.norms - reference).abs() / reference.clamp_min(1e-30)).amax(0).argmax())
         raise _bad(field, value, f"layer {engine.layer_names[bad]!r}", "its per-example "
                    "gradient norms differ from one-example-at-a-time autograd (something in it "

@@ -62,12 +62,15 @@ from trainables.audit.canary_runs import black_box_run, white_box_run
 from trainables.audit.input_canaries import choose_input_canaries
 from trainables.dp.randomness import Randomness, poisson_batches
 from trainables.engine.grad_engine import MaterializedGrads
+from trainables.engine.passes import LOOSE
 from trainables.methods import METHODS, registered
 from trainables.methods.dp_adamilg import DPAdamILG
 from trainables.methods.dpsgd import DPSGD
 
 #: The claim every audited trial makes.
 CLAIM = 1.0
+#: The models' own float32 rounding, below which a certified norm may sit under a reference.
+CERTIFIED_RTOL = 1e-5
 DELTA = 1e-5
 #: Digits, batch 50 of 500 (q = 0.1), 5 epochs = 50 steps: IN canaries join ~5 times each.
 EPOCHS = 5
@@ -210,7 +213,9 @@ def test_canary_view_equals_explicit_concatenation(live: list[bool]) -> None:
         {n: torch.cat([g, extra[n]]) for n, g in loops.items()},
         layer_of=method.layer_of, num_layers=method.num_layers)
     assert view.norms.shape == (7 + len(ids), LAYERS)
-    torch.testing.assert_close(view.norms, explicit.norms)
+    # the engine's ghost norms are certified upper bounds (a looser one is normed exactly)
+    assert bool((view.norms >= explicit.norms * (1 - CERTIFIED_RTOL)).all())
+    torch.testing.assert_close(view.norms, explicit.norms, rtol=LOOSE - 1, atol=0)
     expected = torch.tensor([b if on else 0.0 for b, on in zip(canaries.blocks, live,
                                                                strict=True)])
     for row in range(len(ids)):  # every canary: its block in every live layer, nothing else

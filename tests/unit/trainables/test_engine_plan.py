@@ -190,10 +190,10 @@ def test_a_step_reads_nothing_on_the_host(monkeypatch: pytest.MonkeyPatch) -> No
         float(view.norms.sum())  # the guard itself can fail
 
 
-def test_a_cancelling_gradient_is_given_nothing_where_the_host_may_not_read() -> None:
-    """On an accelerator (the guard) an example whose terms cancel below float32's resolution
-    gets an infinite norm (a zero coefficient) and is counted, with no read; on the CPU it is
-    materialised exactly."""
+def test_a_cancelling_gradient_keeps_a_certified_norm_where_the_host_may_not_read() -> None:
+    """On an accelerator (the guard) an example whose terms cancel keeps its certified norm
+    (an upper bound of what the native sum releases for it, finite), with no read and nothing
+    counted; on the CPU it is materialised and normed exactly."""
     model = LayeredModel([("fc", nn.Sequential(nn.Unflatten(1, (2, 3)), nn.Linear(3, 2))),
                           ("out", nn.Sequential(nn.Flatten(), nn.Linear(4, 3)))],
                          num_classes=3)
@@ -206,12 +206,15 @@ def test_a_cancelling_gradient_is_given_nothing_where_the_host_may_not_read() ->
         model.blocks["out"][1].weight[:, 2:] = 1.0
     engine = GradEngine(model, strategy="ghost")
     cpu = engine.compute(x, y, live=[True, True])
-    assert engine.dropped() == 0 and bool(torch.isfinite(cpu.norms).all())
+    assert bool(torch.isfinite(cpu.norms).all())
+    exact = GradEngine(model, strategy="vmap").compute(x, y, live=[True, True]).norms
+    assert float(cpu.norms[0, 0]) == pytest.approx(float(exact[0, 0]), rel=1e-5, abs=1e-12)
     with forbid_host_reads():
         view = engine.compute(x, y, live=[True, True])
         released = view.weighted_sum(torch.ones(4, 2))
-    assert math.isinf(float(view.norms[0, 0])) and bool(torch.isfinite(view.norms[1:]).all())
-    assert engine.dropped() == 1
+    assert bool(torch.isfinite(view.norms).all())
+    assert bool((view.norms >= exact * (1 - 1e-6)).all())
+    assert not hasattr(engine, "dropped")
     assert bool(torch.isfinite(released["blocks.fc.1.weight"]).all())
 
 
@@ -239,7 +242,7 @@ def test_a_trial_measures_its_plan_on_public_data_records_it_and_reuses_the_cach
     assert [e["kind"] for e in plan] == ["Conv2d", "Conv2d", "Linear", "Linear"]
     assert {e["source"] for e in plan} == {"measured"} and all(e["timings_ms"] for e in plan)
     assert seen and set(seen) == {50}  # one expected batch (batch_size 50) of public data
-    assert first["cancellation_dropped"] == 0
+    assert "cancellation_dropped" not in first
     seen.clear()
     again = train_trial(spec, plan_cache=tmp_path).privacy_record.method_record
     assert not seen and {e["source"] for e in again["engine_plan"]} == {"cache"}
