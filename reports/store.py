@@ -12,6 +12,12 @@ with its type, its meaning and whether the trial's epsilon **covers** it:
   test metrics, every audit number). Such values stay in the run directory for the person who
   ran the sweep; ``dpsweep export`` never releases them, and the report labels them.
 
+The trial's privacy record (``trials/<id>/privacy.json``, ``core.records.PrivacyRecord``) is
+classed the same way, value by value, in ``RECORD``: one declaration for everything a trial
+stores beside its weights, so a value computed on private examples without noise cannot be
+recorded without being named here as not covered (``tests/unit/reports/test_private_values.py``
+walks a real record and a real row against it).
+
 Readers validate the file and refuse one that is missing columns, has a column of the wrong
 type, or is unreadable, with one clear error.
 """
@@ -22,8 +28,9 @@ import io
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
@@ -156,8 +163,140 @@ _NUMERIC = ("float64", "int64")
 
 
 def not_covered() -> list[str]:
-    """Columns the trial's epsilon does not cover (for reports and the export statement)."""
+    """Columns the trial's epsilon does not cover (for reports and the export statement); the
+    privacy record's are ``not_covered_in_record``."""
     return [name for name, c in COLUMNS.items() if not c.covered]
+
+
+# ---- the privacy record: every value, covered or not ------------------------------------------
+@dataclass(frozen=True)
+class Stored:
+    """Whether the trial's epsilon covers one value of the privacy record, and why.
+
+    ``adaptive``: a statistic of the mode's declared sources (``core.modes``), computed from
+    public data or released outputs in a DP-valid mode but from the private batch without noise
+    in an invalid one (``faithful``); it is covered only where the record's ``dp_valid`` holds.
+    """
+
+    covered: bool
+    why: str
+    adaptive: bool = False
+
+    def covers(self, *, dp_valid: bool) -> bool:
+        return self.covered and (dp_valid or not self.adaptive)
+
+
+_CONFIG = Stored(True, "fixed before training: configuration, calibration or the model's "
+                       "structure (no data)")
+_ACCOUNTING = Stored(True, "the accountant's calibration and the ledger of the multipliers it "
+                           "certified (no data)")
+_ENVIRONMENT = Stored(True, "software versions (no data)")
+_PUBLIC = Stored(True, "computed from the public shadow pool only (lm_dpsgd's stage 1)")
+_RELEASED = Stored(True, "computed from the weights, which every step released: "
+                         "post-processing")
+_PLAN = Stored(True, "the engine's kernel plan and its timings, measured on public examples "
+                     "only (trainables.training.loop.plan_engine)")
+_ADAPTIVE = Stored(True, "the adaptive statistic's last value: from public data or released "
+                         "gradients in a DP-valid mode, from the private batch without noise "
+                         "in faithful mode", adaptive=True)
+_GUARD = Stored(False, "example-steps whose coefficients overreached the bound: a count over "
+                       "private examples without noise (a health counter of the mechanism, 0 "
+                       "for every shipped method); never exported")
+
+
+def _declare(stored: Stored, *paths: str) -> dict[str, Stored]:
+    return dict.fromkeys(paths, stored)
+
+
+#: privacy.json's values: dotted path -> how the epsilon covers it. Lists are transparent (a
+#: list's items share its path), ``*`` matches one key and ``**`` the rest of a path.
+RECORD: dict[str, Stored] = {
+    **_declare(_CONFIG, "mechanism", "method", "mode", "dp_valid", "validity_reason",
+               "randomness", "release_safe", "clip_norm", "delta", "target_epsilon"),
+    **_declare(_ACCOUNTING, "sample_rate", "steps", "noise_multiplier",
+               "noise_schedule.noise_multiplier", "noise_schedule.steps", "epsilon_lower",
+               "epsilon_estimate", "epsilon_upper", "accountant", "accountant_fallback",
+               "eps_error", "ledger.sample_rate",
+               *(f"ledger.events.{key}" for key in (
+                   "kind", "sampling_probability", "noise_multiplier", "count"))),
+    "guard_capped": _GUARD,
+    **_declare(_ENVIRONMENT, "versions.*"),
+    # ww_dpsgd's probes of its weights (the results store's ``trajectories`` copies them)
+    **_declare(_RELEASED, *(f"trajectories.{key}" for key in (
+        "step", "clip_norm", "zeta_hat", "zeta", "clamp", "zeta:*"))),
+    # the training loop's own entries
+    **_declare(_CONFIG, "method_record.per_example_path", "method_record.data_placement",
+               "method_record.trained_layers", "method_record.trained_parameters",
+               "method_record.model_parameters", "method_record.model_fixes.**"),
+    **_declare(_PLAN, *(f"method_record.engine_plan.{key}" for key in (
+        "module", "kind", "label", "source", "geometry.*", "choice.*", "timings_ms.*"))),
+    # each method's extra_record(): dpsgd_lf
+    **_declare(_CONFIG, *(f"method_record.{key}" for key in (
+        "t_f", "t_f_fraction", "m_f", "frozen_layers"))),
+    # ww_dpsgd (its controller reads the probe layers' weights)
+    **_declare(_CONFIG, *(f"method_record.{key}" for key in (
+        "probe_layers", "clip_norm_0", "clamp", "clip_norm_bounds", "ema_init", "probes",
+        "estimator"))),
+    **_declare(_RELEASED, "method_record.clip_norm_final", "method_record.clamp_hits.min",
+               "method_record.clamp_hits.max"),
+    # lm_dpsgd
+    **_declare(_CONFIG, *(f"method_record.{key}" for key in (
+        "weights", "r", "public_batch_size", "u_every", "lagged_beta"))),
+    **_declare(_PUBLIC, "method_record.risk", "method_record.risk_effective",
+               "method_record.risk_meta", "method_record.risk_meta.identity.**",
+               *(f"method_record.risk_meta.{key}" for key in (
+                   "layers", "er_eval", "members", "nonmembers", "attack_eval_examples",
+                   "shadow_train_accuracy", "shadow_test_accuracy", "attack_accuracy",
+                   "attack_fit_accuracy", "cache_file"))),
+    "method_record.final_weights": _ADAPTIVE,
+    # dp_adamilg
+    **_declare(_CONFIG, *(f"method_record.{key}" for key in (
+        "alpha", "alpha_role", "k", "sigma_floor", "sigma_floor_is", "sigma_floor_absolute",
+        "refresh_every", "layer_noise_std"))),
+    "method_record.thresholds": _ADAPTIVE,
+}
+
+
+def _matches(pattern: Sequence[str], path: Sequence[str]) -> bool:
+    if pattern and pattern[-1] == "**":
+        head = pattern[:-1]
+        return len(path) >= len(head) and _matches(head, path[:len(head)])
+    return len(pattern) == len(path) and all(
+        fnmatchcase(key, part) for part, key in zip(pattern, path, strict=True))
+
+
+def record_entry(path: Sequence[str]) -> Stored | None:
+    """The declaration of the value at ``path`` (keys from the record's top), or None."""
+    return next((stored for pattern, stored in RECORD.items()
+                 if _matches(pattern.split("."), path)), None)
+
+
+def record_paths(record: Mapping[str, Any]) -> list[tuple[str, ...]]:
+    """Every leaf's path in ``record`` (a privacy.json object), once each, in file order."""
+    def walk(value: Any, path: tuple[str, ...]) -> Iterator[tuple[str, ...]]:
+        if isinstance(value, Mapping):
+            for key, item in value.items():
+                yield from walk(item, (*path, str(key)))
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                yield from walk(item, path)
+        else:
+            yield path
+    return list(dict.fromkeys(walk(record, ())))
+
+
+def undeclared(record: Mapping[str, Any]) -> list[str]:
+    """Dotted paths of the values in ``record`` that ``RECORD`` does not class: each one is a
+    value stored without saying whether the epsilon covers it."""
+    return [".".join(p) for p in record_paths(record) if record_entry(p) is None]
+
+
+def not_covered_in_record(record: Mapping[str, Any]) -> list[str]:
+    """Dotted paths of the values in ``record`` that its epsilon does not cover (an undeclared
+    value counts as not covered): what an export must never copy."""
+    valid = bool(record.get("dp_valid"))
+    return [".".join(p) for p in record_paths(record)
+            if not ((stored := record_entry(p)) and stored.covers(dp_valid=valid))]
 
 
 def _json(value: Any) -> str:

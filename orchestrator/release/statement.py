@@ -23,6 +23,7 @@ from core import layout
 from core.checks import number, whole
 from core.errors import UserInputError
 from core.records import PrivacyRecord
+from reports.store import record_entry
 
 __all__ = [
     "PrivacyStatement",
@@ -58,7 +59,9 @@ RANDOMNESS_NOTES = {
                      "this release"),
 }
 #: method_record keys that describe clipping (per-layer bounds, adaptive clip norms, frozen
-#: layers). Only these leave the run: other keys may hold cache names or provenance.
+#: layers). Only these leave the run, and only where the epsilon covers them
+#: (``reports.store.RECORD``: an adaptive statistic of a faithful mode comes from the private
+#: batch): other keys may hold cache names, provenance or counts over private examples.
 CLIPPING_RECORD_KEYS = ("thresholds", "layer_noise_std", "clip_norm_0", "clip_norm_final",
                         "clip_norm_bounds", "clamp", "frozen_layers", "weights", "final_weights")
 
@@ -113,6 +116,12 @@ def _text(record: dict[str, Any], key: str, *, where: str, optional: bool = Fals
 
 def _count(record: dict[str, Any], key: str, *, where: str) -> int:
     return whole(_get(record, key, where=where), field=f"{where}.{key}", low=1)
+
+
+def _covered(path: tuple[str, ...], *, dp_valid: bool) -> bool:
+    """Whether the record's value at ``path`` is covered by the epsilon (undeclared: not)."""
+    stored = record_entry(path)
+    return stored is not None and stored.covers(dp_valid=dp_valid)
 
 
 def round_up(value: float) -> str:
@@ -248,7 +257,8 @@ def _record_fields(privacy: PrivacyRecord) -> dict[str, Any]:
             raise _bad(f"privacy.{key}", value, "a finite number in [0, inf]")
     clipping: dict[str, Any] = {"clip_norm": float(privacy.clip_norm)}
     clipping.update({k: privacy.method_record[k] for k in CLIPPING_RECORD_KEYS
-                     if k in privacy.method_record})
+                     if k in privacy.method_record and _covered(("method_record", k),
+                                                                dp_valid=privacy.dp_valid)})
     optional = {k: None if getattr(privacy, k) is None else float(getattr(privacy, k))
                 for k in ("epsilon_lower", "epsilon_estimate", "eps_error")}
     return dict(

@@ -301,7 +301,11 @@ def _model_fixes(model: LayeredModel) -> dict[str, Any]:
 
 
 def privacy_record(run: _Run) -> PrivacyRecord:
-    """The trial's privacy record, after checking every step was as noisy as certified."""
+    """The trial's privacy record, after checking every step was as noisy as certified.
+
+    Every value in it is classed as covered by the epsilon or not in ``reports.store.RECORD``
+    (``tests/unit/reports/test_private_values.py`` walks a real record against it): a count or
+    statistic of private examples without noise has no place here unless declared there."""
     cal = run.spec.calibration
     verify_ledger(run.method)
     bounds = cal.bounds
@@ -331,7 +335,6 @@ def privacy_record(run: _Run) -> PrivacyRecord:
         method_record={**run.method.extra_record(), "per_example_path": run.method.engine.path,
                        "data_placement": run.placement,
                        "engine_plan": [t.to_dict() for t in run.method.engine.timings],
-                       "cancellation_dropped": run.method.engine.dropped(),
                        "trained_layers": list(run.method.model.layer_names),
                        "trained_parameters": sum(run.method.model.layer_sizes()),
                        "model_parameters": sum(p.numel() for p in run.model.parameters()),
