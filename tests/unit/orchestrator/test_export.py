@@ -53,7 +53,7 @@ from trainables.training.loop import (
 
 #: Distinctive values, so a search of the exported bytes cannot hit them by chance.
 SPEC_SEED = 918_273_645
-SECRET_SEED = 7_364_519_283_746_501_928  # < 2**63, what secret_seed() returns in training
+SECRET_SEED = 7_364_519_283_746_501_928  # its 8 bytes, repeated, are the "secret" key
 TRIAL_ID = "dpsgd-0007"
 EPSILON_UPPER = 3.987654321
 DELTA = 1e-5
@@ -113,12 +113,12 @@ def _train(base: Path, *, randomness: str) -> Trained:
     data = load_trial_data(spec)
     calls: list[int] = []
 
-    def known_seed() -> int:
+    def known_key(nbytes: int) -> bytes:
         calls.append(1)
-        return SECRET_SEED
+        return (SECRET_SEED.to_bytes(8, "little") * (nbytes // 8 + 1))[:nbytes]
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(trainables.dp.randomness, "secret_seed", known_seed)
+        mp.setattr(trainables.dp.randomness, "secret_key", known_key)
         result = train_trial(spec, data=data, checkpoint_root=base / "trial")
     return Trained(root=base / "trial", spec=spec, result=result, data=data, data_dir=data_dir,
                    secret_calls=len(calls))
