@@ -425,3 +425,43 @@ def test_engine_norms_of_tiny_gradients_match_float64() -> None:
     for strategy in ALL:
         got = GradEngine(model, strategy=strategy).compute(x.float(), y, live=live).norms
         _assert_certified(got, exact)
+
+
+def test_full_precision_switches_reduced_precision_off_on_an_accelerator_only() -> None:
+    """The certificates assume float32's roundoff, so TF32 and reduced-precision reductions
+    are off around the norms and sums on an accelerator, and the user's settings come back
+    after; on the CPU nothing is touched."""
+    from trainables.engine.norms import full_precision
+
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    saved = (matmul.allow_tf32, cudnn.allow_tf32)
+    try:
+        matmul.allow_tf32 = cudnn.allow_tf32 = True
+        with full_precision(torch.device("cpu")):
+            assert matmul.allow_tf32 and cudnn.allow_tf32
+        with full_precision(torch.device("cuda")):
+            assert not matmul.allow_tf32 and not cudnn.allow_tf32
+            assert not matmul.allow_fp16_reduced_precision_reduction
+        assert matmul.allow_tf32 and cudnn.allow_tf32
+    finally:
+        matmul.allow_tf32, cudnn.allow_tf32 = saved
+
+
+def test_a_ghost_certificate_bounds_cancelling_terms_that_float32_misses() -> None:
+    """Two rank-one terms that cancel to 1e-4 of their size: the float32 ghost estimate may
+    come out below the float64 norm, the certified one never does, for any of 200 draws."""
+    from trainables.engine.modules import LinearHandler
+
+    handler = LinearHandler(nn.Linear(64, 32), qualname="fc", layer=0)
+    gen = torch.Generator().manual_seed(0)
+    u, v = torch.randn(200, 64, generator=gen), torch.randn(200, 64, generator=gen)
+    w = torch.randn(200, 32, generator=gen)
+    a = torch.stack([u, u + 1e-4 * v], 1) * 30
+    b = torch.stack([w, -w], 1)
+    geometry = handler.geometry(a, b)
+    sq, terms = handler.weight_ghost_sq(a, b)
+    assert terms is not None
+    certified = handler.certified(sq, terms, geometry=geometry, ghost=True, dtype=a.dtype)
+    exact = torch.bmm(b.double().transpose(1, 2), a.double()).square().sum((1, 2))
+    assert bool((sq < exact).any())  # the estimate alone is not a bound here
+    assert bool((certified >= exact).all())
