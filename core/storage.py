@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from core.errors import disk_full
+from core.hints import ignored, read_json_hint
 
 #: Prefix of temporary files (``.tmp-<name>-<random>``); the run directory ignores them.
 TMP_PREFIX = ".tmp-"
@@ -99,12 +100,14 @@ class JsonCache:
         return self.directory / f"{canonical_hash(key)[:40]}.json"
 
     def get(self, key: Any) -> Any | None:
+        """The stored value for ``key`` (untrusted: callers validate it), or None: no entry,
+        or one that is not a bounded regular JSON file for this key (:mod:`core.hints`)."""
         path = self.path(key)
-        try:
-            entry = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        entry = read_json_hint(path)
+        if entry is None:
             return None
         if not isinstance(entry, dict) or entry.get("key") != json.loads(json.dumps(key)):
+            ignored(path, "an entry for another key")
             return None
         return entry.get("value")
 

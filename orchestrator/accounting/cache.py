@@ -2,8 +2,9 @@
 the file it is answered from.
 
 Answers are kept on disk (``core.storage.JsonCache``) and every hit is re-checked before use by
-the independent accountants of ``orchestrator.accounting.verify``; a contradiction raises
-``CacheIntegrityError`` naming the file: a tampered or corrupted entry is never trained with.
+the independent accountants of ``orchestrator.accounting.verify``; an entry that fails any check
+is never trained with: it is ignored (logged once, naming the file and the contradiction) and
+the answer recomputed, as for any cache (:mod:`core.hints`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import CacheIntegrityError, UserInputError
+from core.hints import ignored
 from core.schedule import Schedule
 from core.storage import JsonCache, canonical_hash
 from core.trial import SCHEMA_VERSION, Calibration
@@ -64,12 +66,19 @@ def calibration_key(*, sample_rate: float, shape: Schedule, delta: float, target
 
 def lookup(cache: JsonCache, key: dict[str, Any], *, shape: Schedule,
            timeout: float) -> Calibration | None:
-    """The verified cached answer to ``key``, None when there is none or when more time may now
-    give a PRV answer; an entry that fails any check raises CacheIntegrityError naming the file."""
+    """The verified cached answer to ``key``, None when there is none, when more time may now
+    give a PRV answer, or when the entry fails any check: a cache is a hint, so a tampered or
+    corrupted entry is never trained with but ignored (logged once, naming the file and why)
+    and recomputed, and the fresh answer replaces it."""
     value = cache.get(key)
     if value is None:
         return None
-    return _cached_calibration(value, key=key, shape=shape, path=cache.path(key), timeout=timeout)
+    path = cache.path(key)
+    try:
+        return _cached_calibration(value, key=key, shape=shape, path=path, timeout=timeout)
+    except CacheIntegrityError as exc:
+        ignored(path, exc.allowed)
+        return None
 
 
 def store(cache: JsonCache, key: dict[str, Any], calibration: Calibration, *,

@@ -66,7 +66,7 @@ def calibrate(*, target_epsilon: float, delta: float, sample_rate: float,
     PRV calibrates in a child process bounded by timeout_s; on timeout or failure dp_accounting's
     RDP calibration is returned with fallback_reason set. Results are cached under cache_dir
     (default: default_cache_dir()) and every hit is verified (verify_calibration) before it is
-    returned; a hit that fails raises CacheIntegrityError. use_cache=False neither reads nor
+    returned; a hit that fails is ignored (logged) and recomputed. use_cache=False neither reads nor
     writes the cache. A cached fallback caused by a timeout is retried when a longer timeout_s
     is given.
     """

@@ -23,6 +23,7 @@ import torch
 from threadpoolctl import threadpool_limits
 
 from core.errors import UserInputError
+from core.hints import ignored
 from core.storage import JsonCache
 from trainables.audit.layer_attack import (
     fit_layer_attacks,
@@ -173,6 +174,17 @@ def _compute_layer_risk(*, data: Any, model_factory: Callable[[], LayeredModel],
     }
 
 
+def _well_formed(result: Any, *, layers: int) -> bool:
+    """Whether a cached stage-1 result has the form :func:`compute_layer_risk` gives: one
+    finite error rate in [0, 1] per layer and a dict of facts."""
+    if not isinstance(result, dict) or not isinstance(result.get("risk_meta"), dict):
+        return False
+    risk = result.get("risk")
+    return isinstance(risk, list) and len(risk) == layers and all(
+        isinstance(r, int | float) and not isinstance(r, bool) and 0.0 <= r <= 1.0
+        for r in risk)
+
+
 def estimate_layer_risk(*, data: Any, model_factory: Callable[[], LayeredModel], seed: int,
                         stage1: Stage1, cache_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """Stage 1 through the on-disk cache: {"risk": [ER per layer], "risk_meta": {...}}.
@@ -186,6 +198,9 @@ def estimate_layer_risk(*, data: Any, model_factory: Callable[[], LayeredModel],
     identity = risk_identity(data=data, model=probe, seed=seed, stage1=stage1)
     cache = JsonCache(cache_dir, CACHE_NAMESPACE)
     result = cache.get(identity)
+    if result is not None and not _well_formed(result, layers=len(probe.layer_names)):
+        ignored(cache.path(identity), "not a risk vector of this model's layers")
+        result = None
     if result is None:
         result = compute_layer_risk(data=data, model_factory=model_factory, seed=seed,
                                     stage1=stage1)

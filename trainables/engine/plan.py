@@ -19,7 +19,6 @@ last bits of rounding, never what is clipped or released.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 import platform
@@ -29,6 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from core.hints import ignored, read_json_hint
 from core.lazy import lazy_module
 from core.storage import atomic_write_json, json_bytes
 from trainables.engine.modules import Choice, Geometry, Handler, combine, estimate, scale_rows
@@ -175,23 +175,30 @@ def plan_key(*, device: torch.device, dtype: torch.dtype, rows: int,
 
 
 def read_cached(path: Path, captured: list[Captured]) -> list[Choice] | None:
-    """The cached choices for ``captured``, or None where the file is missing, unreadable,
-    of another version, for other modules, or names a choice that is not a candidate."""
-    try:
-        data = json.loads(path.read_text())
-        entries = data["modules"]
-        if data.get("version") != PLAN_VERSION or len(entries) != len(captured):
-            return None
-        out = []
-        for entry, (handler, _, _, geometry) in zip(entries, captured, strict=True):
-            choice = Choice.from_dict(entry["choice"])
-            if entry["module"] != handler.qualname or choice not in handler.candidates(
-                    geometry):
-                return None
-            out.append(choice)
-        return out
-    except (OSError, ValueError, KeyError, TypeError):
+    """The cached choices for ``captured``, or None where the file is missing, not a bounded
+    regular JSON file (:mod:`core.hints`), of another version, for other modules, or names
+    anything but a candidate: the cache is a hint, ignored (logged once) and rebuilt."""
+    data = read_json_hint(path)
+    if data is None:
         return None
+    entries = data.get("modules") if isinstance(data, dict) else None
+    if not isinstance(entries, list) or data.get("version") != PLAN_VERSION \
+            or len(entries) != len(captured):
+        ignored(path, "not a plan of this version for these modules")
+        return None
+    out = []
+    for entry, (handler, _, _, geometry) in zip(entries, captured, strict=True):
+        choice = entry.get("choice") if isinstance(entry, dict) else None
+        try:
+            chosen = Choice.from_dict(choice) if isinstance(choice, dict) else None
+        except ValueError:
+            chosen = None
+        if chosen is None or entry.get("module") != handler.qualname \
+                or chosen not in handler.candidates(geometry):
+            ignored(path, f"no candidate choice for {handler.qualname}")
+            return None
+        out.append(chosen)
+    return out
 
 
 def write_cached(path: Path, timings: list[ModuleTiming]) -> None:
