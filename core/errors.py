@@ -21,6 +21,8 @@ import os
 import re
 from typing import Any
 
+from core.exits import EXIT_DISK_FULL as EXIT_DISK_FULL  # re-exported: the code of DiskFull
+
 
 class UserInputError(Exception):
     """Bad input, named by the field, the offending value and what is allowed."""
@@ -69,9 +71,6 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-#: Exit code of a command stopped because a file system it writes is full (sysexits.h's
-#: EX_IOERR): distinct from bad input (2) and from a signal (130 / 143).
-EXIT_DISK_FULL = 74
 #: What a full file system looks like when the error that reports it lost its errno on the way
 #: (SQLite through SQLAlchemy, a message pickled back from a Ray worker).
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)

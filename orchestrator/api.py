@@ -4,6 +4,8 @@
 
     cfg = api.load_config("sweep.toml")            # or api.Config() with dataclasses.replace
     summary = api.run(cfg, out="runs/sweep1")      # Ray Tune + Optuna, audit, report
+    summary.exit_code                              # 3 when a trial or an audit failed
+    api.reaudit("runs/sweep1")                     # failed or missing audits, no training
     frame = api.results("runs/sweep1")             # pandas DataFrame, one row per trial
     text = api.pick("runs/sweep1", max_peak_mia=0.6)
     release = api.export("runs/sweep1", trial_id="dpsgd_eps3-001", out="release")
@@ -12,14 +14,14 @@ Every function validates its input first and raises :class:`UserInputError` (one
 the field, the value and what is allowed) on bad input; files in a run directory are verified
 against its manifest before they are read.
 
-``run`` and ``resume`` import the sweep (Ray, Optuna) and ``pick`` and ``export`` the release
-code (torch) only when they are called: ``dpsweep report`` imports this module and needs none
-of them.
+``run``, ``resume`` and ``reaudit`` import the sweep (Ray, Optuna) and ``pick`` and ``export``
+the release code (torch) only when they are called: ``dpsweep report`` imports this module and
+needs none of them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,9 +41,10 @@ if TYPE_CHECKING:
 
     from orchestrator.release.bundle import ExportResult
     from orchestrator.sweep.driver import SweepSummary
+    from orchestrator.sweep.reaudit import ReauditSummary
 
-__all__ = ["Config", "UserInputError", "export", "from_dict", "load_config", "pick", "report",
-           "results", "resume", "run"]
+__all__ = ["Config", "UserInputError", "export", "from_dict", "load_config", "pick",
+           "reaudit", "report", "results", "resume", "run"]
 
 
 def load_config(path: str | Path, *, model: Callable[..., Any] | None = None) -> Config:
@@ -93,6 +96,19 @@ def resume(run_dir: str | Path, *, address: str | None = None, quiet: bool = Tru
 
     check_address_form(address, field="address")
     return resume_sweep(Path(run_dir), address=address, quiet=quiet, retry_failed=retry_failed)
+
+
+def reaudit(run_dir: str | Path, *, trials: Sequence[str] = (), every: bool = False,
+            address: str | None = None, quiet: bool = True) -> ReauditSummary:
+    """Run the membership audit again, without training, for the finished trials whose audit
+    failed or is missing (``dpsweep reaudit``): those the sweep's audit covers, or ``trials``,
+    or with ``every`` every finished trial without an audit. An audit that stands is never run
+    again; the report is rebuilt."""
+    from orchestrator.sweep.reaudit import reaudit_run
+
+    check_address_form(address, field="address")
+    return reaudit_run(Path(run_dir), trials=tuple(trials), every=every, address=address,
+                       quiet=quiet)
 
 
 def results(run_dir: str | Path) -> pd.DataFrame:

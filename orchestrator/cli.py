@@ -4,14 +4,15 @@ Every command validates all of its input before it writes anything; bad input en
 line ``dpsweep: error: FIELD = VALUE is not allowed: expected ...`` and exit code 2. The form of
 every path argument is checked before the command runs (``orchestrator.config.paths``). A full disk
 ends with one line saying what could not be written and how to go on (exit code 74), an
-interrupt with one line and exit code 130: never a traceback.
+interrupt with one line and exit code 130: never a traceback. A sweep or re-audit in which a trial
+or an audit failed ends with one line saying so and exit code 3. Every code is ``core.exits``'s.
 
 Where each command's work lives (this module only parses, checks flags and prints; ``COMMANDS``
 names the module, imported only when its command runs), under ``orchestrator``: budget ->
 ``cli_budget`` (``accounting.calibration``); run, resume, demo -> ``sweep.commands``
-(``sweep.driver``); train -> ``trial.single``; report -> ``api``; pick -> ``release.pick``;
-export -> ``release.export``; audit -> ``audit.canary``; config -> ``config`` (and
-``trial.setup`` for --check).
+(``sweep.driver``); reaudit -> ``sweep.reaudit``; train -> ``trial.single``; report -> ``api``;
+pick -> ``release.pick``; export -> ``release.export``; audit -> ``audit.canary``; config ->
+``config`` (and ``trial.setup`` for --check).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, NoReturn
 
-from core.errors import EXIT_DISK_FULL, DiskFull, UserInputError, disk_full
+from core.errors import DiskFull, UserInputError, disk_full
+from core.exits import EXIT_DISK_FULL, EXIT_SIGINT, EXIT_USAGE
 from orchestrator import __version__
 from orchestrator import config as config_mod
 from orchestrator.config import DEFAULT_ACCOUNTANT_TIMEOUT_S
@@ -35,8 +37,6 @@ from orchestrator.config.checks import MAX_EPSILON
 from orchestrator.config.paths import check_address_form, check_path_form
 from orchestrator.sweep.signals import ignore_further_signals
 
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
 #: Path arguments (argparse dest -> the name the user typed, and whether dpsweep creates it),
 #: checked in form before any command.
 PATH_ARGS = {"out": ("--out", True), "run_dir": ("RUN_DIR", False), "config": ("CONFIG", False),
@@ -46,7 +46,8 @@ PATH_ARGS = {"out": ("--out", True), "run_dir": ("RUN_DIR", False), "config": ("
 #: commands that train nothing never import torch, Ray or Optuna through another command.
 COMMANDS = {"budget": "orchestrator.cli_budget",
             "run": "orchestrator.sweep.commands", "resume": "orchestrator.sweep.commands",
-            "demo": "orchestrator.sweep.commands", "train": "orchestrator.trial.single",
+            "demo": "orchestrator.sweep.commands", "reaudit": "orchestrator.sweep.reaudit",
+            "train": "orchestrator.trial.single",
             "report": "orchestrator.api", "pick": "orchestrator.release.pick",
             "export": "orchestrator.release.export", "audit": "orchestrator.audit.canary",
             "config": "orchestrator.trial.setup"}
@@ -112,6 +113,10 @@ def cmd_run(args: argparse.Namespace, sweep: ModuleType) -> int:
 
 def cmd_resume(args: argparse.Namespace, sweep: ModuleType) -> int:
     return int(sweep.resume(args))
+
+
+def cmd_reaudit(args: argparse.Namespace, reaudit: ModuleType) -> int:
+    return int(reaudit.reaudit(args))
 
 
 def cmd_report(args: argparse.Namespace, api: ModuleType) -> int:
@@ -204,6 +209,28 @@ def _add_resume(sub: Any) -> None:
     rs.set_defaults(func=cmd_resume)
 
 
+def _add_reaudit(sub: Any) -> None:
+    """``dpsweep reaudit``'s arguments."""
+    ra = sub.add_parser(
+        "reaudit", help="run the membership audit again, without training, for finished "
+                        "trials whose audit failed or is missing",
+        description="Verify RUN_DIR as resume does (a changed file, a checkpoint included, is "
+                    "refused: exit 2, nothing written), audit each chosen trial from its stored "
+                    "checkpoint on Ray, record the results and rebuild the report. An audit "
+                    "that stands is never run again. Exit 3 when an audit fails again.")
+    ra.add_argument("run_dir", help="RUN_DIR of the sweep")
+    which = ra.add_mutually_exclusive_group()
+    which.add_argument("--trial", action="append", metavar="ID",
+                       help="only this trial (repeatable); default: every finished trial the "
+                            "sweep's audit covers whose audit failed or is missing")
+    which.add_argument("--all", action="store_true",
+                       help="every finished trial without an audit, also outside the audit's "
+                            "scope (audit.scope = 'front')")
+    ra.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or local Ray)")
+    ra.add_argument("--quiet", action="store_true", help="no progress output (for CI)")
+    ra.set_defaults(func=cmd_reaudit)
+
+
 def _add_report(sub: Any) -> None:
     """``dpsweep report``'s arguments."""
     rp = sub.add_parser("report", help="(re)build the report from stored results only")
@@ -290,8 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="dpsweep", description=__doc__.splitlines()[0])
     p.add_argument("--version", action="version", version=f"dpsweep {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for add in (_add_budget, _add_run, _add_resume, _add_report, _add_pick, _add_export, _add_audit,
-                _add_train, _add_demo, _add_config):
+    for add in (_add_budget, _add_run, _add_resume, _add_reaudit, _add_report, _add_pick,
+                _add_export, _add_audit, _add_train, _add_demo, _add_config):
         add(sub)
     return p
 
@@ -357,7 +384,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # CalibrationInterrupted included: never an RDP fallback
         ignore_further_signals()
         sys.stderr.write("dpsweep: interrupted\n")
-        return EXIT_INTERRUPTED
+        return EXIT_SIGINT
     except BaseException as exc:  # a sweep's stop on a full disk may be a BaseException too
         line = not_writable_line(args, exc)
         if line is not None:

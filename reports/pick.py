@@ -196,8 +196,9 @@ def _no_pool(frame: pd.DataFrame, *, scope: str, run_dir: object) -> UserInputEr
     why = ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "no trials"
     return UserInputError(field="RUN_DIR", value=_shown(run_dir),
                           allowed=f"at least one finished, audited, non-degenerate DP trial in "
-                                  f"{scope} (run the audit first if none is audited; here: "
-                                  f"{why})")
+                                  f"{scope} (run the audit first if none is audited: `dpsweep "
+                                  f"reaudit RUN_DIR` audits finished trials without training "
+                                  f"them; here: {why})")
 
 
 def _shown(run_dir: object) -> str:

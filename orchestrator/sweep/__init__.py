@@ -1,7 +1,8 @@
-"""``dpsweep run`` / ``resume`` / ``demo``: the sweep, by concern.
+"""``dpsweep run`` / ``resume`` / ``demo`` / ``reaudit``: the sweep, by concern.
 
-``commands`` (the three commands as the command line runs them), ``driver`` (``run_sweep``,
-``resume_sweep``: validation, the run directory, Ray), whose attempt is ``search`` (the studies,
+``commands`` (the first three as the command line runs them), ``reaudit`` (the membership audit
+of finished trials again, without training), ``driver`` (``run_sweep``, ``resume_sweep``:
+validation, the run directory, Ray), whose attempt is ``search`` (the studies,
 the trial configs and the Tune experiment), ``aftersearch`` (fronts, audits, re-runs and the
 baseline after the search) and ``records`` (rows, trial records, progress lines, the summary);
 ``signals`` (how a sweep is stopped by a signal), ``progress`` (its progress bars),

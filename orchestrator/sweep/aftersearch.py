@@ -5,6 +5,8 @@ finished on disk but not in the results (the driver stopped in between).
 ``AfterSearchJobs`` is the part of the driver (``orchestrator.sweep.driver._Driver``) that plans
 those jobs (``orchestrator.sweep.jobs``) and records what they return. A job whose reason is a
 full disk stops the sweep (it runs again on resume); a signal stops it as during the search.
+``dpsweep reaudit`` (``orchestrator.sweep.reaudit``) runs the same audit jobs, recorded the same
+way, for trials whose audit failed or is missing (``audit_again``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,16 @@ from reports.pareto import wilson_interval
 
 #: What separates a re-run's id from the trial it repeats (``<trial id>-r<k>``).
 RERUN_SEPARATOR = "-r"
+#: The progress bars' titles of the jobs after the search and of ``dpsweep reaudit``'s.
+AFTER_SEARCH = "after the search"
+REAUDIT = "re-audit"
+#: What ``mia_layers`` holds in a row without an audit (``store.empty_audit``), or an old one.
+NO_LAYERS = ("", "[]")
+
+
+def has_audit(row: dict[str, Any]) -> bool:
+    """Whether a results row holds an audit's columns (a failed or missing one holds none)."""
+    return isinstance(row.get("mia_layers"), str) and row["mia_layers"] not in NO_LAYERS
 
 
 class AfterSearchJobs(SweepState):
@@ -74,22 +86,39 @@ class AfterSearchJobs(SweepState):
         if jobs:
             self._run_jobs(jobs)
 
+    def audit_scope(self, fronts: dict[str, list[str]] | None = None) -> list[str]:
+        """The trials the sweep's membership audit covers: each study's front (``front_ids``,
+        or ``fronts`` when given) when it runs after the search with ``audit.scope =
+        "front"``, else every finished trial."""
+        cfg = self.cfg
+        if not cfg.audit.in_trial and cfg.audit.scope == "front":
+            chosen = self.front_ids() if fronts is None else fronts
+            return sorted(t for ids in chosen.values() for t in ids)
+        return sorted(t for t, r in self.rows.items() if r["status"] == OK)
+
     def _audit_jobs(self, fronts: dict[str, list[str]]) -> list[postsweep.Job]:
         """The after-sweep audits (``audit.in_trial = false``) of the fronts or of every
         finished trial, less those audited or recovered already."""
-        cfg, jobs = self.cfg, []
+        cfg = self.cfg
         if not (cfg.audit.enabled and not cfg.audit.in_trial):
-            return jobs
+            return []
+        return self._jobs_to_audit(self.audit_scope(fronts))
+
+    def audit_again(self, todo: list[str]) -> None:
+        """``dpsweep reaudit``: the audits of the finished trials ``todo`` run and recorded as
+        after the search (one recorded on disk already is taken as it is)."""
+        jobs = self._jobs_to_audit(todo)
+        if jobs:
+            self._run_jobs(jobs, desc=REAUDIT)
+
+    def _jobs_to_audit(self, todo: list[str]) -> list[postsweep.Job]:
+        """Audit jobs of the trials ``todo``, less those audited or recovered already."""
+        cfg, jobs = self.cfg, []
         plans = {p.name: p for p in self.plans}
         settings = audit_settings(cfg)
-        todo = (sorted(t for ids in fronts.values() for t in ids) if cfg.audit.scope == "front"
-                else sorted(t for t, r in self.rows.items() if r["status"] == OK))
         for tid in todo:
-            if isinstance(self.rows[tid].get("mia_layers"), str) and \
-                    self.rows[tid]["mia_layers"] not in ("", "[]"):
-                continue
-            if self._recover(postsweep.Job(postsweep.JobKind.AUDIT, tid,
-                                           postsweep.audit_job, {})):
+            if has_audit(self.rows[tid]) or self._recover(postsweep.Job(
+                    postsweep.JobKind.AUDIT, tid, postsweep.audit_job, {})):
                 continue
             spec = self._spec_of(tid)
             plan = plans[self.rows[tid]["study"]]
@@ -126,11 +155,10 @@ class AfterSearchJobs(SweepState):
                                               {"config": config}))
         return jobs
 
-    def _run_jobs(self, jobs: list[postsweep.Job]) -> None:
+    def _run_jobs(self, jobs: list[postsweep.Job], *, desc: str = AFTER_SEARCH) -> None:
         """The jobs on Ray under a progress bar; each result recorded as it comes."""
         cfg = self.cfg
-        with progress(total=len(jobs), desc="after the search",
-                      quiet=self.quiet) as bar:
+        with progress(total=len(jobs), desc=desc, quiet=self.quiet) as bar:
             self.bar, self.bar_counts_records = bar, False
 
             def done(job: Any, result: dict[str, Any] | None, error: str) -> None:

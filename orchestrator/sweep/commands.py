@@ -1,8 +1,10 @@
 """``dpsweep run`` / ``resume`` / ``demo`` as the command line runs them (``orchestrator.cli``
 imports this module only when one of them runs: it brings Ray, Optuna and torch).
 
-An interrupt ends with one line that names the run directory to resume, and the exit code of the
-signal (:func:`sweep`); a second Ctrl-C during Ray's own exit handlers is no error.
+A sweep that ran to its end exits 0 only when no trial and no audit failed; otherwise one line
+says what failed and the exit code is ``core.exits.EXIT_FAILURES`` (:func:`sweep`). An
+interrupt ends with one line that names the run directory to resume, and the exit code of the
+signal; a second Ctrl-C during Ray's own exit handlers is no error.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 from orchestrator import config as config_mod
 from orchestrator.config import Config
@@ -63,17 +66,37 @@ def out_dir(args: argparse.Namespace, *, stem: str) -> Path:
     return args.sweep_dir
 
 
-def sweep(action: Callable[[], object]) -> int:
-    """Run a sweep; an interrupt is one line with the resume hint and the signal's exit code."""
+class Finished(Protocol):
+    """How a command that ran to its end went (``driver.SweepSummary``,
+    ``reaudit.ReauditSummary``)."""
+
+    @property
+    def exit_code(self) -> int: ...
+
+    def failure_line(self) -> str: ...
+
+
+def resume_hint(run_dir: Path | None) -> str:
+    """The command that continues an interrupted sweep."""
+    return f"dpsweep resume {run_dir}"
+
+
+def sweep(action: Callable[[], Finished], *,
+          again: Callable[[Path | None], str] = resume_hint) -> int:
+    """Run a sweep (or ``reaudit``) and return its exit code: 0, or ``EXIT_FAILURES`` with one
+    line on what failed. An interrupt is one line with the command that continues (``again``)
+    and the signal's exit code."""
     os.environ.setdefault(TUNE_TRIAL_ERRORS_ENV, "0")
     try:
-        action()
+        finished = action()
     except Interrupted as exc:
         ignore_further_signals()  # Ray's exit handlers still run: a second Ctrl-C is no error
         sys.stderr.write(f"dpsweep: {exc}; the run directory is consistent: continue with "
-                         f"`dpsweep resume {exc.run_dir}`\n")
+                         f"`{again(exc.run_dir)}`\n")
         return exc.exit_code
-    return 0
+    if finished.exit_code:
+        sys.stderr.write(f"dpsweep: {finished.failure_line()}\n")
+    return finished.exit_code
 
 
 def demo(args: argparse.Namespace) -> int:

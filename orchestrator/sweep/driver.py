@@ -23,12 +23,13 @@ trial directories (``studies.reconcile``): no finished trial trained twice, none
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ import optuna
 
 from core import layout
 from core.errors import UserInputError
+from core.exits import outcome_code
 from core.vocabulary import FAILED, PRUNED
 from orchestrator import config as config_mod
 from orchestrator.audit.membership import AuditSettings, check_settings
@@ -48,7 +50,7 @@ from orchestrator.rundir import RunDir, check_creatable
 from orchestrator.sweep import ray_start
 from orchestrator.sweep.aftersearch import AfterSearchJobs
 from orchestrator.sweep.plans import precompute, study_plans
-from orchestrator.sweep.records import SweepRecords
+from orchestrator.sweep.records import SweepRecords, failed_audits
 from orchestrator.sweep.resume_checks import check_records, check_storage, stopped_by
 from orchestrator.sweep.search import SweepSearch
 from orchestrator.sweep.signals import Interrupted, _signals, _StopFlag
@@ -63,12 +65,49 @@ from trainables.methods import prepared_params
 
 @dataclasses.dataclass
 class SweepSummary:
+    """How a sweep ended: what ``api.run`` / ``api.resume`` return and the CLI's exit code
+    (``exit_code``) is made from. The counts are over the whole run, earlier attempts included."""
+
     run_dir: Path
+    #: Results rows (trials, re-runs and the baseline).
     rows: int
+    #: Trials that failed in training.
     failed: int
     seconds: float
     report: Path | None
     pruned: int = 0
+    #: Finished trials whose membership audit failed: trial id -> the reason (``audit_error``);
+    #: ``dpsweep reaudit`` audits them again without training.
+    failed_audits: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    @property
+    def audits_failed(self) -> int:
+        return len(self.failed_audits)
+
+    @property
+    def exit_code(self) -> int:
+        """``core.exits.EXIT_FAILURES`` when any trial or audit failed, else 0."""
+        return outcome_code(trials_failed=self.failed, audits_failed=self.audits_failed)
+
+    def counts_text(self) -> str:
+        """``N trials (F failed, A audits failed, P pruned)``, the parts that are not 0 after
+        the failures."""
+        audits = self.audits_failed
+        return (f"{self.rows} trials ({self.failed} failed"
+                + (f", {audits} audit{'' if audits == 1 else 's'} failed" if audits else "")
+                + (f", {self.pruned} pruned" if self.pruned else "") + ")")
+
+    def failure_line(self) -> str:
+        """What failed, in one line, with where the reasons are and what to do next."""
+        parts = [f"{self.failed} of {self.rows} trials failed"] if self.failed else []
+        if self.failed_audits:
+            tid, reason = min(self.failed_audits.items())
+            more = self.audits_failed - 1
+            parts.append(f"{self.audits_failed} audit{'' if more == 0 else 's'} failed ({tid}: "
+                         f"{reason}" + (f"; {more} more" if more else "") + ")")
+        then = (f"; `dpsweep reaudit {self.run_dir}` audits them again without training"
+                if self.failed_audits else "")
+        return ", ".join(parts) + "; the report lists every reason" + then
 
 
 class _Driver(SweepSearch, AfterSearchJobs, SweepRecords):
@@ -115,15 +154,15 @@ class _Driver(SweepSearch, AfterSearchJobs, SweepRecords):
         if len(frame):
             report = build_report(self.run.path, prepared=prepared_params())
         status = frame["status"] if len(frame) else None
-        pruned = int((status == PRUNED).sum()) if status is not None else 0
-        summary = SweepSummary(run_dir=self.run.path, rows=len(frame),
-                               failed=int((status == FAILED).sum()) if status is not None
-                               else 0, seconds=time.time() - self.start, report=report,
-                               pruned=pruned)
+        summary = SweepSummary(
+            run_dir=self.run.path, rows=len(frame),
+            failed=int((status == FAILED).sum()) if status is not None else 0,
+            pruned=int((status == PRUNED).sum()) if status is not None else 0,
+            failed_audits=failed_audits(frame.to_dict("records")),
+            seconds=time.time() - self.start, report=report)
         if not self.quiet:
-            print(f"sweep finished: {summary.rows} trials ({summary.failed} failed"
-                  + (f", {pruned} pruned" if pruned else "")
-                  + f") in {summary.seconds:.0f} s", flush=True)
+            print(f"sweep finished: {summary.counts_text()} in {summary.seconds:.0f} s",
+                  flush=True)
         if report is not None:
             print(f"report: {report}", flush=True)
         return summary
@@ -171,6 +210,14 @@ TUNE_QUIET_ENV = {"RAY_AIR_NEW_OUTPUT": "0", "TUNE_DISABLE_STRICT_METRIC_CHECKIN
 
 #: Ray's loggers of Tune's experiment-state copies (Ray 2.60).
 TUNE_STATE_LOGGERS = ("ray.tune.execution.experiment_state", "ray.train._internal.syncer")
+#: Tune's closing complaint about trials that did not end TERMINATED (Ray 2.60): each failed
+#: trial is recorded with its reason, and the sweep's one line says how many failed.
+TUNE_INCOMPLETE_LOGGER = "ray.tune.tune"
+TUNE_INCOMPLETE = "Trials did not complete"
+
+
+def _not_tunes_incomplete_line(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith(TUNE_INCOMPLETE)
 
 
 def _quiet_libraries() -> None:
@@ -185,16 +232,19 @@ def _quiet_libraries() -> None:
     # its tracebacks buried the one line that does (orchestrator.sweep.resume_checks).
     for name in TUNE_STATE_LOGGERS:
         logging.getLogger(name).setLevel(logging.CRITICAL)
+    logging.getLogger(TUNE_INCOMPLETE_LOGGER).addFilter(_not_tunes_incomplete_line)  # once
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
-def _drive(setup: ResolvedSetup, run: RunDir, *, address: str | None, quiet: bool,
-           attempts: list[dict[str, Any]], command: str,
-           retry_failed: bool = False) -> SweepSummary:
+@contextlib.contextmanager
+def ray_session(setup: ResolvedSetup, run: RunDir, *, address: str | None, quiet: bool,
+                flag: _StopFlag) -> Iterator[None]:
+    """Ray for one command on ``run`` (a sweep, or ``dpsweep reaudit``): local on loopback or
+    the cluster at ``address`` (its resources and shared storage checked), with the user's code
+    shipped, under the stop flag's signal handlers; shut down however the command ends."""
     cfg = setup.config
     _quiet_libraries()
-    flag = _StopFlag()
     with _signals(flag):
         try:
             env = (connection.code_runtime_env(cfg.model.code_dir, skip=[run.path])
@@ -207,24 +257,31 @@ def _drive(setup: ResolvedSetup, run: RunDir, *, address: str | None, quiet: boo
                                 memory_per_trial_mb=cfg.resources.memory_per_trial_mb or None,
                                 max_concurrent=cfg.sweep.max_concurrent_trials, info=info)
             storage.check_storage(run.path)
-            begin_attempt(run, attempts, command=command)  # every check passed: it starts
-            driver = _Driver(setup, run, quiet=quiet, attempts=attempts,
-                             retry_failed=retry_failed)
-            driver.flag = flag
-            studies, tallies = driver.open_studies()
-            precompute(setup, run=run, plans=[p for p in driver.plans if p.n_trials],
-                       data=driver.data, quiet=quiet, calibration=driver.certified)
-            driver.tune(studies, tallies, flag)
-            return driver.finish()
+            yield
         finally:
             connection.shutdown()
+
+
+def _drive(setup: ResolvedSetup, run: RunDir, *, address: str | None, quiet: bool,
+           attempts: list[dict[str, Any]], command: str,
+           retry_failed: bool = False) -> SweepSummary:
+    flag = _StopFlag()
+    with ray_session(setup, run, address=address, quiet=quiet, flag=flag):
+        begin_attempt(run, attempts, command=command)  # every check passed: it starts
+        driver = _Driver(setup, run, quiet=quiet, attempts=attempts, retry_failed=retry_failed)
+        driver.flag = flag
+        studies, tallies = driver.open_studies()
+        precompute(setup, run=run, plans=[p for p in driver.plans if p.n_trials],
+                   data=driver.data, quiet=quiet, calibration=driver.certified)
+        driver.tune(studies, tallies, flag)
+        return driver.finish()
 
 
 def run_sweep(cfg: Config, *, run_dir: Path, address: str | None = None,
               quiet: bool = False) -> SweepSummary:
     """A new sweep into a new (or empty) RUN_DIR; ``cfg`` is resolved once here for the whole
     sweep."""
-    address = _address(address)
+    address = address_of(address)
     setup = resolve(cfg)
     _validate_before_ray(setup, out=Path(run_dir), address=address)
     with ray_start.discarded_if_ray_fails(Path(run_dir)):  # no half-made run left behind
@@ -239,19 +296,11 @@ def resume_sweep(run_dir: Path, *, address: str | None = None, quiet: bool = Fal
     """Continue an interrupted sweep from its verified state (config + Optuna + records);
     ``retry_failed`` trains failed re-runs again (a failed search trial stays failed: its
     point was chosen and its record is the sampler's)."""
-    address = _address(address)
+    address = address_of(address)
     run = RunDir.open(Path(run_dir), write=True)
 
     def verified_config() -> ResolvedSetup:
-        if run.manifest.get("kind") != "sweep":
-            raise UserInputError(field="RUN_DIR", value=str(run_dir),
-                                 allowed=f"the run directory of a sweep (this one is a "
-                                         f"{run.manifest.get('kind')!r} run: nothing to resume)")
-        check_records(run)  # Optuna's storage and the code and data hashes included
-        setup = resolve(config_mod.load(run.verify(layout.CONFIG)))
-        run.check_inputs(setup.input_fingerprints())
-        _validate_before_ray(setup, out=None, address=address)
-        check_storage(run)  # optuna.db agrees with the trial records: nothing trained twice
+        setup = verified_setup(run, run_dir=Path(run_dir), address=address, doing="resume")
         if not quiet:
             print(f"resuming {run.path}", flush=True)
         return setup
@@ -261,38 +310,71 @@ def resume_sweep(run_dir: Path, *, address: str | None = None, quiet: bool = Fal
                               command="resume --retry-failed" if retry_failed else "resume")
 
 
-def _address(address: str | None) -> str | None:
+def verified_setup(run: RunDir, *, run_dir: Path, address: str | None,
+                   doing: str) -> ResolvedSetup:
+    """The sweep in ``run`` (locked) resolved after every check a resume makes before Ray or
+    any code the config names runs: a sweep's directory, every file the manifest lists unchanged
+    (checkpoints included), the results store, the Optuna storage, the code and data hashes, the
+    config, resources, data and the address. ``doing`` names the command in the refusal of a
+    run directory that is no sweep's."""
+    if run.manifest.get("kind") != "sweep":
+        raise UserInputError(field="RUN_DIR", value=str(run_dir),
+                             allowed=f"the run directory of a sweep (this one is a "
+                                     f"{run.manifest.get('kind')!r} run: nothing to {doing})")
+    check_records(run)  # Optuna's storage and the code and data hashes included
+    setup = resolve(config_mod.load(run.verify(layout.CONFIG)))
+    run.check_inputs(setup.input_fingerprints())
+    _validate_before_ray(setup, out=None, address=address)
+    check_storage(run)  # optuna.db agrees with the trial records: nothing trained twice
+    return setup
+
+
+def address_of(address: str | None) -> str | None:
     """``--address`` (refused when given empty), else RAY_ADDRESS, else None (a local Ray)."""
     check_address_form(address)
     return address or os.environ.get("RAY_ADDRESS") or None
 
 
-def _drive_and_release(run: RunDir, config: Callable[[], ResolvedSetup], *,
-                       address: str | None,
-                       quiet: bool, command: str, retry_failed: bool = False) -> SweepSummary:
-    """Drive the sweep in a locked run directory; the lock is released however it ends, and
-    an interrupt or a full disk names the directory to resume. The attempt is recorded once
-    everything is validated, with how it ended where the process lives to say so."""
-    attempts: list[dict[str, Any]] = []
-    before = 0
+@contextlib.contextmanager
+def released(run: RunDir, *, ended: Callable[[str], None] | None = None) -> Iterator[None]:
+    """A command's work in the locked ``run`` (a sweep attempt, ``dpsweep reaudit``): the lock
+    is released however it ends, and an interrupt or a full disk carries the directory to
+    continue in. ``ended("interrupted" | "failed")`` records how it ended first."""
     try:
-        setup = config()
-        attempts.extend(read_attempts(run))  # checked before Ray; this one is begun in _drive
-        before = len(attempts)
-        return _drive(setup, run, address=address, quiet=quiet, attempts=attempts,
-                      command=command, retry_failed=retry_failed)
+        yield
     except Interrupted as exc:
         exc.run_dir = run.path
-        end_if_begun(run, attempts, before=before, ended="interrupted")
+        if ended is not None:
+            ended("interrupted")
         raise
     except Exception as exc:
-        end_if_begun(run, attempts, before=before, ended="failed")
+        if ended is not None:
+            ended("failed")
         full = stopped_by(exc, run.path)
         if full is None or full is exc:
             raise
         raise full from exc
     finally:
         run.release()
+
+
+def _drive_and_release(run: RunDir, config: Callable[[], ResolvedSetup], *,
+                       address: str | None,
+                       quiet: bool, command: str, retry_failed: bool = False) -> SweepSummary:
+    """Drive the sweep in a locked run directory (:func:`released`). The attempt is recorded
+    once everything is validated, with how it ended where the process lives to say so."""
+    attempts: list[dict[str, Any]] = []
+    before = 0
+
+    def ended(how: str) -> None:
+        end_if_begun(run, attempts, before=before, ended=how)
+
+    with released(run, ended=ended):
+        setup = config()
+        attempts.extend(read_attempts(run))  # checked before Ray; this one is begun in _drive
+        before = len(attempts)
+        return _drive(setup, run, address=address, quiet=quiet, attempts=attempts,
+                      command=command, retry_failed=retry_failed)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,14 @@ PAPER_PRESET = "paper"
 
 def read_json(path: Path) -> Any:
     return json.loads(Path(path).read_text())
+
+
+def failed_audits(rows: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """Finished trials whose membership audit failed: trial id -> the reason (``audit_error``).
+    The trained model is kept, so ``dpsweep reaudit`` can audit it again without training."""
+    return {str(r["trial_id"]): r["audit_error"] for r in rows
+            if r.get("status") == OK and isinstance(r.get("audit_error"), str)
+            and r["audit_error"]}
 
 
 class SweepRecords(SweepState):
@@ -106,6 +115,7 @@ class SweepRecords(SweepState):
                 f", peak MIA {row['peak_mia_accuracy']:.3f}"
                 if isinstance(row.get("peak_mia_accuracy"), float)
                 and math.isfinite(row["peak_mia_accuracy"]) else "")
+                + (f", audit FAILED: {row['audit_error']}" if row.get("audit_error") else "")
                     if ok else f"FAILED: {row['error']}")
         line = (f"[{plan.name}] {row['trial_id']}: {what} | done {done}, "
                 + (f"pruned {pruned}, " if pruned else "") + f"failed {failed}, "

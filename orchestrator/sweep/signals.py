@@ -21,9 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-#: Exit codes of a sweep stopped by a signal (128 + signal number, as shells report them).
-EXIT_SIGINT = 130
-EXIT_SIGTERM = 143
+from core.exits import EXIT_SIGINT, EXIT_SIGTERM
 
 
 class Interrupted(BaseException):

@@ -24,6 +24,7 @@ from reports.html.fmt import (
     ids_text,
 )
 from reports.html.records import RunData, as_float
+from reports.html.validity import REAUDIT_COMMAND, STAGE_AUDIT, failed_frame
 from reports.pareto import (
     ACC,
     ACC_HI,
@@ -98,7 +99,22 @@ def glance(data: RunData, front_list: Sequence[Front]) -> str:
              f"{int((exclusion_reasons(data.frame) != '').sum())} kept off the fronts"]
     return ("<p><b>At a glance</b> (accuracies and MIA: "
             f'<span class="nc">{NOT_COVERED_TAG}</span>). '
-            + " ".join(parts) + " Trials flagged: " + esc("; ".join(flags)) + ".</p>")
+            + " ".join(parts) + " Trials flagged: " + esc("; ".join(flags)) + "."
+            + _failed_audits_text(data) + "</p>")
+
+
+def _failed_audits_text(data: RunData) -> str:
+    """Each finished trial whose audit failed, with the reason: such a trial has no peak MIA,
+    so it is on no front and no pick, although its model was trained and kept."""
+    failed = failed_frame(data)
+    failed = failed[failed["stage"] == STAGE_AUDIT]
+    if failed.empty:
+        return ""
+    named = "; ".join(f"<b>{esc(r.trial_id)}</b>: {esc(r.error)}" for r in failed.itertuples())
+    return (f" <b>{count_text(len(failed), 'audit')} failed</b> ({named}): "
+            f"{'that trial is' if len(failed) == 1 else 'those trials are'} on no front until "
+            f"<code>{REAUDIT_COMMAND}</code> audits "
+            f"{'it' if len(failed) == 1 else 'them'} again (no training).")
 
 
 def header_section(data: RunData) -> str:

@@ -31,6 +31,11 @@ from reports.pareto import sort_trials
 from reports.store import COLUMNS
 
 AUDIT_ERROR = "audit_error"
+#: The stage a failure happened in (the failed-trials table and CSV, the at-a-glance line).
+STAGE_TRAINING = "training"
+STAGE_AUDIT = "audit"
+#: The command that audits finished trials again without training them (``dpsweep reaudit``).
+REAUDIT_COMMAND = "dpsweep reaudit RUN_DIR"
 
 
 def budget_frame(data: RunData) -> pd.DataFrame:
@@ -134,10 +139,10 @@ def failed_frame(data: RunData) -> pd.DataFrame:
     frame = data.frame
     bad = frame[~frame["status"].isin([OK, PRUNED])]
     out = pd.DataFrame({"trial_id": bad["trial_id"], "series": bad["series"],
-                        "stage": "training", "error": bad["error"]})
+                        "stage": STAGE_TRAINING, "error": bad["error"]})
     audit_bad = frame[(frame["status"] == OK) & (frame[AUDIT_ERROR] != "")]
     out = pd.concat([out, pd.DataFrame({
-        "trial_id": audit_bad["trial_id"], "series": audit_bad["series"], "stage": "audit",
+        "trial_id": audit_bad["trial_id"], "series": audit_bad["series"], "stage": STAGE_AUDIT,
         "error": audit_bad[AUDIT_ERROR]})])
     return sort_trials(out).reset_index(drop=True)
 
@@ -147,11 +152,12 @@ def failed_section(failed: pd.DataFrame) -> str:
         return "<p>No trial failed.</p>"
     rows = [[esc(r["trial_id"]), esc(r["series"]), esc(r["stage"]),
              esc(r["error"] or "(no reason recorded)")] for _, r in failed.iterrows()]
-    training = int((failed["stage"] == "training").sum())
+    training = int((failed["stage"] == STAGE_TRAINING).sum())
     audit = len(failed) - training
     return (f"<p>{count_text(training, 'trial')} failed in training; the sweep went on without "
-            "them." + (f" {count_text(audit, 'finished trial')} could not be audited." if audit
-                       else "") + "</p>"
+            "them." + (f" {count_text(audit, 'finished trial')} could not be audited: "
+                       f"<code>{REAUDIT_COMMAND}</code> audits them again from their stored "
+                       "checkpoints, without training." if audit else "") + "</p>"
             + table_html([th("trial"), th("series"), th("stage"), th("reason")], rows))
 
 

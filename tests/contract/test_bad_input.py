@@ -390,7 +390,8 @@ def _unknown_run(command: str) -> Callable[[Ctx], list[str]]:
 
 def _on_run(command: str, ctx: Ctx, run: Path) -> list[str]:
     extra = {"export": ["--trial", TRIAL, "--out", ctx.path("release")],
-             "audit": ["--trial", TRIAL], "resume": ["--quiet"]}.get(command, [])
+             "audit": ["--trial", TRIAL], "resume": ["--quiet"],
+             "reaudit": ["--quiet"]}.get(command, [])
     return [command, str(run), *extra]
 
 
@@ -786,9 +787,10 @@ CASES = [
          "not /proc"),
     # ---- RUN_DIR -------------------------------------------------------------------------------
     *(Case(f"{c}-unknown-run-dir", _unknown_run(c), "RUN_DIR", "no-such-run",
-           "run directory") for c in ("report", "pick", "export", "resume", "audit")),
+           "run directory") for c in ("report", "pick", "export", "resume", "reaudit",
+                                      "audit")),
     *(Case(f"{c}-without-manifest", _no_manifest(c), "RUN_DIR", "/run'", NO_MANIFEST)
-      for c in ("report", "pick", "export", "resume", "audit")),
+      for c in ("report", "pick", "export", "resume", "reaudit", "audit")),
     *(Case(f"{c}-edited-results", _edited_results(c), "RUN_DIR", "'results.parquet'", HASH)
       for c in ("report", "pick", "export", "audit")),
     *(Case(f"{c}-edited-privacy-record", _edited_privacy(c), "RUN_DIR", PRIVACY, HASH)
@@ -898,6 +900,7 @@ def guarded(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
         raise _Reached("validation passed: the command went on to its expensive stage")
 
     for module, names in (("orchestrator.sweep.driver", ["_drive"]),
+                          ("orchestrator.sweep.reaudit", ["_reaudit"]),
                           ("orchestrator.audit.canary", ["black_box_run", "white_box_run"])):
         loaded = importlib.import_module(module)
         for name in names:
@@ -915,7 +918,7 @@ def test_bad_input(case: Case, runs: Runs, tmp_path: Path, guarded: pytest.Monke
                    capsys: pytest.CaptureFixture[str]) -> None:
     ctx = Ctx(tmp=tmp_path, runs=runs, monkeypatch=guarded)
     argv = case.argv(ctx)
-    locking = argv[0] in ("resume", "audit")  # may refresh the lock's bookkeeping only
+    locking = argv[0] in ("resume", "reaudit", "audit")  # may refresh the lock's bookkeeping
     ignore = (LOCK, LOCK_INFO) if locking else ()
     before = snapshot(tmp_path, ignore=ignore)
     capsys.readouterr()

@@ -333,7 +333,9 @@ def test_a_sweep_keeps_tunes_trial_tracebacks_off_the_terminal(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A killed worker's ActorDiedError is recorded as the trial's failure, not printed."""
     from orchestrator.sweep import commands
+    from orchestrator.sweep.driver import SweepSummary
 
     monkeypatch.delenv(commands.TUNE_TRIAL_ERRORS_ENV, raising=False)
-    assert commands.sweep(lambda: None) == 0
+    done = SweepSummary(run_dir=Path("run"), rows=0, failed=0, seconds=0.0, report=None)
+    assert commands.sweep(lambda: done) == 0
     assert os.environ[commands.TUNE_TRIAL_ERRORS_ENV] == "0"
