@@ -70,6 +70,8 @@ FILE_MODE_MASK = 0o666
 ALLOW_REPLAYABLE_FLAG = "--allow-replayable"
 ALLOW_INVALID_FLAG = "--allow-invalid-dp"
 OUT_FIELD = "--out"
+#: The first word of :meth:`ExportResult.summary`.
+SUMMARY_VERB = "exported"
 #: model.json's note on a trial exported at chance level.
 DEGENERATE_NOTE = "exported with --allow-degenerate: the trial is at chance level"
 
@@ -88,9 +90,12 @@ class ExportResult:
     model: dict[str, Any]
 
     def summary(self) -> str:
+        """``exported OUT: <files>``, then any warning and the privacy headline, a line each
+        (``pick --export`` puts the lines under its own ``exported`` label)."""
         code = sum(1 for f in self.files if f.startswith(f"{EXPORT_CODE}/"))
-        names = [*RELEASE_FILES[:-2], f"{EXPORT_CODE}/ ({code} files)", *RELEASE_FILES[-2:]]
-        lines = [f"exported {self.out}: {', '.join(names)}"]
+        counted = f"{code} file" if code == 1 else f"{code} files"
+        names = [*RELEASE_FILES[:-2], f"{EXPORT_CODE}/ ({counted})", *RELEASE_FILES[-2:]]
+        lines = [f"{SUMMARY_VERB} {self.out}: {', '.join(names)}"]
         if self.model.get("degenerate"):
             lines.append(f"WARNING: {self.model['degenerate']}")
         return "\n".join([*lines, self.statement.headline])

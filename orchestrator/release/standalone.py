@@ -12,8 +12,9 @@ nor dpsweep. So the export carries the code itself, under ``code/``:
   ``__init__.py``), copied as they are: no second copy of the architectures to drift.
 
 ``load.py`` is ``orchestrator/release/loader.py`` copied unchanged: plain Python on torch that
-checks each code file's SHA-256 against ``model.json`` before importing it, rebuilds the network,
-loads the weights (tensors only) and wraps it in the training input normalisation.
+checks that ``code/`` holds exactly the files ``model.json`` lists, each with its SHA-256, imports
+the network's source from the bytes it hashed (never from a bytecode cache), rebuilds the
+network, loads the weights (tensors only) and wraps it in the training input normalisation.
 """
 
 from __future__ import annotations

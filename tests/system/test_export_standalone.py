@@ -7,8 +7,9 @@ smallest dpsweep accepts for three classes, 90.) The project folder (code, data
 and run) is then moved away, and the snippet from ``docs/export.md`` runs verbatim in
 ``python -I -S``: site-packages on the path without their ``.pth`` files, so dpsweep's
 editable install is not importable either. It must name the test images' classes with the
-recorded test accuracy, predicting exactly what the training code predicts for every image.
-The same holds for a built-in model, whose code/ is dpsweep's own modules.
+recorded test accuracy, predicting exactly what the training code predicts for every image,
+and leave no bytecode cache in the export. The same holds for a built-in model, whose code/ is
+dpsweep's own modules.
 """
 
 from __future__ import annotations
@@ -173,6 +174,7 @@ def _run_fresh(where: Path, *, forbidden: list[str]) -> list[str]:
                           env={"PATH": "/usr/bin:/bin", "HOME": str(where)},
                           capture_output=True, text=True, timeout=TIMEOUT)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not list((where / "release").rglob("__pycache__"))  # loading wrote no bytecode
     lines = proc.stdout.splitlines()
     assert not [line for line in lines if line.startswith("LEAK")], lines
     names = [line.split("\t") for line in lines]
@@ -293,6 +295,7 @@ def test_a_built_in_model_export_runs_without_dpsweep(tmp_path: Path) -> None:
                           env={"PATH": "/usr/bin:/bin", "HOME": str(where)},
                           capture_output=True, text=True, timeout=TIMEOUT)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not list((where / "release").rglob("__pycache__"))  # loading wrote no bytecode
     assert "LEAK" not in proc.stdout, proc.stdout
     named = proc.stdout.split()
     assert named == [str(label) for label in expected]

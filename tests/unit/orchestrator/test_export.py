@@ -1,6 +1,7 @@
 """``orchestrator.release.bundle`` and ``statement``: the release holds the model, its code, a
 loader and its privacy statement, nothing else; ``dpsweep export`` refuses a degenerate trial
-unless asked. (``tests/system/test_export_standalone.py`` loads exports in a fresh process.)"""
+unless asked. (``test_export_loader.py`` tests load.py; ``tests/system/test_export_standalone.py``
+loads exports in a fresh process.)"""
 
 from __future__ import annotations
 
@@ -503,44 +504,6 @@ def test_display_rounding_never_overstates_protection() -> None:
     assert round_up(1.00001) == "1.0001"
     assert round_down(0.99999) == "0.9999"
     assert float(round_up(0.1 + 0.2)) >= 0.1 + 0.2
-
-
-# --------------------------------------------------------------------------------------------
-# load.py: the normalisation inside the model, and no code it was not given
-
-
-def test_raw_input_applies_the_training_normalisation_exactly(trained: Trained,
-                                                              release: Path) -> None:
-    from orchestrator.release.loader import RawInput
-    from trainables.data.splits import load_pool, normalise
-
-    info = json.loads((release / "model.json").read_text())
-    test = trained.data.test
-    raw = load_pool(dataset="digits").x[test.indices]
-    assert torch.equal(normalise(raw, dataset="digits"), test.x)  # the raw rows of the split
-    wrapped = RawInput(torch.nn.Identity(), normalization=info["input_normalization"],
-                       input_shape=info["input_shape"], classes=info["classes"])
-    assert torch.equal(wrapped(torch.from_numpy(raw)), test.x)
-    with pytest.raises(ValueError, match=r"raw inputs of shape \[N, 1, 8, 8\]"):
-        wrapped(torch.from_numpy(raw[0]))
-
-
-def test_loader_refuses_changed_extra_or_shadowed_code(release: Path, tmp_path: Path) -> None:
-    from orchestrator.release import loader
-
-    copy = tmp_path / "copy"
-    shutil.copytree(release, copy)
-    # Intact, but this process imported dpsweep's own trainables: refused, never mixed.
-    with pytest.raises(ImportError, match="already imported from elsewhere"):
-        loader.load(copy)
-    models = copy / "code" / "trainables" / "models" / "networks.py"
-    models.write_bytes(models.read_bytes() + b"\n# edited\n")
-    with pytest.raises(ImportError, match="changed since export"):
-        loader.load(copy)
-    shutil.copy(release / "code" / "trainables" / "models" / "networks.py", models)
-    (copy / "code" / "sitecustomize.py").write_text("raise SystemExit\n")
-    with pytest.raises(ImportError, match=r"model\.json lists"):
-        loader.load(copy)
 
 
 # --------------------------------------------------------------------------------------------
