@@ -30,6 +30,7 @@ from core.layout import RESULTS
 from orchestrator.config import Config, load, read_toml
 from orchestrator.config import from_dict as config_from_dict
 from orchestrator.config.paths import check_address_form, check_path_form
+from orchestrator.release.selection import read_selection
 from orchestrator.rundir import RunDir
 from reports.html import build_report
 from reports.store import read_results
@@ -91,7 +92,7 @@ def _with_model(raw: Mapping[str, Any], model: Callable[..., Any]) -> dict[str, 
 def resume(run_dir: str | Path, *, address: str | None = None, quiet: bool = True,
            retry_failed: bool = False) -> SweepSummary:
     """Continue an interrupted sweep; finished trials are kept (``retry_failed``: failed
-    re-runs are trained again)."""
+    trials and re-runs are trained again; refused under private tuning)."""
     from orchestrator.sweep.driver import resume_sweep
 
     check_address_form(address, field="address")
@@ -119,8 +120,12 @@ def results(run_dir: str | Path) -> pd.DataFrame:
 
 
 def report(run_dir: str | Path) -> Path:
-    """(Re)build the HTML report from the stored results; returns its path."""
-    RunDir.open(Path(run_dir), write=False).verify_all()
+    """(Re)build the HTML report from the stored results, once every listed file is unchanged
+    and the records of how the run selects agree (``orchestrator.release.selection``); returns
+    its path."""
+    run = RunDir.open(Path(run_dir), write=False)
+    run.verify_all()
+    read_selection(run, frame=read_results(run.path, allow_empty=True), release=False)
     return build_report(Path(run_dir), prepared=prepared_params())
 
 

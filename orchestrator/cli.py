@@ -12,7 +12,8 @@ names the module, imported only when its command runs), under ``orchestrator``: 
 ``cli_budget`` (``accounting.calibration``); run, resume, demo -> ``sweep.commands``
 (``sweep.driver``); reaudit -> ``sweep.reaudit``; train -> ``trial.single``; report -> ``api``;
 pick -> ``release.pick``; export -> ``release.export``; audit -> ``audit.canary``; config ->
-``config`` (and ``trial.setup`` for --check).
+``config`` (and ``trial.setup`` for --check). ``run`` and ``train`` read and validate their
+CONFIG first (``CONFIG_FIRST``), so a bad one is refused before those modules load.
 """
 
 from __future__ import annotations
@@ -51,6 +52,10 @@ COMMANDS = {"budget": "orchestrator.cli_budget",
             "report": "orchestrator.api", "pick": "orchestrator.release.pick",
             "export": "orchestrator.release.export", "audit": "orchestrator.audit.canary",
             "config": "orchestrator.trial.setup"}
+#: Commands whose CONFIG is read and validated before their module is imported (into
+#: ``args.cfg``): a missing, unparsable or invalid config is refused in about a second, as by
+#: ``config --check``, not after the 10-20 s that torch, Ray and Optuna take to load.
+CONFIG_FIRST = ("run", "train")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -92,7 +97,7 @@ def _up(value: float) -> str:
 
 
 def cmd_train(args: argparse.Namespace, single: ModuleType) -> int:
-    cfg = config_mod.load(args.config)
+    cfg = args.cfg
     out = Path(args.out)
 
     def progress(m: dict[str, Any]) -> None:
@@ -108,7 +113,7 @@ def cmd_demo(args: argparse.Namespace, sweep: ModuleType) -> int:
 
 
 def cmd_run(args: argparse.Namespace, sweep: ModuleType) -> int:
-    return int(sweep.run(args))
+    return int(sweep.run(args, cfg=args.cfg))
 
 
 def cmd_resume(args: argparse.Namespace, sweep: ModuleType) -> int:
@@ -205,7 +210,8 @@ def _add_resume(sub: Any) -> None:
     rs.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or local Ray)")
     rs.add_argument("--quiet", action="store_true", help="no progress output (for CI)")
     rs.add_argument("--retry-failed", action="store_true",
-                    help="train failed re-runs (sweep.seeds) again; failed search trials stay")
+                    help="train failed trials and re-runs again, with their own "
+                         "hyperparameters (not with sweep.tuning = 'private')")
     rs.set_defaults(func=cmd_resume)
 
 
@@ -377,6 +383,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         _check_path_forms(args)
+        if args.command in CONFIG_FIRST:
+            args.cfg = config_mod.load(args.config)
         return int(args.func(args, importlib.import_module(COMMANDS[args.command])) or 0)
     except UserInputError as exc:
         sys.stderr.write(f"dpsweep: error: {exc}\n")

@@ -388,6 +388,16 @@ class RunDir:
         files[rel] = {"sha256": digest, "size": len(data)}
         self._write_manifest()
 
+    def forget(self, rels: Iterable[str]) -> None:
+        """Take files out of the manifest, which no read then accepts (:meth:`verify`) and no
+        resume checks: the records of a failed trial that is trained again, which the retry
+        writes anew (a resume after an interrupted retry would find them changed)."""
+        self._require_lock()
+        files = self.manifest.setdefault("files", {})
+        for rel in rels:
+            files.pop(rel, None)
+        self._write_manifest()
+
     def trial_files(self, trial_id: str) -> list[str]:
         """A trial's record files and checkpoint that exist, relative to the run directory."""
         base = self.trial_dir(trial_id)

@@ -31,6 +31,7 @@ from core.layout import CONFIG, RESULTS, TRIALS
 from core.storage import atomic_write_json
 from orchestrator.config import load as load_config
 from orchestrator.release.export import CANARY_CONFIDENCE, check_not_baseline
+from orchestrator.release.selection import read_selection
 from orchestrator.rundir import RunDir, check_trial_id
 from reports import store
 from trainables.audit.canaries import BLACK_BOX, CANARY_POOL, WHITE_BOX
@@ -147,6 +148,8 @@ def audit_with_canaries(run_dir: Path, *, trial_id: str, canaries: int | None = 
     start = time.perf_counter()
     with RunDir.open(Path(run_dir), write=True) as run:
         rows, index = _row(run, trial_id)
+        # the run's records of its selection, verified and consistent, as export reads them
+        read_selection(run, frame=store.frame_of(rows), release=False)
         spec_rel = f"{TRIALS}/{trial_id}/spec.json"
         spec = load_spec(json.loads(run.verify(spec_rel).read_text()))
         seed = load_config(run.verify(CONFIG)).audit.seed

@@ -1,10 +1,12 @@
 """``dpsweep export RUN_DIR --trial ID``: a trial's release, read from a verified run directory.
 
 Every file the export reads (results store, privacy record, spec, checkpoint) is checked against
-the run's manifest first, so an edited record can never be exported as a privacy claim. The
-tuning statement comes from the run's ``summary.json`` (written by the sweep), the audit's
-lower bound from the trial's results row. A private-tuning run releases one trial, the best
-noisy score (``reports.pick.choose_private``): its end-to-end statement covers no other.
+the run's manifest first, so an edited record can never be exported as a privacy claim. How the
+run selects its release, and the tuning statement the release carries, come from
+``orchestrator.release.selection`` (config.toml, summary.json and the other records, verified
+and consistent), the audit's lower bound from the trial's results row. A private-tuning run
+releases one trial, the best noisy score (``reports.pick.choose_private``): its end-to-end
+statement covers no other, and an unfinished or damaged private run releases none.
 
 A degenerate trial (at chance level, ``reports.store.is_degenerate``: never on a front or
 picked) is refused unless ``allow_degenerate``, and an export made anyway says so in its
@@ -19,12 +21,15 @@ import math
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from core import layout
 from core.datasets import NUM_CLASSES
 from core.errors import UserInputError
 from core.layout import RESULTS
 from core.records import PrivacyRecord
 from orchestrator.release.bundle import OUT_FIELD, ExportResult, check_outside_run, export_trial
+from orchestrator.release.selection import read_selection
 from orchestrator.rundir import RunDir, check_trial_id
 from reports import store
 from reports.pick import choose_private
@@ -47,9 +52,8 @@ def check_not_baseline(row: dict[str, Any], trial_id: str, *, why: str) -> None:
                                      f"baseline (no clipping, no noise), {why}")
 
 
-def _row(run: RunDir, trial_id: str) -> dict[str, Any]:
-    run.verify(RESULTS)
-    frame = store.read_results(run.path)
+def _row(frame: pd.DataFrame, trial_id: str) -> dict[str, Any]:
+    """The trial's row of the verified results store: a finished DP trial of the run."""
     rows = frame[frame["trial_id"] == trial_id]
     if rows.empty:
         raise UserInputError(field="--trial", value=trial_id,
@@ -62,20 +66,11 @@ def _row(run: RunDir, trial_id: str) -> dict[str, Any]:
     return row
 
 
-def _tuning(run: RunDir, *, target: float) -> dict[str, Any] | None:
-    """The run's tuning statement for the trial's target (a sweep states one per target)."""
-    path = run.path / layout.SUMMARY
-    if not path.is_file():
-        return None
-    tuning = json.loads(run.verify(layout.SUMMARY).read_text()).get("tuning") or {}
-    return (tuning.get("by_target") or {}).get(f"{target:g}", tuning) or None
-
-
-def _check_selected(run: RunDir, trial_id: str, *, allow_invalid_dp: bool,
+def _check_selected(frame: pd.DataFrame, trial_id: str, *, allow_invalid_dp: bool,
                     allow_replayable: bool) -> None:
     """Under private tuning only the best noisy score may leave: releasing another trial would
     carry an end-to-end statement that does not cover it."""
-    chosen = choose_private(store.read_results(run.path), allow_invalid_dp=allow_invalid_dp,
+    chosen = choose_private(frame, allow_invalid_dp=allow_invalid_dp,
                             allow_replayable=allow_replayable).trial_id
     if chosen != trial_id:
         raise UserInputError(field="--trial", value=trial_id,
@@ -140,11 +135,14 @@ def export_from_run(run_dir: Path, *, trial_id: str, out: Path, allow_replayable
     check_trial_id(trial_id)
     check_outside_run(out, run_dir=run_dir, field=out_field)
     run = RunDir.open(Path(run_dir), write=False)
-    row = _row(run, trial_id)
-    tuning = _tuning(run, target=float(row["target_epsilon"]))
-    private = tuning is not None and tuning.get("mode") == "private"
+    run.verify(RESULTS)
+    frame = store.read_results(run.path)
+    row = _row(frame, trial_id)
+    selection = read_selection(run, frame=frame, release=True)
+    tuning = selection.statement(target=float(row["target_epsilon"]))
+    private = selection.private
     if private:
-        _check_selected(run, trial_id, allow_invalid_dp=allow_invalid_dp,
+        _check_selected(frame, trial_id, allow_invalid_dp=allow_invalid_dp,
                         allow_replayable=allow_replayable)
     degenerate = check_degenerate(run, row, trial_id, private=private,
                                   allow_degenerate=allow_degenerate)

@@ -6,10 +6,11 @@ constraints and the tie rule are documented there; a private-tuning run is chose
 score alone, and its pick.toml holds that score and the end-to-end statement, no noiseless
 metric). This module does what the report floor cannot: it opens the run directory through its
 manifest and verifies every file it reads (results, config, the chosen trial's spec, privacy
-record and checkpoint) before reading it, rebuilds a config that retrains the trial
-(``orchestrator.trial.plan.config_from_spec``), optionally exports the trial's release
-(``orchestrator.release.export``), and writes both TOML files atomically, after everything else
-has succeeded, so bad input writes nothing.
+record and checkpoint) before reading it, reads whether the run was tuned privately from its
+verified, consistent records (``orchestrator.release.selection``), rebuilds a config that
+retrains the trial (``orchestrator.trial.plan.config_from_spec``), optionally exports the
+trial's release (``orchestrator.release.export``), and writes both TOML files atomically, after
+everything else has succeeded, so bad input writes nothing.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from core.records import PrivacyRecord
 from core.storage import atomic_write_text
 from core.toml import tomllib
 from orchestrator.config import Config
+from orchestrator.release.selection import read_selection
 from orchestrator.rundir import RunDir
 from orchestrator.trial.plan import config_from_spec
 from reports import store
@@ -51,6 +53,9 @@ from trainables.data.splits import DEFAULT_SIZES
 TEST_NOTE = "reported, not used to choose"
 #: The flag ``dpsweep pick`` takes the release directory as (its messages name it).
 EXPORT_FIELD = "--export"
+#: The label of the export's line, also the first word of the export's summary
+#: (``bundle.SUMMARY_VERB``; bundle is imported only when exporting, it loads torch).
+EXPORTED = "exported"
 NOT_COVERED_NOTE = ("not covered by epsilon: computed on private data without noise; stays "
                     "with whoever ran the sweep")
 #: Fields of the privacy record (``core.records.PrivacyRecord``) copied into pick.toml's
@@ -81,7 +86,8 @@ class Pick:
     checkpoint: Path
     path: Path
     export_summary: str
-    #: summary.json's private-tuning plan (None for an adaptive run).
+    #: summary.json's private-tuning plan, verified (``orchestrator.release.selection``); None
+    #: for an adaptive run.
     private: dict[str, Any] | None = None
 
 
@@ -251,8 +257,10 @@ def _tail(pick: Pick) -> list[str]:
              f"  written              {pick.path} and {layout.PICK_CONFIG}",
              f"  retrain with         dpsweep train {pick.path.with_name(layout.PICK_CONFIG)} "
              "--out DIR"]
-    if pick.export_summary:
-        lines.append(f"  exported             {pick.export_summary}")
+    if pick.export_summary:  # the export's own summary starts "exported OUT: ...": once only
+        first, *rest = pick.export_summary.splitlines()
+        lines.append(f"  {EXPORTED:<20} {first.removeprefix(f'{EXPORTED} ')}")
+        lines += [f"  {'':<20} {line}" for line in rest]
     return lines
 
 
@@ -331,7 +339,8 @@ def pick_and_write(run_dir: Path, *, max_peak_mia: float | None, min_val_acc: fl
                              allowed="a DP series of this run: 'nonprivate' is the non-private "
                                      "baseline (no clipping, no noise), a reference line that "
                                      "is never picked or released")
-    private = private_plan(run)
+    selection = read_selection(run, frame=frame, release=True)
+    private = selection.tuning if selection.private else None
     if private is not None:
         _no_constraints(max_peak_mia=max_peak_mia, min_val_acc=min_val_acc, series=series)
         choice = choose_private(frame, allow_invalid_dp=allow_invalid_dp,
@@ -365,16 +374,6 @@ def pick_and_write(run_dir: Path, *, max_peak_mia: float | None, min_val_acc: fl
                 path=run.path / layout.PICK, export_summary=export_summary, private=private)
     _write(pick)
     return format_pick(pick)
-
-
-def private_plan(run: RunDir) -> dict[str, Any] | None:
-    """summary.json's private-tuning plan, verified; None for an adaptive run (or one that
-    never finished: it states no end-to-end bound)."""
-    path = run.path / layout.SUMMARY
-    if not path.is_file():
-        return None
-    tuning = _verified_json(run, layout.SUMMARY, what="summary").get("tuning") or {}
-    return dict(tuning) if isinstance(tuning, dict) and tuning.get("mode") == "private" else None
 
 
 def _no_constraints(*, max_peak_mia: float | None, min_val_acc: float | None,

@@ -84,6 +84,7 @@ class AfterSearchJobs(SweepState):
         if baseline is not None:
             jobs.append(baseline)
         if jobs:
+            self.ran += len(jobs)
             self._run_jobs(jobs)
 
     def audit_scope(self, fronts: dict[str, list[str]] | None = None) -> list[str]:
@@ -142,11 +143,13 @@ class AfterSearchJobs(SweepState):
             for tid in ids:
                 for k in range(1, self.cfg.sweep.seeds + 1):
                     rid = f"{tid}{RERUN_SEPARATOR}{k}"
-                    if not postsweep.rerun_pending(self.rows.get(rid),
-                                                   retry_failed=self.retry_failed) \
+                    row = self.rows.get(rid)
+                    if not postsweep.rerun_pending(row, retry_failed=self.retry_failed) \
                             or self._recover(postsweep.Job(
                             postsweep.JobKind.RERUN, rid, postsweep.rerun_job, {})):
                         continue
+                    if row is not None:  # failed: trained again, its failure kept on record
+                        self.retire_failure(rid, str(row.get("error") or ""))
                     spec = self._spec_of(tid)
                     config = self.trial_config(plans[study], spec["method_params"], rid)
                     config["spec"]["seed"] = int(spec["seed"]) + k

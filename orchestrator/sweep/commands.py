@@ -18,7 +18,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from orchestrator import config as config_mod
 from orchestrator.config import Config
 from orchestrator.sweep.driver import resume_sweep, run_sweep
 from orchestrator.sweep.signals import Interrupted, ignore_further_signals
@@ -109,8 +108,9 @@ def demo(args: argparse.Namespace) -> int:
     return sweep(lambda: run_sweep(cfg, run_dir=out, quiet=args.quiet))
 
 
-def run(args: argparse.Namespace) -> int:
-    cfg = config_mod.load(args.config)
+def run(args: argparse.Namespace, *, cfg: Config) -> int:
+    """``dpsweep run CONFIG``; ``cfg`` is CONFIG, loaded and validated by the command line
+    before this module (and torch, Ray and Optuna with it) was imported."""
     out = out_dir(args, stem=Path(args.config).stem)
     return sweep(lambda: run_sweep(cfg, run_dir=out, address=args.address, quiet=args.quiet))
 

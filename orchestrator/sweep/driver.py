@@ -124,6 +124,7 @@ class _Driver(SweepSearch, AfterSearchJobs, SweepRecords):
         self.attempts = attempts
         self.quiet = quiet
         self.retry_failed = retry_failed
+        self.ran = 0
         self.private = None
         self.certified = None
         self.baseline_ran = False
@@ -161,11 +162,33 @@ class _Driver(SweepSearch, AfterSearchJobs, SweepRecords):
             failed_audits=failed_audits(frame.to_dict("records")),
             seconds=time.time() - self.start, report=report)
         if not self.quiet:
-            print(f"sweep finished: {summary.counts_text()} in {summary.seconds:.0f} s",
-                  flush=True)
+            print(self._finished_line(summary), flush=True)
         if report is not None:
             print(f"report: {report}", flush=True)
         return summary
+
+    def _finished_line(self, summary: SweepSummary) -> str:
+        """How the attempt went; a resume that found nothing left to run says so, not how long
+        it took to find out."""
+        if self.ran == 0 and len(self.attempts) > 1:
+            return f"sweep already finished, nothing was run: {summary.counts_text()}"
+        return f"sweep finished: {summary.counts_text()} in {summary.seconds:.0f} s"
+
+
+def check_retry(cfg: Config, *, retry_failed: bool) -> None:
+    """``resume --retry-failed`` trains failed trials again only where no bound counts on how
+    many trials ran: under private tuning the number of trained models would then depend on
+    their outcomes (a failure can depend on the data), which Papernot & Steinke's bound, for a
+    secret number of trials drawn before the run, does not cover. A failed trial is one of the
+    K drawn there, and it is never selected."""
+    if retry_failed and cfg.sweep.tuning == "private":
+        raise UserInputError(
+            field="--retry-failed", value=True,
+            allowed="a plain `dpsweep resume` of a private-tuning sweep (sweep.tuning = "
+                    "'private'): training a trial again because it failed makes the number "
+                    "of trained models depend on their outcomes, which the end-to-end bound (a "
+                    "secret number of trials drawn before the run) does not cover; a failed "
+                    "trial stays one of those trials, never selected")
 
 
 def _validate_before_ray(setup: ResolvedSetup, *, out: Path | None,
@@ -294,13 +317,15 @@ def run_sweep(cfg: Config, *, run_dir: Path, address: str | None = None,
 def resume_sweep(run_dir: Path, *, address: str | None = None, quiet: bool = False,
                  retry_failed: bool = False) -> SweepSummary:
     """Continue an interrupted sweep from its verified state (config + Optuna + records);
-    ``retry_failed`` trains failed re-runs again (a failed search trial stays failed: its
-    point was chosen and its record is the sampler's)."""
+    ``retry_failed`` trains failed trials (with their exact hyperparameters, in their study,
+    under their ids) and failed re-runs again, never a finished or pruned one; refused under
+    private tuning (:func:`check_retry`)."""
     address = address_of(address)
     run = RunDir.open(Path(run_dir), write=True)
 
     def verified_config() -> ResolvedSetup:
         setup = verified_setup(run, run_dir=Path(run_dir), address=address, doing="resume")
+        check_retry(setup.config, retry_failed=retry_failed)
         if not quiet:
             print(f"resuming {run.path}", flush=True)
         return setup

@@ -22,9 +22,10 @@ from core.layout import RESULTS
 from core.records import PrivacyRecord
 from core.vocabulary import OK, PRUNED
 from orchestrator.audit.membership import row_audit_columns
+from orchestrator.release.selection import SELECTED, recorded_choice
 from orchestrator.sweep.state import SweepState
 from orchestrator.sweep.studies import Outcome, StudyPlan
-from orchestrator.sweep.summary import end_attempt, summary_bytes
+from orchestrator.sweep.summary import end_attempt, record_retry, retried_trials, summary_bytes
 from orchestrator.sweep.tuning import adaptive_summary
 from reports import store
 
@@ -128,6 +129,18 @@ class SweepRecords(SweepState):
         else:
             print(line, flush=True)
 
+    def retire_failure(self, tid: str, error: str) -> None:
+        """A failed trial (or re-run) about to be trained again (``resume --retry-failed``): the
+        reason it failed goes into this attempt's record (attempts.json, where it stays), its
+        records out of the manifest and its error record off the disk, in that order, so that
+        the retry writes them anew and a resume after a crash at any step finds nothing
+        changed. Its results row stays until the retry's replaces it."""
+        record_retry(self.run, self.attempts, trial_id=tid, error=error)
+        self.run.forget(self.run.trial_files(tid))
+        (self.run.trial_dir(tid) / layout.ERROR).unlink(missing_ok=True)
+        if not self.quiet:
+            print(f"retrying {tid}, which failed: {error}", flush=True)
+
     def _write(self, tid: str) -> None:
         """The results store with ``tid``'s row, and the trial's files, recorded as one step
         (``RunDir.commit``): after a crash or a full disk, a row never lacks its files."""
@@ -135,9 +148,15 @@ class SweepRecords(SweepState):
                         also=self.run.trial_files(tid))
 
     def write_summary(self) -> None:
-        """The attempt's end, then summary.json over every attempt."""
-        tuning = (adaptive_summary(self.cfg, self.plans, list(self.rows.values()))
-                  if self.private is None else {"mode": "private", **self.private.to_dict()})
+        """The attempt's end, then summary.json over every attempt; under private tuning with the
+        trial it selects, the record ``export``, ``pick``, ``report`` and ``audit`` check the
+        noisy scores against (``orchestrator.release.selection``)."""
+        rows = list(self.rows.values())
+        tuning = (adaptive_summary(self.cfg, self.plans, rows,
+                                   retried=retried_trials(self.attempts))
+                  if self.private is None else {
+                      "mode": "private", **self.private.to_dict(),
+                      SELECTED: recorded_choice(store.frame_of(rows))})
         end_attempt(self.run, self.attempts, ended="finished")
         self.run.commit(layout.SUMMARY, summary_bytes(attempts=self.attempts, setup=self.setup,
                                                       tuning=tuning))

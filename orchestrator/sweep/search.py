@@ -141,6 +141,7 @@ class SweepSearch(SweepState):
                      ((p, tallies[p.name]) for p in self.plans))
         if to_run == 0:
             return
+        self.ran += to_run
         self.start_board(tallies)
         baseline = self.baseline_job()
         jobs = {} if baseline is None else {baseline.name: {
@@ -209,7 +210,9 @@ class SweepSearch(SweepState):
                                     parallel=parallel)
             tallies[plan.name] = reconcile(
                 study, plan, storage=storage, trials_root=self.run.path / layout.TRIALS,
-                on_finished=lambda tid, out, _t, plan=plan: self._reconciled(plan, tid, out))
+                on_finished=lambda tid, out, _t, plan=plan: self._reconciled(plan, tid, out),
+                on_retry=(lambda tid, out: self.retire_failure(tid, out.error))
+                if self.retry_failed else None)
             studies[plan.name] = study
         return studies, tallies
 

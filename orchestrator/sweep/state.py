@@ -24,8 +24,11 @@ class SweepState:
     quiet: bool
     #: Every attempt at this sweep, this one last (``summary.begin_attempt``).
     attempts: list[dict[str, Any]]
-    #: ``resume --retry-failed``: failed re-runs are trained again (search trials are not).
+    #: ``resume --retry-failed``: failed trials and re-runs are trained again (adaptive sweeps;
+    #: ``driver.check_retry`` refuses it under private tuning).
     retry_failed: bool
+    #: Trials and after-search jobs this attempt started (0: nothing was left to run).
+    ran: int
     plans: list[StudyPlan]
     #: The data splits every trial plans and audits with (``setup.data_splits()``).
     data: Any

@@ -60,6 +60,9 @@ OBJECTIVES = {VALIDATION_OBJECTIVE: "maximize", ATTACK_OBJECTIVE: "minimize",
               NOISY_OBJECTIVE: "maximize"}
 ID_ATTR = "dpsweep_trial_id"
 INTERRUPTED_ATTR = "interrupted"
+#: On a copy enqueued by ``resume --retry-failed``: the number of the failed Optuna trial it
+#: trains again (the failed one stays, FAIL with its ``error``).
+RETRY_ATTR = "retry_of"
 #: Optuna trial states whose trial finished: its directory must hold ``result.json``.
 FINISHED_STATES = ("COMPLETE", "PRUNED")
 
@@ -222,13 +225,19 @@ ORPHAN_REASON = "never started (the driver stopped between asking and naming the
 
 
 def reconcile(study: Any, plan: StudyPlan, *, storage: Any, trials_root: Path,
-              on_finished: Callable[[str, Outcome, Any], None]) -> Tally:
+              on_finished: Callable[[str, Outcome, Any], None],
+              on_retry: Callable[[str, Outcome], None] | None = None) -> Tally:
     """Bring a study in line with the trial directories after a crash or an interrupt.
 
     A RUNNING trial whose directory holds a result is told COMPLETE (it finished; only the
     driver died) — never trained again; one with an error record is told FAIL; one with neither
     was interrupted: it is told FAIL (``interrupted``) and re-enqueued under the same id. COMPLETE
     or FAIL trials are reported through ``on_finished`` so their result rows exist.
+
+    With ``on_retry`` (``resume --retry-failed``) a trial that failed is trained again instead:
+    ``on_retry(id, outcome)`` keeps its failure on record and clears its directory's, then the
+    exact hyperparameters are enqueued once more under the same id (``RETRY_ATTR``). A finished
+    or pruned trial never is.
     """
     done: set[str] = set()
     failed: set[str] = set()
@@ -275,8 +284,16 @@ def reconcile(study: Any, plan: StudyPlan, *, storage: Any, trials_root: Path,
             pruned.add(tid)
             on_finished(tid, outcome, t)
         elif outcome.status == FAILED and not t.user_attrs.get(INTERRUPTED_ATTR):
-            failed.add(tid)
-            on_finished(tid, outcome, t)
+            if on_retry is None:
+                failed.add(tid)
+                on_finished(tid, outcome, t)
+            elif tid not in waiting_ids:
+                # its error record goes: an older FAIL trial of the id then reads as interrupted,
+                # already waiting, and enqueues nothing more
+                on_retry(tid, outcome)
+                study.enqueue_trial(dict(t.params), user_attrs={ID_ATTR: tid,
+                                                                RETRY_ATTR: t.number})
+                waiting_ids.add(tid)
         elif outcome.status == INTERRUPTED and t.state == optuna.trial.TrialState.FAIL \
                 and tid not in waiting_ids and tid not in done:
             study.enqueue_trial(dict(t.params), user_attrs={ID_ATTR: tid, "rerun_of": t.number})

@@ -4,7 +4,10 @@ A sweep is often run in several attempts: ``dpsweep run``, stopped by a signal o
 one ``dpsweep resume`` or more. Each attempt is recorded when it starts, before Ray, and again
 when it ends (``finished`` or ``interrupted``); one killed with ``kill -9`` keeps no end. The
 summary's wall time is the sum over the attempts with a recorded end and says how many have
-none, so a resumed run's time is neither the last attempt's alone nor a guess.
+none, so a resumed run's time is neither the last attempt's alone nor a guess. An attempt of
+``resume --retry-failed`` also lists the failed trials it trains again, each with the reason it
+had failed (``RETRIED``): the retry replaces the trial's row and records, the failure stays here,
+and the adaptive statement counts each such failed attempt as one more trained model.
 """
 
 from __future__ import annotations
@@ -25,13 +28,20 @@ from orchestrator.rundir import RunDir
 if TYPE_CHECKING:
     from orchestrator.trial.setup import ResolvedSetup
 
-__all__ = ["ATTEMPT_COMMANDS", "ATTEMPT_ENDS", "begin_attempt", "end_attempt", "end_if_begun",
-           "read_attempts", "summary_bytes", "wall_of"]
+__all__ = ["ATTEMPT_COMMANDS", "ATTEMPT_ENDS", "RETRIED", "begin_attempt", "end_attempt",
+           "end_if_begun", "read_attempts", "record_retry", "retried_trials", "summary_bytes",
+           "wall_of"]
 
 #: What started an attempt.
 ATTEMPT_COMMANDS = ("run", "resume", "resume --retry-failed")
 #: How an attempt ended; ``running`` stays on one that was killed (no end recorded).
 ATTEMPT_ENDS = ("running", "finished", "interrupted", "failed")
+#: What every attempt records; an attempt of ``resume --retry-failed`` may also hold RETRIED.
+ATTEMPT_KEYS = frozenset({"command", "started", "finished", "ended"})
+#: The failed trials an attempt trained again: a list of {"trial_id", "error"} (the reason the
+#: trial had failed).
+RETRIED = "retried"
+RETRY_KEYS = frozenset({"trial_id", "error"})
 #: Libraries whose versions the summary records.
 VERSIONED = ("torch", "ray", "optuna", "dp-accounting", "numpy")
 
@@ -42,8 +52,13 @@ def _bad(why: str) -> UserInputError:
 
 
 def _checked(entry: Any) -> dict[str, Any]:
-    if not isinstance(entry, dict) or set(entry) != {"command", "started", "finished", "ended"}:
-        raise _bad("each an object with command, started, finished and ended")
+    if not isinstance(entry, dict) or not ATTEMPT_KEYS <= set(entry) <= ATTEMPT_KEYS | {RETRIED}:
+        raise _bad(f"each an object with command, started, finished and ended (and {RETRIED})")
+    retried = entry.get(RETRIED, [])
+    if not (isinstance(retried, list) and all(
+            isinstance(r, dict) and set(r) == RETRY_KEYS
+            and all(isinstance(v, str) for v in r.values()) for r in retried)):
+        raise _bad(f"{RETRIED} a list of objects with a trial_id and an error")
     if entry["command"] not in ATTEMPT_COMMANDS or entry["ended"] not in ATTEMPT_ENDS:
         raise _bad(f"command in {list(ATTEMPT_COMMANDS)}, ended in {list(ATTEMPT_ENDS)}")
     started, finished = entry["started"], entry["finished"]
@@ -85,6 +100,23 @@ def begin_attempt(run: RunDir, attempts: list[dict[str, Any]], *, command: str) 
     attempts.append({"command": command, "started": time.time(), "finished": None,
                      "ended": "running"})
     _commit(run, attempts)
+
+
+def record_retry(run: RunDir, attempts: list[dict[str, Any]], *, trial_id: str,
+                 error: str) -> None:
+    """Record, in the current (last) attempt, that the failed trial ``trial_id`` is trained
+    again, with the reason it had failed (its error record goes; this one stays)."""
+    attempts[-1].setdefault(RETRIED, []).append({"trial_id": trial_id, "error": error})
+    _commit(run, attempts)
+
+
+def retried_trials(attempts: list[dict[str, Any]]) -> dict[str, int]:
+    """Trial id -> how many of its failed attempts were trained again, over every attempt."""
+    counts: dict[str, int] = {}
+    for attempt in attempts:
+        for retry in attempt.get(RETRIED, []):
+            counts[retry["trial_id"]] = counts.get(retry["trial_id"], 0) + 1
+    return counts
 
 
 def end_attempt(run: RunDir, attempts: list[dict[str, Any]], *, ended: str) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
+from collections.abc import Mapping
 from typing import Any
 
 import pandas as pd
@@ -138,14 +139,17 @@ def _dp_valid(plan: StudyPlan) -> bool:
     return next(m.dp_valid for m in get_method(plan.method).modes if m.name == plan.mode)
 
 
-def adaptive_summary(cfg: Config, plans: list[StudyPlan],
-                     rows: list[dict[str, Any]]) -> dict[str, Any]:
+def adaptive_summary(cfg: Config, plans: list[StudyPlan], rows: list[dict[str, Any]], *,
+                     retried: Mapping[str, int] | None = None) -> dict[str, Any]:
     """summary.json's tuning entry of an adaptive sweep: per target, the statement for the
     objectives its sampler saw, counting every model trained on the training set by a DP-valid
-    series (finished and failed search trials, re-runs); one DP-SGD mechanism throughout is
-    composed exactly, anything else (a failed trial's unknown schedule) as black boxes. A
+    series (finished and failed search trials, re-runs, and each failed attempt ``resume
+    --retry-failed`` trained again: ``retried``, id -> attempts, from attempts.json); one
+    DP-SGD mechanism throughout is composed exactly (a retried attempt ran its trial's own
+    spec, or less of it), anything else (a failed trial's unknown schedule) as black boxes. A
     series with an invalid claim is not DP: no composition counts or covers it (each study's
     sampler sees only its own trials, so it does not reach the valid ones)."""
+    retried = retried or {}
     by_target: dict[str, dict[str, Any]] = {}
     for eps in dict.fromkeys(p.epsilon for p in plans):
         at = [p for p in plans if p.epsilon == eps]
@@ -154,16 +158,23 @@ def adaptive_summary(cfg: Config, plans: list[StudyPlan],
         ok = [r for r in mine if r["status"] == OK]
         if not ok:
             continue
-        reruns = sum(1 for r in mine if r.get("repeat_of"))
+        search = [r for r in mine if not r.get("repeat_of")]
+        repeats = [r for r in mine if r.get("repeat_of")]
+        earlier_search = sum(retried.get(str(r["trial_id"]), 0) for r in search)
+        earlier_repeats = sum(retried.get(str(r["trial_id"]), 0) for r in repeats)
         schedules = {r["noise_schedule"] for r in ok}
         rates = {r["sample_rate"] for r in ok}
         exact = len(schedules) == len(rates) == 1 and len(ok) == len(mine)
         stmt = adaptive_statement(
-            n_trials=len(mine) - reruns, reruns=reruns, per_trial_epsilon=eps,
-            delta=cfg.privacy.delta, objectives=at[0].objectives,
+            n_trials=len(search) + earlier_search, reruns=len(repeats) + earlier_repeats,
+            per_trial_epsilon=eps, delta=cfg.privacy.delta, objectives=at[0].objectives,
             sample_rate=rates.pop() if exact else None,
             schedule=Schedule.from_list(json.loads(schedules.pop())) if exact else None)
         entry = {"mode": "adaptive", **stmt.to_dict()}
+        if earlier := earlier_search + earlier_repeats:
+            entry["statement"] += (f" The count includes {earlier} failed attempt(s) of trials "
+                                   f"trained again (resume --retry-failed): each trained on "
+                                   f"the training set too.")
         invalid = [p.series for p in at if not _dp_valid(p)]
         if invalid:
             entry["statement"] += (f" Series whose epsilon claim is invalid ("

@@ -178,11 +178,16 @@ def header_section(data: RunData) -> str:
 _SPLIT_ORDER = {name: i for i, name in enumerate(SPLIT_NAMES)}
 
 
-def tuning_statement(*, summary: dict[str, Any], trials: int) -> str:
+def tuning_statement(*, summary: dict[str, Any], trials: int,
+                     config: dict[str, Any] | None = None) -> str:
     """The privacy cost of choosing hyperparameters, in plain words: the Papernot & Steinke
-    end-to-end bound when tuning was private, else why no epsilon covers the search."""
+    end-to-end bound when tuning was private, else why no epsilon covers the search.
+    ``config`` (config.toml as read) names the tuning while summary.json holds none (a sweep
+    that has not finished), so an unfinished private sweep is never described as adaptive."""
     tuning = summary.get("tuning") if isinstance(summary.get("tuning"), dict) else {}
-    mode = str(tuning.get("mode") or "")
+    sweep = (config or {}).get("sweep")
+    declared = sweep.get("tuning") if isinstance(sweep, dict) else None
+    mode = str(tuning.get("mode") or declared or "")
     statement = str(tuning.get("statement") or "")
     n_trials = tuning.get("n_trials", trials)
     end_to_end = as_float(tuning.get("end_to_end_epsilon"))
@@ -200,8 +205,9 @@ def tuning_statement(*, summary: dict[str, Any], trials: int) -> str:
                 f"(<code>dpsweep pick RUN_DIR --export DIR</code>).</p>")
         return head + (f"<p>{esc(statement)}</p>" if statement else "")
     if mode == "private":
-        head = ("<p><b>Tuning was meant to be private, but summary.json records no end-to-end "
-                "epsilon</b>: no tuning-aware bound is claimed.</p>")
+        head = ("<p><b>Tuning is private, but summary.json records no end-to-end epsilon</b> "
+                "(it is written when the sweep finishes): no tuning-aware bound is claimed, and "
+                "no trial can be exported yet.</p>")
     else:
         head = (
             f"<p>This sweep ran <b>{esc(n_trials)}</b> trials and chose hyperparameters "

@@ -164,7 +164,8 @@ def _build_into(data: RunData, *, out: Path) -> None:
     csvs: dict[str, pd.DataFrame] = {}
     sections = {
         "run": header_section(data) + glance(data, front_list),
-        "tuning": tuning_statement(summary=info.summary, trials=len(data.frame)),
+        "tuning": tuning_statement(summary=info.summary, trials=len(data.frame),
+                                   config=info.config),
         "fronts": front_section(data, front_list=front_list, pool=pool, out=out, csvs=csvs),
         "hypervolume": hypervolume_section(front_list, num_classes=info.num_classes),
         "excluded": excluded_section(excluded),

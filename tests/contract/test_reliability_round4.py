@@ -287,7 +287,8 @@ def test_a_sweep_run_directory_keeps_the_optuna_storage_and_lock_private(
         driver = object.__new__(_Driver)
         setup = resolve(cfg)
         driver.__dict__.update(setup=setup, cfg=cfg, run=run, quiet=True, rows={}, best={},
-                               bar=None, start=0.0, plans=study_plans(setup))
+                               bar=None, start=0.0, plans=study_plans(setup),
+                               retry_failed=False)
         studies, _ = driver.open_studies()
         assert studies
         assert stat.S_IMODE((run.path / layout.OPTUNA_DB).stat().st_mode) == FILE_MODE

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import optuna
@@ -112,3 +113,24 @@ def test_pick_export_states_the_end_to_end_epsilon_and_no_other_trial_leaves(
     err = capsys.readouterr().err
     assert err.startswith(f"dpsweep: error: --trial = '{other}'") and err.count("\n") == 1
     assert not (tmp_path / "other").exists()
+
+
+def test_the_selection_is_on_record_and_a_deleted_summary_releases_nothing(
+        run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 44: with summary.json gone, `export` of a trial private tuning did not select
+    exited 0 (the run read as adaptive) while `report` refused; every command refuses now."""
+    frame = read_results(run)
+    best = frame.loc[frame["noisy_val_score"].idxmax(), "trial_id"]
+    assert json.loads((run / layout.SUMMARY).read_text())["tuning"]["selected"] == best
+    copy = Path(shutil.copytree(run, tmp_path / "copy", symlinks=True))
+    (copy / layout.SUMMARY).unlink()
+    out = tmp_path / "release"
+    for argv in ([["export", str(copy), "--trial", str(tid), "--out", str(out)]
+                  for tid in frame["trial_id"]]
+                 + [["pick", str(copy)], ["report", str(copy)]]):
+        capsys.readouterr()
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("dpsweep: error: RUN_DIR = 'summary.json' is not allowed: "
+                              "expected an existing file") and err.count("\n") == 1, err
+        assert not out.exists()

@@ -16,7 +16,9 @@ before a run directory or Ray exists. What is checked, and why it matters for th
   trainable: the per-layer methods
   clip, noise and freeze by layer, and the accountant covers what is noised. A frozen
   parameter (``requires_grad=False``) would be silently trained by the DP step or silently left
-  out of a layer's clipping bound; a constant belongs in a buffer.
+  out of a layer's clipping bound; a constant belongs in a buffer. A forward that sets
+  ``requires_grad`` (unfreezing a frozen layer, or freezing one) is refused by name: what a step
+  trains would differ from what was checked and bounded here.
 * **Every layer runs in the forward** and returns a tensor (the audit attacks that output).
 * **Per-example gradients exist**: the engine has exact per-layer algebra for Linear, Conv1d,
   Conv2d, Embedding, LayerNorm and GroupNorm; a layer with any other parameterised module is
@@ -218,6 +220,25 @@ def _check_outputs(model: WrappedModel, sample: torch.Tensor, num_classes: int,
         model.train()
 
 
+def _check_requires_grad(net: nn.Module, sample: torch.Tensor, field: str, value: object) -> None:
+    """Refuse a forward that sets a parameter's ``requires_grad``, before any other forward:
+    the layers, the frozen parameters and the clipping bounds are fixed from the model as built,
+    so a parameter unfrozen in forward would be trained outside them (the norm check that would
+    otherwise catch it can only say that something mixes examples)."""
+    before = {name: param.requires_grad for name, param in net.named_parameters()}
+    net.train()
+    net(sample)  # with gradients on, as a training step runs it
+    changed = [name for name, param in net.named_parameters()
+               if before.get(name, param.requires_grad) != param.requires_grad]
+    if changed:
+        name, was = changed[0], before[changed[0]]
+        more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+        raise _bad(field, value, f"parameter {name!r}{more}", f"the forward changes its "
+                   f"requires_grad ({was} -> {not was}), so what a step trains is not the model "
+                   "checked here: a frozen parameter is left out of its layer's clipping bound",
+                   "set requires_grad once, where the factory builds the model, not in forward")
+
+
 def _check_buffers(net: nn.Module, sample: torch.Tensor, field: str, value: object) -> None:
     before = {n: b.detach().clone() for n, b in net.named_buffers()}
     net.train()
@@ -242,6 +263,7 @@ def wrap_checked(net: object, *, layers: Sequence[str], sample: torch.Tensor,
                              allowed=f"a factory that returns a torch.nn.Module (it returned "
                                      f"{type(net).__name__})")
     _check_modules(net, field, value)
+    _check_requires_grad(net, sample, field, value)
     paths = (_given_layers(net, layers, sample, field, value) if layers
              else _default_layers(net, sample, field, value))
     model = WrappedModel(net, layers=paths, num_classes=num_classes)

@@ -235,7 +235,7 @@ def test_console_script_installed() -> None:
     (["resume", "runs/full"], "`dpsweep resume runs/full`"),
     (["export", "runs/full", "--trial", "t", "--out", "rel"], "run the command again"),
 ])
-def test_a_full_disk_is_one_line_with_what_to_do(argv: list[str], hint: str,
+def test_a_full_disk_is_one_line_with_what_to_do(argv: list[str], hint: str, tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     import errno
@@ -256,6 +256,8 @@ def test_a_full_disk_is_one_line_with_what_to_do(argv: list[str], hint: str,
         raise error
 
     monkeypatch.setattr(cli, command, fails)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.toml").write_text("")  # `run` validates its config before the command
     assert main(argv) == cli.EXIT_DISK_FULL == 74
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1, err
@@ -339,3 +341,36 @@ def test_a_sweep_keeps_tunes_trial_tracebacks_off_the_terminal(
     done = SweepSummary(run_dir=Path("run"), rows=0, failed=0, seconds=0.0, report=None)
     assert commands.sweep(lambda: done) == 0
     assert os.environ[commands.TUNE_TRIAL_ERRORS_ENV] == "0"
+
+
+# ---- issue 44: `run` refuses a bad config as fast as `config --check` --------------------------
+#: What a sweep's module brings in (``orchestrator.sweep.commands``): seconds of imports that a
+#: refused config must not wait for.
+HEAVY = ("torch._C", "ray", "optuna", "sklearn")
+
+
+@pytest.mark.parametrize(("command", "text", "says"), [
+    ("run", None, "expected an existing TOML file"),
+    ("run", "[training\nepochs = 2\n", "expected valid TOML"),
+    ("run", "[training]\nepochs = 0\n", "training.epochs = 0 is not allowed"),
+    ("train", "[training\n", "expected valid TOML"),
+])
+def test_a_missing_or_bad_config_is_refused_before_torch_ray_or_optuna_load(
+        command: str, text: str | None, says: str, tmp_path: Path) -> None:
+    """The refusal comes from the config, read and validated before the command's module is
+    imported: no timing, only what the process had loaded when it refused."""
+    config = tmp_path / "sweep.toml"
+    if text is not None:
+        config.write_text(text)
+    out = tmp_path / "out"
+    code = ("import sys\nfrom orchestrator.cli import main\n"
+            f"rc = main([{command!r}, {str(config)!r}, '--out', {str(out)!r}])\n"
+            f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))\n"
+            "raise SystemExit(rc)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                       env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
+    assert r.returncode == 2, r.stderr
+    assert r.stdout.strip() == "[]"
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dpsweep: error: ") and says in lines[0]
+    assert not out.exists()

@@ -26,6 +26,7 @@ from orchestrator.trial.single import train_single
 from reports import store
 from reports.pick import choose
 from tests.conftest import leaves, tiny_config
+from tests.unit.orchestrator.private_runs import PLAN, private_run
 
 
 @pytest.fixture(scope="module")
@@ -261,36 +262,10 @@ def test_prepared_parameters_are_not_written_as_hyperparameters() -> None:
 
 
 # ---- private tuning ----------------------------------------------------------------------------
-#: Noisy scores of the synthetic run's trials: the best admissible one, t14, is degenerate (its
-#: noiseless accuracy 0.15); t7 (not dp_valid), t13 (replayable) and t15 (a re-run) score higher.
-NOISY_SCORES = {"t1": 0.80, "t4": 0.79, "t7": 0.99, "t13": 0.98, "t14": 0.95, "t15": 0.999}
 #: Keys that would carry a noiseless metric (or the list of trials, whose length is K).
 NOISELESS_KEYS = {"val_accuracy", "val_accuracy_ci", "test_accuracy", "val_loss", "test_loss",
                   "peak_mia_accuracy", "peak_mia_upper", "leak_detected", "ties",
                   "qualifying_front_trials", "front_trials", "train_loss_nonprivate"}
-PLAN = {"mode": "private", "end_to_end_epsilon": 2.9812, "delta": 1e-5,
-        "end_to_end_accountant": "rdp (dp_accounting RdpAccountant, RepeatAndSelectDpEvent)",
-        "distribution": "poisson", "mean_trials": 10.0, "shape_eta": None,
-        "score_noise_multiplier": 20.0, "per_trial_epsilon": 2.14,
-        "statement": "End-to-end guarantee: (2.981, 1e-05)-DP for the selected model.",
-        "expected_trials": 10.0, "prob_no_release": 4.5e-5}
-
-
-def _private_run(root: Path) -> Path:
-    """The synthetic run as a private-tuning run: noisy scores and the plan in summary.json."""
-    from orchestrator.rundir import RunDir
-
-    def noisy(rows: list[dict[str, Any]]) -> None:
-        for row in rows:
-            if row["status"] == "ok" and row["method"] != "nonprivate":
-                row["noisy_val_score"] = NOISY_SCORES.get(row["trial_id"], 0.5)
-
-    run = make_run(root, rows_hook=noisy)
-    summary = json.loads((run / "summary.json").read_text())
-    (run / "summary.json").write_text(json.dumps({**summary, "tuning": PLAN}))
-    with RunDir.open(run, write=True) as opened:
-        opened.record(["summary.json"])
-    return run
 
 
 def test_private_choice_reads_the_noisy_score_only() -> None:
@@ -323,7 +298,7 @@ def test_private_choice_reads_the_noisy_score_only() -> None:
 
 def test_private_pick_writes_the_noisy_score_and_the_statement_only(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    run = _private_run(tmp_path)
+    run = private_run(tmp_path)
     chosen = store.read_results(run).set_index("trial_id").loc["t14"]
     assert main(["pick", str(run)]) == 0
     out = capsys.readouterr().out

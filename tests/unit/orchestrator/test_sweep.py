@@ -553,7 +553,7 @@ def test_the_after_sweep_audit_uses_the_run_cache_and_the_accountant_timeout(
         driver.__dict__.update(setup=setup, cfg=cfg, run=run, quiet=True, rows={tid: row},
                                best={}, bar=None, start=0.0, plans=[plan], certified=None,
                                private=None, data=setup.data_splits(), flag=None,
-                               baseline_ran=False)
+                               baseline_ran=False, ran=0)
         asked: list[dict[str, Any]] = []
 
         def match_budget(**kw: Any) -> tuple[Any, list[float]]:

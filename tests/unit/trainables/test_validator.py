@@ -269,3 +269,33 @@ def test_tied_weights_are_refused() -> None:
     with pytest.raises(UserInputError, match="scale_grad_by_freq"):
         _wrap(nn.Sequential(nn.Embedding(3, 4, scale_grad_by_freq=True), nn.Flatten()),
               sample=torch.zeros(2, 1, dtype=torch.int64), classes=4)
+
+
+class _UnfreezesInForward(nn.Module):
+    """A frozen first layer whose forward turns its gradient back on (issue 44, item 5)."""
+
+    def __init__(self, *, freeze: bool = True) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.Tanh())
+        self.head = nn.Linear(16, 10)
+        self.freeze = freeze
+        self.body.requires_grad_(not freeze)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.body.requires_grad_(self.freeze)  # unfreezes a frozen layer (or freezes one)
+        return self.head(self.body(x))
+
+
+@pytest.mark.parametrize(("freeze", "change"), [(True, "False -> True"),
+                                                (False, "True -> False")])
+def test_a_forward_that_changes_requires_grad_is_named_as_such(freeze: bool,
+                                                               change: str) -> None:
+    """Not 'something mixes examples' (what the norm check saw): the cause, by parameter."""
+    with pytest.raises(UserInputError) as err:
+        _wrap(_UnfreezesInForward(freeze=freeze))
+    text = str(err.value)
+    assert err.value.field == "model.factory" and err.value.value == REF
+    assert "\n" not in text and "mixes examples" not in text
+    assert (f"parameter 'body.1.weight' (and 1 more): the forward changes its requires_grad "
+            f"({change})") in text
+    assert "set requires_grad once, where the factory builds the model" in text
