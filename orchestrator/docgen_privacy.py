@@ -9,11 +9,8 @@ checks them; this module only formats.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Any
+from orchestrator.docgen_runs import load_results, missing_results
 
-RESULTS_DIR = Path(__file__).resolve().parent.parent / "bench" / "results"
 OVERCLIP = "overclip"
 #: The step of the certified engine against the commit before it (``bench.versus --name``).
 VERSUS_CERTIFIED = "versus_certified"
@@ -21,20 +18,10 @@ SECURE_COST = "secure_cost"
 MODEL_NAMES = {"cnn28": "cnn28", "resnet20_gn": "ResNet-20-GN"}
 
 
-def _load(name: str) -> dict[str, Any] | None:
-    path = RESULTS_DIR / f"{name}.json"
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
-def _missing(name: str, module: str) -> str:
-    return (f"Not measured: its results file (`{name}.json` in `bench/results/`) is not "
-            f"committed; `python -m bench.{module}` writes it.")
-
-
 def overclip_table() -> str:
-    run = _load(OVERCLIP)
+    run = load_results(OVERCLIP)
     if run is None:
-        return _missing(OVERCLIP, "overclip")
+        return missing_results(OVERCLIP, "overclip")
     lines = ["| model | branch | clipped | mean factor, certified / exact | smallest | "
              "layer excess, median | largest | under-normed |",
              "|---|---|---|---|---|---|---|---|"]
@@ -56,9 +43,9 @@ def overclip_table() -> str:
 
 
 def versus_table() -> str:
-    run = _load(VERSUS_CERTIFIED)
+    run = load_results(VERSUS_CERTIFIED)
     if run is None:
-        return _missing(VERSUS_CERTIFIED, "versus --name versus_certified")
+        return missing_results(VERSUS_CERTIFIED, "versus --name versus_certified")
     lines = ["| model | step, certified (median ms) | step, before (median ms) | "
              "per-round ratio (median) | IQR |", "|---|---|---|---|---|"]
     for model, row in run["models"].items():
@@ -72,9 +59,9 @@ def versus_table() -> str:
 
 
 def secure_cost_table() -> str:
-    run = _load(SECURE_COST)
+    run = load_results(SECURE_COST)
     if run is None:
-        return _missing(SECURE_COST, "secure_cost")
+        return missing_results(SECURE_COST, "secure_cost")
     lines = ["| model | rounds | step, secure / secret (median) | IQR | batch draw, secure / "
              "secret |", "|---|---|---|---|---|"]
     for model, row in run["models"].items():
