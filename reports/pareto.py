@@ -79,7 +79,12 @@ REASON_BASELINE = "non-private baseline (not a DP trial)"
 REASON_RERUN = "re-run with fresh noise of {of} (counted in its mean ± sd, not a new point)"
 REASON_DEGENERATE = (f"degenerate: validation accuracy below chance + {DEGENERATE_MARGIN:g}")
 REASON_UNAUDITED = "no peak MIA accuracy (audit not run or failed)"
+REASON_UNSCORED = ("no peak MIA accuracy: the audit ran but could score no layer × attack "
+                   "(each layer's reason is in the per-layer audit)")
 REASON_NO_ACCURACY = "no validation accuracy"
+#: A ``mia_layers`` cell's status when the audit scored it (``trainables.audit.exclusion.SCORED``,
+#: which the report does not import); cells written before cells had a status are scored ones.
+SCORED = "scored"
 
 
 def natural_key(text: str) -> tuple[Any, ...]:
@@ -252,6 +257,7 @@ def exclusion_reasons(frame: pd.DataFrame) -> pd.Series:
     status, method = _text(frame, "status"), _text(frame, "method")
     repeat, error = _text(frame, "repeat_of"), _text(frame, "error")
     audit_error = _text(frame, "audit_error")
+    layers, ids = _column(frame, "mia_layers", None), _text(frame, "trial_id")
     degenerate = _flag(frame, "degenerate", False)
     reasons = []
     for i in range(len(frame)):
@@ -268,12 +274,22 @@ def exclusion_reasons(frame: pd.DataFrame) -> pd.Series:
             reason = REASON_NO_ACCURACY
         elif degenerate.iat[i]:
             reason = REASON_DEGENERATE
+        elif not math.isfinite(mia.iat[i]) and not audit_error.iat[i] \
+                and _audited_unscored(layers.iat[i], trial_id=str(ids.iat[i])):
+            reason = REASON_UNSCORED
         elif not math.isfinite(mia.iat[i]):
             reason = REASON_UNAUDITED + (f": {audit_error.iat[i]}" if audit_error.iat[i] else "")
         else:
             reason = ""
         reasons.append(reason)
     return pd.Series(reasons, index=frame.index, dtype=object)
+
+
+def _audited_unscored(cells: Any, *, trial_id: str) -> bool:
+    """Whether an audit recorded cells and scored none of them (every layer excluded, e.g.
+    frozen and shared with every reference)."""
+    parsed = parse_mia_layers(cells, trial_id=trial_id)
+    return bool(parsed) and all(c.get("status", SCORED) != SCORED for c in parsed)
 
 
 def exclusions(frame: pd.DataFrame) -> pd.DataFrame:

@@ -17,6 +17,12 @@ probability (``trainables.audit.signals.rmia_input``), and a duplicate would onl
 twice by the Holm correction. Reference models are kept in the run's cache and reused when
 recipe, data and budget are identical (``trainables.audit.cache``).
 
+A layer x attack cell whose input is bit-identical in the target and every reference (a frozen
+backbone shared through one weights file), or whose scores are not finite, is not scored: the
+record lists it under ``excluded`` with its reason, ``layers`` gives each layer's status, and
+the peak, its upper bound and the Holm family range over the scored cells only
+(``trainables.audit.exclusion``).
+
 Every attack's decision threshold is chosen without the target's membership labels, so the
 reported accuracies are not optimistic; a reference model is trained with the target's method,
 hyperparameters and epsilon (its budget matched for its own training-set size before the sweep
@@ -46,8 +52,22 @@ from core.trial import Calibration, TrialSpec
 from orchestrator.trial.plan import match_budget
 from trainables.audit.cache import caching
 from trainables.audit.classifier import THRESHOLD, ShadowClassifier
+from trainables.audit.exclusion import (
+    NON_FINITE,
+    SCORED,
+    SHARED,
+    UNSCORABLE,
+    Exclusion,
+    absent_peak_reason,
+    frozen_layers,
+    identical_signals,
+    layer_statuses,
+    non_finite_reason,
+    shared_reason,
+)
 from trainables.audit.probes import MIN_PER_CLASS, probe_set_of, probe_signals
 from trainables.audit.references import (
+    AuditSignals,
     Budget,
     ReferencePlan,
     collect_signals,
@@ -56,7 +76,8 @@ from trainables.audit.references import (
     plan_statement,
     score_signals,
 )
-from trainables.audit.signals import signal_kind
+from trainables.audit.scores import ATTACKS, RMIA
+from trainables.audit.signals import rmia_input, signal_kind
 from trainables.audit.stats.attacks import attack_statistics, combine_attacks, consistent_with_dp
 from trainables.data.splits import DataSplits
 from trainables.training.loop import load_model
@@ -70,6 +91,8 @@ logger = logging.getLogger(__name__)
 #: Row of the output-layer signals (logit confidence, loss) in the per-layer tables.
 OUTPUT = "output"
 SHADOW_CLASSIFIER = "shadow_classifier"
+#: The ``signal`` of the shadow classifier's cells: each layer's sorted representation.
+IR_SIGNAL = "sorted IR"
 #: The ``format`` entry of the per-candidate scores file (:func:`write_scores`).
 SCORES_FORMAT = "dpsweep-audit-scores-1"
 
@@ -157,36 +180,63 @@ def audit_model(*, target: LayeredModel, data: DataSplits, settings: AuditSettin
                               trainer=classifier.wrap(base), extra=extra,
                               progress=reference_done)
     trained = time.perf_counter()
-    scored = _scored(signals, classifier, target)
-    labels = plan.is_member
+    record = audit_signals(signals=signals, classifier=classifier, target=target,
+                           alpha=settings.alpha, scores_out=scores_out)
+    record["references"] = [{**dataclasses.asdict(r), "cached": r.index in hits}
+                            for r in signals.records]
+    record["reference_train_seconds"] = trained - started
+    _say(progress, f"audit: {record['n_scored']} attacks scored, {len(record['excluded'])} "
+                   f"excluded in {record['scoring_seconds']:.1f} s (references "
+                   f"{record['reference_train_seconds']:.1f} s)")
+    return record
+
+
+def audit_signals(*, signals: AuditSignals, classifier: ShadowClassifier,
+                  target: LayeredModel, alpha: float,
+                  scores_out: Path | None = None) -> dict[str, Any]:
+    """The audit record of collected signals (all but the references' list and training time):
+    every layer x attack cell scored or excluded with its reason, the statistics of the scored
+    ones, and the peak and Holm family over them alone (absent, with the reason, when no cell
+    is scored)."""
+    started = time.perf_counter()
+    plan = signals.plan
+    cells = _scored(signals, classifier, target)
+    entries, combined = _statistics(cells.scored, labels=plan.is_member, alpha=alpha)
+    record: dict[str, Any] = {
+        "mode": plan.kind, "n_references": plan.n_references,
+        "reference_size": plan.reference_size, "note": plan.note,
+        "plan_statement": plan_statement(kind=plan.kind, n_references=plan.n_references),
+        "n_candidates": len(plan.is_member), "alpha": alpha,
+        "attacks": entries, "excluded": [e.to_dict() for e in cells.excluded],
+        "layers": cells.statuses, "n_scored": len(entries),
+        "combined": None if combined is None else combined.to_dict(),
+    }
+    if scores_out is not None:
+        record.update(write_scores(Path(scores_out), plan=plan, scored=cells.scored))
+    record.update(_peak(record, combined))
+    record["scoring_seconds"] = time.perf_counter() - started
+    return record
+
+
+def _statistics(scored: Mapping[tuple[str, str], tuple[np.ndarray, dict[str, Any]]], *,
+                labels: np.ndarray, alpha: float) -> tuple[list[dict[str, Any]], Any]:
+    """The record's entry per scored cell and the Holm-corrected combination over them (None
+    without a scored cell: nothing to combine)."""
     per_attack = {key: attack_statistics(labels=labels, scores=scores,
                                          decision_threshold=meta["threshold"])
                   for key, (scores, meta) in scored.items()}
-    combined = combine_attacks(per_attack_stats=per_attack, alpha=settings.alpha)
+    if not per_attack:
+        return [], None
+    combined = combine_attacks(per_attack_stats=per_attack, alpha=alpha)
     corrected = {(c["layer"], c["attack"]): c["p"]
                  for c in combined.to_dict()["corrected_p_values"]}
     entries = []
     for key, stats in per_attack.items():
         entry = _entry(key, stats, scored[key][1])
         entry["p_corrected"] = corrected[key]
-        entry["significant"] = bool(corrected[key] < settings.alpha)
+        entry["significant"] = bool(corrected[key] < alpha)
         entries.append(entry)
-    references = [{**dataclasses.asdict(r), "cached": r.index in hits} for r in signals.records]
-    record = {
-        "mode": plan.kind, "n_references": plan.n_references,
-        "reference_size": plan.reference_size, "note": plan.note,
-        "plan_statement": plan_statement(kind=plan.kind, n_references=plan.n_references),
-        "n_candidates": len(labels), "alpha": settings.alpha,
-        "attacks": entries, "combined": combined.to_dict(), "references": references,
-        "reference_train_seconds": trained - started,
-        "scoring_seconds": time.perf_counter() - trained,
-    }
-    if scores_out is not None:
-        record.update(write_scores(Path(scores_out), plan=plan, scored=scored))
-    record.update(_peak(record, combined))
-    _say(progress, f"audit: {len(entries)} attacks scored in {record['scoring_seconds']:.1f} s"
-                   f" (references {record['reference_train_seconds']:.1f} s)")
-    return record
+    return entries, combined
 
 
 def stored_scores(scores: Any) -> np.ndarray:
@@ -198,23 +248,104 @@ def stored_scores(scores: Any) -> np.ndarray:
         .astype(np.float32).astype(np.float64)
 
 
-def _scored(signals: Any, classifier: Any, target: LayeredModel
-            ) -> dict[tuple[str, str], tuple[np.ndarray, dict[str, Any]]]:
-    """{(layer, attack): (stored scores, metadata)} for every calibrated attack and the shadow
-    classifier, in the order the record lists them."""
+Cell = tuple[np.ndarray, dict[str, Any]]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Cells:
+    """Every layer x attack cell of an audit: scored (stored scores and metadata, in the order
+    the record lists them), or excluded with its reason; and each layer's status."""
+
+    scored: dict[tuple[str, str], Cell]
+    excluded: list[Exclusion]
+    statuses: list[dict[str, Any]]
+
+
+def _scored(signals: AuditSignals, classifier: ShadowClassifier,
+            target: LayeredModel) -> _Cells:
+    """Every calibrated attack and the shadow classifier on every layer; a cell whose input is
+    identical in the target and every reference, or whose scores are not finite, is excluded
+    (``trainables.audit.exclusion``)."""
     layers = list(target.layer_names)
-    out: dict[tuple[str, str], tuple[np.ndarray, dict[str, Any]]] = {}
-    for signal, attacks in score_signals(signals).items():
+    frozen = frozen_layers(target)
+    plan = signals.plan
+    n_examples = len(plan.candidates) + len(plan.population)
+    same = identical_signals(signals)
+    scored: dict[tuple[str, str], Cell] = {}
+    excluded: list[Exclusion] = []
+    names = list(signals.target)
+    for signal in names:
         layer, index, kind = _layer_of(signal, layers)
-        for name, scored in attacks.items():
-            out[(layer, f"{name}:{kind}")] = (stored_scores(scored.scores), {
-                "index": index, "signal": signal, "rule": scored.rule,
-                "threshold": scored.threshold})
-    for layer, probs in classifier.scores(target).items():
-        out[(layer, f"{SHADOW_CLASSIFIER}:ir")] = (stored_scores(probs), {
-            "index": layers.index(layer), "signal": "sorted IR",
+
+        def drop(attack: str, status: str, reason: str, *, layer: str = layer,
+                 index: int = index, signal: str = signal) -> None:
+            excluded.append(Exclusion(layer=layer, index=index, attack=attack, signal=signal,
+                                      status=status, reason=reason))
+
+        shared = (shared_reason(frozen=layer in frozen, what=f"its signal '{signal}'",
+                                n_references=plan.n_references, n_examples=n_examples)
+                  if signal in same else None)
+        try:
+            attacks = _signal_attacks(signals, signal, names)
+        except ValueError as exc:  # e.g. too few finite reference values for a variance
+            drop(f"*:{kind}", SHARED if shared else UNSCORABLE, shared or
+                 f"no attack on '{signal}' could be computed: {exc}")
+            continue
+        for name, result in attacks.items():
+            attack = f"{name}:{kind}"
+            if shared:
+                drop(attack, SHARED, shared)
+            elif not np.isfinite(result.scores).all():
+                drop(attack, NON_FINITE, non_finite_reason(
+                    result.scores, what=f"the signal '{signal}'",
+                    target=signals.target[signal], references=signals.references[signal]))
+            else:
+                scored[(layer, attack)] = (stored_scores(result.scores), {
+                    "index": index, "signal": signal, "rule": result.rule,
+                    "threshold": result.threshold})
+    _shadow_cells(classifier, target, scored=scored, excluded=excluded, frozen=frozen)
+    rows = [(name, i) for i, name in enumerate(layers)] + [(OUTPUT, len(layers))]
+    return _Cells(scored=scored, excluded=excluded,
+                  statuses=layer_statuses(layers=rows, scored=scored, excluded=excluded,
+                                          frozen=frozen))
+
+
+def _signal_attacks(signals: AuditSignals, signal: str, names: list[str]) -> dict[str, Any]:
+    """Every attack on one signal, as ``score_signals`` runs it among ``names``: RMIA only once
+    per probability it reads (``rmia_input``), so none on ``loss`` beside ``logit``."""
+    own = rmia_input(signal)
+    attacks = tuple(a for a in ATTACKS if a != RMIA or own == signal or own not in names)
+    return score_signals(signals, names=[signal], attacks=attacks)[signal]
+
+
+def _shadow_cells(classifier: ShadowClassifier, target: LayeredModel, *,
+                  scored: dict[tuple[str, str], Cell], excluded: list[Exclusion],
+                  frozen: set[str]) -> None:
+    """The shadow classifier's cell of every layer, except layers whose raw output is
+    identical in the target and every reference."""
+    layers = list(target.layer_names)
+    attack = f"{SHADOW_CLASSIFIER}:ir"
+    split, _ = classifier.calibration()
+    same = set(classifier.identical_layers(target))
+    for layer in (name for name in layers if name in same):
+        excluded.append(Exclusion(
+            layer=layer, index=layers.index(layer), attack=attack, signal=IR_SIGNAL,
+            status=SHARED, reason=shared_reason(
+                frozen=layer in frozen, what="its output",
+                n_references=classifier.plan.n_references, n_examples=len(split))))
+    result = classifier.scores(target, layers=[name for name in layers if name not in same])
+    for layer, why in result.failed.items():
+        excluded.append(Exclusion(layer=layer, index=layers.index(layer), attack=attack,
+                                  signal=IR_SIGNAL, status=UNSCORABLE, reason=why))
+    for layer, probs in result.scores.items():
+        if not np.isfinite(probs).all():
+            excluded.append(Exclusion(
+                layer=layer, index=layers.index(layer), attack=attack, signal=IR_SIGNAL,
+                status=NON_FINITE, reason=non_finite_reason(probs, what="P(member)")))
+            continue
+        scored[(layer, attack)] = (stored_scores(probs), {
+            "index": layers.index(layer), "signal": IR_SIGNAL,
             "rule": f"P(member) >= {THRESHOLD:g}", "threshold": THRESHOLD})
-    return out
 
 
 def write_scores(path: Path, *, plan: Any,
@@ -231,7 +362,8 @@ def write_scores(path: Path, *, plan: Any,
         is_member=np.asarray(plan.is_member, dtype=np.int8),
         layer=np.array([k[0] for k in keys], dtype=str),
         attack=np.array([k[1] for k in keys], dtype=str),
-        scores=np.stack([scored[k][0] for k in keys]).astype(np.float32))
+        scores=(np.stack([scored[k][0] for k in keys]) if keys
+                else np.zeros((0, len(plan.is_member)))).astype(np.float32))
     blob = buffer.getvalue()
     atomic_write_bytes(path, blob)
     return {"scores_file": path.name, "scores_sha256": hashlib.sha256(blob).hexdigest()}
@@ -256,18 +388,25 @@ def _entry(key: tuple[str, str], stats: Any, meta: dict[str, Any]) -> dict[str, 
 
 
 def _peak(record: dict[str, Any], combined: Any) -> dict[str, Any]:
+    """The record's peak fields: over the scored cells only; absent (None) with the reason when
+    no cell is scored."""
+    loss = next((e for e in record["attacks"] if e["attack"].startswith("loss_threshold")),
+                None)
+    losses = {"loss_attack_accuracy": None if loss is None else loss["accuracy"],
+              "loss_attack_auc": None if loss is None else loss["auc"]}
+    if combined is None:
+        return {"peak_mia_accuracy": None, "peak_mia_upper": None, "peak_layer": None,
+                "peak_layer_index": None, "peak_attack": None, "leak_detected": False,
+                "leak_p_value": None, "peak_half_width": None,
+                "peak_absent_reason": absent_peak_reason(record["layers"]), **losses}
     c = combined.to_dict()
     layer, attack = c["peak_layer"], c["peak_attack"]
     peak = next(e for e in record["attacks"] if e["layer"] == layer and e["attack"] == attack)
-    loss = next((e for e in record["attacks"] if e["attack"].startswith("loss_threshold")),
-                None)
     return {"peak_mia_accuracy": peak["accuracy"], "peak_mia_upper": c["peak_upper"],
             "peak_layer": layer, "peak_layer_index": peak["index"], "peak_attack": attack,
             "leak_detected": bool(c["leak_detected"]),
             "leak_p_value": c["min_p_corrected"],
-            "peak_half_width": c["peak_half_width"],
-            "loss_attack_accuracy": None if loss is None else loss["accuracy"],
-            "loss_attack_auc": None if loss is None else loss["auc"]}
+            "peak_half_width": c["peak_half_width"], "peak_absent_reason": None, **losses}
 
 
 def claim_check(record: Mapping[str, Any], *, epsilon: float,
@@ -305,25 +444,33 @@ def row_audit_columns(record: Mapping[str, Any], *,
     With the trial's ``row``, its claimed epsilon is checked against every ROC point
     (:func:`claim_check`); a valid claim below the measured bound is contradicted.
     """
-    summary_keys = [k for k in record["attacks"][0] if k not in ("roc_fpr", "roc_tpr")]
-    layers = [{k: e[k] for k in summary_keys} for e in record["attacks"]]
+    cells = [{**{k: v for k, v in e.items() if k not in ("roc_fpr", "roc_tpr")},
+              "status": SCORED} for e in record["attacks"]]
+    cells += list(record.get("excluded", []))  # status and reason, no statistics
     nan = math.nan
-    return {"peak_mia_accuracy": record["peak_mia_accuracy"],
-            "peak_mia_upper": record["peak_mia_upper"], "peak_layer": record["peak_layer"],
-            "peak_layer_index": int(record["peak_layer_index"]),
-            "peak_attack": record["peak_attack"],
+    index = record["peak_layer_index"]
+    return {"peak_mia_accuracy": _or_nan(record["peak_mia_accuracy"]),
+            "peak_mia_upper": _or_nan(record["peak_mia_upper"]),
+            "peak_layer": record["peak_layer"] or "",
+            "peak_layer_index": -1 if index is None else int(index),
+            "peak_attack": record["peak_attack"] or "",
             "leak_detected": bool(record["leak_detected"]),
-            "leak_p_value": record["leak_p_value"],
+            "leak_p_value": _or_nan(record["leak_p_value"]),
             "loss_attack_accuracy": record["loss_attack_accuracy"] or nan,
             "loss_attack_auc": record["loss_attack_auc"] or nan,
-            "mia_layers": json.dumps(layers, sort_keys=True), "audit_mode": record["mode"],
+            "mia_layers": json.dumps(cells, sort_keys=True), "audit_mode": record["mode"],
             "audit_seconds": record["reference_train_seconds"] + record["scoring_seconds"],
             **_claim_columns(record, row)}
 
 
+def _or_nan(value: Any) -> float:
+    """A record's number, NaN where the record has none (an audit without a scored cell)."""
+    return math.nan if value is None else float(value)
+
+
 def _claim_columns(record: Mapping[str, Any], row: Mapping[str, Any] | None) -> dict[str, Any]:
     claim = math.nan if row is None else float(row.get("epsilon_upper") or math.nan)
-    if not math.isfinite(claim):
+    if not math.isfinite(claim) or not record["attacks"]:
         return {"mia_epsilon_lower": math.nan, "mia_pointwise_violations": -1}
     check = claim_check(record, epsilon=claim, delta=float(row["delta"]))
     out = {"mia_epsilon_lower": check["mia_epsilon_lower"],
@@ -372,7 +519,11 @@ def audit_in_trial(*, spec: TrialSpec, result: TrialResult, trial_dir: Path,
                                data=data, settings=settings, budgets=budgets,
                                **trial_audit_paths(Path(trial_dir)))
     atomic_write_json(Path(trial_dir) / layout.AUDIT, record)
-    return {k: record[k] for k in ("peak_mia_accuracy", "peak_mia_upper", "leak_detected")}
+    # no scored cell: no peak (NaN, which the searcher reads as a trial without objectives);
+    # audit.json says why
+    return {"peak_mia_accuracy": _or_nan(record["peak_mia_accuracy"]),
+            "peak_mia_upper": _or_nan(record["peak_mia_upper"]),
+            "leak_detected": bool(record["leak_detected"])}
 
 
 def reference_size(data: DataSplits, settings: AuditSettings) -> int:

@@ -1,7 +1,8 @@
 """What the audits measured: leakage per series (with what the audit plan can and cannot see),
-the per-layer x attack heat maps, ROC curves at the peak cell (with a note when the reference
-models are weaker than the target), every front trial's per-candidate scores
-(``mia_scores.parquet``), and the canary lower bounds on epsilon.
+the per-layer x attack heat maps with the cells each audit did not score and why (a layer
+frozen and shared with every reference is at chance by construction), ROC curves at the peak
+cell (with a note when the reference models are weaker than the target), every front trial's
+per-candidate scores (``mia_scores.parquet``), and the canary lower bounds on epsilon.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from reports.html.fmt import (
     figure_html,
     flags_html,
     flags_text,
+    ids_text,
     int_text,
     note_html,
     num_text,
@@ -35,7 +37,7 @@ from reports.html.fmt import (
 )
 from reports.html.fronts import front_trials_at
 from reports.html.records import Records, RunData, as_float, plan_statement
-from reports.pareto import KIND_ALL, MIA, Front, natural_key, sort_trials
+from reports.pareto import KIND_ALL, MIA, SCORED, Front, natural_key, sort_trials
 
 #: Test-accuracy gap beyond which the report calls the audit's references weaker than the target.
 REFERENCE_GAP = 0.05
@@ -180,15 +182,58 @@ def heatmap_section(data: RunData, *, front_list: Sequence[Front], out: Path,
                      + figure_html(png, f"Per-layer × attack MIA accuracy of the front trials at "
                                    f"ε = {target:g}")
                      + (note_html(f"{more} more front trials in the CSV.") if more > 0 else ""))
+    unscored = unscored_section(unscored_frame(data))
     if not parts:
-        return note_html("No heat map: no front trial has per-layer MIA results.")
+        return note_html("No heat map: no front trial has per-layer MIA results.") + unscored
     return ("<p>Rows: trials on a front at that target; columns: layers from input to output "
             "(the output last), each with its attacks; colour centred on 0.5 (chance): red = "
             "the attack beats guessing, blue = below it. Faded cells with grey values are not "
-            "significant after correction for the number of layers × attacks (n.s.); bold "
-            "values with * are significant; the black box is the trial's peak. Per-cell "
-            "intervals, AUC and TPR at low FPR are in <code>mia_layers.csv</code>.</p>"
-            + "\n".join(parts))
+            "significant after correction for the number of scored layers × attacks (n.s.); "
+            "bold values with * are significant; the black box is the trial's peak; plain "
+            "grey cells without a value were not scored (below). Per-cell intervals, AUC and "
+            "TPR at low FPR are in <code>mia_layers.csv</code>.</p>"
+            + "\n".join(parts) + unscored)
+
+
+def _scored(cell: dict[str, Any]) -> bool:
+    return str(cell.get("status", SCORED)) == SCORED
+
+
+def unscored_frame(data: RunData) -> pd.DataFrame:
+    """One row per (layer, status, reason) that some audited trial did not score, with the
+    trials and the attacks concerned."""
+    groups: dict[tuple[str, str, str], tuple[list[str], list[str]]] = {}
+    for tid in data.ok["trial_id"]:
+        for cell in data.parsed[tid]["mia_layers"]:
+            if _scored(cell):
+                continue
+            key = (str(cell.get("layer", "?")), str(cell.get("status", "?")),
+                   str(cell.get("reason", "")))
+            trials, attacks = groups.setdefault(key, ([], []))
+            if tid not in trials:
+                trials.append(tid)
+            if str(cell.get("attack", "?")) not in attacks:
+                attacks.append(str(cell.get("attack", "?")))
+    rows = [{"layer": layer, "status": status, "reason": reason, "trials": len(trials),
+             "trial_ids": " ".join(trials), "attacks": " ".join(attacks)}
+            for (layer, status, reason), (trials, attacks) in groups.items()]
+    return pd.DataFrame(rows, columns=["layer", "status", "reason", "trials", "trial_ids",
+                                       "attacks"])
+
+
+def unscored_section(frame: pd.DataFrame) -> str:
+    """The cells no audit scored, per layer and reason: they are outside every peak, its upper
+    bound and the multiple-testing correction."""
+    if frame.empty:
+        return ""
+    items = [f"<li>layer <b>{esc(r['layer'])}</b> ({esc(r['status'])}; "
+             f"{esc(r['attacks'])}) in {count_text(int(r['trials']), 'trial')} "
+             f"({ids_text(str(r['trial_ids']).split())}): {esc(r['reason'])}</li>"
+             for _, r in frame.iterrows()]
+    return ("<p><b>Not scored.</b> These layer × attack cells are reported, not scored: they "
+            "are outside the peak, its upper bound and the correction for the number of "
+            "layers × attacks, which count the scored cells only.</p>"
+            f"<ul>{''.join(items)}</ul>")
 
 
 def canary_frame(data: RunData) -> pd.DataFrame:

@@ -14,16 +14,22 @@ activations (:func:`unit_invariant`: invariant to unit order), thinned to order 
 plus its one-hot label; the output layer also gets the true class's logit-scaled confidence.
 The calibrated attacks (``scores.py``) are stronger; this one is reported so the two families
 can be compared on the same references.
+
+While it reads every reference's representations it also keeps a digest of each layer's raw
+output (:meth:`ShadowClassifier.identical_layers`): a layer whose output is bit-identical in the
+target and every reference (a frozen backbone shared through one weights file) cannot depend on
+the target's membership, so the audit reports it instead of scoring it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from core.lazy import lazy_module
-from trainables.audit.layer_attack import fit_layer_attacks, ir_features, reduce_ir
+from trainables.audit.layer_attack import fit_layer_attack, ir_features, reduce_ir
 from trainables.audit.references import ReferencePlan, ReferenceTrainer
 from trainables.audit.signals import logit_confidence
 from trainables.data.splits import DataSplits
@@ -31,6 +37,7 @@ from trainables.data.splits import DataSplits
 if TYPE_CHECKING:
     import torch
 
+    from trainables.data.splits import Split
     from trainables.models.networks import LayeredModel
 else:
     torch = lazy_module("torch")
@@ -72,11 +79,12 @@ def _stat_blocks(model: LayeredModel, x: torch.Tensor) -> dict[str, int]:
             for name, ir in irs.items()}
 
 
-def layer_features(model: LayeredModel, x: torch.Tensor, y: torch.Tensor, *,
-                   classes: int) -> dict[str, np.ndarray]:
+def layer_features(model: LayeredModel, x: torch.Tensor, y: torch.Tensor, *, classes: int,
+                   digests: dict[str, str] | None = None) -> dict[str, np.ndarray]:
     """Each layer's unit-order-invariant features with the one-hot label (the attacker of a
-    membership query knows the label), and the output layer's logit-scaled confidence."""
-    raw = ir_features(model, x)
+    membership query knows the label), and the output layer's logit-scaled confidence;
+    ``digests`` receives each layer's raw-output digest (``ir_features``)."""
+    raw = ir_features(model, x, digests=digests)
     onehot = torch.nn.functional.one_hot(y, classes).to(torch.float32).numpy()
     blocks = _stat_blocks(model, x)
     out = {name: np.concatenate([unit_invariant(f, blocks=blocks[name]), onehot], axis=1)
@@ -88,12 +96,22 @@ def layer_features(model: LayeredModel, x: torch.Tensor, y: torch.Tensor, *,
     return out
 
 
+@dataclass(frozen=True)
+class ClassifierScores:
+    """P(member) per scored layer for the plan's candidates, and why any requested layer has
+    none (its fit or prediction refused its features, e.g. non-finite values)."""
+
+    scores: dict[str, np.ndarray]
+    failed: dict[str, str]
+
+
 class ShadowClassifier:
     """Collects labelled features from each reference as it is trained, then scores a target.
 
     Wrap the audit's reference trainer with :meth:`wrap`; each reference contributes the
     examples whose membership in it is known and mixed (``ReferencePlan``: the candidates for
-    online references, the population for offline ones).
+    online references, the population for offline ones), and its layers' raw-output digests on
+    them.
     """
 
     def __init__(self, plan: ReferencePlan, *, classes: int, seed: int) -> None:
@@ -102,6 +120,7 @@ class ShadowClassifier:
         self.seed = seed
         self._members: list[dict[str, np.ndarray]] = []
         self._nonmembers: list[dict[str, np.ndarray]] = []
+        self._digests: list[dict[str, str]] = []
 
     def wrap(self, trainer: ReferenceTrainer) -> ReferenceTrainer:
         def train(data: DataSplits, seed: int, index: int) -> tuple[LayeredModel, float]:
@@ -111,25 +130,54 @@ class ShadowClassifier:
 
         return train
 
-    def _collect(self, model: LayeredModel, index: int) -> None:
+    def calibration(self) -> tuple[Split, np.ndarray]:
+        """The examples every reference is read on, and [K, n]: reference k trained on
+        example n."""
         plan = self.plan
         if plan.in_mask.any():
-            split, mask = plan.candidates, plan.in_mask[index]
-        else:
-            split, mask = plan.population, plan.population_in_mask[index]
-        feats = layer_features(model, split.x, split.y, classes=self.classes)
+            return plan.candidates, plan.in_mask
+        return plan.population, plan.population_in_mask
+
+    def _collect(self, model: LayeredModel, index: int) -> None:
+        split, masks = self.calibration()
+        mask = masks[index]
+        digests: dict[str, str] = {}
+        feats = layer_features(model, split.x, split.y, classes=self.classes, digests=digests)
         self._members.append({k: v[mask] for k, v in feats.items()})
         self._nonmembers.append({k: v[~mask] for k, v in feats.items()})
+        self._digests.append(digests)
 
-    def scores(self, target: LayeredModel) -> dict[str, np.ndarray]:
-        """P(member) per layer for the plan's candidates under the target model."""
+    def identical_layers(self, target: LayeredModel) -> list[str]:
+        """The target's layers whose raw output on the calibration examples is bit-identical
+        to every reference's: frozen and shared, so no attack on them can see membership."""
+        if not self._digests:
+            raise RuntimeError("no reference features collected: wrap the trainer first")
+        split, _ = self.calibration()
+        own: dict[str, str] = {}
+        ir_features(target, split.x, digests=own)
+        return [name for name in target.layer_names
+                if all(d.get(name) == own[name] for d in self._digests)]
+
+    def scores(self, target: LayeredModel, *,
+               layers: list[str] | None = None) -> ClassifierScores:
+        """P(member) per layer (all by default) for the plan's candidates under the target
+        model; a layer whose features the classifier refuses is named with the reason."""
         if not self._members:
             raise RuntimeError("no reference features collected: wrap the trainer first")
-        attacks = fit_layer_attacks(_pooled(self._members), _pooled(self._nonmembers),
-                                    seed=self.seed, kind=KIND)
+        names = list(target.layer_names if layers is None else layers)
+        members, nonmembers = _pooled(self._members), _pooled(self._nonmembers)
         cand = self.plan.candidates
         feats = layer_features(target, cand.x, cand.y, classes=self.classes)
-        return {name: attack.predict_proba(feats[name])[:, 1] for name, attack in attacks.items()}
+        out: dict[str, np.ndarray] = {}
+        failed: dict[str, str] = {}
+        for name in names:
+            try:
+                attack = fit_layer_attack(members[name], nonmembers[name], seed=self.seed,
+                                          index=target.layer_names.index(name), kind=KIND)
+                out[name] = attack.predict_proba(feats[name])[:, 1]
+            except ValueError as exc:  # scikit-learn refuses NaN / infinite features
+                failed[name] = f"the shadow classifier refused the layer's features: {exc}"
+        return ClassifierScores(scores=out, failed=failed)
 
 
 def _pooled(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

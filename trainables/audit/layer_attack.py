@@ -34,6 +34,7 @@ unlike a fully trained MLP, it does not memorise a few hundred examples.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -80,27 +81,42 @@ def reduce_ir(ir: torch.Tensor, *, max_flat: int = MAX_FLAT,
     return torch.cat(blocks, dim=1)
 
 
+def _digest_update(digest: Any, ir: torch.Tensor) -> None:
+    """Feed one chunk of a layer's raw output (shape, dtype and bytes) to its digest."""
+    flat = ir.detach().to("cpu").contiguous().reshape(-1)
+    digest.update(f"{tuple(ir.shape)}{ir.dtype}".encode())
+    digest.update(flat.view(torch.uint8).numpy())  # the buffer itself, no copy
+
+
 @torch.no_grad()
 def ir_features(model: LayeredModel, x: torch.Tensor, *, layers: Sequence[str] | None = None,
-                batch: int = 1024, max_flat: int = MAX_FLAT,
-                sort_units: bool = False) -> Features:
+                batch: int = 1024, max_flat: int = MAX_FLAT, sort_units: bool = False,
+                digests: dict[str, str] | None = None) -> Features:
     """Attack features of every requested layer (all by default) for inputs ``x``.
 
     Forwarded in chunks of ``batch`` in eval mode (restored afterwards); float32 numpy arrays,
-    one row per example, ready for scikit-learn.
+    one row per example, ready for scikit-learn. ``digests``, when given, receives each layer's
+    SHA-256 of its raw output (before any reduction) from the same forward pass: equal digests
+    of two models on the same inputs mean bit-identical representations, which the audit reads
+    as a layer shared by target and references (``trainables.audit.exclusion``).
     """
     names = list(model.layer_names if layers is None else layers)
     was_training = model.training
     model.eval()
     parts: dict[str, list[np.ndarray]] = {name: [] for name in names}
+    hashes = {name: hashlib.sha256() for name in names} if digests is not None else {}
     try:
         for start in range(0, x.shape[0], batch):
             _, irs = model.forward_with_irs(x[start:start + batch], layers=names)
             for name in names:
                 feats = reduce_ir(irs[name], max_flat=max_flat, sort_units=sort_units)
                 parts[name].append(feats.detach().to("cpu", torch.float32).numpy())
+                if name in hashes:
+                    _digest_update(hashes[name], irs[name])
     finally:
         model.train(was_training)
+    if digests is not None:
+        digests.update({name: h.hexdigest() for name, h in hashes.items()})
     return {name: (np.concatenate(chunks) if chunks else np.zeros((0, 0), np.float32))
             for name, chunks in parts.items()}
 
@@ -142,13 +158,18 @@ def fit_layer_attacks(features_members: Features, features_nonmembers: Features,
     """One fitted attack per layer (label 1 = member), each on balanced classes."""
     if features_members.keys() != features_nonmembers.keys():
         raise ValueError("members and non-members must have features for the same layers")
-    attacks: dict[str, Pipeline] = {}
-    for i, name in enumerate(features_members):
-        rng = np.random.default_rng([seed, i])
-        x, y = balanced_xy(features_members[name], features_nonmembers[name], rng=rng)
-        attack = make_attack(kind=kind, seed=seed + i, early_stopping=len(y) >= MIN_EARLY_STOP)
-        attacks[name] = attack.fit(x, y)
-    return attacks
+    return {name: fit_layer_attack(features_members[name], features_nonmembers[name],
+                                   seed=seed, index=i, kind=kind)
+            for i, name in enumerate(features_members)}
+
+
+def fit_layer_attack(members: np.ndarray, nonmembers: np.ndarray, *, seed: int, index: int,
+                     kind: str = "mlp") -> Pipeline:
+    """The attack of the ``index``-th layer (its own seeded stream), on balanced classes."""
+    rng = np.random.default_rng([seed, index])
+    x, y = balanced_xy(members, nonmembers, rng=rng)
+    attack = make_attack(kind=kind, seed=seed + index, early_stopping=len(y) >= MIN_EARLY_STOP)
+    return attack.fit(x, y)
 
 
 def attack_accuracy(attack: Any, members: np.ndarray, nonmembers: np.ndarray) -> float:
