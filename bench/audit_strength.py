@@ -1,0 +1,472 @@
+"""How strong is the membership audit, per plan, on a target that memorises (issue 41, item 4).
+
+The target is the test suite's leaky digits model (``tests/unit/orchestrator/test_audit.py``):
+scikit-learn digits, 300 members (the train split), the "auto" network (``digits_cnn``)
+trained by ``trainables.audit.references.train_nonprivate`` (plain Adam, no clipping or noise,
+100 epochs: train accuracy 1.0). Non-members are the 300 examples of the holdout split, the
+public shadow pool has 800. The audit's pieces are driven directly, in this process, exactly as
+``orchestrator.audit.membership.audit_model`` assembles them (plan, layer probes, the shadow
+classifier wrapped around the reference trainer, ``collect_signals``, ``score_signals``); no
+Ray, no sweep. Plans (``PLAN_ROWS``):
+
+* ``offline-4``: the code's default (``[audit] references = "offline"``,
+  ``reference_models = 4``): 4 references trained on the public pool;
+* ``online-4`` and ``online-16``: references trained on halves of members + non-members. The
+  first 4 references of the 16-reference online plan *are* the 4-reference plan (the same
+  candidates, training rows and seeds: ``plan_references`` pairs reference 2i and 2i+1 on one
+  permutation, ``reference_seed`` depends on the index only), so one 16-reference training
+  serves both rows (the bench checks the masks agree).
+
+Per plan and attack (``lira_online`` — the plain online LiRA, only with online references —,
+``lira_offline``, ``rmia``, the uncalibrated ``loss_threshold``, and the ``shadow_classifier``,
+per layer only): TPR at 1% and 0.1% FPR and AUC on the output loss (RMIA reads the output's
+true-class probability, the same for loss and logit, so it runs on ``logit``), and on the best
+layer (the per-layer signal — gradient norm, probe loss or shadow classifier's sorted
+representation — with the highest TPR at 1% FPR: an oracle pick, optimistic like any maximum).
+``strongest`` is the best cell of the plan over every signal and attack. TPR at a target FPR
+uses the audit's rule (``trainables.audit.stats.attacks``): threshold at the (k+1)-th largest
+non-member score, k the most false positives the FPR allows, members strictly above it; with
+300 non-members 0.1% FPR allows none (k = 0: the TPR above every non-member), so that figure is
+flagged not meaningful. Scores pass through float32 first, as the audit stores them.
+
+Every seed re-draws the data split, the target's training seed, and the audit seed (candidates,
+reference training sets and seeds); repeat 0 is the test suite's setup (data seed 0, target
+seed 12345) with audit seed 0. Reported: median and range over seeds, and per plan the
+reference trainings and seconds (one torch thread). A ``candidate`` row measures one cheap
+alternative default (``CANDIDATE``) on the offline-4 references: measured only, not wired into
+the product.
+
+Run from the repository root: ``.venv/bin/python -m bench.audit_strength [--seeds N]
+[--epochs E]``; writes ``bench/results/audit_strength.json``. 21 model trainings of ~2 s per
+seed; 5 seeds took 347 s at a load of 6 on 2 shared cores.
+
+Result (5 seeds, median [range], TPR at 1% FPR of the plan's strongest cell): offline-4 0.110
+[0.097-0.153], online-4 0.140 [0.113-0.160], online-16 0.167 [0.157-0.200]; plain online LiRA
+with 16 references 0.140 [0.097-0.150] on the output logit, 0.157 [0.137-0.200] on its best
+layer. The candidate raised offline LiRA's AUC on every signal view and seed (output logit
+0.676 vs 0.664) but not the strongest cell's TPR at 1% FPR (0.103 vs 0.110).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+#: (row, plan kind, references trained, references used).
+PLAN_ROWS = (("offline-4", "offline", 4, 4), ("online-4", "online", 16, 4),
+             ("online-16", "online", 16, 16))
+#: The FPRs the audit reports TPR at.
+FPRS = (0.01, 0.001)
+FPR_LABELS = {0.01: "tpr_at_1pct", 0.001: "tpr_at_01pct"}
+#: The test suite's leaky target: its splits, recipe and target seed.
+SPLIT_SIZES = {"train": 300, "validation": 100, "holdout": 300, "test": 297, "shadow": 800}
+EPOCHS = 100
+LR = 3e-3
+BATCH = 32
+TARGET_SEED = 12345
+DEFAULT_SEEDS = 5
+SHADOW = "shadow_classifier"
+LOSS_THRESHOLD = "loss_threshold"
+#: The output signals (their layer is "output").
+OUTPUT_SIGNALS = ("loss", "logit")
+CANDIDATE = "candidate: offline-4, population-calibrated offline LiRA"
+CANDIDATE_ATTACK = "lira_offline_popcal"
+
+
+# --- pure parts (tests/unit/bench/test_audit_strength.py) ------------------------------------
+
+
+def as_stored(scores: Any) -> np.ndarray:
+    """Scores as the audit stores and evaluates them: float32 (clipped to its range)."""
+    big = float(np.finfo(np.float32).max)
+    return np.clip(np.asarray(scores, dtype=np.float64), -big, big).astype(np.float32) \
+        .astype(np.float64)
+
+
+def max_false_positives(fpr: float, n_nonmembers: int) -> int:
+    """Largest k with k / n <= fpr (robust to products like 0.01 x 300)."""
+    k = math.floor(fpr * n_nonmembers)
+    while k + 1 <= n_nonmembers and (k + 1) / n_nonmembers <= fpr:
+        k += 1
+    while k > 0 and k / n_nonmembers > fpr:
+        k -= 1
+    return k
+
+
+def tpr_at_fpr(scores: Any, labels: Any, fpr: float) -> tuple[float, bool]:
+    """(TPR, meaningful) at ``fpr`` by the audit's rule: the threshold is the (k+1)-th largest
+    non-member score, k = :func:`max_false_positives`, and a member counts when its score is
+    strictly above it. Meaningful when the non-members allow at least one false positive."""
+    s = np.asarray(scores, dtype=np.float64)
+    y = np.asarray(labels, dtype=bool)
+    members, nonmembers = s[y], s[~y]
+    if len(members) == 0 or len(nonmembers) == 0:
+        raise ValueError("TPR at FPR needs members and non-members")
+    k = max_false_positives(fpr, len(nonmembers))
+    threshold = np.sort(nonmembers)[::-1][k]
+    return float(np.count_nonzero(members > threshold) / len(members)), \
+        len(nonmembers) * fpr >= 1
+
+
+def roc_auc(scores: Any, labels: Any) -> float:
+    """Area under the ROC curve (Mann-Whitney; ties count half)."""
+    s = np.asarray(scores, dtype=np.float64)
+    y = np.asarray(labels, dtype=bool)
+    n1, n0 = int(y.sum()), int((~y).sum())
+    if n1 == 0 or n0 == 0:
+        raise ValueError("AUC needs members and non-members")
+    order = np.argsort(s, kind="stable")
+    ranks = np.empty(len(s))
+    sorted_s = s[order]
+    # average ranks of ties (1-based)
+    starts = np.r_[0, np.flatnonzero(np.diff(sorted_s)) + 1]
+    ends = np.r_[starts[1:], len(s)]
+    for a, b in zip(starts, ends, strict=True):
+        ranks[order[a:b]] = (a + b + 1) / 2
+    return float((ranks[y].sum() - n1 * (n1 + 1) / 2) / (n1 * n0))
+
+
+def cell_metrics(scores: Any, labels: Any) -> dict[str, Any]:
+    """TPR at each of ``FPRS`` (with its meaningful flag) and AUC of one attack's scores."""
+    s = as_stored(scores)
+    out: dict[str, Any] = {}
+    for fpr in FPRS:
+        tpr, meaningful = tpr_at_fpr(s, labels, fpr)
+        out[FPR_LABELS[fpr]] = tpr
+        out[f"{FPR_LABELS[fpr]}_meaningful"] = meaningful
+    out["auc"] = roc_auc(s, labels)
+    return out
+
+
+def best_cell(cells: Mapping[str, Mapping[str, Any]]) -> tuple[str, Mapping[str, Any]] | None:
+    """The cell with the highest TPR at 1% FPR (ties: higher AUC, then name order)."""
+    if not cells:
+        return None
+    name = max(sorted(cells), key=lambda k: (cells[k]["tpr_at_1pct"], cells[k]["auc"]))
+    return name, cells[name]
+
+
+def spread(values: Sequence[float]) -> dict[str, Any]:
+    """Median, min and max of the per-seed values (and the values)."""
+    v = [float(x) for x in values]
+    return {"median": statistics.median(v), "min": min(v), "max": max(v), "values": v}
+
+
+#: Metrics aggregated over seeds per (plan, attack, view).
+METRICS = ("tpr_at_1pct", "tpr_at_01pct", "auc")
+
+
+def aggregate(runs: Sequence[Mapping[str, Mapping[str, Mapping[str, Any]]]]
+              ) -> dict[str, dict[str, Any]]:
+    """Per-seed views {attack: {view: metrics}} -> {attack: {view: {metric: spread}}}, over
+    the (attack, view) pairs present in every seed; the view's chosen cell names are listed."""
+    keys = [(a, v) for a, views in runs[0].items() for v in views
+            if all(v in r.get(a, {}) for r in runs)]
+    out: dict[str, dict[str, Any]] = {}
+    for attack, view in keys:
+        cells = [r[attack][view] for r in runs]
+        entry: dict[str, Any] = {m: spread([c[m] for c in cells]) for m in METRICS}
+        entry["tpr_at_01pct_meaningful"] = all(c["tpr_at_01pct_meaningful"] for c in cells)
+        if any("cell" in c for c in cells):
+            entry["cells"] = [c.get("cell") for c in cells]
+        out.setdefault(attack, {})[view] = entry
+    return out
+
+
+def views(cells: Mapping[tuple[str, str], Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """{(signal, attack): metrics} of one plan and seed -> {attack: {view: metrics}} with views
+    ``output_loss`` (RMIA: ``logit``, the same probability), ``output_logit`` (LiRA),
+    ``best_layer`` (best per-layer signal), and the plan's ``strongest`` cell (attack "any")."""
+    out: dict[str, dict[str, Any]] = {}
+    attacks = sorted({a for _, a in cells})
+    for attack in attacks:
+        mine = {s: m for (s, a), m in cells.items() if a == attack}
+        v: dict[str, Any] = {}
+        if "loss" in mine:
+            v["output_loss"] = dict(mine["loss"])
+        elif "logit" in mine:
+            v["output_loss"] = {**mine["logit"], "cell": "logit"}
+        if "logit" in mine and "loss" in mine:
+            v["output_logit"] = dict(mine["logit"])
+        best = best_cell({s: m for s, m in mine.items() if s not in OUTPUT_SIGNALS})
+        if best is not None:
+            v["best_layer"] = {**best[1], "cell": best[0]}
+        out[attack] = v
+    strongest = best_cell({f"{a}/{s}": m for (s, a), m in cells.items()})
+    if strongest is not None:
+        out["any"] = {"strongest": {**strongest[1], "cell": strongest[0]}}
+    return out
+
+
+def _fmt(entry: Mapping[str, Any], metric: str, digits: int = 3) -> str:
+    s = entry[metric]
+    return f"{s['median']:.{digits}f} [{s['min']:.{digits}f}-{s['max']:.{digits}f}]"
+
+
+def format_table(plans: Mapping[str, Mapping[str, Any]]) -> str:
+    """One line per plan x attack x view: median [min-max] of TPR@1%, TPR@0.1% (* = not
+    meaningful), AUC; the plan's reference trainings and median seconds."""
+    head = (f"{'plan':<12} {'attack':<18} {'view':<12} {'TPR@1%FPR':>21} {'TPR@0.1%FPR':>22} "
+            f"{'AUC':>21} {'refs':>4} {'s':>6}")
+    lines = [head, "-" * len(head)]
+    for name, p in plans.items():
+        plan = name.split(":", 1)[0]
+        for attack, vs in p["attacks"].items():
+            for view, e in vs.items():
+                star = "" if e["tpr_at_01pct_meaningful"] else "*"
+                lines.append(
+                    f"{plan:<12} {attack:<18} {view:<12} {_fmt(e, 'tpr_at_1pct'):>21} "
+                    f"{_fmt(e, 'tpr_at_01pct') + star:>22} {_fmt(e, 'auc'):>21} "
+                    f"{p['reference_trainings']:>4} {p['seconds']['median']:>6.1f}")
+    lines.extend(name for name in plans if ":" in name)
+    lines.append("* TPR at 0.1% FPR not meaningful: fewer than 1000 non-members (0.1% of 300 "
+                 "is below one example; the figure is the TPR above every non-member)")
+    return "\n".join(lines)
+
+
+# --- the measurement (torch) -----------------------------------------------------------------
+
+
+def _load(seed: int) -> Any:
+    from trainables.data.splits import SplitSizes, load_splits
+    return load_splits(dataset="digits", seed=seed, sizes=SplitSizes(**SPLIT_SIZES))
+
+
+def _collecting(trainer: Callable, classifiers: Iterable[tuple[Any, int]]) -> Callable:
+    """``trainer`` with every shadow classifier fed the references below its count."""
+    classifiers = list(classifiers)
+
+    def train(data: Any, seed: int, index: int) -> tuple[Any, float]:
+        model, seconds = trainer(data, seed, index)
+        for clf, k in classifiers:
+            if index < k:
+                clf.wrap(lambda *_: (model, seconds))(data, seed, index)
+        return model, seconds
+
+    return train
+
+
+def _plan_cells(signals: Any, classifier: Any, target: Any, *, n_references: int
+                ) -> dict[tuple[str, str], dict[str, Any]]:
+    """{(signal, attack): metrics} of every finite cell with the first ``n_references``."""
+    from trainables.audit.references import score_signals
+    labels = signals.plan.is_member
+    cells: dict[tuple[str, str], dict[str, Any]] = {}
+    for signal, attacks in score_signals(signals, n_references=n_references).items():
+        for attack, result in attacks.items():
+            if np.isfinite(result.scores).all():
+                cells[(signal, attack)] = cell_metrics(result.scores, labels)
+    shadow = classifier.scores(target)
+    for layer, probs in shadow.scores.items():
+        if np.isfinite(probs).all():
+            cells[(f"ir:{layer}", SHADOW)] = cell_metrics(probs, labels)
+    return cells
+
+
+def population_calibrated_offline(*, target: Any, references: Any, in_mask: Any,
+                                 population_target: Any, population_references: Any,
+                                 population_in_mask: Any, direction: int) -> np.ndarray:
+    """The candidate attack: offline LiRA (global variance, so the ranking is
+    direction x (s - mu_out)) with the references' OUT mean shrunk toward what it predicts of
+    the *target*: score = direction x (s - beta mu_out), beta = cov_z(s_z, mu_z) / var(mu_out).
+
+    The covariance is taken over the public population z, which the target never trained on
+    (its values there are OUT values of the target, already computed by every audit and unused
+    by its attacks), mu_z the mean of the references that did not train on z; the variance over
+    the candidates' own OUT means (no membership label is read). With few references mu_out is
+    a noisy estimate of the target's OUT value and beta < 1 is the regression's shrinkage
+    toward the common mean (RMIA with a = 0 shrinks by about 1/2 implicitly)."""
+    t = np.asarray(target, dtype=np.float64)
+    r = np.where(np.asarray(in_mask, dtype=bool), np.nan, np.asarray(references, np.float64))
+    rz = np.where(np.asarray(population_in_mask, dtype=bool), np.nan,
+                  np.asarray(population_references, dtype=np.float64))
+    tz = np.asarray(population_target, dtype=np.float64)
+    seen = np.isfinite(rz).any(axis=0)
+    if seen.sum() < 2:
+        raise ValueError("the population needs two samples with OUT references")
+    mu = np.nanmean(r, axis=0)
+    mu_z = np.nanmean(rz[:, seen], axis=0)
+    cov = float(np.cov(tz[seen], mu_z)[0, 1])
+    var = float(np.nanvar(mu, ddof=1))
+    beta = cov / var if var > 0 else 1.0
+    return direction * (t - beta * mu)
+
+
+def _candidate_cells(signals: Any) -> dict[tuple[str, str], dict[str, Any]]:
+    """{(signal, attack): metrics} of the candidate on every signal of the offline plan."""
+    from trainables.audit.signals import member_direction
+    labels = signals.plan.is_member
+    plan = signals.plan
+    cells = {}
+    for name in signals.target:
+        scores = population_calibrated_offline(
+            target=signals.target[name], references=signals.references[name],
+            in_mask=plan.in_mask, population_target=signals.population_target[name],
+            population_references=signals.population_references[name],
+            population_in_mask=plan.population_in_mask, direction=member_direction(name))
+        if np.isfinite(scores).all():
+            cells[(name, CANDIDATE_ATTACK)] = cell_metrics(scores, labels)
+    return cells
+
+
+def run_seed(seed: int, *, epochs: int, log: Callable[[str], None]) -> dict[str, Any]:
+    """Every plan row (and the candidate) on one seed's target."""
+    import torch
+
+    from trainables.audit.classifier import ShadowClassifier
+    from trainables.audit.probes import probe_set_of, probe_signals
+    from trainables.audit.references import (
+        NonPrivateRecipe,
+        accuracy,
+        collect_signals,
+        nonprivate_trainer,
+        plan_references,
+        train_nonprivate,
+    )
+
+    torch.set_num_threads(1)
+    data = _load(seed)
+    recipe = NonPrivateRecipe(epochs=epochs, lr=LR, batch_size=BATCH)
+    target, target_seconds = train_nonprivate(data=data, recipe=recipe,
+                                              seed=TARGET_SEED + seed)
+    result: dict[str, Any] = {
+        "seed": seed, "target_seed": TARGET_SEED + seed, "audit_seed": seed,
+        "target_train_seconds": target_seconds,
+        "target_train_accuracy": accuracy(target, data.train),
+        "target_test_accuracy": accuracy(target, data.test), "plans": {}}
+    log(f"seed {seed}: target trained in {target_seconds:.1f} s, train accuracy "
+        f"{result['target_train_accuracy']:.3f}, test {result['target_test_accuracy']:.3f}")
+    base = nonprivate_trainer(recipe)
+    for kind in dict.fromkeys(k for _, k, _, _ in PLAN_ROWS):
+        rows = [(name, trained, used) for name, k, trained, used in PLAN_ROWS if k == kind]
+        trained = max(t for _, t, _ in rows)
+        plan = plan_references(data=data, kind=kind, n_references=trained, seed=seed)
+        classifiers = {}
+        for name, _, used in rows:
+            sub = plan_references(data=data, kind=kind, n_references=used, seed=seed)
+            if not (np.array_equal(sub.in_mask, plan.in_mask[:used])
+                    and np.array_equal(sub.candidates.indices, plan.candidates.indices)):
+                raise AssertionError(f"{name}: the first {used} references are not the plan's")
+            classifiers[name] = (ShadowClassifier(sub, classes=data.num_classes, seed=seed),
+                                 used)
+        extra = probe_signals(probe_set=probe_set_of(data.validation, seed=seed),
+                              num_classes=data.num_classes)
+        stamps: list[float] = []
+        start = time.perf_counter()
+        signals = collect_signals(target=target, data=data, plan=plan,
+                                  trainer=_collecting(base, classifiers.values()), extra=extra,
+                                  progress=lambda _, s=stamps: s.append(time.perf_counter()))
+        for name, _, used in rows:
+            t0 = time.perf_counter()
+            cells = _plan_cells(signals, classifiers[name][0], target, n_references=used)
+            scoring = time.perf_counter() - t0
+            seconds = stamps[used - 1] - start + scoring
+            result["plans"][name] = {
+                "kind": kind, "n_references": used, "reference_trainings": used,
+                "reference_train_seconds": sum(r.train_seconds
+                                               for r in signals.records[:used]),
+                "scoring_seconds": scoring, "seconds": seconds,
+                "reference_test_accuracy": [r.test_accuracy for r in signals.records[:used]],
+                "cells": {f"{a}/{s}": m for (s, a), m in sorted(cells.items())},
+                "views": views(cells)}
+            v = result["plans"][name]["views"]["any"]["strongest"]
+            log(f"seed {seed}: {name} {seconds:.1f} s, strongest {v['cell']} TPR@1% "
+                f"{v['tpr_at_1pct']:.3f} AUC {v['auc']:.3f}")
+        result.setdefault("signals", {})[kind] = signals
+        if kind == "offline":
+            t0 = time.perf_counter()
+            cells = _candidate_cells(signals)
+            row = result["plans"]["offline-4"]
+            result["plans"][CANDIDATE] = {
+                "kind": kind, "n_references": 4, "reference_trainings": 4,
+                "reference_train_seconds": row["reference_train_seconds"],
+                "scoring_seconds": time.perf_counter() - t0,
+                # as an attack added to the default's: its references, scoring and this
+                "seconds": row["seconds"] + time.perf_counter() - t0,
+                "cells": {f"{a}/{s}": m for (s, a), m in sorted(cells.items())},
+                "views": views(cells)}
+    return result
+
+
+def summarise(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    plans: dict[str, Any] = {}
+    for name in runs[0]["plans"]:
+        per = [r["plans"][name] for r in runs]
+        plans[name] = {
+            "kind": per[0]["kind"], "n_references": per[0]["n_references"],
+            "reference_trainings": per[0]["reference_trainings"],
+            "seconds": spread([p["seconds"] for p in per]),
+            "reference_train_seconds": spread([p["reference_train_seconds"] for p in per]),
+            "attacks": aggregate([p["views"] for p in per])}
+    return plans
+
+
+def _code_state() -> dict[str, Any]:
+    """The commit and a digest of the uncommitted changes to the audit's code (others edit it
+    while benches run: this says which code was measured)."""
+    import hashlib
+    import subprocess
+    root = Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
+                                  check=True).stdout
+        except (OSError, subprocess.CalledProcessError):
+            return ""
+
+    paths = ("trainables/audit", "orchestrator/audit")
+    diff = git("diff", "HEAD", "--", *paths)
+    return {"commit": git("rev-parse", "HEAD").strip(),
+            "audit_diff_sha256": hashlib.sha256(diff.encode()).hexdigest(),
+            "audit_files_changed": git("diff", "HEAD", "--name-only", "--", *paths).split(),
+            "audit_files_untracked": git("ls-files", "--others", "--exclude-standard", "--",
+                                         *paths).split()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--seeds", type=int, default=DEFAULT_SEEDS)
+    parser.add_argument("--epochs", type=int, default=EPOCHS)
+    parser.add_argument("--out", default="audit_strength")
+    args = parser.parse_args(argv)
+
+    from bench.harness import load_average, write_results
+
+    code = _code_state()
+    started = time.perf_counter()
+    load_before = load_average()
+    runs = []
+    for seed in range(args.seeds):
+        run = run_seed(seed, epochs=args.epochs, log=lambda line: print(line, flush=True))
+        run.pop("signals", None)
+        runs.append(run)
+    plans = summarise(runs)
+    wall = time.perf_counter() - started
+    print(format_table(plans))
+    print(f"wall {wall:.0f} s over {args.seeds} seeds")
+    payload = {
+        "bench": "audit_strength", "issue": "41 item 4",
+        "setup": {"dataset": "digits", "split_sizes": SPLIT_SIZES, "epochs": args.epochs,
+                  "lr": LR, "batch_size": BATCH, "model": "auto (digits_cnn)",
+                  "target_seed": f"{TARGET_SEED} + seed", "data_seed": "seed",
+                  "audit_seed": "seed", "layer_probes": True, "threads": 1,
+                  "fprs": list(FPRS)},
+        "code": code, "seeds": list(range(args.seeds)), "plans": plans, "runs": runs,
+        "wall_seconds": wall, "load_before": load_before, "load_after": load_average(),
+        "python": platform.python_version()}
+    write_results(args.out, payload)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
