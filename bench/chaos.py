@@ -69,8 +69,8 @@ MAX_BAD_COMMANDS = 3
 STDERR_TAIL_LINES = 20
 #: ``tempfile.mkdtemp`` prefix in /tmp: short, so Ray's sockets below it fit (orchestrator.raytemp).
 TMP_PREFIX = "cs"
-ASHA_TRIALS, ASHA_FAULTS, ASHA_MIN_FAULTS = 80, 18, 15
-PRIVATE_EXPECTED_TRIALS, PRIVATE_FAULTS = 16, 9
+ASHA_TRIALS, ASHA_FAULTS, ASHA_MIN_FAULTS = 160, 18, 15
+PRIVATE_EXPECTED_TRIALS, PRIVATE_FAULTS = 24, 9
 #: After this many seconds a soak injects no more faults and lets its sweep finish.
 ASHA_DEADLINE_S, PRIVATE_DEADLINE_S = 13 * 60, 7 * 60
 COMMON = """\
