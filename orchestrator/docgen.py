@@ -28,7 +28,7 @@ import tomli_w
 from core.datasets import DATASET_NAMES, INPUT_SHAPES, POOLS
 from core.modes import INVALID_TAG
 from core.vocabulary import SPLIT_NAMES
-from orchestrator import docgen_privacy, docgen_runs
+from orchestrator import docgen_audit, docgen_privacy, docgen_runs
 from orchestrator.config import SECTIONS, field_param
 from orchestrator.sweep.commands import DEMO_SIZES
 from reports.store import COLUMNS
@@ -50,7 +50,8 @@ BLOCKS = (("README.md", "methods"), ("README.md", "fmnist_headline"),
           ("docs/benchmarks.md", "accounting_time"), ("docs/benchmarks.md", "demo_phases"),
           ("docs/benchmarks.md", "sweep_overhead"), ("docs/benchmarks.md", "cluster_and_faults"),
           ("docs/privacy.md", "overclip"), ("docs/privacy.md", "versus_certified"),
-          ("docs/privacy.md", "secure_cost"))
+          ("docs/privacy.md", "secure_cost"), ("docs/audit.md", "audit_cost"),
+          ("docs/operations.md", "chaos"))
 #: The stock models' speed table: its page and the results it is generated from.
 STOCK_DOC = "docs/stock-models.md"
 STOCK_RESULTS = "bench/results/step_time_stock.json"
@@ -518,7 +519,7 @@ GENERATORS = {"methods": methods_table, "hyperparameters": hyperparameter_tables
               "gpu_steps": gpu_steps_table, "gpu_trials": gpu_trials_table,
               "epoch_time": epoch_time_table, "canary_digits": canary_digits_table,
               "search_ranges": search_ranges_table, **docgen_runs.GENERATORS,
-              **docgen_privacy.GENERATORS}
+              **docgen_privacy.GENERATORS, **docgen_audit.GENERATORS}
 
 
 def _pattern(block: str) -> re.Pattern[str]:

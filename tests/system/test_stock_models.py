@@ -19,6 +19,7 @@ from core import layout
 from orchestrator.cli import main
 from orchestrator.trial.setup import resolve
 from orchestrator.trial.single import TRIAL_ID
+from trainables.audit.exclusion import SHARED
 from trainables.training.loop import _derived_seeds, load_checkpoint_state
 
 pytestmark = pytest.mark.slow
@@ -101,8 +102,11 @@ def test_a_stock_model_checks_and_trains_unmodified(workspace: Path, name: str) 
 
 
 def _audit_lists_every_layer(config: Path, checkpoint: Path, spec: dict) -> None:
-    """The membership audit of the frozen-backbone model attacks every layer's output, the
-    frozen ones included (the gradient-norm attacks cover the trained layer only)."""
+    """The membership audit of the frozen-backbone model reports every layer: the frozen
+    backbone, which every reference starts from (``trainables.audit.prefix.FrozenStart``), as
+    shared with the target, the trained head attacked (the gradient-norm attacks cover the
+    trained layer only)."""
+
     from orchestrator import config as config_mod
     from orchestrator.audit.membership import (
         AuditSettings,
@@ -121,7 +125,9 @@ def _audit_lists_every_layer(config: Path, checkpoint: Path, spec: dict) -> None
                                settings=AuditSettings.from_config(cfg.audit),
                                budgets=budgets_from_config(budgets))
     attacked = {entry["layer"] for entry in record["attacks"]}
-    assert {"conv1", "bn1", "layer1", "layer2", "layer3", "layer4", "fc"} <= attacked
+    shared = {entry["layer"] for entry in record["excluded"] if entry["status"] == SHARED}
+    assert {"conv1", "bn1", "layer1", "layer2", "layer3", "layer4"} <= shared - attacked
+    assert "fc" in attacked
     assert {e["layer"] for e in record["attacks"] if e["attack"].endswith(":grad_norm")} \
         == {"fc"}
 

@@ -1,10 +1,11 @@
 """Reference models kept between audits, so an identical reference is trained once.
 
 A reference model is decided by its recipe (method, hyperparameters, matched budget, epochs,
-batch size, network, seed: :meth:`CacheableTrainer.describe`) and its data; the audited target
-plays no part. Re-runs of a configuration, the after-search audit of a trial already audited,
-and the non-private baseline and null models of the tests therefore share references, and
-retraining them (each costs about one target training) is waste.
+batch size, network, seed, and the digest of the target's frozen parameters it starts from, if
+any: :meth:`CacheableTrainer.describe`) and its data; the audited target plays no other part.
+Re-runs of a configuration, the after-search audit of a trial already audited, and the
+non-private baseline and null models of the tests therefore share references, and retraining
+them (each costs about one target training) is waste.
 
 Each entry is two files under ``<cache dir>/audit_references/``, named by the hash of the full
 key: the key and the weights' SHA-256 (JSON, ``core.storage.JsonCache``, which treats a file
@@ -35,6 +36,7 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
 from core import __version__
+from core.hints import read_hint_bytes
 from core.lazy import lazy_module
 from core.storage import JsonCache, atomic_write_bytes
 
@@ -51,11 +53,14 @@ logger = logging.getLogger(__name__)
 
 #: Sub-directory of the cache directory that holds reference models.
 NAMESPACE = "audit_references"
+#: The largest reference weights file read back (a ViT-B/16 in float32 is about 350 MB).
+MAX_WEIGHTS_BYTES = 1 << 31
 #: Bumped when the entry format or what the key means changes.
 SCHEMA = 1
 
 
-def _tensor_hash(tensor: torch.Tensor) -> str:
+def tensor_hash(tensor: torch.Tensor) -> str:
+    """SHA-256 of a tensor's dtype, shape and values."""
     array = tensor.detach().cpu().contiguous().numpy()
     digest = hashlib.sha256(f"{array.dtype.str}{array.shape}".encode())
     digest.update(array.tobytes())
@@ -63,7 +68,7 @@ def _tensor_hash(tensor: torch.Tensor) -> str:
 
 
 def _split_hash(split: Split) -> str:
-    return hashlib.sha256((_tensor_hash(split.x) + _tensor_hash(split.y)).encode()).hexdigest()
+    return hashlib.sha256((tensor_hash(split.x) + tensor_hash(split.y)).encode()).hexdigest()
 
 
 def data_fingerprint(data: DataSplits) -> dict[str, Any]:
@@ -115,7 +120,12 @@ class CachingTrainer:
             return None
         path = self.weights_path(key)
         try:
-            blob = path.read_bytes()
+            if not isinstance(entry, dict):
+                raise ValueError("the entry is not a record of weights")
+            # a bounded regular file only: a FIFO or device in its place is not waited on
+            blob = read_hint_bytes(path, max_bytes=MAX_WEIGHTS_BYTES)
+            if blob is None:
+                raise ValueError("no readable regular weights file")
             if hashlib.sha256(blob).hexdigest() != entry["sha256"]:
                 raise ValueError("the weights' SHA-256 differs from the entry's")
             model = self.trainer.blank(data)

@@ -25,11 +25,13 @@ Reference training never touches the target's noise: a DP target's references ar
 dpsweep's own loop (:func:`dp_trainer`, ``train_trial`` with the target's spec, a fresh seed
 derived from (audit seed, reference index), and a calibration the caller supplies for the
 reference's training-set size: budgets are matched by the orchestrator, never inside a trial);
-a non-private target's by :func:`train_nonprivate`.
+a non-private target's by :func:`train_nonprivate`. Every reference starts from the target's
+frozen parameters, which never train (``trainables.audit.prefix``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Mapping
@@ -42,6 +44,16 @@ from core.errors import UserInputError
 from core.lazy import lazy_module
 from core.poisson import PHYSICAL_BATCH
 from core.trial import Calibration, TrialSpec
+from trainables.audit.prefix import (
+    FrozenStart,
+    SharedPrefix,
+    SharingSignals,
+    share_prefix,
+    start_of,
+    start_record,
+    training_start,
+    with_start,
+)
 from trainables.audit.scores import (
     ATTACKS,
     LOSS_THRESHOLD,
@@ -117,7 +129,8 @@ def train_nonprivate(*, data: DataSplits, recipe: NonPrivateRecipe, seed: int,
     """(model, seconds): the recipe applied to ``data.train``, shuffled minibatches, CPU.
 
     ``threads`` sets torch's intra-op threads (None leaves them): one thread is several
-    times faster than two for these small models on a shared machine.
+    times faster than two for these small models on a shared machine. A reference's ``data``
+    may carry what it starts from (``trainables.audit.prefix.FrozenStart``).
     """
     start = time.perf_counter()
     if threads is not None:
@@ -127,14 +140,17 @@ def train_nonprivate(*, data: DataSplits, recipe: NonPrivateRecipe, seed: int,
     optimizer = Update(model.named_parameters(), kind="adam", lr=recipe.lr)
     generator = torch.Generator().manual_seed(seed)
     x, y = data.train.x, data.train.y
-    model.train()
-    for _ in range(recipe.epochs):
-        order = torch.randperm(len(y), generator=generator)
-        for i in range(0, len(y), recipe.batch_size):
-            batch = order[i:i + recipe.batch_size]
-            optimizer.zero_grad()
-            torch.nn.functional.cross_entropy(model(x[batch]), y[batch]).backward()
-            optimizer.step()
+    with contextlib.ExitStack() as stack:
+        if (frozen := start_of(data)) is not None:
+            frozen.prepare(model, stack=stack)
+        model.train()
+        for _ in range(recipe.epochs):
+            order = torch.randperm(len(y), generator=generator)
+            for i in range(0, len(y), recipe.batch_size):
+                batch = order[i:i + recipe.batch_size]
+                optimizer.zero_grad()
+                torch.nn.functional.cross_entropy(model(x[batch]), y[batch]).backward()
+                optimizer.step()
     model.eval()
     return model, time.perf_counter() - start
 
@@ -335,7 +351,10 @@ _UNLEARNED_FIELDS = ("trial_id", "device", "threads", "max_physical_batch", "dat
 @dataclass(frozen=True)
 class DPReferenceTrainer:
     """References trained like a DP target: ``train_trial`` on the reference's data, kept in
-    memory (no checkpoint) and not evaluated per epoch (nothing reads a reference's curve)."""
+    memory (no checkpoint) and not evaluated per epoch (nothing reads a reference's curve). The
+    DP step trains only the target's trainable parameters (``TrainableLayers``: frozen ones get
+    no gradient, noise, optimiser state or update); a reference's ``data`` may carry the
+    target's frozen parameters to start from (``trainables.audit.prefix.FrozenStart``)."""
 
     spec: TrialSpec
     budgets: Budgets
@@ -345,7 +364,11 @@ class DPReferenceTrainer:
                               seed=seed, index=index)
 
     def __call__(self, data: DataSplits, seed: int, index: int) -> tuple[LayeredModel, float]:
-        result = train_trial(self._spec(data, seed, index), data=data, evaluate_epochs=False)
+        start = start_of(data)
+        with contextlib.ExitStack() as stack:
+            result = train_trial(self._spec(data, seed, index), data=data, evaluate_epochs=False,
+                                 instrument=None if start is None else
+                                 (lambda method: start.prepare(method.model.model, stack=stack)))
         if result.model is None:
             raise RuntimeError(f"reference {index} of {self.spec.trial_id} returned no model")
         return result.model.to("cpu").eval(), result.seconds
@@ -355,7 +378,7 @@ class DPReferenceTrainer:
         fields that only name or place it."""
         spec = self._spec(data, seed, index).to_dict()
         return {"trainer": "dp", **{k: v for k, v in spec.items()
-                                    if k not in _UNLEARNED_FIELDS}}
+                                    if k not in _UNLEARNED_FIELDS}, **start_record(data)}
 
     def blank(self, data: DataSplits) -> LayeredModel:
         with torch.random.fork_rng(devices=[]):
@@ -379,9 +402,9 @@ class NonPrivateReferenceTrainer:
         return train_nonprivate(data=data, recipe=self.recipe, seed=seed, threads=self.threads)
 
     def describe(self, data: DataSplits, seed: int, index: int) -> dict[str, Any]:
-        del data, index
+        del index
         return {"trainer": "nonprivate", "recipe": dataclasses.asdict(self.recipe),
-                "seed": seed}
+                "seed": seed, **start_record(data)}
 
     def blank(self, data: DataSplits) -> LayeredModel:
         with torch.random.fork_rng(devices=[]):
@@ -447,10 +470,15 @@ class AuditSignals:
 
 
 def _signals(model: LayeredModel, x: torch.Tensor, y: torch.Tensor, *, batch: int,
-             extra: ExtraSignals | None) -> Signals:
-    out = per_example_signals(model=model, x=x, y=y, batch=batch)
+             extra: ExtraSignals | None, shared: SharedPrefix | None) -> Signals:
+    """Every signal of ``model``; its prefix read from ``shared`` when it covers ``model``."""
+    if shared is not None and not shared.prefix.covers(model):
+        shared = None
+    out = per_example_signals(model=model, x=x, y=y, batch=batch, shared=shared)
     if extra is not None:
-        out.update(extra(model, x, y))
+        out.update(extra.shared(model, x, y, prefix=shared)
+                   if shared is not None and isinstance(extra, SharingSignals)
+                   else extra(model, x, y))
     return out
 
 
@@ -459,21 +487,28 @@ def collect_signals(*, target: LayeredModel, data: DataSplits, plan: ReferencePl
                     extra: ExtraSignals | None = None,
                     progress: Callable[[ReferenceRecord], None] | None = None) -> AuditSignals:
     """Train every reference of ``plan`` and compute its signals (and the target's) on the
-    candidates and the population; each reference is dropped once its signals are taken."""
+    candidates and the population; each reference is dropped once its signals are taken.
+
+    References start from the target's frozen parameters, and a frozen prefix is computed once
+    per example for all models (``trainables.audit.prefix``)."""
     x = torch.cat([plan.candidates.x, plan.population.x])
     y = torch.cat([plan.candidates.y, plan.population.y])
     n = len(plan.candidates)
     t0 = time.perf_counter()
-    own = _signals(target, x, y, batch=batch, extra=extra)
+    shared = share_prefix(target, x, batch=batch,
+                          features=extra.features if isinstance(extra, SharingSignals) else None)
+    own = _signals(target, x, y, batch=batch, extra=extra, shared=shared)
     target_seconds = time.perf_counter() - t0
+    start = training_start(FrozenStart.of(target), shared, target=target, source=plan.source.x,
+                           rows=plan.train_rows)
     per_ref: list[Signals] = []
     records = []
     for k in range(plan.n_references):
-        rdata = reference_data(plan, data, index=k)
+        rdata = with_start(reference_data(plan, data, index=k), start)
         seed = reference_seed(audit_seed=plan.seed, index=k)
         model, seconds = trainer(rdata, seed, k)
         t1 = time.perf_counter()
-        per_ref.append(_signals(model, x, y, batch=batch, extra=extra))
+        per_ref.append(_signals(model, x, y, batch=batch, extra=extra, shared=shared))
         record = ReferenceRecord(index=k, seed=seed, n_train=len(rdata.train),
                                  test_accuracy=accuracy(model, data.test), train_seconds=seconds,
                                  signal_seconds=time.perf_counter() - t1)

@@ -42,6 +42,7 @@ RMIA therefore runs once on the output (:func:`rmia_input`): its score of ``logi
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from typing import TYPE_CHECKING
 
@@ -51,11 +52,13 @@ from scipy.special import expit
 from core.errors import UserInputError
 from core.lazy import lazy_module
 from core.poisson import PHYSICAL_BATCH
+from trainables.audit.prefix import savings_enabled
 from trainables.engine.grad_engine import GradEngine
 
 if TYPE_CHECKING:
     import torch
 
+    from trainables.audit.prefix import SharedPrefix
     from trainables.models.networks import LayeredModel
 else:
     torch = lazy_module("torch")
@@ -121,39 +124,62 @@ def logit_confidence(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def per_example_signals(*, model: LayeredModel, x: torch.Tensor, y: torch.Tensor,
-                        batch: int = PHYSICAL_BATCH,
-                        grad_norms: bool = True) -> Signals:
+                        batch: int = PHYSICAL_BATCH, grad_norms: bool = True,
+                        shared: SharedPrefix | None = None) -> Signals:
     """{signal name: float64 [N]} for ``model`` on examples (x, y): every layer's log gradient
     norm (unless ``grad_norms`` is False), ``logit`` and ``loss``.
 
     Works on a float64 copy of the model in eval mode (the caller's model is untouched): an
     overfit model's members have gradient norms many orders below its non-members', and float32
-    loses the true class's component of the gradient once p_y rounds to 1.
+    loses the true class's component of the gradient once p_y rounds to 1. With ``shared`` (a
+    frozen prefix covering ``model``, ``trainables.audit.prefix``) the copy runs only its
+    suffix, on the prefix's stored float32 outputs cast to float64. Token ids stay integers.
     """
 
     if batch < 1:
         raise UserInputError(field="batch", value=batch, allowed="an integer >= 1")
     work = copy.deepcopy(model).to(dtype=torch.float64).eval()
-    xs = x.to(dtype=torch.float64, device=next(work.parameters()).device)
+    device = next(work.parameters()).device
+    xs = x.to(device=device, dtype=torch.float64 if x.is_floating_point() else x.dtype)
     ys = y.to(device=xs.device, dtype=torch.long)
     out: dict[str, list[np.ndarray]] = {LOGIT: [], LOSS: []}
-    if grad_norms:
-        engine = GradEngine(work, max_physical_batch=batch)
+    engine = GradEngine(work, max_physical_batch=batch) if grad_norms else None
+    if engine is not None:
         # trained layers with an output: a frozen layer has no gradient to measure (its
         # output is still attacked by the IR classifier), a parameter alone has no output row
-        names = [n for n in engine.layer_names if n in work.layer_names]
-        out.update({grad_norm_name(n): [] for n in names})
-    for start in range(0, xs.shape[0], batch):
-        xb, yb = xs[start:start + batch], ys[start:start + batch]
-        with torch.no_grad():
-            logits = work(xb)
-            out[LOGIT].append(logit_confidence(logits, yb).cpu().numpy())
-            out[LOSS].append(torch.nn.functional.cross_entropy(logits, yb, reduction="none")
-                             .cpu().numpy())
-        if grad_norms:
-            norms = engine.compute(xb, yb, live=[True] * engine.num_layers).norms
-            logs = np.log(np.maximum(norms.detach().cpu().numpy(), MIN_GRAD_NORM))
-            for n in names:
-                out[grad_norm_name(n)].append(logs[:, engine.layer_names.index(n)])
+        out.update({grad_norm_name(n): [] for n in engine.layer_names if n in work.layer_names})
+    with shared.feeding(work) if shared is not None else contextlib.nullcontext():
+        _batches(work, xs, ys, batch=batch, engine=engine, out=out)
     return {k: (np.concatenate(v) if v else np.zeros(0)) for k, v in out.items()}
 
+
+def _batches(work: LayeredModel, xs: torch.Tensor, ys: torch.Tensor, *, batch: int,
+             engine: GradEngine | None, out: dict[str, list[np.ndarray]]) -> None:
+    """Append every batch's output signals (and, with ``engine``, its layers' log gradient
+    norms) to ``out``. The logits are those of the engine's own forward (savings on, except
+    under ``torch.func``, whose forward is per example): a separate forward would repeat the
+    engine's."""
+    seen: list[torch.Tensor] = []
+    merged = engine is not None and engine.strategy != "vmap" and savings_enabled()
+    handle = (work.register_forward_hook(lambda module, args, output: seen.append(output))
+              if merged else None)
+    try:
+        for start in range(0, xs.shape[0], batch):
+            xb, yb = xs[start:start + batch], ys[start:start + batch]
+            seen.clear()
+            if engine is not None:
+                norms = engine.compute(xb, yb, live=[True] * engine.num_layers).norms
+                logs = np.log(np.maximum(norms.detach().cpu().numpy(), MIN_GRAD_NORM))
+                for i, n in enumerate(engine.layer_names):
+                    if grad_norm_name(n) in out:
+                        out[grad_norm_name(n)].append(logs[:, i])
+            logits = next((o for o in reversed(seen) if isinstance(o, torch.Tensor)
+                           and o.shape[:1] == xb.shape[:1]), None)
+            with torch.no_grad():
+                logits = work(xb) if logits is None else logits.detach()
+                out[LOGIT].append(logit_confidence(logits, yb).cpu().numpy())
+                out[LOSS].append(torch.nn.functional.cross_entropy(logits, yb, reduction="none")
+                                 .cpu().numpy())
+    finally:
+        if handle is not None:
+            handle.remove()
