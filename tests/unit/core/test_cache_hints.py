@@ -109,7 +109,7 @@ def no_hang() -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
-def _plant(path: Path, kind: str) -> None:
+def plant(path: Path, kind: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.is_dir() and not path.is_symlink():
         path.rmdir()
@@ -122,7 +122,7 @@ def _plant(path: Path, kind: str) -> None:
 def test_a_bad_file_is_a_logged_miss(kind: str, tmp_path: Path,
                                      caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "entry.json"
-    _plant(path, kind)
+    plant(path, kind)
     hints._LOGGED.clear()
     with no_hang():
         value = read_json_hint(path)
@@ -150,7 +150,7 @@ def test_the_engine_plan_cache_is_rebuilt(kind: str, tmp_path: Path) -> None:
     live = [True] * engine.num_layers
     fresh = engine.measure_plan(x, y, live=live, cache=tmp_path)
     (path,) = tmp_path.glob(f"{engine_plan.PLAN_PREFIX}*.json")
-    _plant(path, kind)
+    plant(path, kind)
     again, _, _ = _engine()
     with no_hang():
         timed = again.measure_plan(x, y, live=live, cache=tmp_path)
@@ -191,7 +191,7 @@ def test_the_calibration_cache_is_rebuilt(kind: str, calibrated: tuple[Path, Any
     cache, first = calibrated
     (entry,) = (cache / budget_cache.CACHE_NAMESPACE).glob("*.json")
     path = tmp_path / budget_cache.CACHE_NAMESPACE / entry.name
-    _plant(path, kind)
+    plant(path, kind)
     budget_cache._VERIFIED.clear()
     with no_hang():
         again = calibrate(**QUESTION, cache_dir=tmp_path)
@@ -225,7 +225,7 @@ def test_the_layer_risk_cache_is_rebuilt(kind: str, tmp_path: Path,
         entry["value"]["risk"] = [0.4, "x", None]
         path.write_text(json.dumps(entry))
     else:
-        _plant(path, kind)
+        plant(path, kind)
     with no_hang():
         again = layer_risk.estimate_layer_risk(**args)
     assert again["risk"] == first["risk"] and len(calls) == 2

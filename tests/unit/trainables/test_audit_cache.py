@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from orchestrator.trial.setup import resolve
+from tests.unit.core.test_cache_hints import KINDS, no_hang, plant
 from trainables.audit.cache import NAMESPACE, CachingTrainer, caching, reference_key
 from trainables.audit.references import (
     Budget,
@@ -148,3 +149,21 @@ def test_caching_needs_a_directory_and_a_trainer_that_describes_itself(tmp_path:
 
     assert caching(plain, tmp_path) is plain
     assert isinstance(caching(trainer, tmp_path), CachingTrainer)
+
+
+@pytest.mark.parametrize("target", ["entry", "weights"])
+@pytest.mark.parametrize("kind", [k for k in KINDS if k not in ("device", "unreadable")])
+def test_any_bad_cache_file_is_retrained_never_waited_on(
+        kind: str, target: str, tmp_path: Path, references: list[DataSplits]) -> None:
+    """Every kind of bad content (``tests/unit/core/test_cache_hints.py``) in place of the
+    entry or of the weights: the reference is retrained, nothing hangs or fails, and the entry
+    is rebuilt where the file can be replaced."""
+    trainer = nonprivate_trainer(RECIPE)
+    seed = reference_seed(audit_seed=1, index=0)
+    trained, _ = CachingTrainer(trainer, tmp_path)(references[0], seed, 0)
+    entry, weights = _entry_files(tmp_path)
+    plant(entry if target == "entry" else weights, kind)
+    again = CachingTrainer(trainer, tmp_path)
+    with no_hang():
+        model, _ = again(references[0], seed, 0)
+    assert again.hits == set() and _same_weights(model, trained)
