@@ -26,13 +26,12 @@ import tomli_w
 
 from core import layout
 from core.errors import UserInputError
-from core.layout import CONFIG, RESULTS
+from core.layout import RESULTS
 from core.modes import INVALID_TAG
 from core.records import PrivacyRecord
 from core.storage import atomic_write_text
-from core.toml import tomllib
 from orchestrator.config import Config
-from orchestrator.release.selection import read_selection
+from orchestrator.release.selection import read_run_config, read_selection
 from orchestrator.rundir import RunDir
 from orchestrator.trial.plan import config_from_spec
 from reports import store
@@ -106,12 +105,7 @@ def _verified_json(run: RunDir, rel: str, *, what: str) -> dict[str, Any]:
 
 def _validation_size(run: RunDir) -> int | None:
     """The run's validation size: config.toml's, else the dataset default it stands for."""
-    path = run.verify(CONFIG)
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise UserInputError(field="config", value=str(path),
-                             allowed=f"valid TOML ({exc.__class__.__name__})") from None
+    raw = read_run_config(run)
     data = raw.get("data") if isinstance(raw.get("data"), dict) else {}
     size = data.get("validation_size", 0)
     if isinstance(size, int) and size > 0:

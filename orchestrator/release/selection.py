@@ -115,16 +115,22 @@ def read_selection(run: RunDir, *, frame: pd.DataFrame, release: bool) -> Select
                      selected=_check_selected(tuning, frame, run=run))
 
 
+def read_run_config(run: RunDir) -> dict[str, Any]:
+    """The run's config.toml, verified against the manifest and parsed (one line, exit 2, on
+    anything that is not valid TOML)."""
+    path = run.verify(layout.CONFIG)
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise UserInputError(field="config", value=str(path),
+                             allowed=f"valid TOML ({type(exc).__name__})") from None
+
+
 def _recorded_mode(run: RunDir) -> str | None:
     """``sweep.tuning`` of the run's verified config.toml; None for a run that is no sweep."""
     if run.manifest.get("kind") != SWEEP_KIND:
         return None
-    path = run.verify(layout.CONFIG)
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise UserInputError(field="config", value=str(path),
-                             allowed=f"valid TOML ({type(exc).__name__})") from None
+    raw = read_run_config(run)
     sweep = raw.get("sweep") if isinstance(raw.get("sweep"), dict) else {}
     mode = sweep.get("tuning", SweepConfig().tuning)
     if mode not in TUNING_MODES:

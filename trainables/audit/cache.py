@@ -29,7 +29,7 @@ import hashlib
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
@@ -43,7 +43,6 @@ from core.storage import JsonCache, atomic_write_bytes
 if TYPE_CHECKING:
     import torch
 
-    from trainables.audit.references import CacheableTrainer
     from trainables.data.splits import DataSplits, Split
     from trainables.models.networks import LayeredModel
 else:
@@ -57,6 +56,20 @@ NAMESPACE = "audit_references"
 MAX_WEIGHTS_BYTES = 1 << 31
 #: Bumped when the entry format or what the key means changes.
 SCHEMA = 1
+
+
+class CacheableTrainer(Protocol):
+    """A reference trainer that can say what decides its model (besides the data) and build
+    an untrained one of the same shape: what ``trainables.audit.cache`` needs to reuse it."""
+
+    def __call__(self, data: DataSplits, seed: int, index: int) -> tuple[LayeredModel, float]:
+        ...
+
+    def describe(self, data: DataSplits, seed: int, index: int) -> dict[str, Any]:
+        ...
+
+    def blank(self, data: DataSplits) -> LayeredModel:
+        ...
 
 
 def tensor_hash(tensor: torch.Tensor) -> str:

@@ -21,12 +21,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 if TYPE_CHECKING:
-    from trainables.audit.references import AuditSignals
     from trainables.models.networks import LayeredModel
 
 SCORED = "scored"
@@ -58,7 +57,17 @@ class Exclusion:
                 "signal": self.signal, "status": self.status, "reason": self.reason}
 
 
-def identical_signals(signals: AuditSignals) -> set[str]:
+class SignalTable(Protocol):
+    """What :func:`identical_signals` reads of an audit's signals
+    (``trainables.audit.references.AuditSignals``)."""
+
+    target: Mapping[str, np.ndarray]
+    references: Mapping[str, np.ndarray]
+    population_target: Mapping[str, np.ndarray]
+    population_references: Mapping[str, np.ndarray]
+
+
+def identical_signals(signals: SignalTable) -> set[str]:
     """Signals whose values are bit-identical (NaN where NaN) in the target and every reference,
     on the candidates and on the population: no attack on them can see membership."""
     same = set()

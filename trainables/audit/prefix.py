@@ -38,7 +38,7 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -53,7 +53,6 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from trainables.audit.signals import Signals
     from trainables.models.networks import LayeredModel
 else:
     torch = lazy_module("torch")
@@ -437,20 +436,6 @@ def find_prefix(model: LayeredModel, sample: torch.Tensor) -> Prefix | None:
 
 #: ``features(output)``: what a caller keeps of a prefix layer's output (``SharedPrefix``).
 Features = Callable[["torch.Tensor"], "torch.Tensor"]
-
-
-@runtime_checkable
-class SharingSignals(Protocol):
-    """Further signals (``collect_signals``' ``extra``) that can read a shared prefix
-    (``trainables.audit.probes.ProbeSignals``): what they keep of each prefix layer's output
-    while the table is made, and their signals of a model whose prefix the table feeds."""
-
-    def features(self, ir: torch.Tensor) -> torch.Tensor:
-        ...
-
-    def shared(self, model: LayeredModel, x: torch.Tensor, y: torch.Tensor, *,
-               prefix: SharedPrefix) -> Signals:
-        ...
 
 
 def share_prefix(target: LayeredModel, x: torch.Tensor, *, batch: int = PHYSICAL_BATCH,

@@ -36,7 +36,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -47,7 +47,6 @@ from core.trial import Calibration, TrialSpec
 from trainables.audit.prefix import (
     FrozenStart,
     SharedPrefix,
-    SharingSignals,
     share_prefix,
     start_of,
     start_record,
@@ -66,6 +65,7 @@ from trainables.audit.scores import (
 )
 from trainables.audit.signals import (
     LOSS,
+    SharingSignals,
     Signals,
     member_direction,
     membership_probability,
@@ -327,20 +327,6 @@ def reference_spec(spec: TrialSpec, *, dataset_size: int, budgets: Budgets, seed
     return dataclasses.replace(spec, calibration=budget.calibration,
                                epsilon_curve=list(budget.epsilon_curve), seed=seed, sizes=None,
                                trial_id=f"{spec.trial_id}-ref{index}")
-
-
-class CacheableTrainer(Protocol):
-    """A reference trainer that can say what decides its model (besides the data) and build
-    an untrained one of the same shape: what ``trainables.audit.cache`` needs to reuse it."""
-
-    def __call__(self, data: DataSplits, seed: int, index: int) -> tuple[LayeredModel, float]:
-        ...
-
-    def describe(self, data: DataSplits, seed: int, index: int) -> dict[str, Any]:
-        ...
-
-    def blank(self, data: DataSplits) -> LayeredModel:
-        ...
 
 
 #: TrialSpec fields that do not change what a reference learns (names, placement, paths; the

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 from scipy.special import expit
@@ -76,6 +76,21 @@ SIGNAL_KINDS = (GRAD_NORM, PROBE_LOSS, LOGIT, LOSS)
 MIN_GRAD_NORM = 1e-300
 
 Signals = dict[str, np.ndarray]
+
+
+@runtime_checkable
+class SharingSignals(Protocol):
+    """Further signals (``collect_signals``' ``extra``) that can read a shared prefix
+    (``trainables.audit.probes.ProbeSignals``): what they keep of each prefix layer's output
+    while the table is made, and their signals of a model whose prefix the table feeds."""
+
+    def features(self, ir: torch.Tensor) -> torch.Tensor:
+        ...
+
+    def shared(self, model: LayeredModel, x: torch.Tensor, y: torch.Tensor, *,
+               prefix: SharedPrefix) -> Signals:
+        ...
+
 
 
 def grad_norm_name(layer: str) -> str:
