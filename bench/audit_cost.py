@@ -6,7 +6,7 @@ interleaved, shuffled rounds (``bench.harness.interleaved``, one torch thread):
 * ``train``: the target trained again as a trial trains it (``train_trial``: Poisson batches,
   validation after every epoch, the test split after the last; no checkpoint);
 * ``audit``: the audit a sweep runs on it (``orchestrator.audit.membership.audit_model`` with
-  the default ``[audit]`` settings: 4 offline references trained like the target, layer probes,
+  the default ``[audit]`` settings: 4 online references trained like the target, layer probes,
   no reference cache, so every reference is trained);
 * ``audit before``: the same audit inside ``trainables.audit.prefix.without_savings`` (every
   model computes its own frozen prefix, references start from their own seeded parameters,
@@ -51,6 +51,7 @@ import torch.nn.functional as F
 from bench.harness import interleaved, load_average, summarize, write_results
 from core.trial import TrialSpec
 from orchestrator.audit.membership import AuditSettings, audit_model
+from orchestrator.config import AuditConfig
 from orchestrator.trial.plan import match_budget
 from trainables.audit.prefix import without_savings
 from trainables.audit.references import Budget, dp_trainer
@@ -72,9 +73,8 @@ EPSILON = 3.0
 DELTA = 1e-5
 #: dpsgd's learning rate and clipping norm for every recipe.
 PARAMS = {"lr": 1.0, "clip_norm": 1.0}
-#: The sweep's default audit: offline, 4 references, every candidate, layer probes.
-SETTINGS = AuditSettings(references="offline", reference_models=4, max_candidates=0,
-                         alpha=0.05, seed=0, layer_probes=True)
+#: The sweep's default audit (``[audit]`` as the config's defaults declare it).
+SETTINGS = AuditSettings.from_config(AuditConfig())
 #: 600 digits to train on; the rest of the 1,797 split for the audit and its probes.
 DIGITS_SIZES = SplitSizes(train=600, validation=150, holdout=300, test=147, shadow=600)
 FMNIST_SIZES = SplitSizes(train=2000, validation=500, holdout=1000, test=1000, shadow=4000)

@@ -9,42 +9,39 @@ public shadow pool has 800. The audit's pieces are driven directly, in this proc
 classifier wrapped around the reference trainer, ``collect_signals``, ``score_signals``); no
 Ray, no sweep. Plans (``PLAN_ROWS``):
 
-* ``offline-4``: the code's default (``[audit] references = "offline"``,
-  ``reference_models = 4``): 4 references trained on the public pool;
-* ``online-4`` and ``online-16``: references trained on halves of members + non-members. The
-  first 4 references of the 16-reference online plan *are* the 4-reference plan (the same
-  candidates, training rows and seeds: ``plan_references`` pairs reference 2i and 2i+1 on one
-  permutation, ``reference_seed`` depends on the index only), so one 16-reference training
-  serves both rows (the bench checks the masks agree).
+* ``offline-4``: ``[audit] references = "offline"``, ``reference_models = 4``: 4 references
+  trained on the public pool;
+* ``online-4``, the code's default (``references = "online"``, ``reference_models = 4``), and
+  ``online-16``: references trained on halves of members + non-members. The first 4 references of
+  the 16-reference online plan *are* the 4-reference plan (the same candidates, training rows and
+  seeds: ``plan_references`` pairs reference 2i and 2i+1 on one permutation, ``reference_seed``
+  depends on the index only), so one 16-reference training serves both rows (the bench checks the
+  masks agree).
 
 Per plan and attack (``lira_online`` — the plain online LiRA, only with online references —,
-``lira_offline``, ``rmia``, the uncalibrated ``loss_threshold``, and the ``shadow_classifier``,
-per layer only): TPR at 1% and 0.1% FPR and AUC on the output loss (RMIA reads the output's
-true-class probability, the same for loss and logit, so it runs on ``logit``), and on the best
-layer (the per-layer signal — gradient norm, probe loss or shadow classifier's sorted
-representation — with the highest TPR at 1% FPR: an oracle pick, optimistic like any maximum).
-``strongest`` is the best cell of the plan over every signal and attack. TPR at a target FPR
-uses the audit's rule (``trainables.audit.stats.attacks``): threshold at the (k+1)-th largest
-non-member score, k the most false positives the FPR allows, members strictly above it; with
-300 non-members 0.1% FPR allows none (k = 0: the TPR above every non-member), so that figure is
-flagged not meaningful. Scores pass through float32 first, as the audit stores them.
+``lira_pooled`` — online LiRA with its IN - OUT shift pooled over candidates of similar
+difficulty, also online only —, ``lira_offline``, ``rmia``, the uncalibrated
+``loss_threshold``, and the ``shadow_classifier``, per layer only): TPR at 1% and 0.1% FPR and
+AUC on the output loss (RMIA reads the output's true-class probability, the same for loss and
+logit, so it runs on ``logit``), and on the best layer (the per-layer signal — gradient norm,
+probe loss or shadow classifier's sorted representation — with the highest TPR at 1% FPR: an
+oracle pick, optimistic like any maximum). ``strongest`` is the best cell of the plan over
+every signal and attack. TPR at a target FPR uses the audit's rule
+(``trainables.audit.stats.attacks``): threshold at the (k+1)-th largest non-member score, k the
+most false positives the FPR allows, members strictly above it; with 300 non-members 0.1% FPR
+allows none (k = 0: the TPR above every non-member), so that figure is flagged not meaningful.
+Scores pass through float32 first, as the audit stores them.
 
 Every seed re-draws the data split, the target's training seed, and the audit seed (candidates,
 reference training sets and seeds); repeat 0 is the test suite's setup (data seed 0, target
 seed 12345) with audit seed 0. Reported: median and range over seeds, and per plan the
-reference trainings and seconds (one torch thread). A ``candidate`` row measures one cheap
-alternative default (``CANDIDATE``) on the offline-4 references: measured only, not wired into
-the product.
+reference trainings and seconds (one torch thread).
 
 Run from the repository root: ``.venv/bin/python -m bench.audit_strength [--seeds N]
 [--epochs E]``; writes ``bench/results/audit_strength.json``. 21 model trainings of ~2 s per
-seed; 5 seeds took 347 s at a load of 6 on 2 shared cores.
+seed.
 
-Result (5 seeds, median [range], TPR at 1% FPR of the plan's strongest cell): offline-4 0.110
-[0.097-0.153], online-4 0.140 [0.113-0.160], online-16 0.167 [0.157-0.200]; plain online LiRA
-with 16 references 0.140 [0.097-0.150] on the output logit, 0.157 [0.137-0.200] on its best
-layer. The candidate raised offline LiRA's AUC on every signal view and seed (output logit
-0.676 vs 0.664) but not the strongest cell's TPR at 1% FPR (0.103 vs 0.110).
+Results: ``bench/results/audit_strength.json`` and its generated table in docs/audit.md.
 """
 
 from __future__ import annotations
@@ -62,7 +59,7 @@ from typing import Any
 import numpy as np
 
 #: (row, plan kind, references trained, references used).
-PLAN_ROWS = (("offline-4", "offline", 4, 4), ("online-4", "online", 16, 4),
+PLAN_ROWS = (("offline-4", "offline", 4, 4), ("online-4 (default)", "online", 16, 4),
              ("online-16", "online", 16, 16))
 #: The FPRs the audit reports TPR at.
 FPRS = (0.01, 0.001)
@@ -73,13 +70,11 @@ EPOCHS = 100
 LR = 3e-3
 BATCH = 32
 TARGET_SEED = 12345
-DEFAULT_SEEDS = 5
+DEFAULT_SEEDS = 10
 SHADOW = "shadow_classifier"
 LOSS_THRESHOLD = "loss_threshold"
 #: The output signals (their layer is "output").
 OUTPUT_SIGNALS = ("loss", "logit")
-CANDIDATE = "candidate: offline-4, population-calibrated offline LiRA"
-CANDIDATE_ATTACK = "lira_offline_popcal"
 
 
 # --- pure parts (tests/unit/bench/test_audit_strength.py) ------------------------------------
@@ -272,54 +267,8 @@ def _plan_cells(signals: Any, classifier: Any, target: Any, *, n_references: int
     return cells
 
 
-def population_calibrated_offline(*, target: Any, references: Any, in_mask: Any,
-                                 population_target: Any, population_references: Any,
-                                 population_in_mask: Any, direction: int) -> np.ndarray:
-    """The candidate attack: offline LiRA (global variance, so the ranking is
-    direction x (s - mu_out)) with the references' OUT mean shrunk toward what it predicts of
-    the *target*: score = direction x (s - beta mu_out), beta = cov_z(s_z, mu_z) / var(mu_out).
-
-    The covariance is taken over the public population z, which the target never trained on
-    (its values there are OUT values of the target, already computed by every audit and unused
-    by its attacks), mu_z the mean of the references that did not train on z; the variance over
-    the candidates' own OUT means (no membership label is read). With few references mu_out is
-    a noisy estimate of the target's OUT value and beta < 1 is the regression's shrinkage
-    toward the common mean (RMIA with a = 0 shrinks by about 1/2 implicitly)."""
-    t = np.asarray(target, dtype=np.float64)
-    r = np.where(np.asarray(in_mask, dtype=bool), np.nan, np.asarray(references, np.float64))
-    rz = np.where(np.asarray(population_in_mask, dtype=bool), np.nan,
-                  np.asarray(population_references, dtype=np.float64))
-    tz = np.asarray(population_target, dtype=np.float64)
-    seen = np.isfinite(rz).any(axis=0)
-    if seen.sum() < 2:
-        raise ValueError("the population needs two samples with OUT references")
-    mu = np.nanmean(r, axis=0)
-    mu_z = np.nanmean(rz[:, seen], axis=0)
-    cov = float(np.cov(tz[seen], mu_z)[0, 1])
-    var = float(np.nanvar(mu, ddof=1))
-    beta = cov / var if var > 0 else 1.0
-    return direction * (t - beta * mu)
-
-
-def _candidate_cells(signals: Any) -> dict[tuple[str, str], dict[str, Any]]:
-    """{(signal, attack): metrics} of the candidate on every signal of the offline plan."""
-    from trainables.audit.signals import member_direction
-    labels = signals.plan.is_member
-    plan = signals.plan
-    cells = {}
-    for name in signals.target:
-        scores = population_calibrated_offline(
-            target=signals.target[name], references=signals.references[name],
-            in_mask=plan.in_mask, population_target=signals.population_target[name],
-            population_references=signals.population_references[name],
-            population_in_mask=plan.population_in_mask, direction=member_direction(name))
-        if np.isfinite(scores).all():
-            cells[(name, CANDIDATE_ATTACK)] = cell_metrics(scores, labels)
-    return cells
-
-
 def run_seed(seed: int, *, epochs: int, log: Callable[[str], None]) -> dict[str, Any]:
-    """Every plan row (and the candidate) on one seed's target."""
+    """Every plan row on one seed's target."""
     import torch
 
     from trainables.audit.classifier import ShadowClassifier
@@ -382,18 +331,6 @@ def run_seed(seed: int, *, epochs: int, log: Callable[[str], None]) -> dict[str,
             log(f"seed {seed}: {name} {seconds:.1f} s, strongest {v['cell']} TPR@1% "
                 f"{v['tpr_at_1pct']:.3f} AUC {v['auc']:.3f}")
         result.setdefault("signals", {})[kind] = signals
-        if kind == "offline":
-            t0 = time.perf_counter()
-            cells = _candidate_cells(signals)
-            row = result["plans"]["offline-4"]
-            result["plans"][CANDIDATE] = {
-                "kind": kind, "n_references": 4, "reference_trainings": 4,
-                "reference_train_seconds": row["reference_train_seconds"],
-                "scoring_seconds": time.perf_counter() - t0,
-                # as an attack added to the default's: its references, scoring and this
-                "seconds": row["seconds"] + time.perf_counter() - t0,
-                "cells": {f"{a}/{s}": m for (s, a), m in sorted(cells.items())},
-                "views": views(cells)}
     return result
 
 

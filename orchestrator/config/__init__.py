@@ -276,9 +276,10 @@ class AuditConfig:
                               "accuracy up, peak MIA down); false = accuracy-only search, the "
                               "fronts (with private tuning: the released trial) audited after "
                               "the sweep; must be false with private tuning")
-    references: str = _f("offline", "reference models: 'offline' (trained on the public shadow "
-                                    "pool; cheap) or 'online' (trained on random halves of the "
-                                    "private members and non-members; stronger)",
+    references: str = _f("online", "reference models: 'online' (trained on halves of the "
+                                   "audited members and non-members; each candidate is IN for "
+                                   "half of them: the stronger plan) or 'offline' (trained on "
+                                   "the public shadow pool only)",
                          choices=("offline", "online"))
     reference_models: int = _f(4, "reference models per audited trial (each trains like the "
                                   "trial; the audit's main cost)", low=4, high=256)

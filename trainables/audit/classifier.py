@@ -47,6 +47,11 @@ QUANTILES = 64
 #: The classifier (``trainables.audit.layer_attack.make_attack`` kinds): logistic regression
 #: transferred from shadows to targets more reliably than the MLP on digits.
 KIND = "logreg"
+#: Rows per class the classifier fits on (pooled over references, drawn at random): an
+#: online plan's 4 references give 4,000 per class on a 2,000-member target, and past a few
+#: thousand rows a linear fit on a layer's sorted features gains nothing but time (the offline
+#: plan's population gives about this many).
+MAX_ROWS_PER_CLASS = 2000
 #: Name of the attack in audit records.
 NAME = "shadow_classifier"
 #: The classifier's natural decision: P(member) >= 1/2.
@@ -173,7 +178,8 @@ class ShadowClassifier:
         for name in names:
             try:
                 attack = fit_layer_attack(members[name], nonmembers[name], seed=self.seed,
-                                          index=target.layer_names.index(name), kind=KIND)
+                                          index=target.layer_names.index(name), kind=KIND,
+                                          max_per_class=MAX_ROWS_PER_CLASS)
                 out[name] = attack.predict_proba(feats[name])[:, 1]
             except ValueError as exc:  # scikit-learn refuses NaN / infinite features
                 failed[name] = f"the shadow classifier refused the layer's features: {exc}"

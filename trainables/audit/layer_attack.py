@@ -139,10 +139,11 @@ def make_attack(*, kind: str = "mlp", seed: int, early_stopping: bool = True) ->
     return make_pipeline(StandardScaler(), clf)
 
 
-def balanced_xy(members: np.ndarray, nonmembers: np.ndarray, *,
-                rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Stack members (label 1) and non-members (label 0), subsampling the larger class."""
-    n = min(len(members), len(nonmembers))
+def balanced_xy(members: np.ndarray, nonmembers: np.ndarray, *, rng: np.random.Generator,
+                max_per_class: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Stack members (label 1) and non-members (label 0), subsampling the larger class (and
+    both to ``max_per_class``)."""
+    n = min(len(members), len(nonmembers), max_per_class or len(members))
     if n == 0:
         raise ValueError("an attack needs at least one member and one non-member")
     m = members[rng.choice(len(members), n, replace=False)] if len(members) > n else members
@@ -164,10 +165,11 @@ def fit_layer_attacks(features_members: Features, features_nonmembers: Features,
 
 
 def fit_layer_attack(members: np.ndarray, nonmembers: np.ndarray, *, seed: int, index: int,
-                     kind: str = "mlp") -> Pipeline:
-    """The attack of the ``index``-th layer (its own seeded stream), on balanced classes."""
+                     kind: str = "mlp", max_per_class: int | None = None) -> Pipeline:
+    """The attack of the ``index``-th layer (its own seeded stream), on balanced classes of at
+    most ``max_per_class`` rows each."""
     rng = np.random.default_rng([seed, index])
-    x, y = balanced_xy(members, nonmembers, rng=rng)
+    x, y = balanced_xy(members, nonmembers, rng=rng, max_per_class=max_per_class)
     attack = make_attack(kind=kind, seed=seed + index, early_stopping=len(y) >= MIN_EARLY_STOP)
     return attack.fit(x, y)
 

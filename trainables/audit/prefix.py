@@ -534,7 +534,18 @@ def training_start(start: FrozenStart | None, shared: SharedPrefix | None, *,
     unchanged otherwise."""
     if start is None or shared is None or not shared.prefix.train_exact or not rows:
         return start
-    table = PrefixTable.compute(target, shared.prefix, source[np.unique(np.concatenate(rows))])
+    x = source[np.unique(np.concatenate(rows))]
+    # Rows the audit already stored (the online plan's candidates are training rows of its
+    # references) are not run through the prefix again.
+    missing = [i for i, key in enumerate(row_keys(x)) if key not in shared.table.index]
+    total = len(shared.table.index) + len(missing)
+    if total * shared.prefix.row_bytes() > MAX_TABLE_BYTES:
+        table = PrefixTable.compute(target, shared.prefix, x)
+    elif missing:
+        more = PrefixTable.compute(target, shared.prefix, x[missing])
+        table = None if more is None else shared.table.merged(more)
+    else:
+        table = shared.table
     if table is None:
         return start
     return dataclasses.replace(start, training=SharedPrefix(prefix=shared.prefix, table=table))

@@ -37,6 +37,11 @@ Attacks (each returns scores where larger means "member", whatever the signal's 
   log ratio >= log gamma with gamma = 1: Pr(x|theta) / Pr(x) = 2 LR / (1 + LR), LR the
   likelihood ratio of theta under IN vs OUT, so ratio >= 1 is again the Bayes decision at equal
   prior odds.
+* :func:`lira_pooled` — online LiRA whose IN - OUT shift is pooled over candidates of similar
+  difficulty: with few references each candidate's IN and OUT means
+  come from K/2 models each, and their difference, the shift membership causes, is mostly
+  noise; pooled, the default 4 online references find about as many members at 1% FPR as
+  plain online LiRA does with 16 (``bench/audit_strength.py``).
 """
 
 from __future__ import annotations
@@ -54,7 +59,13 @@ LIRA_ONLINE = "lira_online"
 LIRA_OFFLINE = "lira_offline"
 RMIA = "rmia"
 LOSS_THRESHOLD = "loss_threshold"
-ATTACKS = (LIRA_ONLINE, LIRA_OFFLINE, RMIA)
+LIRA_POOLED = "lira_pooled"
+ATTACKS = (LIRA_ONLINE, LIRA_POOLED, LIRA_OFFLINE, RMIA)
+#: Difficulty bins :func:`lira_pooled` pools the IN - OUT shift over, and the fewest
+#: candidates a bin holds (fewer candidates, fewer bins): 10-40 bins measured alike on the
+#: digits target, a bin of fewer than ~25 candidates is a noisy median again.
+POOLED_BINS = 20
+POOLED_MIN_PER_BIN = 25
 VARIANCES = ("auto", "global", "per_example")
 #: From this many references on, ``variance="auto"`` fits per-candidate variances (Carlini et
 #: al. use a global variance below 64 shadow models).
@@ -149,6 +160,53 @@ def lira_online(*, target: np.ndarray, references: np.ndarray, in_mask: np.ndarr
     sd_in = _std(inside, variance=variance, n_models=k)
     sd_out = _std(outside, variance=variance, n_models=k)
     return norm.logpdf(t, mu_in, sd_in) - norm.logpdf(t, mu_out, sd_out)
+
+
+def difficulty_bins(values: np.ndarray, *, bins: int = POOLED_BINS,
+                    min_per_bin: int = POOLED_MIN_PER_BIN) -> np.ndarray:
+    """Bin index per candidate: equal-count bins of ``values`` by rank (ties broken by
+    position, so repeated values never empty a bin)."""
+    n = len(values)
+    count = max(1, min(bins, n // max(1, min_per_bin)))
+    rank = np.empty(n, dtype=np.int64)
+    rank[np.argsort(values, kind="stable")] = np.arange(n)
+    return rank * count // max(n, 1)
+
+
+def lira_pooled(*, target: np.ndarray, references: np.ndarray, in_mask: np.ndarray,
+                bins: int = POOLED_BINS) -> np.ndarray:
+    """Online LiRA with the IN - OUT shift pooled over candidates of similar difficulty;
+    threshold 0 (an LLR).
+
+    A candidate's difficulty is the mean of *all* its references (IN and OUT alike: with the
+    online plan's pairs every candidate is IN for exactly half, so the mean says nothing about
+    the target's membership). The shift is the median of (mu_in - mu_out) over the candidates
+    in the same difficulty bin, the fitted means are difficulty -/+ shift / 2, and one variance
+    is pooled over every reference value around its side's fitted mean. Per-candidate LiRA
+    estimates the shift from K/2 + K/2 models, the noisiest quantity it uses; the variance is
+    already pooled for the same reason (Carlini et al. 2022 fit one below 64 models)."""
+    t, r, mask = _as_inputs(target, references, in_mask)
+    inside, outside = _side(r, mask), _side(r, ~mask)
+    both = (inside.count > 0) & (outside.count > 0)
+    if not both.any():
+        raise ValueError("pooled LiRA needs candidates with both IN and OUT references")
+    every = _side(r, np.ones_like(mask))
+    level = every.mean
+    seen = np.isfinite(level)
+    where = np.flatnonzero(seen)
+    shift = np.full(t.shape, np.nan)
+    group = difficulty_bins(level[where], bins=bins)
+    raw = inside.mean - outside.mean
+    overall = float(np.median(raw[both]))
+    for b in np.unique(group):
+        rows = where[group == b]
+        known = raw[rows][both[rows]]
+        shift[rows] = float(np.median(known)) if known.size else overall
+    mu_in, mu_out = level + shift / 2, level - shift / 2
+    fitted = np.where(mask, mu_in, mu_out)
+    resid = np.where(np.isfinite(r), r - fitted, np.nan)
+    sd = max(float(np.sqrt(np.nanmean(resid ** 2))), MIN_STD)
+    return ((t - mu_out) ** 2 - (t - mu_in) ** 2) / (2.0 * sd ** 2)
 
 
 def lira_offline(*, target: np.ndarray, references: np.ndarray, direction: int,
@@ -360,6 +418,11 @@ def attack_signal(obs: SignalObservations, *, attacks: tuple[str, ...] = ATTACKS
             signal=obs.name, attack=LIRA_ONLINE, threshold=0.0, rule="LLR >= 0",
             scores=lira_online(target=obs.target, references=obs.references,
                                in_mask=obs.in_mask, variance=variance))
+    if LIRA_POOLED in attacks and online:
+        out[LIRA_POOLED] = AttackScores(
+            signal=obs.name, attack=LIRA_POOLED, threshold=0.0, rule="pooled-shift LLR >= 0",
+            scores=lira_pooled(target=obs.target, references=obs.references,
+                               in_mask=obs.in_mask))
     if LIRA_OFFLINE in attacks:
         def offline(t: np.ndarray, refs: np.ndarray, mask: np.ndarray) -> np.ndarray:
             return lira_offline(target=t, references=refs, in_mask=mask,

@@ -50,13 +50,14 @@ RECIPE = NonPrivateRecipe(epochs=100, lr=3e-3, batch_size=32)
 SETTINGS = AuditSettings(references="online", reference_models=4, max_candidates=0, alpha=0.05,
                          seed=3)
 #: The attacks every layer carries (the output row carries the logit and loss signals).
-LAYER_ATTACKS = {"lira_online:grad_norm", "lira_offline:grad_norm", "rmia:grad_norm",
-                 "lira_online:probe_loss", "lira_offline:probe_loss", "rmia:probe_loss",
-                 f"{SHADOW_CLASSIFIER}:ir"}
+LAYER_ATTACKS = {"lira_online:grad_norm", "lira_pooled:grad_norm", "lira_offline:grad_norm",
+                 "rmia:grad_norm", "lira_online:probe_loss", "lira_pooled:probe_loss",
+                 "lira_offline:probe_loss", "rmia:probe_loss", f"{SHADOW_CLASSIFIER}:ir"}
 #: The output row: LiRA on both output signals, RMIA once (logit and loss give it one
 #: probability), the loss threshold.
-OUTPUT_ATTACKS = {"lira_online:logit", "lira_offline:logit", "rmia:logit", "lira_online:loss",
-                  "lira_offline:loss", "loss_threshold:loss"}
+OUTPUT_ATTACKS = {"lira_online:logit", "lira_pooled:logit", "lira_offline:logit", "rmia:logit",
+                  "lira_online:loss", "lira_pooled:loss", "lira_offline:loss",
+                  "loss_threshold:loss"}
 #: digits_cnn's layers.
 LAYERS = ("conv1", "conv2", "fc1", "fc2")
 ROOT = Path(__file__).resolve().parents[3]
@@ -238,12 +239,12 @@ def _stored(run: Path, trial_id: str) -> dict[str, np.ndarray]:
 def test_holm_counts_each_distinct_attack_once(leaky: tuple[LayeredModel, dict],
                                                audit_run: Path) -> None:
     """RMIA on the loss would repeat RMIA on the logit (one probability): it is not run, so
-    the family is 4 layers x 7 attacks + 6 output attacks = 34, no two the same test."""
+    the family is 4 layers x 9 attacks + 8 output attacks = 44, no two the same test."""
     _, record = leaky
-    assert record["combined"]["n_tests"] == len(record["attacks"]) == 4 * 7 + 6
+    assert record["combined"]["n_tests"] == len(record["attacks"]) == 4 * 9 + 8
     raw = np.array([e["p_value"] for e in record["attacks"]])
     # Holm's smallest adjusted p-value is m x the smallest raw one (capped at 1)
-    assert record["leak_p_value"] == pytest.approx(min(1.0, 34 * raw.min()), rel=1e-12)
+    assert record["leak_p_value"] == pytest.approx(min(1.0, 44 * raw.min()), rel=1e-12)
     scores = _stored(audit_run, "leaky")["scores"]
     ranks = np.stack([rankdata(row) for row in scores])
     assert len(np.unique(ranks, axis=0)) == len(ranks)  # no attack ranks like another
@@ -254,7 +255,7 @@ def test_the_scores_file_holds_every_candidate_as_the_statistics_saw_it(
     _, record = leaky
     stored = _stored(audit_run, "leaky")
     assert str(stored["format"]) == SCORES_FORMAT
-    assert stored["scores"].dtype == np.float32 and stored["scores"].shape == (34, 600)
+    assert stored["scores"].dtype == np.float32 and stored["scores"].shape == (44, 600)
     member = stored["is_member"].astype(bool)
     assert member.sum() == 300 and (~member).sum() == 300
     # members are the target's training examples, non-members holdout examples (pool indices)
@@ -264,7 +265,7 @@ def test_the_scores_file_holds_every_candidate_as_the_statistics_saw_it(
     path = audit_run / TRIALS / "leaky" / AUDIT_SCORES
     assert record["scores_file"] == AUDIT_SCORES
     # float32 scores barely compress; the indices and labels do: below their raw bytes
-    assert 34 * 600 * 4 // 2 < path.stat().st_size < 34 * 600 * 4 + 600 * (8 + 1)
+    assert 44 * 600 * 4 // 2 < path.stat().st_size < 44 * 600 * 4 + 600 * (8 + 1)
     rows = {(str(la), str(at)): i for i, (la, at)
             in enumerate(zip(stored["layer"], stored["attack"], strict=True))}
     for e in record["attacks"]:  # an independent AUC (scikit-learn) of the stored scores
@@ -280,7 +281,7 @@ def test_the_reanalysis_script_reproduces_the_record(leaky: tuple[LayeredModel, 
     done = subprocess.run([sys.executable, str(script), str(audit_run), "leaky", "--csv",
                            str(table_csv)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "34 layer x attack entries" in done.stdout and "reproduced to 1e-09" in done.stdout
+    assert "44 layer x attack entries" in done.stdout and "reproduced to 1e-09" in done.stdout
     table = pd.read_csv(table_csv)
     assert len(table) == len(record["attacks"])
     for column in ("auc", "tpr_at_1pct_fpr", "accuracy"):
@@ -312,10 +313,10 @@ def test_references_are_reused_from_the_run_cache_with_progress(
     assert lines[0] == "audit: online plan, 4 references, 600 candidates"
     for k in range(4):
         assert any(f"reference {k + 1}/4 loaded from the cache" in line for line in lines)
-    assert lines[-1].startswith("audit: 34 attacks scored")
+    assert lines[-1].startswith("audit: 44 attacks scored")
     assert len(list((audit_run / CACHE / NAMESPACE).glob("*.safetensors"))) == 4
     assert record["plan_statement"].startswith("Online audit, 4 reference models")
-    assert "16 online references reached 0.16-0.22" in record["plan_statement"]
+    assert "16 online references reached 0.18 (0.14-0.20)" in record["plan_statement"]
 
 
 def test_the_run_manifest_vouches_for_the_scores_file(leaky: tuple[LayeredModel, dict],

@@ -69,7 +69,7 @@ def test_front_trials_scores_are_in_the_report_as_stored(
             np.testing.assert_array_equal(rows[column].to_numpy(), written[tid][i])
     text = page.read_text()
     assert "What this audit can see." in text and SCORES_FILE in text
-    assert "4 offline references (this plan) reached 0.08-0.12" in text
+    assert "4 offline references (this plan) reached 0.10 (0.07-0.15)" in text
     leakage = pd.read_csv(page.parent / "leakage.csv")
     assert (leakage.loc[leakage["audited"] > 0, "audit_plan"] == STATEMENT).all()
 

@@ -18,6 +18,7 @@ from core.trial import REPRODUCIBLE
 from orchestrator.trial.plan import match_budget, plan_trial
 from orchestrator.trial.setup import resolve
 from tests.conftest import tiny_config
+from trainables.audit import prefix as prefix_module
 from trainables.audit.cache import reference_key
 from trainables.audit.prefix import (
     FrozenStart,
@@ -248,6 +249,35 @@ def test_references_of_a_frozen_backbone_keep_it_frozen_and_the_targets(
     other = FrozenStart.of(pretrained(data, 2))
     assert key != reference_key(trainer, with_start(rdata, other), seed=seed, index=0)
 
+
+
+def test_training_rows_the_audit_stored_are_not_run_again(
+        data: DataSplits, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The online plan's candidates are training rows of its references: the training table
+    takes their stored outputs and runs the prefix on the other rows only, and every training
+    row's output matches the prefix run on it."""
+    target = pretrained(data, 1)
+    plan = plan_references(data=data, kind="online", n_references=4, seed=0,
+                           max_candidates=100)
+    shared = share_prefix(target, plan.candidates.x)
+    assert shared is not None
+    ran: list[int] = []
+    real = prefix_module.prefix_outputs
+
+    def counting(model: LayeredModel, prefix: object, x: torch.Tensor, **kw: object
+                 ) -> torch.Tensor:
+        ran.append(x.shape[0])
+        return real(model, prefix, x, **kw)
+
+    monkeypatch.setattr(prefix_module, "prefix_outputs", counting)
+    start = training_start(FrozenStart.of(target), shared, target=target,
+                           source=plan.source.x, rows=plan.train_rows)
+    used = plan.source.x[np.unique(np.concatenate(plan.train_rows))]
+    assert start is not None and start.training is not None
+    assert len(used) > len(plan.candidates) and ran == [len(used) - len(plan.candidates)]
+    stored = start.training.table.rows(used)
+    assert stored is not None
+    torch.testing.assert_close(stored, real(target, shared.prefix, used), rtol=RTOL, atol=ATOL)
 
 def test_a_dp_reference_starts_from_the_targets_backbone(data: DataSplits) -> None:
     base = plan_trial(resolve(tiny_config()), trial_id="dp", data=data)

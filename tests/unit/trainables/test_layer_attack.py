@@ -94,6 +94,10 @@ def test_balanced_xy_subsamples_the_larger_class() -> None:
     rng = np.random.default_rng(0)
     x, y = balanced_xy(np.ones((30, 2)), np.zeros((10, 2)), rng=rng)
     assert x.shape == (20, 2) and y.tolist() == [1] * 10 + [0] * 10
+    members = np.arange(60.0).reshape(30, 2)
+    x, y = balanced_xy(members, np.zeros((10, 2)), rng=rng, max_per_class=4)
+    assert y.tolist() == [1] * 4 + [0] * 4
+    assert len({tuple(r) for r in x[:4]}) == 4 and np.isin(x[:4], members).all()
     with pytest.raises(ValueError):
         balanced_xy(np.ones((3, 2)), np.zeros((0, 2)), rng=rng)
 
