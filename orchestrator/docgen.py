@@ -51,7 +51,7 @@ BLOCKS = (("README.md", "methods"), ("README.md", "fmnist_headline"),
           ("docs/benchmarks.md", "sweep_overhead"), ("docs/benchmarks.md", "cluster_and_faults"),
           ("docs/privacy.md", "overclip"), ("docs/privacy.md", "versus_certified"),
           ("docs/privacy.md", "secure_cost"), ("docs/audit.md", "audit_cost"),
-          ("docs/audit.md", "audit_strength"),
+          ("docs/audit.md", "audit_strength"), ("docs/audit.md", "frozen_run"),
           ("docs/operations.md", "chaos"))
 #: The stock models' speed table: its page and the results it is generated from.
 STOCK_DOC = "docs/stock-models.md"

@@ -1,10 +1,10 @@
-"""Generated table of docs/audit.md: what a membership audit costs against the trial's own
-training.
+"""Generated tables of docs/audit.md: what a membership audit costs against the trial's own
+training, how strong each plan is, and the frozen-backbone recipe run with ``dpsweep run``.
 
-The table is built from the committed ``bench/results/audit_cost.json`` (``bench.audit_cost``);
-ratios are medians of per-round ratios of interleaved rounds with their interquartile range,
-never a best run. ``orchestrator.docgen`` owns the block and checks it; this module only
-formats.
+The tables are built from the committed ``bench/results/audit_cost.json``
+(``bench.audit_cost``), ``audit_strength.json`` and ``frozen_run.json``; ratios are medians
+of per-round ratios of interleaved rounds with their interquartile range, never a best run.
+``orchestrator.docgen`` owns the blocks and checks them; this module only formats.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from orchestrator.docgen_runs import load_results, missing_results
 
 AUDIT_COST = "audit_cost"
 AUDIT_STRENGTH = "audit_strength"
+FROZEN_RUN = "frozen_run"
 #: The bench's entries (``bench.audit_cost``): the training, the audit, the audit before.
 TRAIN = "train"
 AUDIT = "audit"
@@ -35,9 +36,11 @@ def audit_cost_table() -> str:
         lines.append(f"| {row['describe']} | {s[TRAIN]['median_s']:.1f} "
                      f"| {s[BEFORE]['median_s']:.1f} | {_ratio(s[BEFORE])} "
                      f"| {s[AUDIT]['median_s']:.1f} | {_ratio(s[AUDIT])} | {row['rounds']} |")
+    settings = run["settings"]
     return (f"From `bench/results/{AUDIT_COST}.json` (`bench/audit_cost.py`): a DP-SGD target "
-            "(epsilon 3) trained as a trial trains it, and the default audit of it (4 offline "
-            "references, layer probes, no reference cache), with and without the savings "
+            "(epsilon 3) trained as a trial trains it, and the default audit of it "
+            f"({settings['reference_models']} {settings['references']} references, layer "
+            "probes, no reference cache), with and without the savings "
             "above, timed in interleaved rounds on one thread; ratios are the median "
             "(interquartile range) of the per-round ratios to the round's training.\n\n"
             + "\n".join(lines))
@@ -53,8 +56,8 @@ def audit_strength_table() -> str:
         return missing_results(AUDIT_STRENGTH, "audit_strength")
     lines = ["| plan | reference trainings | TPR at 1% FPR | TPR at 0.1% FPR | AUC |",
              "|---|---|---|---|---|"]
-    for name, plan in sorted(run["plans"].items(), key=lambda kv: (
-            kv[0].startswith("candidate"), kv[1]["reference_trainings"], kv[0])):
+    for name, plan in sorted(run["plans"].items(),
+                             key=lambda kv: (kv[1]["reference_trainings"], kv[0])):
         best = plan["attacks"]["any"]["strongest"]
         low = _median_range(best["tpr_at_01pct"]) + (
             "" if best["tpr_at_01pct_meaningful"] else " *")
@@ -70,4 +73,26 @@ def audit_strength_table() -> str:
             "no false positive: not a meaningful rate.\n\n" + "\n".join(lines))
 
 
-GENERATORS = {"audit_cost": audit_cost_table, "audit_strength": audit_strength_table}
+def frozen_run_table() -> str:
+    run = load_results(FROZEN_RUN)
+    if run is None:
+        return missing_results(FROZEN_RUN, "frozen_run")
+    lines = ["| trial | training (s) | audit (s) | audit / training | peak MIA accuracy | "
+             "layers reported shared |", "|---|---|---|---|---|---|"]
+    for row in run["trials"]:
+        peak = row["peak_mia_accuracy"]
+        lines.append(f"| {row['trial_id']} | {row['train_seconds']:.1f} "
+                     f"| {row['audit_seconds']:.1f} | {row['ratio']:.1f} "
+                     f"| {'-' if peak is None else f'{peak:.3f}'} "
+                     f"| {', '.join(row['shared_layers']) or 'none'} |")
+    summary = run["summary"]
+    return (f"From `bench/results/{FROZEN_RUN}.json` (`bench/frozen_run.py`): `{run['command']}` "
+            f"as a user runs it, each trial's own training and audit seconds; median audit / "
+            f"training of the DP trials {summary['median_ratio']:.1f}, largest "
+            f"{summary['max_ratio']:.1f} (load average {run['load_before']:.1f} before, "
+            f"{run['load_after']:.1f} after; two trials run at once on 2 cores).\n\n"
+            + "\n".join(lines))
+
+
+GENERATORS = {"audit_cost": audit_cost_table, "audit_strength": audit_strength_table,
+              "frozen_run": frozen_run_table}

@@ -45,7 +45,8 @@ def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 def test_every_example_is_listed_in_the_readme() -> None:
     readme = (REPO / "README.md").read_text()
     folders = sorted(p.name for p in EXAMPLES.iterdir() if p.is_dir())
-    assert folders == ["batchnorm_refused", "fashion_cnn", "stock_models", "tabular_digits"]
+    assert folders == ["batchnorm_refused", "fashion_cnn", "frozen_backbone", "stock_models",
+                       "tabular_digits"]
     for name in folders:
         assert f"examples/{name}" in readme, name
 
@@ -56,7 +57,11 @@ SMALL_RUNS = {
                             "shadow": 200}),
     "fashion_cnn": (["--limit", "1200"], {"train": 500, "validation": 150, "holdout": 150,
                                           "test": 150, "shadow": 250}),
+    "frozen_backbone": ([], {"train": 200, "validation": 100, "holdout": 100, "test": 100,
+                             "shadow": 100}),
 }
+#: An example whose data script writes ``sweep.toml`` from this template (it fills in a path).
+TEMPLATE = "sweep.template.toml"
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +74,10 @@ def example_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Pa
             continue
         root = tmp_path_factory.mktemp(name)
         folder = root / name
-        shutil.copytree(EXAMPLES / name, folder)
-        _shrink(folder / "sweep.toml", sizes)
+        shutil.copytree(EXAMPLES / name, folder, ignore=shutil.ignore_patterns(
+            "digits_png", "*.pt", "__pycache__"))
+        templated = (folder / TEMPLATE).is_file()
+        _shrink(folder / (TEMPLATE if templated else "sweep.toml"), sizes)
         steps = " && ".join([
             " ".join([sys.executable, "make_data.py", *script_args]),
             f"{BIN / 'dpsweep'} config --check sweep.toml",
