@@ -29,14 +29,12 @@ steps) and, with memory, the ratio of peak memory increases. Once-per-sweep prep
 parameters are given fixed stand-ins (``STANDINS``: lm_dpsgd's risk vector; its values do not
 change the step's cost). A method that fails to build or step is reported, not fatal.
 
-Stock torch / torchvision models (ResNet-18, ViT, LSTM, GRU, TransformerEncoder; issue 32):
-``--stock`` hands the rest of the command line to ``bench/stock_models.py``, which times our
-DP-SGD step through the user-model path against Opacus's hooks and a non-private step and writes
-``bench/results/step_time_stock.json`` (the table in ``docs/stock-models.md``).
+Stock torch / torchvision models (ResNet-18, ViT, LSTM, GRU, TransformerEncoder) are
+``bench/stock_models.py``'s: it times our DP-SGD step through the user-model path against
+Opacus's hooks and a non-private step, building the step as this module does.
 
 Run from the repository root: ``.venv/bin/python -m bench.step_time [--quick] [--models ...]
-[--methods ...]`` or ``.venv/bin/python -m bench.step_time --stock [--models ...] [--rounds N]
-[--batch B]``
+[--methods ...]``
 """
 
 from __future__ import annotations
@@ -532,16 +530,7 @@ def _method_series(ap: argparse.ArgumentParser, names: list[str] | None) -> list
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    if "--stock" in argv:  # the stock models' table: bench/stock_models.py takes the rest
-        from bench.stock_models import main as stock_main
-
-        stock_main([a for a in argv if a != "--stock"])
-        return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--stock", action="store_true",
-                    help="time the stock torch / torchvision models against Opacus hooks "
-                         "instead (bench/stock_models.py; see its --help: --models, --rounds, "
-                         "--batch)")
     ap.add_argument("--quick", action="store_true", help="few timing rounds")
     ap.add_argument("--models", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
     ap.add_argument("--strategies", action="store_true",

@@ -8,8 +8,9 @@ same input batch, timed in interleaved shuffled rounds by ``bench.harness`` (sam
 
 * ``non-private``: the factory's network, SGD on its trainable parameters, cross-entropy;
 * ``dpsweep DP-SGD``: the network as a config's ``[model] factory`` gets it
-  (``ModelSource.build``: ``trainables.models.validator.wrap_checked`` with the default layers),
-  then the ``dpsgd`` method's ``DPStep`` built as ``bench.step_time`` builds its method entries
+  (``trainables.models.assemble.build_network``: ``trainables.models.validator.wrap_checked``
+  with the default layers), then the ``dpsgd`` method's ``DPStep`` built as
+  ``bench.step_time`` builds its method entries
   (``method_on``: paper preset, reproducible noise). A model the validator refuses is recorded as
   ``refused`` with its one-line reason, one that fails to build a step or to step as ``failed``:
   neither is timed;
@@ -27,8 +28,8 @@ to ``opacus hooks``, held to the target (<= 1.0: no slower). Results:
 ``step_time_stock_partial.json``), whose table ``orchestrator.docgen`` puts in
 ``docs/stock-models.md`` (a full run regenerates it).
 
-Run from the repository root: ``.venv/bin/python -m bench.step_time --stock [--models ...]
-[--rounds N] [--batch B] [--threads T]`` (or ``-m bench.stock_models``).
+Run from the repository root: ``.venv/bin/python -m bench.stock_models [--models ...]
+[--rounds N] [--batch B] [--threads T]``.
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ from bench.step_time import (
 )
 from core.errors import UserInputError
 from trainables.dp.step import PublicData
+from trainables.models.assemble import build_network
 from trainables.models.source import ModelSource
 from trainables.models.usercode import resolve
 from trainables.models.validator import sample_batch
@@ -172,9 +174,9 @@ def ours_step(name: str, x: torch.Tensor,
     try:
         source = ModelSource(factory=s.reference, code_dir=str(STOCK_DIR),
                              **({"fix": True} if s.fix else {}))
-        model = source.build(input_shape=s.input_shape, num_classes=NUM_CLASSES,
-                             dataset="file",
-                             sample=sample_batch(input_shape=s.input_shape, tokens=s.tokens))
+        model = build_network(source, input_shape=s.input_shape, num_classes=NUM_CLASSES,
+                              dataset="file",
+                              sample=sample_batch(input_shape=s.input_shape, tokens=s.tokens))
     except UserInputError as exc:
         return None, {"status": "refused", "reason": error_line(exc)}
     except Exception as exc:  # a crash while building is dpsweep's bug: recorded, not fatal
@@ -310,7 +312,7 @@ def run_info(*, rounds: int, threads: int) -> dict[str, Any]:
     import opacus
     import torchvision
 
-    return {"bench": "bench.step_time --stock (bench/stock_models.py)",
+    return {"bench": "bench.stock_models",
             "date": time.strftime("%Y-%m-%d"), "commit": _commit(),
             "torch": torch.__version__, "torchvision": torchvision.__version__,
             "opacus": opacus.__version__, "python": platform.python_version(),
@@ -330,7 +332,7 @@ def _regenerate_docs() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     names = list(load_stock().STOCK)
-    ap = argparse.ArgumentParser(prog="python -m bench.step_time --stock",
+    ap = argparse.ArgumentParser(prog="python -m bench.stock_models",
                                  description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", choices=names, default=names)
     ap.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,

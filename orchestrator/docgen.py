@@ -190,7 +190,7 @@ def _stock_row(name: str, row: Mapping[str, Any], notes: list[str]) -> str:
 
 
 def stock_speed_markdown(payload: Mapping[str, Any]) -> str:
-    """The stock models' table from a ``bench.step_time --stock`` results payload."""
+    """The stock models' table from a ``bench.stock_models`` results payload."""
     models = payload["models"]
     loads = [x for row in models.values() for x in row.get("load_average_before_after", [])]
     load = f"; 1-minute load average {min(loads):.1f}-{max(loads):.1f}" if loads else ""

@@ -18,6 +18,7 @@ from orchestrator import __version__
 from orchestrator.release.standalone import build_record
 from trainables.data.files import class_names
 from trainables.data.splits import NORMALIZATION
+from trainables.models.assemble import build_network
 from trainables.models.networks import LayeredModel
 from trainables.models.source import ModelSource
 from trainables.training.loop import (
@@ -80,8 +81,8 @@ def source_of(info: dict[str, Any]) -> ModelSource:
 
 def fresh_model(info: dict[str, Any]) -> LayeredModel:
     """An untrained network matching ``info`` (to load the exported weights into)."""
-    return source_of(info).build(input_shape=tuple(info["input_shape"]),
-                                 num_classes=info["num_classes"], dataset="")
+    return build_network(source_of(info), input_shape=tuple(info["input_shape"]),
+                         num_classes=info["num_classes"], dataset="")
 
 
 def load_instructions(info: dict[str, Any], *, loader: str, weights: str) -> str:

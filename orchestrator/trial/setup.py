@@ -39,6 +39,7 @@ from trainables.data.splits import (
     load_splits,
 )
 from trainables.methods import METHODS, get_method, parse_series
+from trainables.models import assemble
 from trainables.models.catalog import check_input_shape, layer_count, model_for
 from trainables.models.source import ModelSource
 from trainables.models.trainable import trainable_layers
@@ -220,10 +221,11 @@ class ResolvedSetup:
         source, dataset = self.model_source, self.config.data.dataset
         if self.config.user_data or data is not None:
             data = self.data_splits() if data is None else data
-            return source.build(input_shape=data.input_shape, num_classes=data.num_classes,
-                                dataset=data.name, sample=data.shadow.x[:2])
-        return source.build(input_shape=INPUT_SHAPES[dataset], num_classes=NUM_CLASSES[dataset],
-                            dataset=dataset)
+            return assemble.build_network(source, input_shape=data.input_shape,
+                                          num_classes=data.num_classes, dataset=data.name,
+                                          sample=data.shadow.x[:2])
+        return assemble.build_network(source, input_shape=INPUT_SHAPES[dataset],
+                                      num_classes=NUM_CLASSES[dataset], dataset=dataset)
 
     def data_available(self) -> str:
         """Where the config's data is found, without downloading (``dpsweep config --check``);

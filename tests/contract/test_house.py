@@ -286,10 +286,35 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return cycles
 
 
+def _every_import(path: Path, known: set[str]) -> set[str]:
+    """The package modules ``path`` imports anywhere: at the top, inside functions and under
+    ``TYPE_CHECKING`` (a circle held apart by a deferred import is still a circle)."""
+    found: set[str] = set()
+    for node in ast.walk(_tree(path)):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
+    return found & known - {_module_name(path)}
+
+
+#: Circles left, counting every import, each a pair that issue 42's one door removes: the
+#: config's cross checks resolve a setup, and the setup reads the config. The list only
+#: shrinks: a new circle, or one gone without its entry removed, fails the test.
+KNOWN_CIRCLES = [["orchestrator.config", "orchestrator.trial.setup"]]
+
+
 def test_no_import_cycle() -> None:
     paths = {_module_name(p): p for p in _package_files()}
     graph = {m: _top_level_imports(p, set(paths)) for m, p in paths.items()}
     assert import_cycles(graph) == []
+
+
+def test_no_import_cycle_counting_every_import() -> None:
+    files = _package_files() + sorted((ROOT / "bench").rglob("*.py"))
+    paths = {_module_name(p): p for p in files}
+    graph = {m: _every_import(p, set(paths)) for m, p in paths.items()}
+    assert import_cycles(graph) == KNOWN_CIRCLES
 
 
 def test_the_cycle_check_finds_a_cycle() -> None:

@@ -6,7 +6,8 @@ shadow pool; one membership attack per layer (:mod:`trainables.audit.layer_attac
 on its IRs of members and non-members, and the attack's balanced error rate ER(l) is the
 layer's risk. It lives with the attacks because it needs scikit-learn: the method module
 imports it only when stage 1 runs, so ``dpsweep config --check`` reads the method's declaration
-(which also holds the smallest usable shadow pool, ``MIN_STAGE1_EXAMPLES``) without it.
+without it; the estimate's hyperparameters and the smallest usable shadow pool, which the
+method validates, are :mod:`trainables.audit.risk_stage`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import contextlib
 import hashlib
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -31,31 +32,13 @@ from trainables.audit.layer_attack import (
     layer_accuracies,
     split_features,
 )
+from trainables.audit.risk_stage import MIN_STAGE1_EXAMPLES, Stage1
 from trainables.dp.optim import Update
-from trainables.methods.lm_dpsgd import MIN_STAGE1_EXAMPLES
 
 if TYPE_CHECKING:
     from trainables.models.networks import LayeredModel
 
 CACHE_VERSION = 1
-
-
-@dataclass(frozen=True)
-class Stage1:
-    """Hyperparameters of the risk estimate; all of them are part of the cache key."""
-
-    examples: int  # shadow-pool examples used (half members, half non-members); 0 = all
-    steps: int  # shadow-model Adam steps
-    batch_size: int
-    lr: float
-    attack: str
-    er_eval: str
-
-    @classmethod
-    def from_params(cls, p: dict[str, Any]) -> Stage1:
-        return cls(examples=int(p["stage1_examples"]), steps=int(p["stage1_steps"]),
-                   batch_size=int(p["stage1_batch_size"]), lr=float(p["stage1_lr"]),
-                   attack=str(p["attack"]), er_eval=str(p["er_eval"]))
 
 
 def risk_identity(*, data: Any, model: LayeredModel, seed: int,

@@ -75,6 +75,7 @@ from trainables.audit.signals import (
 )
 from trainables.data.splits import DataSplits, Split
 from trainables.dp.optim import Update
+from trainables.models.assemble import build_network
 from trainables.models.source import ModelSource
 from trainables.training.loop import build_trial_model, train_trial
 
@@ -152,8 +153,8 @@ def train_nonprivate(*, data: DataSplits, recipe: NonPrivateRecipe, seed: int,
 def _nonprivate_model(data: DataSplits, recipe: NonPrivateRecipe) -> LayeredModel:
     """The recipe's untrained network for ``data`` (initialised from torch's global RNG)."""
     source = ModelSource.from_dict(recipe.model_source) if recipe.model_source else ModelSource()
-    return source.build(input_shape=data.input_shape, num_classes=data.num_classes,
-                        dataset=data.name, sample=data.shadow.x[:2])
+    return build_network(source, input_shape=data.input_shape, num_classes=data.num_classes,
+                         dataset=data.name, sample=data.shadow.x[:2])
 
 
 def accuracy(model: LayeredModel, split: Split) -> float:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from core.lazy import lazy_module
 from trainables.engine.attention import AttentionUnit, decomposable
@@ -36,10 +36,23 @@ from trainables.engine.rnn import RecurrentUnit, recurrent_types
 if TYPE_CHECKING:
     import torch
     from torch import nn
-
-    from trainables.engine.grad_engine import GradEngine
 else:
     torch = lazy_module("torch")
+
+
+class PassEngine(Protocol):
+    """What one pass reads of the engine that runs it (``GradEngine``): its layers, its
+    physical batch, and its per-module plan."""
+
+    num_layers: int
+    max_physical_batch: int
+    layer_of: dict[str, int]
+
+    def call_dims(self, unit: Handler | OwnerFallback, call: int) -> CallDims:
+        ...
+
+    def choice(self, handler: Handler, geometry: Geometry) -> Choice:
+        ...
 
 
 #: An example whose certified norm lies more than this factor above its estimate is
@@ -94,7 +107,7 @@ class Pass:
     first added to a zero scalar leaf, the ``anchor`` the backward is run for.
     """
 
-    def __init__(self, engine: GradEngine, n: int, *, live: Sequence[bool], dtype: torch.dtype,
+    def __init__(self, engine: PassEngine, n: int, *, live: Sequence[bool], dtype: torch.dtype,
                  device: torch.device, coef: torch.Tensor | None) -> None:
         self.engine = engine
         self.live = live

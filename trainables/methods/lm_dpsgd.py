@@ -65,6 +65,7 @@ from core.errors import UserInputError
 from core.lazy import lazy_module
 from core.modes import Mode, Source
 from core.params import Constraint, Param, ParamSet, is_real
+from trainables.audit.risk_stage import MIN_STAGE1_EXAMPLES, Stage1
 from trainables.dp.contract import CLIP, LR, MOMENTUM, public_every
 from trainables.dp.step import DPStep, PerExampleView, example_norms
 from trainables.methods import register
@@ -74,8 +75,6 @@ if TYPE_CHECKING:
 else:
     torch = lazy_module("torch")
 
-#: Fewest shadow-pool examples stage 1 can split into attack fitting and evaluation.
-MIN_STAGE1_EXAMPLES = 20
 #: Range of ER used in the weights (module docstring); the stored risk vector is unclamped.
 ER_MIN, ER_MAX = 1e-3, 0.5
 #: lagged mode: u(l) is kept in [U_FLOOR * C, C] (||mean clipped direction|| <= C always).
@@ -340,7 +339,7 @@ class LMDPSGD(DPStep):
         if p["risk"] is not None:
             return {}
         # stage 1 needs scikit-learn and torch: ``config --check`` imports this module
-        from trainables.audit.layer_risk import Stage1, estimate_layer_risk
+        from trainables.audit.layer_risk import estimate_layer_risk
 
         return estimate_layer_risk(data=data, model_factory=model_factory, seed=seed,
                                    stage1=Stage1.from_params(p), cache_dir=cache_dir)

@@ -27,8 +27,13 @@ if TYPE_CHECKING:
 
 def build_network(source: ModelSource, *, input_shape: Sequence[int], num_classes: int,
                   dataset: str, sample: torch.Tensor | None = None) -> LayeredModel:
-    """A fresh network for ``source`` (seed torch first); see
-    :meth:`trainables.models.source.ModelSource.build`."""
+    """A fresh network for ``source`` (seed torch first); a user's is checked by
+    ``trainables.models.validator``.
+
+    ``sample`` is a small batch shaped like the data (its dtype tells token ids from
+    features); by default standard-normal features. With ``fix``, a user's network is fixed
+    (``trainables.models.fix``) before the checks, and the model's ``model_fixes`` lists what
+    was replaced (plain dicts, for the privacy record)."""
     if not source.is_user:  # nothing to fix: no built-in model has a BatchNorm
         return build_model(name=model_for(model=source.name, dataset=dataset),
                            input_shape=tuple(input_shape), num_classes=num_classes,

@@ -1,7 +1,7 @@
 """``[model] fix = true``: what DP training cannot use, replaced in the user's network.
 
 In the spirit of Opacus's ``ModuleValidator.fix``, and applied by
-:meth:`trainables.models.source.ModelSource.build`, the one place a network is made (the config
+:func:`trainables.models.assemble.build_network`, the one place a network is made (the config
 check, every trial, the audit's references, an export's rebuild), so every copy of a fixed
 network has the same modules, shapes and ``state_dict`` keys:
 

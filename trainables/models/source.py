@@ -1,9 +1,10 @@
 """Where a trial's network comes from: a built-in name, or a user's factory, as plain data.
 
 The same record is written into every trial's spec, the run's manifest and an export, and
-:meth:`ModelSource.build` is the one place a network is made from it (training, the audit's
-reference models, the budget's layer count, export): a built-in model is a named factory of the
-same mechanism as a user's.
+:func:`trainables.models.assemble.build_network` is the one place a network is made from it
+(training, the audit's reference models, the budget's layer count, export): a built-in model is
+a named factory of the same mechanism as a user's. The record stays torch-free (validating a
+config never imports torch), so it knows nothing of how it is built.
 """
 
 from __future__ import annotations
@@ -13,16 +14,11 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from core.errors import UserInputError
 from trainables.models import usercode
 from trainables.models.catalog import model_for
-
-if TYPE_CHECKING:  # the record is torch-free, so validating a config never imports torch
-    import torch
-
-    from trainables.models.networks import LayeredModel
 
 #: ``[model] args`` values a TOML table can hold and a spec can carry as JSON.
 _ARG_TYPES = (bool, int, float, str, list)
@@ -91,23 +87,6 @@ class ModelSource:
             raise UserInputError(field="model", value=sorted(extra),
                                  allowed=f"keys among {sorted(known)}")
         return cls(**{**d, "layers": tuple(d.get("layers") or ())})
-
-    def build(self, *, input_shape: Sequence[int], num_classes: int, dataset: str,
-              sample: torch.Tensor | None = None) -> LayeredModel:
-        """A fresh network (seed torch first); a user's is checked by
-        ``trainables.models.validator``.
-
-        ``sample`` is a small batch shaped like the data (its dtype tells token ids from
-        features); by default standard-normal features. With ``fix``, a user's network is
-        fixed (``trainables.models.fix``) before the checks, and the model's ``model_fixes``
-        lists what was replaced (plain dicts, for the privacy record).
-        """
-        # the builders need torch; the spec, the manifest and ``config --check`` read this
-        # record without it
-        from trainables.models.assemble import build_network
-
-        return build_network(self, input_shape=input_shape, num_classes=num_classes,
-                             dataset=dataset, sample=sample)
 
     def fingerprint(self) -> dict[str, str]:
         """SHA-256 of the user's code (every ``.py`` under ``code_dir``), for the manifest."""

@@ -34,6 +34,7 @@ from trainables.data.splits import DataSplits, SplitSizes, load_splits
 from trainables.dp.randomness import Randomness, poisson_batches
 from trainables.dp.step import DPStep, PublicData
 from trainables.methods import get_method
+from trainables.models.assemble import build_network
 from trainables.models.networks import LayeredModel
 from trainables.models.source import ModelSource
 from trainables.training.placement import (
@@ -152,8 +153,9 @@ def load_trial_data(spec: TrialSpec) -> DataSplits:
 
 
 def build_trial_model(spec: TrialSpec, data: DataSplits) -> LayeredModel:
-    return spec_model_source(spec).build(input_shape=data.input_shape, num_classes=data.num_classes,
-                                   dataset=data.name, sample=data.shadow.x[:2])
+    return build_network(spec_model_source(spec), input_shape=data.input_shape,
+                         num_classes=data.num_classes, dataset=data.name,
+                         sample=data.shadow.x[:2])
 
 
 def _build(spec: TrialSpec, data: DataSplits | None) -> _Run:

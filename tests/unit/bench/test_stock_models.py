@@ -1,4 +1,4 @@
-"""The stock models' factories, their speed bench (``bench.step_time --stock``) and its table.
+"""The stock models' factories, their speed bench (``bench.stock_models``) and its table.
 
 The bench must record a model dpsweep refuses, or Opacus cannot run, instead of crashing; the
 docs table (``docs/stock-models.md``) is generated from the committed results.
@@ -72,10 +72,10 @@ def test_a_row_holds_every_entry_that_runs() -> None:
 
 
 def test_a_refused_model_is_recorded_not_fatal(monkeypatch: pytest.MonkeyPatch) -> None:
-    def refuse(self, **kwargs) -> None:
+    def refuse(source, **kwargs) -> None:
         raise UserInputError(field="model.factory", value="x", allowed="something else")
 
-    monkeypatch.setattr(sm.ModelSource, "build", refuse)
+    monkeypatch.setattr(sm, "build_network", refuse)
     row = _row()
     assert row["ours"] == {"status": "refused", "reason": "model.factory = 'x' is not "
                                                           "allowed: expected something else"}

@@ -45,6 +45,7 @@ from trainables.audit.references import (
 )
 from trainables.audit.signals import per_example_signals
 from trainables.data.splits import DataSplits, SplitSizes, load_splits
+from trainables.models.assemble import build_network
 from trainables.models.networks import LayeredModel, digits_cnn
 from trainables.models.source import ModelSource
 from trainables.models.validator import wrap_checked
@@ -216,8 +217,8 @@ def test_no_prefix_is_shared_where_weights_differ_or_the_forward_reads_past_it(
 def pretrained(data: DataSplits, seed: int) -> LayeredModel:
     """``tests/stock_nets.py``'s frozen backbone and trainable head, as a config names it."""
     torch.manual_seed(seed)
-    return PRETRAINED.build(input_shape=data.input_shape, num_classes=10, dataset=data.name,
-                            sample=data.shadow.x[:2]).eval()
+    return build_network(PRETRAINED, input_shape=data.input_shape, num_classes=10,
+                         dataset=data.name, sample=data.shadow.x[:2]).eval()
 
 
 def test_references_of_a_frozen_backbone_keep_it_frozen_and_the_targets(

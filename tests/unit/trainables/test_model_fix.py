@@ -16,6 +16,7 @@ from core.errors import UserInputError
 from orchestrator import config as config_mod
 from orchestrator.cli import main
 from orchestrator.trial.setup import resolve
+from trainables.models.assemble import build_network
 from trainables.models.fix import fix_model, group_count
 from trainables.models.source import ModelSource
 from trainables.models.validator import sample_batch, wrap_checked
@@ -124,7 +125,7 @@ def test_without_fix_the_refusal_lists_every_batchnorm_and_shows_the_factory(
         "    return torchvision.models.resnet18(num_classes=num_classes)\n")
     source = ModelSource(factory="resnets:build", code_dir=str(tmp_path))
     with pytest.raises(UserInputError) as err:
-        source.build(input_shape=(3, 32, 32), num_classes=10, dataset="")
+        build_network(source, input_shape=(3, 32, 32), num_classes=10, dataset="")
     text = str(err.value)
     assert err.value.field == "model.factory" and err.value.value == "resnets:build"
     assert text.startswith("model.factory = 'resnets:build' is not allowed") and "\n" not in text
@@ -143,9 +144,9 @@ def test_a_fixed_source_builds_the_same_network_every_time(tmp_path: Path) -> No
     assert source.to_dict()["fix"] is True
     assert ModelSource.from_dict(source.to_dict()) == source
     assert "fix" not in ModelSource(factory="bn_net:build").to_dict()  # old records unchanged
-    first = source.build(input_shape=(1, 8, 8), num_classes=10, dataset="")
-    again = ModelSource.from_dict(source.to_dict()).build(input_shape=(1, 8, 8),
-                                                          num_classes=10, dataset="")
+    first = build_network(source, input_shape=(1, 8, 8), num_classes=10, dataset="")
+    again = build_network(ModelSource.from_dict(source.to_dict()), input_shape=(1, 8, 8),
+                          num_classes=10, dataset="")
     assert first.model_fixes == [FIXED]
     assert first.layer_names == ["conv", "bn", "head"]
     shapes = {k: tuple(v.shape) for k, v in first.state_dict().items()}

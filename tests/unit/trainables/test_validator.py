@@ -16,6 +16,7 @@ from trainables.engine.grad_engine import (
     WHOLE_EXACT_PATH,
     GradEngine,
 )
+from trainables.models.assemble import build_network
 from trainables.models.source import ModelSource, source_of_callable
 from trainables.models.trainable import trainable_layers
 from trainables.models.validator import sample_batch, wrap_checked
@@ -234,7 +235,7 @@ def test_a_factory_reference_and_a_callable_name_the_same_code(tmp_path) -> None
         "    return nn.Sequential(nn.Flatten(), nn.Linear(64, width), nn.Tanh(),"
         " nn.Linear(width, num_classes))\n")
     source = ModelSource(factory="callable_net:build", args={"width": 6}, code_dir=str(tmp_path))
-    model = source.build(input_shape=(1, 8, 8), num_classes=10, dataset="")
+    model = build_network(source, input_shape=(1, 8, 8), num_classes=10, dataset="")
     assert model.layer_names == ["1", "3"] and model.layer_sizes()[0] == 64 * 6 + 6
     import importlib
     import sys
