@@ -33,6 +33,7 @@ from core.errors import DiskFull, UserInputError, disk_full
 from core.exits import EXIT_DISK_FULL, EXIT_SIGINT, EXIT_USAGE
 from orchestrator import __version__
 from orchestrator import config as config_mod
+from orchestrator.cluster.resources import check_resources
 from orchestrator.config import DEFAULT_ACCOUNTANT_TIMEOUT_S
 from orchestrator.config.checks import MAX_EPSILON
 from orchestrator.config.paths import check_address_form, check_path_form
@@ -166,6 +167,12 @@ def cmd_config(args: argparse.Namespace, setup: ModuleType) -> int:
         return 0
     if args.check:
         cfg = config_mod.load(args.check)
+        # the resources against this machine, as `run` checks them before Ray starts (on a
+        # cluster, `run --address` checks them again against its nodes)
+        check_resources(cpus_per_trial=cfg.resources.cpus_per_trial,
+                        gpus_per_trial=cfg.resources.gpus_per_trial,
+                        memory_per_trial_mb=cfg.resources.memory_per_trial_mb or None,
+                        max_concurrent=cfg.sweep.max_concurrent_trials, info=None)
         where = setup.resolve(cfg).data_available()
         print(f"{args.check}: valid; {cfg.data.dataset} data: {where}")
         return 0
@@ -314,7 +321,8 @@ def _add_config(sub: Any) -> None:
     """``dpsweep config``'s arguments."""
     c = sub.add_parser("config", help="print every config key with its default and meaning")
     c.add_argument("--check", metavar="CONFIG",
-                   help="validate a config file (and that its data is available) and exit")
+                   help="validate a config file (its data available, its resources on this "
+                        "machine) and exit")
     c.add_argument("--method", help="print one method's hyperparameter table")
     c.set_defaults(func=cmd_config)
 

@@ -147,6 +147,15 @@ def _cfg(text: str, command: str = "check") -> Callable[[Ctx], list[str]]:
     return argv
 
 
+def _no_gpu(text: str) -> Callable[[Ctx], list[str]]:
+    """A config checked on a machine whose GPUs are hidden (CUDA_VISIBLE_DEVICES empty), so
+    the case is the same on a GPU host."""
+    def argv(ctx: Ctx) -> list[str]:
+        ctx.monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+        return ["config", "--check", ctx.config(text)]
+    return argv
+
+
 GOOD = "[training]\nepochs = 1\n"
 FMNIST_MISSING = "[data]\ndataset = 'fashion-mnist'\ndata_dir = '{tmp}/empty'\n"
 
@@ -198,6 +207,12 @@ def stray(input_shape, num_classes):
 
 def frozen(input_shape, num_classes):
     return Net().requires_grad_(False)
+
+
+def frozen_body(input_shape, num_classes):
+    net = Net()
+    net.body.requires_grad_(False)  # a frozen backbone: the head is the one trained layer
+    return net
 
 
 def raises(input_shape, num_classes):
@@ -491,6 +506,10 @@ CASES = [
          "'yes'", "true or false"),
     Case("user-model-every-parameter-frozen", _user("frozen", command="train"),
          "model.factory", "'user_net:frozen'", "leave at least one parameter trainable ("),
+    Case("layer-freezing-with-one-trained-layer",
+         _user("frozen_body", data="[sweep]\nmethods = ['dpsgd_lf']"), "method", "'dpsgd_lf'",
+         "a model with at least 2 trained layers (it freezes the first m_f and trains the "
+         "rest); this model has 1"),
     Case("user-model-factory-raises", _user("raises"), "model.factory", "'user_net:raises'",
          "RuntimeError: no such width"),
     Case("user-model-not-a-module", _user("not_a_module"), "model.factory",
@@ -693,6 +712,8 @@ CASES = [
          "'resnet20_gn'"),
     Case("cuda-without-gpus", _cfg("[resources]\ndevice = 'cuda'\n"),
          "resources.gpus_per_trial", "0.0", "> 0 when resources.device = 'cuda'"),
+    Case("gpus-on-a-machine-without-one", _no_gpu("[resources]\ngpus_per_trial = 1\n"),
+         "resources.gpus_per_trial", "1.0", "0: this machine has no GPU"),
     Case("more-cpus-than-the-machine", _cfg("[resources]\ncpus_per_trial = 1024\n", "run"),
          "resources.cpus_per_trial", "1024", "the CPUs of this machine"),
     Case("invalid-toml", _cfg("[data\n"), "CONFIG", "c.toml", "valid TOML"),
