@@ -71,13 +71,23 @@ def run(cfg: Config, *, out: str | Path, address: str | None = None, quiet: bool
     **cfg.model.args)``; it must be defined at the top level of a module file, since workers,
     ``resume`` and ``export`` import it by name (its folder ships to every worker).
     """
-    from orchestrator.sweep.driver import run_sweep
-
+    cfg = _validated(cfg, model=model)
     run_dir = check_path_form(out, field="out")
     check_address_form(address, field="address")
-    if model is not None:
-        cfg = config_from_dict(_with_model(cfg.to_dict(), model))
+    from orchestrator.sweep.driver import run_sweep
+
     return run_sweep(cfg, run_dir=run_dir, address=address, quiet=quiet)
+
+
+def _validated(cfg: Config, *, model: Callable[..., Any] | None) -> Config:
+    """``cfg`` through every check ``from_dict`` runs: a ``Config`` changed with
+    ``dataclasses.replace`` (or built field by field) has met none of the cross-field rules."""
+    if not isinstance(cfg, Config):
+        raise UserInputError(field="cfg", value=type(cfg).__name__,
+                             allowed="an api.Config (api.load_config, api.from_dict, or "
+                                     "api.Config() changed with dataclasses.replace)")
+    raw = cfg.to_dict()
+    return config_from_dict(raw if model is None else _with_model(raw, model))
 
 
 def _with_model(raw: Mapping[str, Any], model: Callable[..., Any]) -> dict[str, Any]:
