@@ -108,6 +108,25 @@ def check_resources(*, cpus_per_trial: float, gpus_per_trial: float,
     return max(1, min(max_concurrent, sum(per_node)))
 
 
+def check_device(*, device: str, gpus_per_trial: float, info: ClusterInfo | None) -> None:
+    """Refuse ``resources.device = 'cuda'`` where no GPU is (this machine when ``info`` is
+    None, else the cluster's nodes), and without a GPU share per trial: Ray hides every GPU
+    from a trial that asked for none."""
+    if device != "cuda":
+        return
+    nodes: Sequence[NodeResources] = info.nodes if info is not None else (machine_resources(),)
+    if not any(n.gpus > 0 for n in nodes):
+        where = ("this machine" if info is None else
+                 "this cluster" if not info.local else "the local Ray")
+        raise UserInputError(field="resources.device", value=device,
+                             allowed=f"'cpu' or 'auto': {where} has no GPU{_gpu_hint(info)}")
+    if gpus_per_trial == 0:
+        raise UserInputError(field="resources.gpus_per_trial", value=0.0,
+                             allowed="> 0 when resources.device = 'cuda' (a GPU per trial, "
+                                     "or a share of one such as 0.25: Ray hides every GPU "
+                                     "from a trial that asks for none)")
+
+
 def _fits(node: NodeResources, *, cpus: float, gpus: float, memory_mb: float) -> int:
     """How many such trials this node holds at once."""
     counts = [math.floor(have / want + 1e-9) for have, want in

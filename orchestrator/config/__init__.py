@@ -433,9 +433,6 @@ def _cross_checks(cfg: Config) -> None:
                                      "rung must come before the last epoch)")
     setup.check_settings()
     _check_private(cfg)
-    if cfg.resources.device == "cuda" and cfg.resources.gpus_per_trial == 0:
-        raise UserInputError(field="resources.gpus_per_trial", value=0.0,
-                             allowed="> 0 when resources.device = 'cuda'")
 
 
 #: ``[data]`` keys that describe a user's data, with their defaults: set with a built-in dataset

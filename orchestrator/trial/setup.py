@@ -39,7 +39,6 @@ from trainables.data.splits import (
     load_splits,
 )
 from trainables.methods import METHODS, get_method, parse_series
-from trainables.models import assemble
 from trainables.models.catalog import check_input_shape, layer_count, model_for
 from trainables.models.source import ModelSource
 from trainables.models.trainable import trainable_layers
@@ -218,6 +217,9 @@ class ResolvedSetup:
     def build_network(self, data: DataSplits | None = None) -> LayeredModel:
         """A fresh network of the config's architecture for its data (seed torch first): a
         user's is checked on two real public examples (the shadow split's)."""
+        # the builders need torch; validating a config resolves a setup without building
+        from trainables.models import assemble
+
         source, dataset = self.model_source, self.config.data.dataset
         if self.config.user_data or data is not None:
             data = self.data_splits() if data is None else data

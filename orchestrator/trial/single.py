@@ -16,7 +16,7 @@ from orchestrator.rundir import RunDir, check_creatable
 from orchestrator.trial.plan import plan_trial
 from orchestrator.trial.setup import resolve
 from reports import store
-from trainables.training.loop import TrialResult, train_trial
+from trainables.training.loop import TrialResult, resolve_device, train_trial
 
 TRIAL_ID = "trial-000"
 
@@ -31,6 +31,7 @@ def train_single(cfg: Config, *, out: Path,
     # planned before the run directory exists (budgets in the user's cache): a setting that
     # cannot work leaves nothing behind
     spec = plan_trial(setup, trial_id=TRIAL_ID, data=data)
+    resolve_device(cfg.resources.device)  # a device this machine lacks: refused here, too
     run = RunDir.create(Path(out), config_text=cfg.to_toml(), kind="trial",
                         inputs=setup.input_fingerprints())
     try:

@@ -147,12 +147,12 @@ def _cfg(text: str, command: str = "check") -> Callable[[Ctx], list[str]]:
     return argv
 
 
-def _no_gpu(text: str) -> Callable[[Ctx], list[str]]:
-    """A config checked on a machine whose GPUs are hidden (CUDA_VISIBLE_DEVICES empty), so
-    the case is the same on a GPU host."""
+def _no_gpu(text: str, command: str = "check") -> Callable[[Ctx], list[str]]:
+    """A config checked (or trained) on a machine whose GPUs are hidden (CUDA_VISIBLE_DEVICES
+    empty), so the case is the same on a GPU host."""
     def argv(ctx: Ctx) -> list[str]:
         ctx.monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-        return ["config", "--check", ctx.config(text)]
+        return _cfg(text, command)(ctx)
     return argv
 
 
@@ -710,8 +710,11 @@ CASES = [
          "'paper'", "a preset of dpsgd: none"),
     Case("unknown-model", _cfg("[model]\nname = 'resnet50'\n"), "model.name", "'resnet50'",
          "'resnet20_gn'"),
-    Case("cuda-without-gpus", _cfg("[resources]\ndevice = 'cuda'\n"),
-         "resources.gpus_per_trial", "0.0", "> 0 when resources.device = 'cuda'"),
+    Case("cuda-on-a-machine-without-one", _no_gpu("[resources]\ndevice = 'cuda'\n"),
+         "resources.device", "'cuda'", "'cpu' or 'auto': this machine has no GPU"),
+    Case("train-cuda-on-a-machine-without-one",
+         _no_gpu("[resources]\ndevice = 'cuda'\ngpus_per_trial = 1\n", "train"),
+         "resources.device", "'cuda'", "'cpu' or 'auto' (no CUDA device is visible)"),
     Case("gpus-on-a-machine-without-one", _no_gpu("[resources]\ngpus_per_trial = 1\n"),
          "resources.gpus_per_trial", "1.0", "0: this machine has no GPU"),
     Case("more-cpus-than-the-machine", _cfg("[resources]\ncpus_per_trial = 1024\n", "run"),

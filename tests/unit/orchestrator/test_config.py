@@ -159,7 +159,6 @@ def test_validating_a_config_imports_no_deep_learning_stack() -> None:
         ("[data]\ndataset = 'fashion-mnist'\ntest_size = 20000\n", "data.test_size", "10000"),
         ("[data]\ndataset = 'fashion-mnist'\nshadow_size = 30000\n", "data.sizes", "60000"),
         ("[model]\nname = 'resnet'\n", "model.name", "'resnet20_gn'"),
-        ("[resources]\ndevice = 'cuda'\n", "resources.gpus_per_trial", "> 0"),
         ("[resources]\ncpus_per_trial = true\n", "resources.cpus_per_trial", "an integer"),
         ("[sweep]\nsampler = 'cmaes'\n", "sweep.sampler", "'nsga2'"),
         ("[sweep]\nmethods = 'dpsgd'\n", "sweep.methods", "a list"),
