@@ -28,6 +28,13 @@ MECHANISM = "poisson_subsampled_gaussian"
 RANDOMNESS_KINDS = ("secret", "reproducible", "secure")
 #: Accountants a calibration may come from.
 ACCOUNTANTS = ("prv", "rdp")
+#: What computed an epsilon of each ``accountant`` kind; a privacy record names it in
+#: ``versions["accountant"]`` (with ``dp_accounting``'s version for RDP). dpsweep's PRV grid is
+#: prv-accountant's algorithm, not the package: the tests hold the two to 1e-8 in epsilon.
+ACCOUNTANT_IMPLEMENTATIONS = {
+    "prv": "dpsweep PrvGrid (orchestrator/accounting/prv.py): prv-accountant 0.2.0's algorithm "
+           "in float64, tested against prv-accountant 0.2.0",
+    "rdp": "dp_accounting's RDP accountant (the fallback)"}
 
 
 def _is_number(value: Any) -> bool:

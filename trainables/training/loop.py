@@ -14,11 +14,11 @@ import time
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import prv_accountant
 import torch
 import torch.nn.functional as F
 
@@ -26,7 +26,7 @@ from core import __version__, layout
 from core.errors import PrivacyBoundViolation, TrialDiverged, UserInputError
 from core.layout import CHECKPOINT_FILE
 from core.poisson import poisson_plan
-from core.records import MECHANISM, PrivacyRecord
+from core.records import ACCOUNTANT_IMPLEMENTATIONS, MECHANISM, PrivacyRecord
 from core.storage import atomic_write, atomic_write_json
 from core.trial import TrialSpec
 from trainables.data.files import FileSource
@@ -274,10 +274,15 @@ def load_model(directory: Path, *, data: DataSplits | None = None,
     return model.to(torch.device(device)), spec
 
 
-def _versions() -> dict[str, str]:
-    return {"dpsweep": __version__, "torch": torch.__version__,
-            "prv_accountant": getattr(prv_accountant, "__version__", "0.2.0"),
-            "python": platform.python_version()}
+def _versions(accountant: str) -> dict[str, str]:
+    """The software the record's numbers came from; ``accountant`` names what computed the
+    epsilon (``core.records.ACCOUNTANT_IMPLEMENTATIONS``), never a package that was not run."""
+    out = {"dpsweep": __version__, "torch": torch.__version__,
+           "python": platform.python_version(),
+           "accountant": ACCOUNTANT_IMPLEMENTATIONS[accountant]}
+    if accountant == "rdp":
+        out["dp_accounting"] = metadata.version("dp-accounting")
+    return out
 
 
 def verify_ledger(method: DPStep) -> None:
@@ -342,7 +347,7 @@ def privacy_record(run: _Run) -> PrivacyRecord:
                        "model_parameters": sum(p.numel() for p in run.model.parameters()),
                        **_model_fixes(run.model)},
         trajectories=run.method.trajectories(),
-        versions=_versions(),
+        versions=_versions(cal.accountant),
     )
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from core.errors import UserInputError
+from core.records import ACCOUNTANT_IMPLEMENTATIONS
 from orchestrator.trial.plan import plan_trial
 from orchestrator.trial.setup import resolve
 from tests.conftest import tiny_config
@@ -130,3 +131,7 @@ def test_trial_freezes_at_t_f_and_records_it(tmp_path: Path) -> None:
         assert torch.equal(at_tf[name], end[name]) is name.startswith(FROZEN), name
     assert [m["frozen_layers"] for m in result.history] == [2.0, 2.0]
     assert result.privacy_record.ledger["events"][0]["count"] == 20
+    # the record names what computed its epsilon, not a package that never ran
+    versions = result.privacy_record.versions
+    assert versions["accountant"] == ACCOUNTANT_IMPLEMENTATIONS[result.privacy_record.accountant]
+    assert "prv_accountant" not in versions
