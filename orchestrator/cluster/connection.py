@@ -60,6 +60,7 @@ from orchestrator.cluster.resources import (
     NodeResources,
     usable_cpus,
 )
+from orchestrator.config.paths import CODE_EXCLUDES
 from orchestrator.raytemp import private_temp_dir
 
 _log = logging.getLogger("dpsweep.cluster")
@@ -385,12 +386,6 @@ def _init_kwargs(*, quiet: bool, runtime_env: dict[str, Any] | None = None) -> d
     if runtime_env:
         out["runtime_env"] = runtime_env
     return out
-
-
-#: What a user's code folder ships to workers without: data, environments, caches and runs
-#: (Ray's ``excludes`` patterns); the folder's Python files are what workers import.
-CODE_EXCLUDES = (".git", ".venv", "venv", "__pycache__", "*.npz", "*.npy", "*.parquet", "*.csv",
-                 "*.pt", "*.safetensors", "*.gz", "*.zip", "*.tar", "*.png", "*.jpg", "*.jpeg")
 
 
 #: Set by Ray's job manager for a ``ray job submit`` driver: the job's runtime environment.

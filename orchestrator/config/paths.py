@@ -11,6 +11,7 @@ prints it. Checked where a path enters (the command line, the Python API), each 
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import os
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,30 @@ def check_path_form(value: Any, *, field: str, creates: bool = True) -> Path:
     return Path(text)
 
 
+#: What a user's code folder ships to workers without: data, environments, caches and runs
+#: (Ray's ``excludes`` patterns, ``orchestrator.cluster.connection``); the folder's Python files
+#: are what workers import.
+CODE_EXCLUDES = (".git", ".venv", "venv", "__pycache__", "*.npz", "*.npy", "*.parquet", "*.csv",
+                 "*.pt", "*.safetensors", "*.gz", "*.zip", "*.tar", "*.png", "*.jpg", "*.jpeg")
+
+
+def check_arg_files(args: dict[str, Any], *, code_dir: str) -> None:
+    """Refuse a ``[model] args`` value naming, relative to the code folder, a file the workers'
+    copy of that folder leaves out (a weights file beside the factory): the factory would find
+    it here and fail on every worker. An absolute path is every worker's to read."""
+    for key, value in args.items():
+        for item in value if isinstance(value, list) else [value]:
+            if not isinstance(item, str) or not item or Path(item).expanduser().is_absolute():
+                continue
+            found = Path(code_dir) / item
+            if found.is_file() and any(fnmatch.fnmatch(found.name, p) for p in CODE_EXCLUDES):
+                raise UserInputError(
+                    field=f"model.args.{key}", value=item,
+                    allowed=f"an absolute path every worker can read ({found}; on a cluster, "
+                            f"shared storage): workers import from a copy of model.code_dir "
+                            f"that leaves out data and weight files ({', '.join(CODE_EXCLUDES)})")
+
+
 def resolve_paths(cfg: Any, base: Path) -> Any:
     """A built config (``orchestrator.config.Config``, typed loosely: that module imports this
     one) with absolute data paths and code folder, so a run directory's config means the same
@@ -89,6 +114,7 @@ def resolve_paths(cfg: Any, base: Path) -> Any:
     code_dir = absolute(code_dir)
     if code_dir:
         check_code_dir(code_dir)
+        check_arg_files(dict(m.args), code_dir=code_dir)
     return dataclasses.replace(
         cfg, data=dataclasses.replace(d, path=absolute(d.path),
                                       public_path=absolute(d.public_path)),

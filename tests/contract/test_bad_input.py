@@ -209,6 +209,10 @@ def frozen(input_shape, num_classes):
     return Net().requires_grad_(False)
 
 
+def weighted(input_shape, num_classes, weights=""):
+    return Net()  # a pretrained backbone's weights file would be read here
+
+
 def frozen_body(input_shape, num_classes):
     net = Net()
     net.body.requires_grad_(False)  # a frozen backbone: the head is the one trained layer
@@ -222,6 +226,17 @@ def raises(input_shape, num_classes):
 def not_a_module(input_shape, num_classes):
     return "Net"
 """
+
+
+def _weights_beside_the_factory(ctx: Ctx) -> list[str]:
+    """A weights file beside the factory, named relative to it in ``[model] args``."""
+    argv = _user("weighted")(ctx)
+    (ctx.tmp / "backbone.pt").write_bytes(b"weights")
+    config = Path(argv[-1])
+    config.write_text(config.read_text().replace(
+        "factory = 'user_net:weighted'\n",
+        "factory = 'user_net:weighted'\nargs = {weights = 'backbone.pt'}\n"))
+    return argv
 
 
 def _user(model: str = "", data: str = "", rows: Callable[..., object] | None = None,
@@ -510,6 +525,8 @@ CASES = [
          _user("frozen_body", data="[sweep]\nmethods = ['dpsgd_lf']"), "method", "'dpsgd_lf'",
          "a model with at least 2 trained layers (it freezes the first m_f and trains the "
          "rest); this model has 1"),
+    Case("user-model-weights-file-the-workers-lack", _weights_beside_the_factory,
+         "model.args.weights", "'backbone.pt'", "an absolute path every worker can read ("),
     Case("user-model-factory-raises", _user("raises"), "model.factory", "'user_net:raises'",
          "RuntimeError: no such width"),
     Case("user-model-not-a-module", _user("not_a_module"), "model.factory",
