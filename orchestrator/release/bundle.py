@@ -127,8 +127,11 @@ def export_trial(*, checkpoint_dir: Path, privacy: PrivacyRecord, out: Path,
     info["code"] = standalone.code_record(origin, code)
     _check_code(info, recorded=code_sha256)  # before the code is imported to build the model
     tensors, model_info = _released_weights(info, state["model"], checkpoint_dir)
-    if "model_source" in info:  # the export's own copy of the code, not the training folder
-        info["model_source"] = {**info["model_source"], "code_dir": EXPORT_CODE}
+    if "model_source" in info:  # the export's own copy of the code, not the training folder,
+        # and no file path of the training machine (``standalone.portable_args``)
+        source = info["model_source"]
+        info["model_source"] = {**source, "code_dir": EXPORT_CODE,
+                                "args": standalone.portable_args(dict(source["args"]))[0]}
     info.update(model_info)
     info.update({"weights": {"torch": EXPORT_WEIGHTS, "safetensors": EXPORT_SAFETENSORS},
                  "loader": EXPORT_LOADER})

@@ -22,6 +22,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import importlib.util
+import os
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +41,36 @@ LOADER_SOURCE = Path(__file__).with_name("loader.py")
 
 
 def build_record(source: ModelSource, *, architecture: str) -> dict[str, Any]:
-    """The call ``load.py`` makes: ``factory(input_shape=..., num_classes=..., **args)``."""
+    """The call ``load.py`` makes: ``factory(input_shape=..., num_classes=..., **args)``.
+
+    An argument that names a file by an absolute path (a pretrained backbone's weights) is
+    the training machine's: it is stored empty and listed under ``paths_removed``, so the
+    export neither holds nor reads it (its weights replace every parameter anyway); a factory
+    that needs the file to build gets it through ``load.load(args=...)``."""
     if source.is_user:
-        return {"factory": source.factory, "args": dict(source.args)}
+        args, removed = portable_args(dict(source.args))
+        return {"factory": source.factory, "args": args, "paths_removed": removed}
     return {"factory": BUILTIN_FACTORY,
             "args": {"name": architecture, "activation": source.activation}}
+
+
+def portable_args(args: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``args`` with every absolute path ("" in its place; in a list, each one), and the keys
+    that held one."""
+    def machine_path(value: Any) -> bool:
+        return isinstance(value, str) and bool(value) and os.path.isabs(
+            os.path.expanduser(value))
+
+    out: dict[str, Any] = {}
+    removed: list[str] = []
+    for key, value in args.items():
+        if isinstance(value, list):
+            out[key] = ["" if machine_path(v) else v for v in value]
+        else:
+            out[key] = "" if machine_path(value) else value
+        if out[key] != value:
+            removed.append(key)
+    return out, removed
 
 
 def code_files(source: ModelSource) -> tuple[str, dict[str, bytes]]:

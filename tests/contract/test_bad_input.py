@@ -523,8 +523,8 @@ CASES = [
          "model.factory", "'user_net:frozen'", "leave at least one parameter trainable ("),
     Case("layer-freezing-with-one-trained-layer",
          _user("frozen_body", data="[sweep]\nmethods = ['dpsgd_lf']"), "method", "'dpsgd_lf'",
-         "a model with at least 2 trained layers (it freezes the first m_f and trains the "
-         "rest); this model has 1"),
+         "a model with at least 2 trained layers (dpsgd_lf: DP-SGD that freezes the first m_f "
+         "layers from step t_f); this model has 1: choose another method"),
     Case("user-model-weights-file-the-workers-lack", _weights_beside_the_factory,
          "model.args.weights", "'backbone.pt'", "an absolute path every worker can read ("),
     Case("user-model-factory-raises", _user("raises"), "model.factory", "'user_net:raises'",

@@ -176,9 +176,12 @@ def test_a_pretrained_backbone_from_a_file_trains_only_its_head(workspace: Path)
     assert main(["export", str(out), "--trial", TRIAL_ID, "--out", str(release),
                  "--allow-degenerate"]) == 0
     saved.unlink()  # the stranger has the export, not the training machine's backbone file
+    model_json = (release / layout.EXPORT_MODEL).read_text()
+    assert str(workspace) not in model_json  # no path of the training machine
+    assert json.loads(model_json)["build"]["paths_removed"] == ["weights"]
     probe = "x = torch.full((2, 3, 16, 16), 128, dtype=torch.uint8)"
     script = ("import sys, torch; sys.path.insert(0, sys.argv[1]); import load; "
-              f"m = load.load(sys.argv[1], args={{'weights': ''}}); {probe}; "
+              f"m = load.load(sys.argv[1]); {probe}; "
               "print(m(x).argmax(1).tolist())")
     proc = subprocess.run([sys.executable, "-I", "-c", script, str(release)],
                           capture_output=True, text=True, timeout=120, cwd=workspace)

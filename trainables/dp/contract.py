@@ -66,6 +66,9 @@ class MethodContract:
     #: Hyperparameters that compress every state change of the method (controller updates,
     #: freezing, refreshes) into a few dozen steps, for the lifecycle conformance suite.
     fast_lifecycle: ClassVar[dict[str, Any]] = {}
+    #: Fewest trained layers the method can work with (a model with fewer is refused for it
+    #: at config validation, where the config names the method).
+    min_trained_layers: ClassVar[int] = 1
 
     # ---- derived from the declaration --------------------------------------------------------
     @classmethod

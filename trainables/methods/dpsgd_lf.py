@@ -25,8 +25,6 @@ T_F_FRACTION = Param("t_f_fraction", 0.75, "freeze time t_f as a fraction of the
                      "record stores the resolved step); the paper freezes late", low=0.0, high=1.0,
                      presets={"paper": 0.75})
 #: The frozen layers (searched per model: search_spaces/dpsgd_lf.py).
-#: Fewest trained layers: one frozen from t_f on, one still training.
-MIN_LAYERS = 2
 M_F = Param("m_f", 0, "layers frozen from the input; 0 = the lower half, floor(L/2) (paper)",
             low=0, presets={"paper": 0})
 
@@ -55,15 +53,12 @@ class DPSGDLayerFreeze(DPStep):
         M_F,
     )
     fast_lifecycle: ClassVar[dict[str, Any]] = {"t_f_fraction": 0.5}
+    #: One layer frozen from t_f on and one still training.
+    min_trained_layers: ClassVar[int] = 2
 
     @classmethod
     def check_setting(cls, params: Mapping[str, Any], *, num_layers: int,
                       sizes: Mapping[str, int]) -> None:
-        if num_layers < MIN_LAYERS:
-            raise UserInputError(field="method", value="dpsgd_lf",
-                                 allowed=f"a model with at least {MIN_LAYERS} trained layers "
-                                         f"(it freezes the first m_f and trains the rest); "
-                                         f"this model has {num_layers}: choose another method")
         m_f = int(params["m_f"])
         if m_f > num_layers - 1:
             raise UserInputError(field="method_params.m_f", value=m_f,

@@ -99,18 +99,16 @@ def test_bad_params(params: dict, field: str) -> None:
 
 
 
-@pytest.mark.parametrize("m_f", [0, 1])
-def test_a_one_layer_model_is_refused_before_any_trial(m_f: int) -> None:
-    """One trained layer leaves nothing to freeze while something trains (m_f = 0 resolves to
-    floor(1 / 2) = 0): refused at validation, in one plain sentence, for every m_f."""
-    params = DPSGDLayerFreeze.validate_params({"m_f": m_f})
-    with pytest.raises(UserInputError) as exc:
-        DPSGDLayerFreeze.check_setting(params, num_layers=1, sizes={})
-    assert str(exc.value) == (
-        "method = 'dpsgd_lf' is not allowed: expected a model with at least 2 trained layers "
-        "(it freezes the first m_f and trains the rest); this model has 1: choose another "
-        "method")
-    DPSGDLayerFreeze.check_setting(params, num_layers=2, sizes={})  # two layers: m_f = 1
+def test_it_declares_two_trained_layers_and_checks_m_f_within_them() -> None:
+    """One trained layer leaves nothing to freeze while something trains: the method declares
+    2 (config validation refuses a model with fewer where the config names it); within 2,
+    m_f = 0 resolves to 1 and m_f = 2 leaves nothing to train."""
+    assert DPSGDLayerFreeze.min_trained_layers == 2
+    DPSGDLayerFreeze.check_setting(DPSGDLayerFreeze.validate_params({"m_f": 0}), num_layers=2,
+                                   sizes={})
+    with pytest.raises(UserInputError):
+        DPSGDLayerFreeze.check_setting(DPSGDLayerFreeze.validate_params({"m_f": 2}),
+                                       num_layers=2, sizes={})
 
 def test_trial_freezes_at_t_f_and_records_it(tmp_path: Path) -> None:
     """Through plan_trial and the training loop: 2 epochs of 10 steps, t_f = end of epoch 1."""
