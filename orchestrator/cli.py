@@ -33,7 +33,7 @@ from core.errors import DiskFull, UserInputError, disk_full
 from core.exits import EXIT_DISK_FULL, EXIT_SIGINT, EXIT_USAGE
 from orchestrator import __version__
 from orchestrator import config as config_mod
-from orchestrator.cluster.resources import check_device, check_resources
+from orchestrator.cluster.resources import check_config_resources
 from orchestrator.config import DEFAULT_ACCOUNTANT_TIMEOUT_S
 from orchestrator.config.checks import MAX_EPSILON
 from orchestrator.config.paths import check_address_form, check_path_form
@@ -169,12 +169,8 @@ def cmd_config(args: argparse.Namespace, setup: ModuleType) -> int:
         cfg = config_mod.load(args.check)
         # the resources against this machine, as `run` checks them before Ray starts (on a
         # cluster, `run --address` checks them again against its nodes)
-        check_device(device=cfg.resources.device,
-                     gpus_per_trial=cfg.resources.gpus_per_trial, info=None)
-        check_resources(cpus_per_trial=cfg.resources.cpus_per_trial,
-                        gpus_per_trial=cfg.resources.gpus_per_trial,
-                        memory_per_trial_mb=cfg.resources.memory_per_trial_mb or None,
-                        max_concurrent=cfg.sweep.max_concurrent_trials, info=None)
+        check_config_resources(cfg.resources, max_concurrent=cfg.sweep.max_concurrent_trials,
+                               info=None)
         where = setup.resolve(cfg).data_available()
         print(f"{args.check}: valid; {cfg.data.dataset} data: {where}")
         return 0

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from core.checks import number, whole
 from core.errors import UserInputError
@@ -125,6 +126,17 @@ def check_device(*, device: str, gpus_per_trial: float, info: ClusterInfo | None
                              allowed="> 0 when resources.device = 'cuda' (a GPU per trial, "
                                      "or a share of one such as 0.25: Ray hides every GPU "
                                      "from a trial that asks for none)")
+
+
+def check_config_resources(resources: Any, *, max_concurrent: int,
+                           info: ClusterInfo | None) -> int:
+    """A config's ``[resources]`` (typed loosely: the config imports nothing from here)
+    through :func:`check_device` and :func:`check_resources`; how many trials run at once."""
+    check_device(device=resources.device, gpus_per_trial=resources.gpus_per_trial, info=info)
+    return check_resources(cpus_per_trial=resources.cpus_per_trial,
+                           gpus_per_trial=resources.gpus_per_trial,
+                           memory_per_trial_mb=resources.memory_per_trial_mb or None,
+                           max_concurrent=max_concurrent, info=info)
 
 
 def _fits(node: NodeResources, *, cpus: float, gpus: float, memory_mb: float) -> int:

@@ -42,7 +42,7 @@ from core.vocabulary import FAILED, PRUNED
 from orchestrator import config as config_mod
 from orchestrator.audit.membership import AuditSettings, check_settings
 from orchestrator.cluster import connection, storage
-from orchestrator.cluster.resources import check_device, check_resources
+from orchestrator.cluster.resources import check_config_resources
 from orchestrator.config import Config
 from orchestrator.config.paths import check_address_form
 from orchestrator.raytemp import check_temp_dir
@@ -200,12 +200,8 @@ def _validate_before_ray(setup: ResolvedSetup, *, out: Path | None,
         check_creatable(out)
     if cfg.model.code_dir:  # where the user's code must be for the workers to import it
         connection.code_runtime_env(cfg.model.code_dir, skip=[])
-    check_device(device=cfg.resources.device, gpus_per_trial=cfg.resources.gpus_per_trial,
-                 info=None)
-    check_resources(cpus_per_trial=cfg.resources.cpus_per_trial,
-                    gpus_per_trial=cfg.resources.gpus_per_trial,
-                    memory_per_trial_mb=cfg.resources.memory_per_trial_mb or None,
-                    max_concurrent=cfg.sweep.max_concurrent_trials, info=None)
+    check_config_resources(cfg.resources, max_concurrent=cfg.sweep.max_concurrent_trials,
+                           info=None)
     data = setup.data_splits()
     if cfg.audit.enabled:
         check_settings(data, AuditSettings.from_config(cfg.audit))
@@ -277,12 +273,9 @@ def ray_session(setup: ResolvedSetup, run: RunDir, *, address: str | None, quiet
             info = ray_start.start_ray(address=address, quiet=quiet, runtime_env=env)
             flag.install()
             if address:
-                check_device(device=cfg.resources.device,
-                             gpus_per_trial=cfg.resources.gpus_per_trial, info=info)
-                check_resources(cpus_per_trial=cfg.resources.cpus_per_trial,
-                                gpus_per_trial=cfg.resources.gpus_per_trial,
-                                memory_per_trial_mb=cfg.resources.memory_per_trial_mb or None,
-                                max_concurrent=cfg.sweep.max_concurrent_trials, info=info)
+                check_config_resources(cfg.resources,
+                                       max_concurrent=cfg.sweep.max_concurrent_trials,
+                                       info=info)
             storage.check_storage(run.path)
             yield
         finally:
