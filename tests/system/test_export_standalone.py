@@ -279,7 +279,10 @@ def test_a_built_in_model_export_runs_without_dpsweep(tmp_path: Path) -> None:
     (project / "train.toml").write_text("[training]\nepochs = 2\nbatch_size = 50\n")
     run, release = project / "run", project / "release"
     assert main(["train", str(project / "train.toml"), "--out", str(run)]) == 0
-    assert main(["export", str(run), "--trial", TRIAL_ID, "--out", str(release)]) == 0
+    # two private epochs on fresh noise are now and then near chance: what is checked here is
+    # the loading, not the accuracy
+    assert main(["export", str(run), "--trial", TRIAL_ID, "--out", str(release),
+                 "--allow-degenerate"]) == 0
     test_rows, expected, recorded = _training_predictions(run)
     where = tmp_path / "stranger"
     shutil.copytree(release, where / "release")
