@@ -47,7 +47,6 @@ Results: ``bench/results/audit_strength.json`` and its generated table in docs/a
 from __future__ import annotations
 
 import argparse
-import math
 import platform
 import statistics
 import sys
@@ -57,6 +56,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from trainables.audit.stats.attacks import max_false_positives
 
 #: (row, plan kind, references trained, references used).
 PLAN_ROWS = (("offline-4", "offline", 4, 4), ("online-4 (default)", "online", 16, 4),
@@ -87,19 +88,9 @@ def as_stored(scores: Any) -> np.ndarray:
         .astype(np.float64)
 
 
-def max_false_positives(fpr: float, n_nonmembers: int) -> int:
-    """Largest k with k / n <= fpr (robust to products like 0.01 x 300)."""
-    k = math.floor(fpr * n_nonmembers)
-    while k + 1 <= n_nonmembers and (k + 1) / n_nonmembers <= fpr:
-        k += 1
-    while k > 0 and k / n_nonmembers > fpr:
-        k -= 1
-    return k
-
-
 def tpr_at_fpr(scores: Any, labels: Any, fpr: float) -> tuple[float, bool]:
     """(TPR, meaningful) at ``fpr`` by the audit's rule: the threshold is the (k+1)-th largest
-    non-member score, k = :func:`max_false_positives`, and a member counts when its score is
+    non-member score, k = the audit's ``max_false_positives``, and a member counts when its score is
     strictly above it. Meaningful when the non-members allow at least one false positive."""
     s = np.asarray(scores, dtype=np.float64)
     y = np.asarray(labels, dtype=bool)

@@ -298,7 +298,7 @@ def _auc_interval(members: np.ndarray, nonmembers: np.ndarray, *, confidence: fl
     return float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
-def _max_fp_count(alpha: float, n_nonmembers: int) -> int:
+def max_false_positives(alpha: float, n_nonmembers: int) -> int:
     """Largest k with k / n <= alpha, robust to floating-point products like 0.01 x 1000."""
     k = math.floor(alpha * n_nonmembers)
     while k + 1 <= n_nonmembers and (k + 1) / n_nonmembers <= alpha:
@@ -316,7 +316,7 @@ def _tpr_at_fprs(members: np.ndarray, nonmembers: np.ndarray, *, fprs: Sequence[
         return ()
     n1, n0 = len(members), len(nonmembers)
     descending = np.sort(nonmembers)[::-1]
-    thresholds = [float(descending[_max_fp_count(a, n0)]) for a in fprs]  # k < n0: alpha < 1
+    thresholds = [float(descending[max_false_positives(a, n0)]) for a in fprs]  # k < n0: alpha < 1
     tps = np.array([np.count_nonzero(members > t) for t in thresholds])
     lows, highs = proportion_confint(tps, n1, alpha=1 - confidence, method="beta")
     return tuple(
