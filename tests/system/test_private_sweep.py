@@ -32,6 +32,9 @@ TRIALS = 3
 NOISELESS_KEYS = {"val_accuracy", "val_accuracy_ci", "test_accuracy", "val_loss", "test_loss",
                   "peak_mia_accuracy", "peak_mia_upper", "leak_detected", "ties",
                   "qualifying_front_trials", "front_trials"}
+#: Values fixed before any training (the accountant's inputs, hyperparameters): public.
+PUBLIC_INPUTS = {"sample_rate", "delta", "target_epsilon", "noise_multiplier", "clip_norm", "lr",
+                 "momentum"}
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +89,10 @@ def test_pick_writes_the_noisy_score_and_no_noiseless_metric(
                       if "accuracy" in k or "loss" in k}
     values = leaves(doc)
     assert not [p for p, _ in values if p.rsplit(".", 1)[-1] in NOISELESS_KEYS]
-    assert not [(p, v) for p, v in values if isinstance(v, float) and v in noiseless]
+    # a public input (a sampling rate of 0.1, a learning rate) can equal an accuracy by
+    # coincidence (10 of 100 validation rows): it is set before training, not measured
+    assert not [(p, v) for p, v in values if isinstance(v, float) and v in noiseless
+                and p.rsplit(".", 1)[-1] not in PUBLIC_INPUTS]
     assert f"{float(best['val_accuracy']):.4f}" not in out
 
 
