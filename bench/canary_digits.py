@@ -25,9 +25,9 @@ import torch
 
 from core.storage import atomic_write_json
 from core.trial import TrialSpec
+from orchestrator.door import check
 from orchestrator.sweep.commands import demo_config
 from orchestrator.trial.plan import plan_trial
-from orchestrator.trial.setup import resolve
 from search_spaces import build_space
 from trainables.audit.canary_runs import white_box_run
 from trainables.methods import get_method
@@ -45,9 +45,9 @@ def demo_spec(method: str) -> TrialSpec:
     """The demo study's first trial of ``method`` (its default mode), planned at epsilon 3."""
     cfg = demo_config()
     mode = get_method(method).modes[0].name
-    space = build_space(method, mode=mode, num_layers=4, fixed=resolve(cfg).given_params(method),
+    space = build_space(method, mode=mode, num_layers=4, fixed=check(cfg).given_params(method),
                         overrides=cfg.search.get(method))
-    return plan_trial(resolve(cfg), method=method, params=space.decode(space.first_point))
+    return plan_trial(check(cfg), method=method, params=space.decode(space.first_point))
 
 
 def audit(spec: TrialSpec, *, m: int, seed: int, data: Any) -> dict[str, Any]:

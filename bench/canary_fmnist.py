@@ -38,8 +38,8 @@ from orchestrator.config import (
     ResourcesConfig,
     TrainingConfig,
 )
+from orchestrator.door import check
 from orchestrator.trial import plan as trial_mod
-from orchestrator.trial.setup import resolve
 from trainables.audit.canary_runs import CanaryRun, black_box_run, white_box_run
 from trainables.training.loop import load_trial_data
 
@@ -99,7 +99,7 @@ def main() -> int:
     for epsilon in args.epsilons:
         cfg = config(args, epsilon)
         t0 = time.perf_counter()
-        spec = trial_mod.plan_trial(resolve(cfg))
+        spec = trial_mod.plan_trial(check(cfg))
         cal = spec.calibration
         print(f"== epsilon {epsilon:g}: sigma {cal.noise_multiplier:.4f}, "
               f"q {cal.sample_rate:.6f}, steps {cal.steps}, "

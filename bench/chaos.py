@@ -227,14 +227,14 @@ def check_run(run: Path, *, planned: frozenset[str]) -> dict[str, Any]:
 
 def planned_ids(config: Path, run: Path) -> frozenset[str]:
     """The trial ids the config plans (with private tuning: the secret counts the run drew)."""
-    from orchestrator.config import load
+    from orchestrator.api import load_config as load
+    from orchestrator.door import check
     from orchestrator.sweep.plans import study_plans
-    from orchestrator.trial.setup import resolve
 
     counts = None
     if (run / layout.PRIVATE_TUNING).is_file():
         counts = json.loads((run / layout.PRIVATE_TUNING).read_text())["counts"]
-    plans = study_plans(resolve(load(config)), counts=counts)
+    plans = study_plans(check(load(config)), counts=counts)
     return frozenset(p.trial_id(i) for p in plans for i in range(p.n_trials))
 
 
@@ -432,11 +432,11 @@ PLAN_LINE = "private tuning:"
 def private_statement(config: Path, run: Path, *, printed: list[str]) -> dict[str, Any]:
     """The soaked run's tuning statement against the one a clean run of its config states
     (computed by the function the driver calls), in summary.json, the report and on stdout."""
-    from orchestrator.config import load
+    from orchestrator.api import load_config as load
+    from orchestrator.door import check
     from orchestrator.sweep.tuning import private_tuning_plan
-    from orchestrator.trial.setup import resolve
 
-    clean = private_tuning_plan(resolve(load(config))).to_dict()
+    clean = private_tuning_plan(check(load(config))).to_dict()
     after = json.loads((run / layout.SUMMARY).read_text()).get("tuning") or {}
     page = run / layout.REPORT / "report.html"
     shown = f"epsilon = {clean['end_to_end_epsilon']:.4g}"

@@ -27,7 +27,9 @@ from typing import Any
 
 import torch
 
+from orchestrator import api
 from orchestrator import config as config_mod
+from orchestrator.door import check
 from orchestrator.trial.single import train_single
 from trainables.training.loop import resolve_device
 
@@ -43,7 +45,7 @@ def _device_name(device: torch.device) -> str:
 
 def _one(cfg: config_mod.Config, *, scratch: Path) -> dict[str, Any]:
     start = time.perf_counter()
-    result = train_single(cfg, out=scratch)
+    result = train_single(check(cfg), out=scratch)
     wall = time.perf_counter() - start
     p = result.privacy_record
     epochs = [float(m["epoch_seconds"]) for m in result.history]
@@ -68,7 +70,7 @@ def _config(path: Path, *, method: str | None, params: list[str]) -> config_mod.
     if method is None:
         if params:
             raise SystemExit("--param needs --method")
-        return config_mod.load(path)
+        return api.load_config(path)
     raw = config_mod.read_toml(path)
     fixed: dict[str, float | int] = {}
     for item in params:
@@ -79,7 +81,7 @@ def _config(path: Path, *, method: str | None, params: list[str]) -> config_mod.
     raw.setdefault("sweep", {})["methods"] = [method]
     raw.setdefault("method_params", {})[method] = fixed
     raw.pop("search", None)
-    return config_mod.from_dict(raw, base_dir=path.resolve().parent)
+    return api.from_dict(raw, base_dir=path.resolve().parent)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,6 +23,7 @@ from typing import Any
 
 from bench.harness import write_results
 from core import layout
+from orchestrator.door import check
 from orchestrator.sweep.commands import demo_config
 from orchestrator.sweep.driver import run_sweep
 
@@ -62,7 +63,7 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as tmp:
                 run = Path(tmp) / "run"
                 t0 = time.perf_counter()
-                run_sweep(cfg, run_dir=run, quiet=True)
+                run_sweep(check(cfg), run_dir=run, quiet=True)
                 out[name].append(_phases(run, time.perf_counter() - t0))
     table = {name: {key: statistics.median(r[key] for r in rows) for key in rows[0]}
              for name, rows in out.items()}

@@ -28,6 +28,7 @@ from core import layout
 def _audit(run_dir: str, trial_id: str) -> dict[str, Any]:
     import torch
 
+    from orchestrator.api import load_config as load
     from orchestrator.audit.membership import (
         AuditSettings,
         audit_trial_model,
@@ -35,7 +36,6 @@ def _audit(run_dir: str, trial_id: str) -> dict[str, Any]:
         claim_check,
         reference_budgets,
     )
-    from orchestrator.config import load
     from orchestrator.sweep.search import audit_settings
     from trainables.training.loop import load_spec, load_trial_data
 

@@ -40,9 +40,10 @@ import torch
 from bench.harness import load_average, wait_for_quiet, write_results
 from core.layout import CHECKPOINT_DIR
 from core.poisson import poisson_plan
-from orchestrator.config import from_dict, read_toml
+from orchestrator.api import from_dict
+from orchestrator.config import read_toml
+from orchestrator.door import check
 from orchestrator.trial.plan import plan_trial
-from orchestrator.trial.setup import resolve
 from trainables.dp.randomness import Randomness
 from trainables.dp.step import DPStep, PublicData
 from trainables.methods import get_method
@@ -174,7 +175,7 @@ def main() -> None:
     if args.epochs < 2:
         ap.error("--epochs must be >= 2 (the first is warm-up)")
     cfg = full_size_config(epochs=args.epochs, threads=args.threads)
-    setup = resolve(cfg)
+    setup = check(cfg)
     data = setup.data_splits()
     spec = plan_trial(setup, data=data)
     load = wait_for_quiet(max_load=args.max_load, timeout_s=QUIET_TIMEOUT_S)

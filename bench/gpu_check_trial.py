@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from bench.gpu_check_steps import error_text, release, sync
+from orchestrator import api
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = Path("configs/fmnist_full_published.toml")
@@ -77,16 +78,16 @@ def trial_config(path: Path, *, device: str, data_dir: Path | None, epochs: int 
     if epochs is not None:
         raw["training"]["epochs"] = epochs
         raw.setdefault("sweep", {})["pruner"] = "none"
-    cfg = config_mod.from_dict(raw, base_dir=path.resolve().parent)
+    cfg = api.from_dict(raw, base_dir=path.resolve().parent)
     return cfg.one_target(command="bench.gpu_check")
 
 
 def _resolved(cfg: Any) -> Any:
     """The config's resolved setup (``orchestrator.trial.setup``; imported here, as every
     orchestrator module is in this file)."""
-    from orchestrator.trial.setup import resolve
+    from orchestrator.door import check
 
-    return resolve(cfg)
+    return check(cfg)
 
 
 def plan(cfg: Any, data: Any, cache_dir: Path) -> tuple[Any, float]:

@@ -34,8 +34,9 @@ from bench.harness import write_results
 from core.errors import UserInputError
 from core.vocabulary import VALIDATION_OBJECTIVE
 from orchestrator import api
-from orchestrator.config import Config, from_dict
-from orchestrator.trial.setup import resolve
+from orchestrator.api import from_dict
+from orchestrator.config import Config
+from orchestrator.door import check
 from reports.pick import choose_private
 
 #: The study's split sizes and schedule (configs/fmnist.toml), DP-SGD only, no audit.
@@ -127,7 +128,7 @@ def main() -> None:
         for repeat in range(args.repeats):
             private_cfg = _config(epsilon=args.epsilon, trials=args.trials, tuning="private",
                                   seed=repeat)
-            plan = private_tuning_plan(resolve(private_cfg)).to_dict()
+            plan = private_tuning_plan(check(private_cfg)).to_dict()
             matched = matched_per_trial_epsilon(cfg=private_cfg, n_trials=args.trials,
                                                 end_to_end=args.epsilon)
             naive = adaptive_statement(n_trials=args.trials, per_trial_epsilon=args.epsilon,

@@ -19,9 +19,9 @@ from typing import Any
 
 from bench.harness import write_results
 from orchestrator.config import Config
+from orchestrator.door import check
 from orchestrator.sweep.plans import study_plans
 from orchestrator.trial.plan import plan_trial
-from orchestrator.trial.setup import resolve
 from search_spaces import STEP
 from trainables.training.loop import train_trial
 
@@ -40,7 +40,7 @@ def main() -> None:
     torch.set_num_threads(1)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     cfg = Config()
-    setup = resolve(cfg)
+    setup = check(cfg)
     data = setup.data_splits()
     rows: list[dict[str, Any]] = []
     for plan in study_plans(setup):

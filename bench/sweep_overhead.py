@@ -48,8 +48,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import load_average, write_results
+from orchestrator.api import from_dict
 from orchestrator.cluster import connection as cluster
-from orchestrator.config import Config, from_dict
+from orchestrator.config import Config
+from orchestrator.door import check
 from orchestrator.sweep import driver as sweep_mod
 
 METHOD = "dpsgd"
@@ -171,7 +173,7 @@ def one_sweep(cfg: Config) -> tuple[dict[str, float], list[dict[str, Any]]]:
         run = Path(tmp) / "run"
         with clocked(spans):
             began = time.time()
-            sweep_mod.run_sweep(cfg, run_dir=run, quiet=True)
+            sweep_mod.run_sweep(check(cfg), run_dir=run, quiet=True)
             ended = time.time()
         records = trial_records(run, expected=cfg.sweep.trials_per_method)
     out = phases(spans, records, began=began, ended=ended,

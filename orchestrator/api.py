@@ -10,9 +10,10 @@
     text = api.pick("runs/sweep1", max_peak_mia=0.6)
     release = api.export("runs/sweep1", trial_id="dpsgd_eps3-001", out="release")
 
-Every function validates its input first and raises :class:`UserInputError` (one message naming
-the field, the value and what is allowed) on bad input; files in a run directory are verified
-against its manifest before they are read.
+Every function validates its input first, through the same door as the command line
+(``orchestrator.door.check``: the same rules in the same order, the same message), and raises
+:class:`UserInputError` (one message naming the field, the value and what is allowed) on bad
+input; files in a run directory are verified against its manifest before they are read.
 
 ``run``, ``resume`` and ``reaudit`` import the sweep (Ray, Optuna) and ``pick`` and ``export``
 the release code (torch) only when they are called: ``dpsweep report`` imports this module and
@@ -27,9 +28,10 @@ from typing import TYPE_CHECKING, Any
 
 from core.errors import UserInputError
 from core.layout import RESULTS
-from orchestrator.config import Config, load, read_toml
-from orchestrator.config import from_dict as config_from_dict
-from orchestrator.config.paths import check_address_form, check_path_form
+from orchestrator import cli_budget
+from orchestrator.config import Config, parse, read_toml
+from orchestrator.config.paths import address_of, check_address_form, check_path_form
+from orchestrator.door import CheckedSetup, check
 from orchestrator.release.selection import read_selection
 from orchestrator.rundir import RunDir
 from reports.html import build_report
@@ -40,27 +42,31 @@ from trainables.models.source import source_of_callable
 if TYPE_CHECKING:
     import pandas as pd
 
+    from core.trial import Calibration
     from orchestrator.release.bundle import ExportResult
     from orchestrator.sweep.driver import SweepSummary
     from orchestrator.sweep.reaudit import ReauditSummary
 
-__all__ = ["Config", "UserInputError", "export", "from_dict", "load_config", "pick",
+__all__ = ["Config", "UserInputError", "budget", "export", "from_dict", "load_config", "pick",
            "reaudit", "report", "results", "resume", "run"]
 
 
-def load_config(path: str | Path, *, model: Callable[..., Any] | None = None) -> Config:
-    """A validated config from a TOML file (``dpsweep config`` lists every key); ``model`` is
-    your network's factory as a callable (see :func:`run`), set before validation."""
-    if model is None:
-        return load(path)
-    return from_dict(read_toml(path), base_dir=Path(path).resolve().parent, model=model)
+def load_config(path: str | Path, *, model: Callable[..., Any] | None = None,
+                machine: bool = True) -> Config:
+    """A config from a TOML file (``dpsweep config`` lists every key) checked as ``dpsweep
+    config --check`` checks it (its data on this machine, too); ``model`` is your network's
+    factory as a callable (see :func:`run`), set before the checks. ``machine=False`` leaves
+    out the resources against this machine (a config for a cluster, written on a laptop)."""
+    return from_dict(read_toml(path), base_dir=Path(path).resolve().parent, model=model,
+                     machine=machine)
 
 
 def from_dict(raw: Mapping[str, Any], *, base_dir: str | Path | None = None,
-              model: Callable[..., Any] | None = None) -> Config:
-    """A validated config from a dict shaped like the TOML file; ``model`` as in :func:`run`."""
-    return config_from_dict(raw if model is None else _with_model(raw, model),
-                            base_dir=base_dir)
+              model: Callable[..., Any] | None = None, machine: bool = True) -> Config:
+    """A checked config from a dict shaped like the TOML file; ``model`` and ``machine`` as in
+    :func:`load_config`."""
+    cfg = parse(raw if model is None else _with_model(raw, model), base_dir=base_dir)
+    return check(cfg, machine=machine, data=True).config
 
 
 def run(cfg: Config, *, out: str | Path, address: str | None = None, quiet: bool = True,
@@ -71,23 +77,22 @@ def run(cfg: Config, *, out: str | Path, address: str | None = None, quiet: bool
     **cfg.model.args)``; it must be defined at the top level of a module file, since workers,
     ``resume`` and ``export`` import it by name (its folder ships to every worker).
     """
-    cfg = _validated(cfg, model=model)
     run_dir = check_path_form(out, field="out")
-    check_address_form(address, field="address")
+    setup = _checked(cfg, model=model, machine=not address_of(address, field="address"))
     from orchestrator.sweep.driver import run_sweep
 
-    return run_sweep(cfg, run_dir=run_dir, address=address, quiet=quiet)
+    return run_sweep(setup, run_dir=run_dir, address=address, quiet=quiet)
 
 
-def _validated(cfg: Config, *, model: Callable[..., Any] | None) -> Config:
-    """``cfg`` through every check ``from_dict`` runs: a ``Config`` changed with
-    ``dataclasses.replace`` (or built field by field) has met none of the cross-field rules."""
+def _checked(cfg: Config, *, model: Callable[..., Any] | None, machine: bool) -> CheckedSetup:
+    """``cfg`` through the door: a ``Config`` changed with ``dataclasses.replace`` (or built
+    field by field) has met none of the rules, not even each field's own."""
     if not isinstance(cfg, Config):
         raise UserInputError(field="cfg", value=type(cfg).__name__,
                              allowed="an api.Config (api.load_config, api.from_dict, or "
                                      "api.Config() changed with dataclasses.replace)")
     raw = cfg.to_dict()
-    return config_from_dict(raw if model is None else _with_model(raw, model))
+    return check(parse(raw if model is None else _with_model(raw, model)), machine=machine)
 
 
 def _with_model(raw: Mapping[str, Any], model: Callable[..., Any]) -> dict[str, Any]:
@@ -169,3 +174,15 @@ def export(run_dir: str | Path, *, trial_id: str, out: str | Path,
                            out=check_path_form(out, field="out"),
                            allow_replayable=allow_replayable, allow_invalid_dp=allow_invalid_dp,
                            allow_degenerate=allow_degenerate)
+
+
+def budget(*, epsilon: float, delta: float, sample_rate: float | None = None,
+           batch_size: int | None = None, train_size: int | None = None,
+           steps: int | None = None, epochs: int | None = None,
+           accountant_timeout_s: float | None = None) -> Calibration:
+    """The calibrated noise for a privacy budget (``dpsweep budget``): ``sample_rate``, or
+    ``batch_size`` with ``train_size``; ``steps``, or ``epochs``. Its ``noise_multiplier`` is
+    rounded up and certified by the PRV accountant (or RDP, when PRV runs out of time)."""
+    return cli_budget.budget(epsilon=epsilon, delta=delta, sample_rate=sample_rate,
+                             batch_size=batch_size, train_size=train_size, steps=steps,
+                             epochs=epochs, accountant_timeout_s=accountant_timeout_s)[0]

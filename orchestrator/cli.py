@@ -31,12 +31,11 @@ from typing import Any, NoReturn
 
 from core.errors import DiskFull, UserInputError, disk_full
 from core.exits import EXIT_DISK_FULL, EXIT_SIGINT, EXIT_USAGE
-from orchestrator import __version__
+from orchestrator import __version__, door
 from orchestrator import config as config_mod
-from orchestrator.cluster.resources import check_config_resources
 from orchestrator.config import DEFAULT_ACCOUNTANT_TIMEOUT_S
 from orchestrator.config.checks import MAX_EPSILON
-from orchestrator.config.paths import check_address_form, check_path_form
+from orchestrator.config.paths import address_of, check_address_form, check_path_form
 from orchestrator.sweep.signals import ignore_further_signals
 
 #: Path arguments (argparse dest -> the name the user typed, and whether dpsweep creates it),
@@ -98,14 +97,14 @@ def _up(value: float) -> str:
 
 
 def cmd_train(args: argparse.Namespace, single: ModuleType) -> int:
-    cfg = args.cfg
+    cfg = args.setup.config
     out = Path(args.out)
 
     def progress(m: dict[str, Any]) -> None:
         print(f"  epoch {m['epoch']:>3}/{cfg.training.epochs}: val acc {m['val_accuracy']:.4f}, "
               f"eps spent {m['epsilon_spent']:.3f}", flush=True)
 
-    _print_trial(single.train_single(cfg, out=out, progress=progress), out)
+    _print_trial(single.train_single(args.setup, out=out, progress=progress), out)
     return 0
 
 
@@ -114,7 +113,7 @@ def cmd_demo(args: argparse.Namespace, sweep: ModuleType) -> int:
 
 
 def cmd_run(args: argparse.Namespace, sweep: ModuleType) -> int:
-    return int(sweep.run(args, cfg=args.cfg))
+    return int(sweep.run(args, setup=args.setup))
 
 
 def cmd_resume(args: argparse.Namespace, sweep: ModuleType) -> int:
@@ -163,16 +162,14 @@ def cmd_audit(args: argparse.Namespace, canary: ModuleType) -> int:
 
 def cmd_config(args: argparse.Namespace, setup: ModuleType) -> int:
     if args.method:
-        print(config_mod.describe(args.method))
+        print(setup.describe_method(args.method))
         return 0
     if args.check:
-        cfg = config_mod.load(args.check)
-        # the resources against this machine, as `run` checks them before Ray starts (on a
-        # cluster, `run --address` checks them again against its nodes)
-        check_config_resources(cfg.resources, max_concurrent=cfg.sweep.max_concurrent_trials,
-                               info=None)
-        where = setup.resolve(cfg).data_available()
-        print(f"{args.check}: valid; {cfg.data.dataset} data: {where}")
+        # every rule `run` checks before Ray starts, the resources against this machine (on a
+        # cluster, `run --address` checks them against its nodes once connected)
+        checked = door.check_file(args.check, data=True)
+        where = checked.data_location
+        print(f"{args.check}: valid; {checked.config.data.dataset} data: {where}")
         return 0
     print(config_mod.describe())
     return 0
@@ -390,7 +387,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         _check_path_forms(args)
         if args.command in CONFIG_FIRST:
-            args.cfg = config_mod.load(args.config)
+            args.setup = door.check_file(args.config,
+                                         machine=not address_of(getattr(args, "address", None)))
         return int(args.func(args, importlib.import_module(COMMANDS[args.command])) or 0)
     except UserInputError as exc:
         sys.stderr.write(f"dpsweep: error: {exc}\n")

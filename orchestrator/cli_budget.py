@@ -15,6 +15,8 @@ from typing import Any
 from core import poisson
 from core.checks import number, whole
 from core.errors import UserInputError
+from core.trial import Calibration
+from orchestrator.accounting import calibration as calibration_module
 from orchestrator.accounting.calibration import calibrate
 from orchestrator.accounting.certificate import (
     MIN_SAMPLE_RATE,
@@ -33,13 +35,33 @@ def need(ok: bool, flag: str, value: Any, allowed: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """The calibrated noise for a budget, light enough to answer in about a second.
+    """``dpsweep budget``: :func:`budget` on the flags, printed (``--json``: in full)."""
+    cal, q, steps = budget(epsilon=args.epsilon, delta=args.delta, sample_rate=args.sample_rate,
+                           batch_size=args.batch_size, train_size=args.train_size,
+                           steps=args.steps, epochs=args.epochs,
+                           accountant_timeout_s=args.accountant_timeout_s)
+    if args.json:
+        print(json.dumps(cal.to_dict(), indent=2))
+    else:
+        _print_budget(cal, q=q, steps=steps, delta=cal.delta, eps=cal.target_epsilon)
+    return 0
+
+
+def budget(*, epsilon: float, delta: float, sample_rate: float | None = None,
+           batch_size: int | None = None, train_size: int | None = None,
+           steps: int | None = None, epochs: int | None = None,
+           accountant_timeout_s: float | None = None) -> tuple[Calibration, float, int]:
+    """The calibrated noise for a budget, light enough to answer in about a second: the
+    calibration, the sample rate and the steps it is for.
 
     Neither torch nor opacus is imported: q = 1 / ceil(N / B) comes from ``core.poisson`` (the
     loader's exact rate), and the fresh PRV calibration (no cache: computing is cheaper than
     verifying a cached answer) runs in a forked child. sigma and the upper bound are printed
     rounded up, the lower bound down.
     """
+    args = argparse.Namespace(epsilon=epsilon, delta=delta, sample_rate=sample_rate,
+                              batch_size=batch_size, train_size=train_size, steps=steps,
+                              epochs=epochs, accountant_timeout_s=accountant_timeout_s)
     eps = check_epsilon(args.epsilon, field="--epsilon (privacy.epsilon)")
     delta = check_delta(args.delta, field="--delta (privacy.delta)")
     timeout = number(
@@ -85,14 +107,10 @@ def run(args: argparse.Namespace) -> int:
     # dp_accounting's RDP (the fallback) reports each order it drops through absl; a fallback
     # itself is printed below with its reason, so the accountant's log line would repeat it
     logging.getLogger("absl").setLevel(logging.ERROR)
-    logging.getLogger("orchestrator.accounting.calibration").setLevel(logging.ERROR)
+    logging.getLogger(calibration_module.__name__).setLevel(logging.ERROR)
     cal = calibrate(target_epsilon=eps, delta=delta, sample_rate=q, steps=steps,
                     timeout_s=timeout, use_cache=False)
-    if args.json:
-        print(json.dumps(cal.to_dict(), indent=2))
-    else:
-        _print_budget(cal, q=q, steps=steps, delta=delta, eps=eps)
-    return 0
+    return cal, q, steps
 
 
 def _print_budget(cal: Any, *, q: float, steps: int, delta: float, eps: float) -> None:

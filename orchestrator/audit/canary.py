@@ -29,7 +29,7 @@ from core import layout
 from core.errors import UserInputError
 from core.layout import CONFIG, RESULTS, TRIALS
 from core.storage import atomic_write_json
-from orchestrator.config import load as load_config
+from orchestrator.config import parse_file
 from orchestrator.release.export import CANARY_CONFIDENCE, check_not_baseline
 from orchestrator.release.selection import read_selection
 from orchestrator.rundir import RunDir, check_trial_id
@@ -152,7 +152,7 @@ def audit_with_canaries(run_dir: Path, *, trial_id: str, canaries: int | None = 
         read_selection(run, frame=store.frame_of(rows), release=False)
         spec_rel = f"{TRIALS}/{trial_id}/spec.json"
         spec = load_spec(json.loads(run.verify(spec_rel).read_text()))
-        seed = load_config(run.verify(CONFIG)).audit.seed
+        seed = parse_file(run.verify(CONFIG)).audit.seed
         data = load_trial_data(spec)
         if m is None:
             m = (DEFAULT_WHITE_BOX_CANARIES if white_box else

@@ -221,7 +221,8 @@ def _physical_gpus() -> int:
         except (OSError, subprocess.TimeoutExpired):
             return 0
         return sum(1 for line in out.splitlines() if line.startswith("GPU "))
-    torch = sys.modules.get("torch")
+    # torch._C: torch really imported (``torch`` alone may be a lazy stub that would import it)
+    torch = sys.modules.get("torch") if "torch._C" in sys.modules else None
     if torch is not None and torch.cuda.is_available():
         return int(torch.cuda.device_count())
     return 0

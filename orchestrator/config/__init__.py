@@ -4,7 +4,9 @@ Every field is a :class:`core.params.Param` declared once below (type, bounds, d
 meaning); method hyperparameters are declared by the methods themselves. Validation is strict
 and happens before anything is written: unknown sections or keys, wrong types and out-of-range
 values each raise one :class:`UserInputError` naming the field (``section.key``), the value and
-what is allowed. ``describe()`` renders the documented defaults (``dpsweep config``), so the
+what is allowed. Rules across fields, and against the methods, the data, the model and the
+machine, are checked once, by ``orchestrator.door`` (the one door every command goes through).
+``describe()`` renders the documented defaults (``dpsweep config``), so the
 README and the code cannot drift apart.
 
 ``[method_params]`` holds method hyperparameters (``lr``, ``clip_norm``, ``r``, ...): flat keys
@@ -18,8 +20,7 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import tomli_w
 
@@ -30,17 +31,11 @@ from core.poisson import PHYSICAL_BATCH
 from core.toml import tomllib
 from orchestrator.config.checks import (
     MAX_EPSILON,
-    check_budget,
     check_plain,
     check_series_texts,
-    check_sizes,
 )
-from orchestrator.config.paths import resolve_paths
+from orchestrator.config.paths import check_path_form, resolve_paths
 from trainables.models.catalog import MODEL_NAMES
-
-if TYPE_CHECKING:
-    from orchestrator.trial.setup import ResolvedSetup
-
 
 #: Model names the config accepts: the catalog's (torch-free, so validating a config never
 #: imports torch), or "auto" for the dataset's default.
@@ -56,15 +51,6 @@ MAX_SEED = 2**63 - 1 - 100
 #: Largest ``sweep.seed``: Optuna's samplers seed numpy's RandomState (< 2^32) with the seed
 #: plus the study's index.
 MAX_SWEEP_SEED = 2**31 - 1
-
-
-def _setup_module() -> ModuleType:
-    """``orchestrator.trial.setup``, imported the first time a value needs resolving: it loads
-    the method registry (and torch's lazy stub), which reading this module's constants must not
-    (``dpsweep budget``, ``dpsweep --help``)."""
-    from orchestrator.trial import setup
-
-    return setup
 
 
 def _f(default: Any, doc: str, **rules: Any) -> Any:
@@ -307,9 +293,10 @@ SECTIONS: dict[str, type] = {"data": DataConfig, "model": ModelConfig, "privacy"
 
 @dataclass(frozen=True)
 class Config:
-    """A validated config: parsed, cross-checked plain values and nothing resolved, so it can
-    be copied, compared and written back as it was read. What it means for its data, model and
-    methods is a :class:`orchestrator.trial.setup.ResolvedSetup`, resolved by each command."""
+    """A parsed config: plain values, each field checked, nothing resolved, so it can be
+    copied, compared and written back as it was read. The rules across fields, and what it
+    means for its data, model and methods, are a :class:`orchestrator.door.CheckedSetup`, which
+    every command makes through ``orchestrator.door.check``."""
 
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -368,9 +355,11 @@ def _section(section: str, raw: Any) -> Any:
                   for k, v in raw.items()})
 
 
-def from_dict(raw: Mapping[str, Any], *, base_dir: str | Path | None = None) -> Config:
-    """Build and fully validate a config from parsed TOML; relative paths (data files, the
-    code folder) are resolved against ``base_dir`` (default: the working directory)."""
+def parse(raw: Mapping[str, Any], *, base_dir: str | Path | None = None) -> Config:
+    """A config from parsed TOML, each field checked on its own; relative paths (data files,
+    the code folder) resolved against ``base_dir`` (default: the working directory). The rules
+    across fields and against the methods, data, model and machine are ``orchestrator.door``'s;
+    parsing runs no code a config names."""
     raw = dict(raw)
     check_plain(raw, where="")
     method_params = raw.pop("method_params", {})
@@ -387,14 +376,13 @@ def from_dict(raw: Mapping[str, Any], *, base_dir: str | Path | None = None) -> 
                                          "(unknown section)")
     cfg = Config(**{k: _section(k, v) for k, v in raw.items()}, method_params=method_params,
                  search=search)
-    cfg = resolve_paths(cfg, Path.cwd() if base_dir is None else Path(base_dir))
-    _cross_checks(cfg)
-    return cfg
+    return resolve_paths(cfg, Path.cwd() if base_dir is None else Path(base_dir))
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:
-    """The parsed TOML of a config file, not yet validated."""
-    p = Path(path)
+    """The parsed TOML of a config file, not yet validated (its path's form checked first, as
+    the command line checks CONFIG)."""
+    p = check_path_form(path, field="CONFIG", creates=False)
     try:
         if not p.is_file():
             raise UserInputError(field="CONFIG", value=str(p), allowed="an existing TOML file")
@@ -411,83 +399,13 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         raise UserInputError(field="CONFIG", value=str(p), allowed=f"valid TOML ({exc})") from None
 
 
-def load(path: str | Path) -> Config:
-    """A validated config from a TOML file; relative paths are the file's folder's."""
-    return from_dict(read_toml(path), base_dir=Path(path).resolve().parent)
+def parse_file(path: str | Path) -> Config:
+    """A config parsed from a TOML file (:func:`parse`); relative paths are its folder's."""
+    return parse(read_toml(path), base_dir=Path(path).resolve().parent)
 
 
-def _cross_checks(cfg: Config) -> None:
-    """The checks across sections and against the method registry, the data and the model, in
-    one order (so a config with several faults is always refused for the same one first).
-
-    The setup resolved for these checks is dropped with them: a config stays a plain value,
-    and each command resolves its own (``orchestrator.trial.setup.resolve``)."""
-    setup = _setup_module().resolve(cfg)
-    setup.check_methods()
-    _check_data_keys(cfg, setup)
-    check_sizes(cfg, setup)
-    check_budget(cfg, setup)
-    if cfg.sweep.pruner != "none" and cfg.sweep.pruner_min_epochs >= cfg.training.epochs:
-        raise UserInputError(field="sweep.pruner_min_epochs", value=cfg.sweep.pruner_min_epochs,
-                             allowed=f"< training.epochs = {cfg.training.epochs} (the first "
-                                     "rung must come before the last epoch)")
-    setup.check_settings()
-    _check_private(cfg)
-
-
-#: ``[data]`` keys that describe a user's data, with their defaults: set with a built-in dataset
-#: they would be ignored, so they are refused.
-_FILE_KEYS = ("path", "factory", "feature_columns", "split_column", "public_path", "mean", "std",
-              "num_classes", "inputs")
-
-
-def _check_data_keys(cfg: Config, setup: ResolvedSetup) -> None:
-    if cfg.user_data:
-        _ = setup.file_source  # validates every field of the user's data description
-        if not cfg.model.factory and cfg.model.name == "auto":
-            raise UserInputError(field="model.factory", value="",
-                                 allowed="your model ('package.module:function') for dataset = "
-                                         "'file', or a built-in [model] name that fits its inputs")
-        return
-    defaults = DataConfig()
-    for key in _FILE_KEYS:
-        if getattr(cfg.data, key) != getattr(defaults, key):
-            raise UserInputError(field=f"data.{key}", value=getattr(cfg.data, key),
-                                 allowed=f"unset unless data.dataset = '{FILE_DATASET}'")
-    _ = setup.model_source  # the factory reference, args and layers, checked
-
-
-def _check_private(cfg: Config) -> None:
-    """Private tuning admits nothing adaptive: Papernot & Steinke's bound counts K random trials
-    and the release of the best noisy score, not extra trials chosen by noiseless metrics or a
-    search that reads an attack on the training members."""
-    if cfg.sweep.tuning != "private":
-        return
-    if len(cfg.budget.epsilons) > 1:
-        raise UserInputError(field="budget.epsilons", value=cfg.budget.epsilons,
-                             allowed="at most one target with sweep.tuning = 'private' (privacy."
-                                     "epsilon is the end-to-end target of the one release)")
-    if cfg.sweep.pruner != "none":
-        raise UserInputError(field="sweep.pruner", value=cfg.sweep.pruner,
-                             allowed="'none' with sweep.tuning = 'private' (stopping a trial "
-                                     "on its validation accuracy is an adaptive choice the "
-                                     "end-to-end bound does not count)")
-    if cfg.sweep.seeds:
-        raise UserInputError(field="sweep.seeds", value=cfg.sweep.seeds,
-                             allowed="0 with sweep.tuning = 'private' (re-runs of trials chosen "
-                                     "by noiseless validation accuracy are extra, adaptively "
-                                     "chosen trials the end-to-end bound does not count)")
-    if cfg.audit.enabled and cfg.audit.in_trial:
-        raise UserInputError(field="audit.in_trial", value=True,
-                             allowed="false (or audit.enabled = false) with sweep.tuning = "
-                                     "'private': the audit then runs after the selection, on "
-                                     "the released trial, outside the end-to-end bound")
-
-
-def describe(method: str | None = None) -> str:
-    """The documented defaults as a commented TOML file, or one method's declaration table."""
-    if method is not None:
-        return _setup_module().describe_method(method)
+def describe() -> str:
+    """The documented defaults as a commented TOML file (``dpsweep config``)."""
     lines = ["# dpsweep config: every key with its default. Unknown keys are an error.",
              "# [method_params]: method hyperparameters (lr, clip_norm, ...); flat keys apply to",
              "# every method declaring them, [method_params.<method>] to one method. See",

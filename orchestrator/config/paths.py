@@ -141,6 +141,8 @@ def check_code_dir(code_dir: str) -> None:
 
 #: The flag a Ray cluster's address is given as.
 ADDRESS_FLAG = "--address"
+#: Where Ray (and dpsweep) read a cluster address when --address is left out.
+RAY_ADDRESS_ENV = "RAY_ADDRESS"
 
 
 def check_address_form(value: str | None, *, field: str = ADDRESS_FLAG) -> None:
@@ -153,3 +155,9 @@ def check_address_form(value: str | None, *, field: str = ADDRESS_FLAG) -> None:
                              allowed="host:port of a running Ray cluster's GCS, 'auto' or "
                                      "ray://host:port (an empty address would silently run on "
                                      "a local Ray; leave the flag out for that)")
+
+
+def address_of(address: str | None, *, field: str = ADDRESS_FLAG) -> str | None:
+    """``--address`` (refused when given empty), else RAY_ADDRESS, else None (a local Ray)."""
+    check_address_form(address, field=field)
+    return address or os.environ.get(RAY_ADDRESS_ENV) or None

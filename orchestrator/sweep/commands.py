@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Protocol
 
 from orchestrator.config import Config
+from orchestrator.door import CheckedSetup, check
 from orchestrator.sweep.driver import resume_sweep, run_sweep
 from orchestrator.sweep.signals import Interrupted, ignore_further_signals
 from trainables.methods import METHODS
@@ -105,14 +106,15 @@ def demo(args: argparse.Namespace) -> int:
           f"(offline), {DEMO_TRIALS_PER_METHOD} trials each at epsilon "
           f"{' and '.join(f'{e:g}' for e in cfg.budget.epsilons)} (weak trials pruned at "
           "epoch rungs), per-layer MIA audit, report", flush=True)
-    return sweep(lambda: run_sweep(cfg, run_dir=out, quiet=args.quiet))
+    setup = check(cfg)
+    return sweep(lambda: run_sweep(setup, run_dir=out, quiet=args.quiet))
 
 
-def run(args: argparse.Namespace, *, cfg: Config) -> int:
-    """``dpsweep run CONFIG``; ``cfg`` is CONFIG, loaded and validated by the command line
-    before this module (and torch, Ray and Optuna with it) was imported."""
+def run(args: argparse.Namespace, *, setup: CheckedSetup) -> int:
+    """``dpsweep run CONFIG``; ``setup`` is CONFIG through the door, checked by the command
+    line before this module (and Ray and Optuna with it) was imported."""
     out = out_dir(args, stem=Path(args.config).stem)
-    return sweep(lambda: run_sweep(cfg, run_dir=out, address=args.address, quiet=args.quiet))
+    return sweep(lambda: run_sweep(setup, run_dir=out, address=args.address, quiet=args.quiet))
 
 
 def resume(args: argparse.Namespace) -> int:

@@ -44,7 +44,8 @@ from orchestrator.audit.membership import AuditSettings, check_settings
 from orchestrator.cluster import connection, storage
 from orchestrator.cluster.resources import check_config_resources
 from orchestrator.config import Config
-from orchestrator.config.paths import check_address_form
+from orchestrator.config.paths import address_of
+from orchestrator.door import CheckedSetup, check, require_checked
 from orchestrator.raytemp import check_temp_dir
 from orchestrator.rundir import RunDir, check_creatable
 from orchestrator.sweep import ray_start
@@ -57,7 +58,7 @@ from orchestrator.sweep.signals import Interrupted, _signals, _StopFlag
 from orchestrator.sweep.summary import begin_attempt, end_if_begun, read_attempts
 from orchestrator.sweep.tuning import private_tuning_plan, recorded_config_text
 from orchestrator.trial.pruning import rungs
-from orchestrator.trial.setup import ResolvedSetup, resolve
+from orchestrator.trial.setup import ResolvedSetup
 from reports import store
 from reports.html import build_report
 from trainables.methods import prepared_params
@@ -200,8 +201,9 @@ def _validate_before_ray(setup: ResolvedSetup, *, out: Path | None,
         check_creatable(out)
     if cfg.model.code_dir:  # where the user's code must be for the workers to import it
         connection.code_runtime_env(cfg.model.code_dir, skip=[])
-    check_config_resources(cfg.resources, max_concurrent=cfg.sweep.max_concurrent_trials,
-                           info=None)
+    if not address:  # a cluster's resources are checked against its nodes once connected
+        check_config_resources(cfg.resources, max_concurrent=cfg.sweep.max_concurrent_trials,
+                               info=None)
     data = setup.data_splits()
     if cfg.audit.enabled:
         check_settings(data, AuditSettings.from_config(cfg.audit))
@@ -297,12 +299,12 @@ def _drive(setup: ResolvedSetup, run: RunDir, *, address: str | None, quiet: boo
         return driver.finish()
 
 
-def run_sweep(cfg: Config, *, run_dir: Path, address: str | None = None,
+def run_sweep(setup: CheckedSetup, *, run_dir: Path, address: str | None = None,
               quiet: bool = False) -> SweepSummary:
-    """A new sweep into a new (or empty) RUN_DIR; ``cfg`` is resolved once here for the whole
-    sweep."""
+    """A new sweep into a new (or empty) RUN_DIR; ``setup`` is its config through the door
+    (``orchestrator.door.check``), read by the whole sweep."""
+    cfg = require_checked(setup, where="run_sweep").config
     address = address_of(address)
-    setup = resolve(cfg)
     _validate_before_ray(setup, out=Path(run_dir), address=address)
     with ray_start.discarded_if_ray_fails(Path(run_dir)):  # no half-made run left behind
         run = RunDir.create(Path(run_dir), config_text=recorded_config_text(cfg),
@@ -344,17 +346,11 @@ def verified_setup(run: RunDir, *, run_dir: Path, address: str | None,
                              allowed=f"the run directory of a sweep (this one is a "
                                      f"{run.manifest.get('kind')!r} run: nothing to {doing})")
     check_records(run)  # Optuna's storage and the code and data hashes included
-    setup = resolve(config_mod.load(run.verify(layout.CONFIG)))
+    setup = check(config_mod.parse_file(run.verify(layout.CONFIG)), machine=not address)
     run.check_inputs(setup.input_fingerprints())
     _validate_before_ray(setup, out=None, address=address)
     check_storage(run)  # optuna.db agrees with the trial records: nothing trained twice
     return setup
-
-
-def address_of(address: str | None) -> str | None:
-    """``--address`` (refused when given empty), else RAY_ADDRESS, else None (a local Ray)."""
-    check_address_form(address)
-    return address or os.environ.get("RAY_ADDRESS") or None
 
 
 @contextlib.contextmanager

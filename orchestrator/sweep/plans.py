@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 from core.vocabulary import ATTACK_OBJECTIVE, NOISY_OBJECTIVE, VALIDATION_OBJECTIVE
 from orchestrator.accounting.sandbox import keep_interpreters
 from orchestrator.audit.membership import reference_budgets
+from orchestrator.door import CheckedSetup, require_checked
 from orchestrator.sweep.progress import progress
 from orchestrator.sweep.studies import StudyPlan, study_name
 from orchestrator.trial.plan import plan_trial
-from orchestrator.trial.setup import ResolvedSetup
 from search_spaces import build_space
 from trainables.dp.step import DPStep
 from trainables.methods import get_method, series_name
@@ -28,12 +28,12 @@ if TYPE_CHECKING:
 __all__ = ["precompute", "precompute_order", "schedule_points", "study_plans"]
 
 
-def study_plans(setup: ResolvedSetup, *,
+def study_plans(setup: CheckedSetup, *,
                 counts: dict[str, int] | None = None) -> list[StudyPlan]:
     """Every (series, target) study with its space: fixed values from [method_params] are not
     searched, user ranges from [search.<method>] replace the defaults. ``counts`` (private
     tuning) gives each series its share of the secretly drawn number of trials."""
-    cfg = setup.config
+    cfg = require_checked(setup, where="study_plans").config
     layers = setup.num_layers
     two = cfg.audit.enabled and cfg.audit.in_trial
     if cfg.sweep.tuning == "private":
@@ -94,7 +94,7 @@ def precompute_order(plans: list[StudyPlan]) -> list[tuple[StudyPlan, dict[str, 
     return [item for method in order for item in by_method[method]]
 
 
-def precompute(setup: ResolvedSetup, *, run: RunDir, plans: list[StudyPlan], data: Any,
+def precompute(setup: CheckedSetup, *, run: RunDir, plans: list[StudyPlan], data: Any,
                quiet: bool, calibration: Any = None) -> None:
     """Budgets and once-per-sweep preparations for every schedule a study can produce, so
     trials only ever hit the cache (and the shadow pool's risk estimate runs once).

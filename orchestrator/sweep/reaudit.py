@@ -45,12 +45,13 @@ from core.errors import UserInputError
 from core.exits import outcome_code
 from core.vocabulary import OK
 from orchestrator.audit.membership import AuditSettings, check_settings
+from orchestrator.config.paths import address_of
+from orchestrator.door import CheckedSetup
 from orchestrator.rundir import RunDir, check_trial_id
 from orchestrator.sweep.aftersearch import has_audit
 from orchestrator.sweep.commands import sweep
 from orchestrator.sweep.driver import (
     _Driver,
-    address_of,
     ray_session,
     released,
     verified_setup,
@@ -58,7 +59,6 @@ from orchestrator.sweep.driver import (
 from orchestrator.sweep.jobs import BASELINE_ID
 from orchestrator.sweep.records import failed_audits
 from orchestrator.sweep.signals import _StopFlag
-from orchestrator.trial.setup import ResolvedSetup
 from reports.html import build_report
 from trainables.methods import prepared_params
 
@@ -154,7 +154,7 @@ def reaudit_run(run_dir: Path, *, trials: Sequence[str] = (), every: bool = Fals
         return _reaudit(setup, run, trials=trials, every=every, address=address, quiet=quiet)
 
 
-def _reaudit(setup: ResolvedSetup, run: RunDir, *, trials: Sequence[str], every: bool,
+def _reaudit(setup: CheckedSetup, run: RunDir, *, trials: Sequence[str], every: bool,
              address: str | None, quiet: bool) -> ReauditSummary:
     """Choose the trials (nothing written when there are none), run their audits on Ray,
     rebuild the report."""

@@ -51,10 +51,9 @@ from core import layout
 from core.errors import DiskFull, UserInputError, disk_full, disk_full_in
 from core.layout import OPTUNA_DB, RESULT, TRIALS
 from orchestrator import config as config_mod
-from orchestrator.config.paths import resolve_paths
 from orchestrator.rundir import RESTORE, RunDir
 from orchestrator.sweep.studies import FINISHED_STATES, ID_ATTR
-from orchestrator.trial.setup import resolve
+from orchestrator.trial.setup import ResolvedSetup
 from reports import store
 
 #: Optuna's tables a resume reads (optuna.storages._rdb.models).
@@ -168,12 +167,9 @@ def _readable_copy(db: Path) -> Iterator[sqlite3.Connection]:
 def check_inputs_first(run: RunDir, config_path: Path) -> None:
     """Compare the manifest's input hashes with the files the config names, before the
     config is validated (validation imports and calls a factory it names)."""
-    # The steps of ``config.from_dict`` that run no code: sections, then absolute paths.
-    raw = dict(config_mod.read_toml(config_path))
-    sections = {k: config_mod._section(k, v) for k, v in raw.items()
-                if k in config_mod.SECTIONS}
-    cfg = resolve_paths(config_mod.Config(**sections), Path(config_path).resolve().parent)
-    run.check_inputs(resolve(cfg).input_fingerprints())
+    # parsing runs no code (the door's checks would); resolving hashes files, imports nothing
+    run.check_inputs(ResolvedSetup(config=config_mod.parse_file(config_path))
+                     .input_fingerprints())
 
 
 # ---- records that vanish, a disk that fills ---------------------------------------------

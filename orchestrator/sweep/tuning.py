@@ -29,6 +29,7 @@ from core.vocabulary import OK
 from orchestrator.accounting.tuning.adaptive import adaptive_statement
 from orchestrator.accounting.tuning.private import draw_trial_count, plan_private_tuning
 from orchestrator.config import Config
+from orchestrator.door import CheckedSetup
 from orchestrator.sweep.plans import schedule_points, study_plans
 from orchestrator.sweep.studies import (
     StudyPlan,
@@ -36,7 +37,6 @@ from orchestrator.sweep.studies import (
     open_study,
     secret_random_sampler,
 )
-from orchestrator.trial.setup import ResolvedSetup
 from reports.pick import choose_private
 from trainables.methods import get_method, series_name
 
@@ -66,7 +66,7 @@ def recorded_config_text(cfg: Config) -> str:
 _PLANS: dict[str, Any] = {}
 
 
-def private_tuning_plan(setup: ResolvedSetup) -> Any:
+def private_tuning_plan(setup: CheckedSetup) -> Any:
     """Papernot & Steinke's random search: one noise schedule for every trial (the end-to-end
     bound needs one base mechanism), the per-trial noise derived from the end-to-end target."""
     key = setup.config.to_toml()
@@ -75,7 +75,7 @@ def private_tuning_plan(setup: ResolvedSetup) -> Any:
     return _PLANS[key]
 
 
-def _private_tuning_plan(setup: ResolvedSetup) -> Any:
+def _private_tuning_plan(setup: CheckedSetup) -> Any:
     cfg = setup.config
     sizes = setup.split_sizes
     q, steps_per_epoch = poisson_plan(dataset_size=sizes["train"],
@@ -104,7 +104,7 @@ def _private_tuning_plan(setup: ResolvedSetup) -> Any:
         score_noise_multiplier=cfg.sweep.score_noise)
 
 
-def draw_counts(setup: ResolvedSetup, plan: Any) -> dict[str, int]:
+def draw_counts(setup: CheckedSetup, plan: Any) -> dict[str, int]:
     """K ~ the plan's law (secret entropy), each trial's series uniformly at random."""
     series = [series_name(m, mode) for m, mode in setup.series()]
     counts = dict.fromkeys(series, 0)

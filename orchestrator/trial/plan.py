@@ -19,13 +19,13 @@ from core.trial import Calibration, TrialSpec
 from core.vocabulary import SPLIT_NAMES
 from orchestrator.accounting.cache import default_cache_dir
 from orchestrator.accounting.calibration import calibrate, epsilon_curve
-from orchestrator.config import Config, from_dict
-from orchestrator.trial.setup import ResolvedSetup
+from orchestrator.config import Config
+from orchestrator.door import CheckedSetup, check_dict, require_checked
 from trainables.data.splits import DataSplits, load_pool
 from trainables.methods import METHODS, get_method, series_name
 
 
-def data_pool(setup: ResolvedSetup) -> dict[str, Any]:
+def data_pool(setup: CheckedSetup) -> dict[str, Any]:
     """The config's raw pool as workers receive it (Ray's object store: read once by the driver,
     mapped once per node) for ``orchestrator.trial.runner.use_data_pool``."""
     cfg = setup.config
@@ -54,7 +54,7 @@ def match_budget(*, method: str, params: dict, dataset_size: int, batch_size: in
     return cal, [b.upper for b in curve]
 
 
-def plan_trial(setup: ResolvedSetup, *, method: str | None = None,
+def plan_trial(setup: CheckedSetup, *, method: str | None = None,
                params: Mapping[str, Any] | None = None, epsilon: float | None = None,
                trial_id: str = "trial", cache_dir: Path | None = None,
                data: DataSplits | None = None,
@@ -66,11 +66,11 @@ def plan_trial(setup: ResolvedSetup, *, method: str | None = None,
     is held to (one of ``Config.targets``; by default ``privacy.epsilon``): a sweep passes each
     study's target here rather than a copy of the config per target.
     ``params`` are the trial's method parameters (validated here); by default the config's
-    (``ResolvedSetup.trial_params``). ``calibration`` replaces budget matching with a certified
+    (``CheckedSetup.trial_params``). ``calibration`` replaces budget matching with a certified
     schedule (private tuning). Runs the method's once-per-sweep preparation (on public data
     only, cached) first, since its output (e.g. LM-DP-SGD's risk vector) travels in the spec.
     """
-    cfg = setup.config
+    cfg = require_checked(setup, where="plan_trial").config
     name = method or cfg.training.method
     method_cls = get_method(name)
     params = method_cls.validate_params(setup.trial_params(name) if params is None else params)
@@ -184,13 +184,13 @@ def config_from_spec(spec: Mapping[str, Any]) -> Config:
     if data_source:  # FileSource.to_dict(): [data] keys, and the code folder of its factory
         raw["data"].update({k: v for k, v in data_source.items() if k != "code_dir"})
         raw["model"]["code_dir"] = raw["model"].get("code_dir") or data_source["code_dir"]
-    return from_dict(raw)
+    return check_dict(raw, machine=False).config
 
 
 class _lazy_data:
     """Loads the splits only if a method's preparation actually reads them."""
 
-    def __init__(self, setup: ResolvedSetup) -> None:
+    def __init__(self, setup: CheckedSetup) -> None:
         self._setup = setup
         self._data: DataSplits | None = None
 

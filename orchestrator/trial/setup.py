@@ -6,14 +6,11 @@ sources, the trained layer count, the class count, the fingerprints of a user's 
 is resolved here and memoised on the :class:`ResolvedSetup`: a user's network is built and
 checked at most once per setup, a user's data read at most once.
 
-A command resolves its config once where it starts (``dpsweep run``, ``train``, ``config
---check``) and hands the setup down to everything that plans or records trials; the config
-itself stays a plain value. Ray workers never receive a setup: they get a
-:class:`core.trial.TrialSpec`.
-
-This module is the config's one door to the trainables: ``orchestrator.config`` imports it only
-when validating a config needs the methods, data or model, so reading a config's constants
-(``dpsweep budget``) never imports a method or torch.
+A command resolves its config once, where it starts, through ``orchestrator.door.check``,
+which checks every rule on this setup and returns it as a ``CheckedSetup``: the one value that
+everything planning or recording trials accepts. The config itself stays a plain value, and
+``orchestrator.config`` imports nothing from here. Ray workers never receive a setup: they get
+a :class:`core.trial.TrialSpec`.
 """
 
 from __future__ import annotations
@@ -26,7 +23,6 @@ from core.datasets import FILE_DATASET, INPUT_SHAPES, NUM_CLASSES
 from core.errors import UserInputError
 from core.modes import INVALID_TAG
 from core.vocabulary import SPLIT_NAMES
-from search_spaces import check_overrides
 from trainables.data.files import FileSource
 from trainables.data.splits import (
     DEFAULT_SIZES,
@@ -83,65 +79,6 @@ class ResolvedSetup:
         if mode is not None:
             values["mode"] = mode
         return cls.validate_params(values)
-
-    def check_methods(self) -> None:
-        """The single-trial method and its preset exist, the series are distinct, and every
-        ``[method_params]`` key is declared by a method in play."""
-        cfg = self.config
-        if cfg.training.method not in METHODS:
-            raise UserInputError(field="training.method", value=cfg.training.method,
-                                 allowed=f"one of {sorted(METHODS)}")
-        presets = METHODS[cfg.training.method].presets()
-        if cfg.training.preset and cfg.training.preset not in presets:
-            raise UserInputError(field="training.preset", value=cfg.training.preset,
-                                 allowed=f"'' or a preset of {cfg.training.method}: "
-                                         f"{sorted(presets) or 'none'}")
-        series = self.series()
-        if len(set(series)) != len(series):
-            raise UserInputError(field="sweep.methods", value=cfg.sweep.methods,
-                                 allowed="distinct 'method' or 'method:mode' entries")
-        self._check_method_params(sorted({cfg.training.method, *(m for m, _ in series)}))
-
-    def _check_method_params(self, methods: list[str]) -> None:
-        """Every key is declared by some method in play; per-method tables name known methods."""
-        for key, value in self.config.method_params.items():
-            if isinstance(value, dict):
-                if key not in METHODS:
-                    raise UserInputError(field=f"method_params.{key}", value="[table]",
-                                         allowed=f"a table named after a method: "
-                                                 f"{sorted(METHODS)}")
-                continue
-            if not any(key in METHODS[m].declaration() for m in methods):
-                raise UserInputError(field=f"method_params.{key}", value=value,
-                                     allowed=f"a hyperparameter declared by {', '.join(methods)} "
-                                             "(see `dpsweep config --method M`)")
-
-    def check_settings(self) -> None:
-        """Each trial's parameters fit its model and splits (``DPStep.check_setting``), and the
-        ``[search]`` overrides fit the swept methods."""
-        cfg = self.config
-        series = self.series()
-        layers, sizes = self.num_layers, self.split_sizes
-        checks = [(cfg.training.method, self.trial_params())]  # the single-trial method, too
-        checks += [(method, self.trial_params(method, mode=mode)) for method, mode in series]
-        # a method the config names (the single-trial one, or one listed in sweep.methods)
-        # needs enough trained layers; with the implicit "every registered method" a method
-        # that cannot run on this model is left to fail in its trials, with its reason
-        named = {cfg.training.method, *((m for m, _ in series) if cfg.sweep.methods else ())}
-        for method, params in checks:
-            need = METHODS[method].min_trained_layers
-            if method in named and layers < need:
-                raise UserInputError(
-                    field="method", value=method,
-                    allowed=f"a model with at least {need} trained layers ({method}: "
-                            f"{METHODS[method].summary.split(' (')[0]}); this model has "
-                            f"{layers}: choose another method")
-            if layers >= need:
-                METHODS[method].check_setting(params, num_layers=layers, sizes=sizes)
-        swept = sorted({m for m, _ in series})
-        check_overrides(cfg.search, methods=[m for m, _ in series],
-                        fixed={m: self.fixed_keys(m) for m in swept},
-                        modes={m: [mode for n, mode in series if n == m] for m in swept})
 
     # ---- the data and the model ---------------------------------------------------------------
     @functools.cached_property
@@ -241,9 +178,11 @@ class ResolvedSetup:
         return assemble.build_network(source, input_shape=INPUT_SHAPES[dataset],
                                       num_classes=NUM_CLASSES[dataset], dataset=dataset)
 
-    def data_available(self) -> str:
-        """Where the config's data is found, without downloading (``dpsweep config --check``);
-        a user's data is read and checked in full."""
+    @functools.cached_property
+    def data_location(self) -> str:
+        """Where the config's data is found, without downloading (the door refuses data that
+        is not there; ``dpsweep config --check`` prints it); a user's data is read and checked
+        in full, once."""
         d = self.config.data
         return check_available(dataset=d.dataset, data_dir=d.data_dir or None,
                                source=self.file_source)
@@ -270,11 +209,6 @@ class ResolvedSetup:
         if isinstance(own, dict):
             out.update({k: (f"method_params.{method}.{k}", v) for k, v in own.items()})
         return out
-
-
-def resolve(cfg: Config) -> ResolvedSetup:
-    """The setup of ``cfg``; each value is looked up the first time it is read."""
-    return ResolvedSetup(config=cfg)
 
 
 def describe_method(method: str) -> str:

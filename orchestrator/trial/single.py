@@ -11,26 +11,26 @@ from pathlib import Path
 from typing import Any
 
 from core.layout import CHECKPOINT_DIR, RESULTS
-from orchestrator.config import Config
+from orchestrator.door import CheckedSetup, require_checked
 from orchestrator.rundir import RunDir, check_creatable
 from orchestrator.trial.plan import plan_trial
-from orchestrator.trial.setup import resolve
 from reports import store
 from trainables.training.loop import TrialResult, resolve_device, train_trial
 
 TRIAL_ID = "trial-000"
 
 
-def train_single(cfg: Config, *, out: Path,
+def train_single(setup: CheckedSetup, *, out: Path,
                  progress: Callable[[dict[str, Any]], None] | None = None) -> TrialResult:
     """Plan the budget, train, and record one trial into a new run directory ``out``."""
-    cfg = cfg.one_target(command="dpsweep train")  # budget.epsilons = [1] trains at 1, not 3
+    # budget.epsilons = [1] trains at 1, not 3; the setup, checked once for the command, is
+    # read by the plan, the record and the row
+    cfg = require_checked(setup, where="train_single").config.one_target(command="dpsweep train")
     check_creatable(Path(out))
-    setup = resolve(cfg)  # once for the command: the plan, the record and the row read it
     data = setup.data_splits()  # validates data_dir and files before anything is written
     # planned before the run directory exists (budgets in the user's cache): a setting that
     # cannot work leaves nothing behind
-    spec = plan_trial(setup, trial_id=TRIAL_ID, data=data)
+    spec = plan_trial(setup, trial_id=TRIAL_ID, data=data, epsilon=cfg.privacy.epsilon)
     resolve_device(cfg.resources.device)  # a device this machine lacks: refused here, too
     run = RunDir.create(Path(out), config_text=cfg.to_toml(), kind="trial",
                         inputs=setup.input_fingerprints())

@@ -37,6 +37,7 @@ import pytest
 from core import layout
 from core.layout import LOCK, LOCK_INFO, MANIFEST
 from orchestrator.cli import main
+from orchestrator.door import check
 from orchestrator.rundir import RunDir
 from orchestrator.trial.single import train_single
 from reports import store
@@ -61,8 +62,8 @@ class Runs:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     base = tmp_path_factory.mktemp("pristine")
-    train_single(tiny_config(), out=base / "secret")
-    train_single(tiny_config(reproducible=True), out=base / "replayable")
+    train_single(check(tiny_config()), out=base / "secret")
+    train_single(check(tiny_config(reproducible=True)), out=base / "replayable")
     return Runs(secret=base / "secret", replayable=base / "replayable")
 
 
@@ -731,7 +732,7 @@ CASES = [
          "resources.device", "'cuda'", "'cpu' or 'auto': this machine has no GPU"),
     Case("train-cuda-on-a-machine-without-one",
          _no_gpu("[resources]\ndevice = 'cuda'\ngpus_per_trial = 1\n", "train"),
-         "resources.device", "'cuda'", "'cpu' or 'auto' (no CUDA device is visible)"),
+         "resources.device", "'cuda'", "'cpu' or 'auto': this machine has no GPU"),
     Case("gpus-on-a-machine-without-one", _no_gpu("[resources]\ngpus_per_trial = 1\n"),
          "resources.gpus_per_trial", "1.0", "0: this machine has no GPU"),
     Case("more-cpus-than-the-machine", _cfg("[resources]\ncpus_per_trial = 1024\n", "run"),

@@ -16,8 +16,8 @@ import torch
 from core.events import events_from_list
 from core.modes import INVALID_TAG
 from core.schedule import Schedule
+from orchestrator.door import check
 from orchestrator.trial.plan import plan_trial
-from orchestrator.trial.setup import resolve
 from search_spaces import SPACES, build_space
 from tests.conftest import tiny_config
 from tests.contract.conformance import (
@@ -46,7 +46,7 @@ PUBLIC_BATCHES = (32, 128, 2000)
 def _spec(method: str, mode: str, **training: object):
     cfg = tiny_config(**training)
     params = {**lifecycle_params(METHODS[method], mode), "lr": 0.5, "clip_norm": 1.0}
-    return plan_trial(resolve(cfg), method=method, params=params)
+    return plan_trial(check(cfg), method=method, params=params)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])

@@ -24,10 +24,10 @@ import pytest
 from core import layout
 from core.errors import UserInputError
 from core.toml import tomllib
-from orchestrator import config as config_mod
+from orchestrator import api
 from orchestrator.cli import main
+from orchestrator.door import check
 from orchestrator.rundir import DIR_MODE, FILE_MODE, RunDir
-from orchestrator.trial.setup import resolve
 from orchestrator.trial.single import train_single
 from reports import store
 from tests.conftest import tiny_config
@@ -43,7 +43,7 @@ TINY = "[training]\nepochs = 2\nbatch_size = 50\n[method_params]\nlr = 1.0\nclip
 def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A release-safe single-trial run directory, written by ``dpsweep train``'s own code."""
     out = tmp_path_factory.mktemp("pristine") / "run"
-    train_single(tiny_config(), out=out)
+    train_single(check(tiny_config()), out=out)
     return out
 
 
@@ -122,10 +122,10 @@ def test_max_candidates_up_to_the_splits_is_accepted() -> None:
     raw = {"training": {"epochs": 2, "batch_size": 50},
            "method_params": {"lr": 1.0, "clip_norm": 1.0}}
     for value in (0, 1, LARGEST_CANDIDATES):
-        cfg = config_mod.from_dict({**raw, "audit": {"max_candidates": value}})
+        cfg = api.from_dict({**raw, "audit": {"max_candidates": value}})
         assert cfg.audit.max_candidates == value
     with pytest.raises(UserInputError, match=r"^audit\.max_candidates = 301 "):
-        config_mod.from_dict({**raw, "audit": {"max_candidates": LARGEST_CANDIDATES + 1}})
+        api.from_dict({**raw, "audit": {"max_candidates": LARGEST_CANDIDATES + 1}})
 
 
 # ---- 4. refused: a release inside the run directory -------------------------------------
@@ -232,10 +232,9 @@ def test_an_empty_address_is_refused_before_ray(
 
 def test_the_api_refuses_an_empty_address_too(tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestrator import api
 
     _no_ray(monkeypatch)
-    cfg = config_mod.from_dict({"training": {"epochs": 2, "batch_size": 50},
+    cfg = api.from_dict({"training": {"epochs": 2, "batch_size": 50},
                                 "method_params": {"lr": 1.0, "clip_norm": 1.0}})
     with pytest.raises(UserInputError, match=r"^address = ''"):
         api.run(cfg, out=tmp_path / "out", address="")
@@ -275,20 +274,15 @@ def test_a_sweep_run_directory_keeps_the_optuna_storage_and_lock_private(
     """The driver's own ``open_studies`` (Ray not needed) on a fresh run directory: optuna.db
     is 0600 from the moment it exists, and everything is 0700/0600 once the lock is released."""
     from orchestrator.sweep.driver import _Driver
-    from orchestrator.sweep.plans import study_plans
 
-    cfg = config_mod.from_dict({"training": {"epochs": 2},
+    cfg = api.from_dict({"training": {"epochs": 2},
                                 "sweep": {"methods": ["dpsgd"], "trials_per_method": 2},
                                 "audit": {"enabled": False}})
     run = RunDir.create(tmp_path / "run", config_text=cfg.to_toml())
     try:
         assert stat.S_IMODE((run.path).stat().st_mode) == DIR_MODE
         assert stat.S_IMODE((run.path / layout.LOCK).stat().st_mode) == FILE_MODE
-        driver = object.__new__(_Driver)
-        setup = resolve(cfg)
-        driver.__dict__.update(setup=setup, cfg=cfg, run=run, quiet=True, rows={}, best={},
-                               bar=None, start=0.0, plans=study_plans(setup),
-                               retry_failed=False)
+        driver = _Driver(check(cfg), run, quiet=True, attempts=[])
         studies, _ = driver.open_studies()
         assert studies
         assert stat.S_IMODE((run.path / layout.OPTUNA_DB).stat().st_mode) == FILE_MODE
@@ -319,18 +313,18 @@ def test_a_private_tuning_run_records_neither_sweep_seed_nor_sampler(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from orchestrator.sweep import driver
 
-    cfg = config_mod.from_dict(PRIVATE)
+    cfg = api.from_dict(PRIVATE)
     monkeypatch.setattr(driver, "_validate_before_ray", lambda *_a, **_k: None)
     monkeypatch.setattr(driver, "_drive_and_release", lambda run, *_a, **_k: run.release())
-    driver.run_sweep(cfg, run_dir=tmp_path / "run")
+    driver.run_sweep(check(cfg), run_dir=tmp_path / "run")
     text = (tmp_path / "run" / layout.CONFIG).read_text()
     recorded = tomllib.loads(text)
     assert "seed" not in recorded["sweep"] and "sampler" not in recorded["sweep"]
     assert recorded["sweep"]["tuning"] == "private"
     assert text.startswith("# sweep.tuning = 'private': sweep.seed and sweep.sampler are not")
     # loads back as the same run (resume reads it), the keys at their unused defaults
-    again = config_mod.load(tmp_path / "run" / layout.CONFIG)
-    assert again.sweep.tuning == "private" and resolve(again).series() == resolve(cfg).series()
+    again = api.load_config(tmp_path / "run" / layout.CONFIG)
+    assert again.sweep.tuning == "private" and check(again).series() == check(cfg).series()
     assert again.privacy == cfg.privacy and again.training == cfg.training
     with RunDir.open(tmp_path / "run", write=False) as run:
         run.verify(layout.CONFIG)
@@ -339,7 +333,7 @@ def test_a_private_tuning_run_records_neither_sweep_seed_nor_sampler(
 def test_an_adaptive_run_still_records_its_sampler_and_seed() -> None:
     from orchestrator.sweep.tuning import recorded_config_text
 
-    cfg = config_mod.from_dict({**PRIVATE, "sweep": {"methods": ["dpsgd"], "seed": 7,
+    cfg = api.from_dict({**PRIVATE, "sweep": {"methods": ["dpsgd"], "seed": 7,
                                                      "sampler": "random"},
                                 "audit": {}})
     recorded = tomllib.loads(recorded_config_text(cfg))

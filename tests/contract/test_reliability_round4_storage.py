@@ -27,8 +27,9 @@ import pytest
 from filelock import FileLock
 
 from core import layout
-from orchestrator import config as config_mod
+from orchestrator import api
 from orchestrator.cli import main
+from orchestrator.door import check
 from orchestrator.rundir import RunDir
 from orchestrator.sweep.resume_checks import check_records, check_storage, finished_in_storage
 from orchestrator.sweep.studies import ID_ATTR
@@ -51,7 +52,7 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     from orchestrator.sweep.driver import run_sweep
 
     out = tmp_path_factory.mktemp("finished") / "run"
-    summary = run_sweep(config_mod.from_dict(SWEEP), run_dir=out, quiet=True)
+    summary = run_sweep(check(api.from_dict(SWEEP)), run_dir=out, quiet=True)
     assert summary.rows == 2 and summary.failed == 0
     assert sorted(p.name for p in (out / layout.TRIALS).iterdir()) == list(TRIALS)
     yield out

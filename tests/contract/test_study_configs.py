@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from core.params import Param
-from orchestrator.config import load, read_toml
-from orchestrator.trial.setup import resolve
+from orchestrator.api import load_config as load
+from orchestrator.config import read_toml
+from orchestrator.door import check
 from search_spaces import STEP, STEP_PARAM
 from trainables.methods import METHODS
 
@@ -115,5 +116,5 @@ def test_published_point_runs_on_the_parts_setting() -> None:
         assert point[section] == part[section], section
     cfg = load(PUBLISHED)
     assert cfg.sweep.methods == ["dpsgd"] and cfg.sweep.seeds == 2
-    dpsgd = resolve(cfg).trial_params("dpsgd")
+    dpsgd = check(cfg).trial_params("dpsgd")
     assert dpsgd["lr"] * dpsgd["clip_norm"] == pytest.approx(0.4)

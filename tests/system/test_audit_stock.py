@@ -22,12 +22,12 @@ import torch
 from PIL import Image
 
 from core import layout
-from orchestrator import config as config_mod
+from orchestrator import api
 from orchestrator.audit.membership import audit_in_trial, reference_budgets, row_audit_columns
+from orchestrator.door import check
 from orchestrator.sweep.search import audit_settings
 from orchestrator.trial.plan import plan_trial
 from orchestrator.trial.runner import execute
-from orchestrator.trial.setup import resolve
 from tests.system import audit_nets
 from trainables.audit.exclusion import PARTLY_SCORED, SCORED, SHARED, SHARED_FROZEN
 
@@ -105,8 +105,8 @@ def _config(root: Path, name: str) -> Path:
 def _audited_trial(root: Path, name: str) -> tuple[dict, dict]:
     """(audit.json, the trial's record) of one trial trained and audited by the trial runner
     with the sweep's audit hook, its budgets matched as the sweep matches them."""
-    cfg = config_mod.load(_config(root, name))
-    setup = resolve(cfg)
+    cfg = api.load_config(_config(root, name))
+    setup = check(cfg)
     data = setup.data_splits()
     run = root / f"run-{name}"
     spec = plan_trial(setup, trial_id=TRIAL_ID, data=data)

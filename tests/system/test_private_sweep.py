@@ -18,8 +18,9 @@ import pytest
 
 from core import layout
 from core.toml import tomllib
-from orchestrator import config as config_mod
+from orchestrator import api
 from orchestrator.cli import main
+from orchestrator.door import check
 from orchestrator.sweep import tuning as sweep_tuning
 from orchestrator.sweep.driver import run_sweep
 from reports.store import read_results
@@ -39,7 +40,7 @@ PUBLIC_INPUTS = {"sample_rate", "delta", "target_epsilon", "noise_multiplier", "
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    cfg = config_mod.from_dict({
+    cfg = api.from_dict({
         "training": {"epochs": 2, "batch_size": 50},
         "sweep": {"methods": ["dpsgd"], "tuning": "private", "expected_trials": 3.0,
                   "max_concurrent_trials": 2, "baseline": False},
@@ -48,7 +49,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     patch = pytest.MonkeyPatch()
     patch.setattr(sweep_tuning, "draw_trial_count", lambda *, plan: TRIALS)  # where it is used
     try:
-        run_sweep(cfg, run_dir=out, quiet=True)
+        run_sweep(check(cfg), run_dir=out, quiet=True)
     finally:
         patch.undo()
     return out

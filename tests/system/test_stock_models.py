@@ -16,8 +16,9 @@ import torch
 from PIL import Image
 
 from core import layout
+from orchestrator import api
 from orchestrator.cli import main
-from orchestrator.trial.setup import resolve
+from orchestrator.door import check
 from orchestrator.trial.single import TRIAL_ID
 from trainables.audit.exclusion import SHARED
 from trainables.training.loop import _derived_seeds, load_checkpoint_state
@@ -107,7 +108,6 @@ def _audit_lists_every_layer(config: Path, checkpoint: Path, spec: dict) -> None
     shared with the target, the trained head attacked (the gradient-norm attacks cover the
     trained layer only)."""
 
-    from orchestrator import config as config_mod
     from orchestrator.audit.membership import (
         AuditSettings,
         audit_trial_model,
@@ -116,8 +116,8 @@ def _audit_lists_every_layer(config: Path, checkpoint: Path, spec: dict) -> None
     )
     from trainables.training.loop import load_spec
 
-    cfg = config_mod.load(config)
-    data = resolve(cfg).data_splits()
+    cfg = api.load_config(config)
+    data = check(cfg).data_splits()
     trial = load_spec(spec)
     budgets = reference_budgets(cfg, method="dpsgd", params=trial.method_params, epsilon=3.0,
                                 data=data, cache_dir=None)

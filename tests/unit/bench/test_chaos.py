@@ -19,7 +19,7 @@ import pytest
 from bench import chaos
 from core import layout
 from orchestrator import docgen_runs
-from orchestrator.config import load
+from orchestrator.api import load_config as load
 from reports.store import failed_row, pruned_row, write_results
 
 ID_ATTR = "dpsweep_trial_id"  # orchestrator.sweep.studies.ID_ATTR

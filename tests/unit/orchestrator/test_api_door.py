@@ -53,7 +53,7 @@ def test_a_replaced_config_is_refused_before_anything_runs(name: str, tmp_path: 
 
 def test_the_same_config_intact_passes_the_door() -> None:
     cfg = api.Config()
-    assert api._validated(cfg, model=None) == cfg
+    assert api._checked(cfg, model=None, machine=True).config == cfg
 
 
 def test_something_else_than_a_config_is_refused() -> None:

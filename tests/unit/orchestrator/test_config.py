@@ -14,8 +14,9 @@ import pytest
 
 from core.datasets import POOLS
 from core.errors import UserInputError
-from orchestrator import config
-from orchestrator.trial.setup import resolve
+from orchestrator import api, config
+from orchestrator.door import check
+from orchestrator.trial.setup import describe_method
 from trainables.methods import METHODS
 
 REPO = Path(__file__).resolve().parents[3]
@@ -24,18 +25,18 @@ REPO = Path(__file__).resolve().parents[3]
 def _load(tmp_path: Path, text: str) -> config.Config:
     p = tmp_path / "c.toml"
     p.write_text(text)
-    return config.load(p)
+    return api.load_config(p)
 
 
 def _parse(text: str) -> config.Config:
-    return config.from_dict(config.tomllib.loads(text))
+    return api.from_dict(config.tomllib.loads(text))
 
 
 # ---- defaults, round trip, documentation -----------------------------------------------------
 def test_defaults_are_valid_and_round_trip(tmp_path: Path) -> None:
     cfg = config.Config()
     assert cfg.data.dataset == "digits" and cfg.training.method == "dpsgd"
-    sizes = resolve(cfg).split_sizes
+    sizes = check(cfg).split_sizes
     assert sizes == {"train": 500, "validation": 200, "holdout": 300, "test": 297, "shadow": 500}
     assert sum(sizes.values()) == POOLS["digits"][0]  # all of it
     assert _load(tmp_path, cfg.to_toml()) == cfg
@@ -68,7 +69,7 @@ clip_norm = {low = 0.5, high = 2.0, log = true}
     cfg = _load(tmp_path, text)
     assert cfg.budget.epsilons == [1.0, 2.0, 8.0]  # sorted, as floats
     assert cfg.method_params == {"lr": 0.3, "lm_dpsgd": {"mode": "lagged", "lagged_beta": 0.8}}
-    single = resolve(cfg).trial_params()  # the preset, then the config's values
+    single = check(cfg).trial_params()  # the preset, then the config's values
     assert (single["mode"], single["lagged_beta"], single["r"], single["lr"]) == (
         "lagged", 0.8, 5.0, 0.3)
     assert cfg.search == {"dpsgd": {"clip_norm": {"low": 0.5, "high": 2.0, "log": True}}}
@@ -85,11 +86,11 @@ def test_describe_documents_every_field() -> None:
             assert f.metadata["doc"] in line, f"{section}.{f.name}"
     assert "[method_params]" in text
     # the documented defaults parse back to the default config
-    assert config.from_dict(config.tomllib.loads(text)) == config.Config()
+    assert api.from_dict(config.tomllib.loads(text)) == config.Config()
 
 
 def test_describe_method_is_the_declaration_table() -> None:
-    text = config.describe("lm_dpsgd")
+    text = describe_method("lm_dpsgd")
     assert text.startswith("lm_dpsgd: ")
     assert "modes: public (valid); lagged (valid); faithful (epsilon claim invalid)" in text
     for p in METHODS["lm_dpsgd"].declaration():
@@ -98,7 +99,7 @@ def test_describe_method_is_the_declaration_table() -> None:
     assert "risk_meta" not in text  # filled by stage 1, not a hyperparameter
     assert "modes: lagged" in text  # lagged_beta says which mode reads it
     with pytest.raises(UserInputError) as err:
-        config.describe("nope")
+        describe_method("nope")
     assert err.value.field == "method"
 
 
@@ -117,8 +118,8 @@ def test_dataset_pools_hold_the_default_splits() -> None:
 
 
 def test_validating_a_config_imports_no_deep_learning_stack() -> None:
-    code = ("import sys; from orchestrator import config; "
-            "config.from_dict({'sweep': {'methods': []}, 'method_params': {'lr': 0.3}}); "
+    code = ("import sys; from orchestrator import api; "
+            "api.from_dict({'sweep': {'methods': []}, 'method_params': {'lr': 0.3}}); "
             "print(sorted(m for m in ('torch._C', 'optuna', 'ray', 'sklearn') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -228,18 +229,18 @@ def test_valid_search_overrides_are_kept() -> None:
 
 def test_unreadable_file(tmp_path: Path) -> None:
     with pytest.raises(UserInputError) as exc:
-        config.load(tmp_path / "missing.toml")
+        api.load_config(tmp_path / "missing.toml")
     assert exc.value.field == "CONFIG" and "an existing TOML file" in exc.value.allowed
     with pytest.raises(UserInputError, match="valid TOML"):
         _load(tmp_path, "[data\n")
     (tmp_path / "bin.toml").write_bytes(b"\xff\xfe\x00")
     with pytest.raises(UserInputError, match="valid TOML"):
-        config.load(tmp_path / "bin.toml")
+        api.load_config(tmp_path / "bin.toml")
 
 
 def test_fashion_mnist_sizes_default_to_official_test_set(tmp_path: Path) -> None:
     cfg = _load(tmp_path, "[data]\ndataset = 'fashion-mnist'\n")
-    sizes = resolve(cfg).split_sizes
+    sizes = check(cfg).split_sizes
     assert sizes == {"train": 30000, "validation": 5000, "holdout": 10000, "test": 10000,
                      "shadow": 15000}
     assert sizes["train"] + 5000 + 10000 + 15000 == 60000
@@ -247,7 +248,7 @@ def test_fashion_mnist_sizes_default_to_official_test_set(tmp_path: Path) -> Non
 
 # ---- method hyperparameters ------------------------------------------------------------------
 def test_flat_keys_apply_to_every_method_declaring_them() -> None:
-    setup = resolve(_parse("[method_params]\nlr = 0.3\nclip_norm = 2.0\nr = 4.0\n"))
+    setup = check(_parse("[method_params]\nlr = 0.3\nclip_norm = 2.0\nr = 4.0\n"))
     assert setup.given_params("dpsgd") == {"lr": 0.3, "clip_norm": 2.0}  # dpsgd has no r
     assert setup.given_params("lm_dpsgd") == {"lr": 0.3, "clip_norm": 2.0, "r": 4.0}
     assert setup.given_params("dp_psac") == {"lr": 0.3, "clip_norm": 2.0, "r": 4.0}
@@ -256,14 +257,14 @@ def test_flat_keys_apply_to_every_method_declaring_them() -> None:
 
 
 def test_a_method_table_overrides_the_flat_keys_for_that_method_only() -> None:
-    setup = resolve(_parse("[method_params]\nlr = 0.3\n[method_params.ww_dpsgd]\nlr = 0.05\n"
+    setup = check(_parse("[method_params]\nlr = 0.3\n[method_params.ww_dpsgd]\nlr = 0.05\n"
                            "K = 7\n"))
     assert setup.trial_params("ww_dpsgd")["lr"] == 0.05 and setup.trial_params("ww_dpsgd")["K"] == 7
     assert setup.trial_params("dpsgd")["lr"] == 0.3
 
 
 def test_trial_params_start_from_the_preset_then_the_config_then_the_mode() -> None:
-    setup = resolve(_parse("[training]\nmethod = 'lm_dpsgd'\npreset = 'paper'\n"
+    setup = check(_parse("[training]\nmethod = 'lm_dpsgd'\npreset = 'paper'\n"
                            "[method_params.lm_dpsgd]\nr = 2.0\n"))
     p = setup.trial_params()
     assert (p["clip_norm"], p["er_eval"], p["r"], p["mode"]) == (1.0, "train", 2.0, "public")
@@ -275,16 +276,16 @@ def test_trial_params_start_from_the_preset_then_the_config_then_the_mode() -> N
 def test_mode_specific_keys_are_allowed_when_the_mode_reads_them() -> None:
     cfg = _parse("[sweep]\nmethods = ['lm_dpsgd:lagged']\n"
                  "[method_params.lm_dpsgd]\nlagged_beta = 0.8\n")
-    assert resolve(cfg).trial_params("lm_dpsgd", mode="lagged")["lagged_beta"] == 0.8
+    assert check(cfg).trial_params("lm_dpsgd", mode="lagged")["lagged_beta"] == 0.8
     cfg = _parse("[sweep]\nmethods = ['dp_adamilg:faithful']\n[method_params]\nalpha = 2.0\n")
-    assert resolve(cfg).trial_params("dp_adamilg", mode="faithful")["alpha"] == 2.0
+    assert check(cfg).trial_params("dp_adamilg", mode="faithful")["alpha"] == 2.0
 
 
 def test_series_are_method_and_mode_pairs() -> None:
     cfg = _parse("[sweep]\nmethods = ['lm_dpsgd:lagged', 'dpsgd', 'lm_dpsgd']\n")
-    assert resolve(cfg).series() == [("lm_dpsgd", "lagged"), ("dpsgd", "standard"),
+    assert check(cfg).series() == [("lm_dpsgd", "lagged"), ("dpsgd", "standard"),
                                      ("lm_dpsgd", "public")]
-    everything = resolve(config.Config()).series()
+    everything = check(config.Config()).series()
     assert everything == [(name, cls.modes[0].name) for name, cls in METHODS.items()]
     assert {"auto_s", "dp_psac", "dpsgd", "dpsgd_lf", "lm_dpsgd", "ww_dpsgd",
             "dp_adamilg"} <= {m for m, _ in everything}
@@ -342,14 +343,14 @@ def test_an_integer_too_long_to_print_is_refused_as_a_config_error(tmp_path: Pat
         _load(tmp_path, f"[privacy]\nepsilon = {'9' * 5000}\n")
     assert exc.value.field == "CONFIG" and "valid TOML" in exc.value.allowed
     with pytest.raises(UserInputError) as exc:
-        config.from_dict({"privacy": {"epsilon": 10**5000}})
+        api.from_dict({"privacy": {"epsilon": 10**5000}})
     assert exc.value.field == "privacy.epsilon" and "bits" in str(exc.value.value)
 
 
 def test_a_config_path_the_system_cannot_take_is_a_config_error() -> None:
     with pytest.raises(UserInputError) as exc:
-        config.load("c" * 300 + ".toml")
-    assert exc.value.field == "CONFIG" and "readable TOML file" in exc.value.allowed
+        api.load_config("c" * 300 + ".toml")
+    assert exc.value.field == "CONFIG" and "at most 255 bytes" in exc.value.allowed
 
 
 def test_seeds_inside_their_ranges_are_kept() -> None:
@@ -425,7 +426,7 @@ def test_validation_needs_enough_examples_to_tell_a_trial_from_chance(tmp_path: 
     with pytest.raises(UserInputError) as exc:
         _load(tmp_path, "[data]\nvalidation_size = 34\n")
     assert exc.value.field == "data.validation_size" and "at least 35" in exc.value.allowed
-    enough = resolve(_load(tmp_path, "[data]\nvalidation_size = 35\n"))
+    enough = check(_load(tmp_path, "[data]\nvalidation_size = 35\n"))
     assert enough.split_sizes["validation"] == 35
 
 

@@ -27,6 +27,7 @@ from core.trial import Calibration, EpsilonBounds, TrialSpec
 from core.vocabulary import ATTACK_OBJECTIVE, VALIDATION_OBJECTIVE
 from orchestrator import __version__
 from orchestrator.accounting.tuning.adaptive import adaptive_statement
+from orchestrator.door import check
 from orchestrator.release.bundle import RELEASE_ENTRIES, RELEASE_FILES, export_trial
 from orchestrator.release.export import check_degenerate
 from orchestrator.release.statement import (
@@ -37,7 +38,6 @@ from orchestrator.release.statement import (
     round_up,
 )
 from orchestrator.rundir import RunDir
-from orchestrator.trial.setup import resolve
 from orchestrator.trial.single import TRIAL_ID as SINGLE_TRIAL
 from orchestrator.trial.single import train_single
 from reports import store
@@ -67,7 +67,7 @@ def _spec(*, data_dir: Path, randomness: str) -> TrialSpec:
     """A tiny digits trial with a calibration written by hand (the budget module is not under
     test here; the training loop checks the sampling rate and step count it is given)."""
     cfg = tiny_config()
-    setup = resolve(cfg)
+    setup = check(cfg)
     sizes = dict(setup.split_sizes)
     q, steps_per_epoch = poisson_plan(dataset_size=sizes["train"],
                                       batch_size=cfg.training.batch_size)
@@ -513,7 +513,7 @@ def test_display_rounding_never_overstates_protection() -> None:
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real single-trial run directory (``dpsweep train``'s code)."""
-    train_single(tiny_config(), out=(out := tmp_path_factory.mktemp("single") / "run"))
+    train_single(check(tiny_config()), out=(out := tmp_path_factory.mktemp("single") / "run"))
     return out
 
 

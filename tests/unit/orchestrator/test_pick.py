@@ -17,11 +17,12 @@ from bench.synthetic_run import INVALID_REASON, SIZES, make_run
 from core import layout
 from core.errors import UserInputError
 from core.toml import tomllib
+from orchestrator.api import from_dict
+from orchestrator.api import load_config as load
 from orchestrator.cli import main
-from orchestrator.config import from_dict, load
+from orchestrator.door import check
 from orchestrator.release.pick import pick_and_write
 from orchestrator.trial.plan import config_from_spec
-from orchestrator.trial.setup import resolve
 from orchestrator.trial.single import train_single
 from reports import store
 from reports.pick import choose
@@ -234,7 +235,7 @@ def test_config_reproduces_the_trial_spec(index: int) -> None:
 
     spec = make_spec(TRIALS[index], seed=index)
     cfg = config_from_spec(json.loads(json.dumps(spec)))
-    setup = resolve(cfg)
+    setup = check(cfg)
     assert setup.trial_params(spec["method"]) == spec["method_params"]
     assert setup.split_sizes == spec["sizes"]
     assert (cfg.training.method, cfg.training.batch_size, cfg.training.epochs,
@@ -330,7 +331,7 @@ def test_private_pick_writes_the_noisy_score_and_the_statement_only(
 def test_a_refusal_shows_the_run_directory_the_user_typed(tmp_path: Path) -> None:
     """A single unaudited trial: nothing to pick; the line's RUN_DIR is the path given."""
     run = tmp_path / "run"
-    train_single(tiny_config(), out=run)
+    train_single(check(tiny_config()), out=run)
     with pytest.raises(UserInputError, match="audited") as info:
         pick_and_write(run, max_peak_mia=None, min_val_acc=None, series=None,
                        allow_invalid_dp=False, allow_replayable=False, export_to=None)

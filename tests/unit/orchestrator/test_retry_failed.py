@@ -21,7 +21,9 @@ from optuna.trial import TrialState
 from core import layout
 from core.errors import UserInputError
 from core.storage import atomic_write_json
+from orchestrator import api
 from orchestrator import config as config_mod
+from orchestrator.door import check
 from orchestrator.rundir import RunDir
 from orchestrator.sweep.driver import _Driver, check_retry
 from orchestrator.sweep.plans import study_plans
@@ -36,21 +38,20 @@ from orchestrator.sweep.studies import (
 )
 from orchestrator.sweep.summary import RETRIED, begin_attempt, read_attempts, retried_trials
 from orchestrator.sweep.tuning import adaptive_summary
-from orchestrator.trial.setup import resolve
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 FAILURE = "RuntimeError: CUDA out of memory (the GPU was shared)"
 
 
 def _config(**sweep: Any) -> config_mod.Config:
-    return config_mod.from_dict({"training": {"epochs": 2},
+    return api.from_dict({"training": {"epochs": 2},
                                  "sweep": {"methods": ["dpsgd"], "trials_per_method": 4, **sweep},
                                  "audit": {"enabled": False}})
 
 
 def _finished_study(root: Path) -> tuple[StudyPlan, Any, dict[str, Any]]:
     """A study whose sweep ended: 000 finished, 001 failed, 002 pruned, 003 finished."""
-    plan = study_plans(resolve(_config()))[0]
+    plan = study_plans(check(_config()))[0]
     storage = optuna.storages.RDBStorage(f"sqlite:///{root / 'optuna.db'}")
     study = open_study(plan, storage=storage,
                        sampler=make_sampler("random", seed=0, parallel=False))
@@ -128,9 +129,8 @@ def test_retiring_a_failure_keeps_its_reason_and_leaves_a_run_a_resume_accepts(
     run.record_trial(tid)
     attempts = read_attempts(run)
     begin_attempt(run, attempts, command="resume --retry-failed")
-    driver = object.__new__(_Driver)
-    driver.__dict__.update(run=run, attempts=attempts, quiet=True)
-    driver.retire_failure(tid, FAILURE)
+    driver = _Driver(check(_config()), run, quiet=True, attempts=attempts)
+    driver.records.retire_failure(tid, FAILURE)
 
     assert not (trial / layout.ERROR).exists() and (trial / layout.SPEC).is_file()
     listed = run.manifest["files"]
@@ -166,7 +166,7 @@ def test_private_tuning_refuses_to_retry_in_one_line() -> None:
 def test_the_adaptive_statement_counts_each_failed_attempt_trained_again() -> None:
     """The earlier attempt trained on the training set as well: one more model."""
     cfg = _config()
-    plans = study_plans(resolve(cfg))
+    plans = study_plans(check(cfg))
     schedule = json.dumps([{"noise_multiplier": 1.1, "steps": 20}])
     rows = [{"trial_id": t, "study": plans[0].name, "status": "ok", "repeat_of": "",
              "noise_schedule": schedule, "sample_rate": 0.02} for t in ("a", "b")]

@@ -31,8 +31,8 @@ from core.errors import (
 )
 from core.storage import atomic_write, atomic_write_json
 from core.vocabulary import DISK_FULL_KEY
-from orchestrator import config as config_mod
-from orchestrator import raytemp
+from orchestrator import api, raytemp
+from orchestrator.door import check
 from orchestrator.rundir import RESTORE, RunDir
 from orchestrator.sweep.studies import (
     ID_ATTR,
@@ -44,7 +44,6 @@ from orchestrator.sweep.studies import (
     read_outcome,
     reconcile,
 )
-from orchestrator.trial.setup import resolve
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 ENOSPC_TEXT = os.strerror(errno.ENOSPC)
@@ -294,9 +293,9 @@ def _searcher(tmp_path: Path, on_outcome: Any) -> tuple[Any, Any, Any]:
     from orchestrator.sweep.raytune import SweepSearcher
 
     tmp_path.mkdir(exist_ok=True)
-    cfg = config_mod.from_dict({"training": {"epochs": 1}, "audit": {"enabled": False},
+    cfg = api.from_dict({"training": {"epochs": 1}, "audit": {"enabled": False},
                                 "sweep": {"methods": ["dpsgd"], "trials_per_method": 2}})
-    plan = study_plans(resolve(cfg))[0]
+    plan = study_plans(check(cfg))[0]
     storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / layout.OPTUNA_DB}")
     study = open_study(plan, storage=storage, sampler=make_sampler("tpe", seed=0, parallel=True))
     tally = reconcile(study, plan, storage=storage, trials_root=tmp_path,

@@ -23,12 +23,17 @@ import pytest
 from optuna.trial import TrialState
 
 from core.storage import atomic_write_json
-from orchestrator import config as config_mod
+from orchestrator import api
 from orchestrator.config import Config
+from orchestrator.door import check
+from orchestrator.sweep.aftersearch import AfterSearchJobs, front_ids
 from orchestrator.sweep.driver import _Driver
 from orchestrator.sweep.plans import precompute_order, schedule_points, study_plans
 from orchestrator.sweep.raytune import SweepSearcher
+from orchestrator.sweep.records import SweepRecords
+from orchestrator.sweep.search import TrialConfigs
 from orchestrator.sweep.signals import EXIT_SIGINT, EXIT_SIGTERM, Interrupted, _signals, _StopFlag
+from orchestrator.sweep.state import PrivateTuning, SweepContext, SweepProgress
 from orchestrator.sweep.studies import (
     ID_ATTR,
     INTERRUPTED_ATTR,
@@ -43,7 +48,6 @@ from orchestrator.sweep.studies import (
     study_name,
 )
 from orchestrator.sweep.tuning import open_plan_study
-from orchestrator.trial.setup import resolve
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -51,7 +55,7 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 def _config(*, methods: list[str], trials: int = 2, eps: list[float] | None = None,
             audit: bool = False, **extra: Any) -> Config:
     """A validated config (as ``dpsweep run`` would load it)."""
-    return config_mod.from_dict({"training": {"epochs": 2},
+    return api.from_dict({"training": {"epochs": 2},
                                  "budget": {"epsilons": list(eps or [])},
                                  "sweep": {"methods": methods, "trials_per_method": trials},
                                  "audit": {"enabled": audit}, **extra})
@@ -95,14 +99,14 @@ def test_study_names_and_trial_ids_are_one_path_component() -> None:
     assert study_name("dpsgd", 0.5) == "dpsgd@eps0.5"
     assert slug("lm_dpsgd:faithful@eps3") == "lm_dpsgd-faithful_eps3"
     assert slug("dpsgd@eps0.5") == "dpsgd_eps0.5"
-    plan = study_plans(resolve(_config(methods=["lm_dpsgd:faithful"])))[0]
+    plan = study_plans(check(_config(methods=["lm_dpsgd:faithful"])))[0]
     assert [plan.trial_id(i) for i in (0, 7, 123)] == [
         "lm_dpsgd-faithful_eps3-000", "lm_dpsgd-faithful_eps3-007", "lm_dpsgd-faithful_eps3-123"]
 
 
 def test_one_study_per_series_and_target_with_equal_budgets() -> None:
     cfg = _config(methods=["dpsgd", "lm_dpsgd:faithful"], trials=5, eps=[4, 1], audit=True)
-    plans = study_plans(resolve(cfg))
+    plans = study_plans(check(cfg))
     assert cfg.targets() == [1.0, 4.0]  # sorted by the config
     assert [p.name for p in plans] == ["dpsgd@eps1", "lm_dpsgd:faithful@eps1", "dpsgd@eps4",
                                        "lm_dpsgd:faithful@eps4"]
@@ -112,18 +116,18 @@ def test_one_study_per_series_and_target_with_equal_budgets() -> None:
     assert {p.n_trials for p in plans} == {5}
     # the audit inside the trial makes the search two-objective; without it, accuracy alone
     assert {p.objectives for p in plans} == {("val_accuracy", "peak_mia_accuracy")}
-    assert {p.objectives for p in study_plans(resolve(_config(methods=["dpsgd"])))} == {
+    assert {p.objectives for p in study_plans(check(_config(methods=["dpsgd"])))} == {
         ("val_accuracy",)}
     assert _config(methods=["dpsgd"]).targets() == [3.0]  # [privacy] epsilon without a list
 
 
 def test_a_fixed_clip_norm_is_not_searched_but_the_learning_rate_still_is() -> None:
-    free = study_plans(resolve(_config(methods=["dpsgd"])))[0].space
+    free = study_plans(check(_config(methods=["dpsgd"])))[0].space
     assert set(free.distributions) == {"clip_norm", "lr_x_clip"}
     decoded = free.decode({"clip_norm": 0.5, "lr_x_clip": 1.0})
     assert decoded["clip_norm"] == 0.5 and decoded["lr"] == pytest.approx(2.0)
     cfg = _config(methods=["dpsgd"], method_params={"dpsgd": {"clip_norm": 2.0}})
-    space = study_plans(resolve(cfg))[0].space
+    space = study_plans(check(cfg))[0].space
     assert "clip_norm" not in space.distributions
     assert space.decode(space.first_point)["clip_norm"] == 2.0
     # with C fixed, a study that searches nothing would train one configuration n times
@@ -132,7 +136,7 @@ def test_a_fixed_clip_norm_is_not_searched_but_the_learning_rate_still_is() -> N
 
 def test_open_study_names_metrics_and_enqueues_the_first_point_once(
         storage: Any, tmp_path: Path) -> None:
-    plan = study_plans(resolve(_config(methods=["lm_dpsgd:faithful"], audit=True)))[0]
+    plan = study_plans(check(_config(methods=["lm_dpsgd:faithful"], audit=True)))[0]
     for _ in range(2):  # reopening (a resume) changes nothing
         study = open_study(plan, storage=storage, sampler=make_sampler("tpe", seed=0,
                                                                       parallel=False))
@@ -170,7 +174,7 @@ def test_read_outcome_tells_finished_failed_and_interrupted_apart(tmp_path: Path
 def _crashed_study(storage: Any, root: Path) -> tuple[StudyPlan, Any, list[int]]:
     """A study whose driver asked for trials 000-003 and died: 000 finished (result.json),
     001 failed (error.json), 002 was running (spec only), 003 finished without its objective."""
-    plan = study_plans(resolve(_config(methods=["dpsgd"], trials=6)))[0]
+    plan = study_plans(check(_config(methods=["dpsgd"], trials=6)))[0]
     study = open_study(plan, storage=storage, sampler=make_sampler("random", seed=0,
                                                                   parallel=False))
     numbers = []
@@ -261,7 +265,7 @@ class Recorder:
 
 
 def _searcher(storage: Any, root: Path, *, trials: int = 2) -> tuple[Any, Recorder, dict, list]:
-    plans = study_plans(resolve(_config(methods=["dpsgd", "auto_s"], trials=trials)))
+    plans = study_plans(check(_config(methods=["dpsgd", "auto_s"], trials=trials)))
     studies, tallies = _studies(plans, storage, root)
     rec = Recorder()
     searcher = SweepSearcher(plans=plans, studies=studies, tallies=tallies,
@@ -364,7 +368,7 @@ def test_a_trial_reports_fast_epochs_to_tune_sparingly_and_slow_ones_each(
     from orchestrator.trial.plan import plan_trial
 
     cfg = _config(methods=["dpsgd"], training={"epochs": 4})
-    spec = plan_trial(resolve(cfg), method="dpsgd", trial_id="t0", cache_dir=tmp_path / "cache")
+    spec = plan_trial(check(cfg), method="dpsgd", trial_id="t0", cache_dir=tmp_path / "cache")
     epochs: dict[float, list[int]] = {}
     default = trial_runner.REPORT_INTERVAL_S
     for interval in (default, 0.0):
@@ -424,7 +428,7 @@ def test_cli_prints_one_resume_hint_and_exits_with_the_signal_code(
 
 def test_an_interrupt_while_a_row_is_recorded_is_not_turned_into_a_failed_trial(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``_Driver.record`` turns any error reading a trial's records into a failed row; a
+    """``SweepRecords.record`` turns any error reading a trial's records into a failed row; a
     signal arriving meanwhile must stop the sweep instead of marking a finished trial failed
     (which a resume would then keep: its id is in the results)."""
     from orchestrator.rundir import RunDir
@@ -432,18 +436,17 @@ def test_an_interrupt_while_a_row_is_recorded_is_not_turned_into_a_failed_trial(
 
     cfg = _config(methods=["dpsgd"])
     run = RunDir.create(tmp_path / "run", config_text=cfg.to_toml())
-    driver = object.__new__(_Driver)
-    driver.__dict__.update(setup=resolve(cfg), cfg=cfg, run=run, quiet=True, rows={}, best={},
-                           bar=None, start=0.0)
+    driver = _Driver(check(cfg), run, quiet=True, attempts=[])
 
     def interrupted(*_a: Any) -> dict[str, Any]:
         raise Interrupted(signal.SIGINT)
 
-    monkeypatch.setattr(driver, "_row", interrupted)
-    plan = study_plans(resolve(cfg))[0]
+    monkeypatch.setattr(driver.records, "_row", interrupted)
+    plan = study_plans(check(cfg))[0]
     try:
         with pytest.raises(Interrupted):
-            driver.record(plan, "dpsgd_eps3-000", Outcome("ok", {"val_accuracy": 0.7}, ""))
+            driver.records.record(plan, "dpsgd_eps3-000",
+                                  Outcome("ok", {"val_accuracy": 0.7}, ""))
         assert "dpsgd_eps3-000" not in driver.rows
         assert store.read_results(run.path, allow_empty=True).empty
     finally:
@@ -492,7 +495,7 @@ def test_front_ids_are_the_leader_and_the_trials_tied_with_it() -> None:
     from reports.pareto import wilson_interval
 
     cfg = _config(methods=["dpsgd"])
-    setup = resolve(cfg)
+    setup = check(cfg)
     n_val = setup.split_sizes["validation"]
     plans = study_plans(setup)
 
@@ -503,14 +506,14 @@ def test_front_ids_are_the_leader_and_the_trials_tied_with_it() -> None:
     rows = [row("a", 0.80), row("b", 0.78), row("c", 0.65), row("d", 0.95, repeat_of="a"),
             row("e", 0.99, degenerate=True), row("f", 0.99, status="failed"),
             row("g", 0.99, study="elsewhere")]
-    stub = types.SimpleNamespace(setup=setup, cfg=cfg, plans=plans,
-                                 rows={r["trial_id"]: r for r in rows})
+    by_id = {r["trial_id"]: r for r in rows}
     low = wilson_interval(0.80, n=n_val)[0]
     assert wilson_interval(0.78, n=n_val)[1] >= low > wilson_interval(0.65, n=n_val)[1]
-    assert _Driver.front_ids(stub) == {"dpsgd@eps3": ["a", "b"]}
+    assert front_ids(by_id, setup=setup, plans=tuple(plans)) == {"dpsgd@eps3": ["a", "b"]}
     # sweep.front = "best": the leader alone, whatever is tied with it.
-    stub.cfg = dataclasses.replace(cfg, sweep=dataclasses.replace(cfg.sweep, front="best"))
-    assert _Driver.front_ids(stub) == {"dpsgd@eps3": ["a"]}
+    best = dataclasses.replace(cfg, sweep=dataclasses.replace(cfg.sweep, front="best"))
+    assert front_ids(by_id, setup=check(best),
+                     plans=tuple(plans)) == {"dpsgd@eps3": ["a"]}
 
 
 def test_audit_settings_and_summary_inputs_follow_the_config() -> None:
@@ -537,7 +540,7 @@ def test_the_after_sweep_audit_uses_the_run_cache_and_the_accountant_timeout(
     cfg = dataclasses.replace(cfg, audit=dataclasses.replace(cfg.audit, in_trial=False),
                               sweep=dataclasses.replace(cfg.sweep, seeds=0, baseline=False))
     run = RunDir.create(tmp_path / "run", config_text=cfg.to_toml())
-    setup = resolve(cfg)
+    setup = check(cfg)
     try:
         plan = study_plans(setup)[0]
         tid = f"{plan.name.split('@')[0]}_eps3-000"
@@ -549,11 +552,17 @@ def test_the_after_sweep_audit_uses_the_run_cache_and_the_accountant_timeout(
                                study=plan.name, error="")
         row.update(status="ok", val_accuracy=0.8, degenerate=False, repeat_of="",
                    mia_layers="")
-        driver = object.__new__(_Driver)
-        driver.__dict__.update(setup=setup, cfg=cfg, run=run, quiet=True, rows={tid: row},
-                               best={}, bar=None, start=0.0, plans=[plan], certified=None,
-                               private=None, data=setup.data_splits(), flag=None,
-                               baseline_ran=False, ran=0)
+        data = setup.data_splits()
+        progress = SweepProgress(quiet=True)
+
+        def after_search(context: SweepContext) -> AfterSearchJobs:
+            records = SweepRecords(context=context, progress=progress, attempts=[],
+                                   rows={tid: dict(row)})
+            return AfterSearchJobs(
+                context=context, records=records, progress=progress, retry_failed=False,
+                configs=TrialConfigs(context=context, data=data, rungs=()))
+
+        context = SweepContext(setup=setup, run=run, plans=(plan,))
         asked: list[dict[str, Any]] = []
 
         def match_budget(**kw: Any) -> tuple[Any, list[float]]:
@@ -564,21 +573,20 @@ def test_the_after_sweep_audit_uses_the_run_cache_and_the_accountant_timeout(
         monkeypatch.setattr(audit_mod, "match_budget", match_budget)  # imported by name
         jobs: list[Any] = []
         monkeypatch.setattr(postsweep, "run_jobs", lambda j, **_kw: jobs.extend(j))
-        driver.flag = types.SimpleNamespace(in_tune=False, event=None)
-        driver.post_sweep()
+        assert after_search(context).post_sweep(_StopFlag()) == 1  # one job (run_jobs: a stand-in)
         assert [j.name for j in jobs] == [f"audit {tid}"]
         assert len(asked) == 1
         assert asked[0]["cache_dir"] == run.cache_dir
         assert asked[0]["timeout_s"] == 77.0
-        size = audit_mod.reference_size(driver.data, audit_mod.AuditSettings.from_config(
-            cfg.audit))
+        size = audit_mod.reference_size(data, audit_mod.AuditSettings.from_config(cfg.audit))
         assert asked[0]["dataset_size"] == size
         assert asked[0]["epsilon"] == plan.epsilon
         # under private tuning the references match the certified per-trial epsilon, not the
         # end-to-end target the study is named after
-        driver.certified = types.SimpleNamespace(bounds=types.SimpleNamespace(upper=1.7))
+        certified = types.SimpleNamespace(bounds=types.SimpleNamespace(upper=1.7))
+        private = PrivateTuning(plan=types.SimpleNamespace(), certified=certified)
         asked.clear()
-        driver.post_sweep()
+        after_search(dataclasses.replace(context, private=private)).post_sweep(_StopFlag())
         assert [a["epsilon"] for a in asked] == [1.7]
     finally:
         run.release()
@@ -587,7 +595,7 @@ def test_the_after_sweep_audit_uses_the_run_cache_and_the_accountant_timeout(
 def test_budget_lanes_take_the_preparing_method_first_then_the_most_points() -> None:
     """One queue for both lanes: LM-DP-SGD's point (it carries the risk estimate, the longest
     item) first, then DP-AdamILG's six schedules, each method's points in order."""
-    plans = study_plans(resolve(_config(methods=["dpsgd", "dp_adamilg", "lm_dpsgd", "auto_s"])))
+    plans = study_plans(check(_config(methods=["dpsgd", "dp_adamilg", "lm_dpsgd", "auto_s"])))
     order = precompute_order(plans)
     methods = [plan.method for plan, _ in order]
     assert methods[0] == "lm_dpsgd"
@@ -602,7 +610,7 @@ def test_budget_lanes_take_the_preparing_method_first_then_the_most_points() -> 
 
 # ---- private tuning: the theorem's random search -------------------------------------------------
 def _private_config(**sweep: Any) -> Config:
-    return config_mod.from_dict({"training": {"epochs": 2},
+    return api.from_dict({"training": {"epochs": 2},
                                  "sweep": {"methods": ["dpsgd"], "tuning": "private", **sweep},
                                  "audit": {"enabled": False}})
 
@@ -616,7 +624,7 @@ def _draws(cfg: Config, tmp: Path, n: int) -> tuple[Any, list[dict[str, Any]]]:
 
     np.random.seed(0)
     random.seed(0)
-    plan = study_plans(resolve(cfg), counts={"dpsgd": n})[0]
+    plan = study_plans(check(cfg), counts={"dpsgd": n})[0]
     storage = optuna.storages.RDBStorage(f"sqlite:///{tmp / 'optuna.db'}")
     study = open_plan_study(cfg, plan, index=0, storage=storage, parallel=True)
     before = study.get_trials(deepcopy=False)
@@ -641,7 +649,7 @@ def test_private_studies_draw_fresh_points_with_no_preset_or_enqueued_point(
         for t in optuna.load_study(study_name="dpsgd@eps3", storage=storage).trials:
             assert "fixed_params" not in t.system_attrs and "preset" not in t.user_attrs
     assert all(a != b for a, b in zip(*runs, strict=True)), runs
-    space = study_plans(resolve(cfg))[0].space
+    space = study_plans(check(cfg))[0].space
     assert all(p != dict(space.first_point) for p in runs[0] + runs[1])
 
     adaptive = dataclasses.replace(cfg, sweep=dataclasses.replace(cfg.sweep, tuning="adaptive",
@@ -663,12 +671,11 @@ def test_private_after_sweep_audit_looks_at_the_released_trial_only() -> None:
              "repeat_of": "", "dp_valid": True, "release_safe": True, "val_accuracy": acc,
              "noisy_val_score": noisy, "degenerate": acc < 0.2}
             for tid, acc, noisy in (("a", 0.95, 0.70), ("b", 0.15, 0.90), ("c", 0.80, 0.85))]
-    setup = resolve(cfg)
-    stub = types.SimpleNamespace(setup=setup, cfg=cfg, plans=study_plans(setup),
-                                 rows={r["trial_id"]: r for r in rows})
-    assert _Driver.front_ids(stub) == {"dpsgd@eps3": ["b"]}
-    stub.rows = {}
-    assert _Driver.front_ids(stub) == {}  # K = 0: nothing to audit
+    setup = check(cfg)
+    plans = tuple(study_plans(setup))
+    assert front_ids({r["trial_id"]: r for r in rows}, setup=setup,
+                     plans=plans) == {"dpsgd@eps3": ["b"]}
+    assert front_ids({}, setup=setup, plans=plans) == {}  # K = 0: nothing to audit
 
 
 def _summary_row(tid: str, study: str, *, status: str = "ok", repeat_of: str = "",
@@ -683,7 +690,7 @@ def test_adaptive_summary_counts_every_model_and_states_what_the_sampler_saw() -
     from orchestrator.sweep.tuning import adaptive_summary
 
     cfg = _config(methods=["dpsgd", "lm_dpsgd:faithful"], eps=[1, 4])
-    plans = study_plans(resolve(cfg))
+    plans = study_plans(check(cfg))
     rows = [_summary_row("a", "dpsgd@eps1"), _summary_row("b", "dpsgd@eps1"),
             _summary_row("a-r1", "dpsgd@eps1", repeat_of="a"),
             _summary_row("f", "lm_dpsgd:faithful@eps1"),  # not DP: never counted
@@ -704,7 +711,7 @@ def test_adaptive_summary_counts_every_model_and_states_what_the_sampler_saw() -
     assert "invalid (lm_dpsgd:faithful) are not counted: nothing covers" in one["statement"]
 
     audited = _config(methods=["dpsgd"], audit=True)
-    tuning = adaptive_summary(audited, study_plans(resolve(audited)),
+    tuning = adaptive_summary(audited, study_plans(check(audited)),
                               [_summary_row("a", "dpsgd@eps3"), _summary_row("b", "dpsgd@eps3")])
     entry = tuning["by_target"]["3"]
     assert entry["objectives"] == ["val_accuracy", "peak_mia_accuracy"]

@@ -35,7 +35,7 @@ from orchestrator.accounting.tuning.private import (
     trial_event,
     tuning_event,
 )
-from orchestrator.trial.setup import resolve
+from orchestrator.door import check
 
 DELTA = 1e-5
 #: What an adaptive sampler can see: validation accuracy alone, or with the in-trial attack.
@@ -443,12 +443,12 @@ def test_adaptive_statement_refuses_objectives_no_adaptive_sampler_had(objective
 def test_private_plan_targets_the_budget_epsilon():
     """With budget.epsilons = [1] the end-to-end target is 1, not privacy.epsilon's default 3
     (which the studies' planning never reads once budget.epsilons is set)."""
-    from orchestrator.config import from_dict
+    from orchestrator.api import from_dict
     from orchestrator.sweep.tuning import private_tuning_plan
 
     raw = {"budget": {"epsilons": [1.0]}, "training": {"epochs": 1},
            "sweep": {"tuning": "private", "methods": ["dpsgd"]},
            "audit": {"in_trial": False}}
-    plan = private_tuning_plan(resolve(from_dict(raw)))
+    plan = private_tuning_plan(check(from_dict(raw)))
     assert plan.target_epsilon == 1.0
     assert plan.end_to_end_epsilon <= 1.0

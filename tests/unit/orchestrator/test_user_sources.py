@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from core.errors import UserInputError
-from orchestrator import config as config_mod
+from orchestrator import api
 from orchestrator.cli import main
+from orchestrator.door import check
 from orchestrator.rundir import RunDir
-from orchestrator.trial.setup import resolve
 
 MODULE = ("from torch import nn\n\n\ndef build(input_shape, num_classes, hidden=16):\n"
           "    return nn.Sequential(nn.Flatten(), nn.Linear(64, hidden), nn.Tanh(),\n"
@@ -45,10 +45,10 @@ def project(tmp_path: Path) -> Path:
 def test_paths_resolve_against_the_config_file_and_the_network_is_checked(
         project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(project.parent)  # not where the config is
-    cfg = config_mod.load(project / "sweep.toml")
+    cfg = api.load_config(project / "sweep.toml")
     assert cfg.data.path == str(project / "data" / "digits.npz")
     assert cfg.model.code_dir == str(project)
-    setup = resolve(cfg)
+    setup = check(cfg)
     assert setup.num_layers == 2 and setup.num_classes == 10
     sizes = setup.split_sizes
     assert sum(sizes.values()) == 1797 and sizes["train"] == 1797 - sum(
@@ -58,16 +58,16 @@ def test_paths_resolve_against_the_config_file_and_the_network_is_checked(
 
 def test_resume_refuses_a_run_whose_code_or_data_changed(
         project: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    cfg = config_mod.load(project / "sweep.toml")
+    cfg = api.load_config(project / "sweep.toml")
     run = RunDir.create(project / "run", config_text=cfg.to_toml(),
-                        inputs=resolve(cfg).input_fingerprints())
+                        inputs=check(cfg).input_fingerprints())
     run.release()
     run = RunDir.open(project / "run", write=False)
-    run.check_inputs(resolve(cfg).input_fingerprints())  # unchanged: accepted
+    run.check_inputs(check(cfg).input_fingerprints())  # unchanged: accepted
 
     (project / "sources_net.py").write_text(MODULE.replace("nn.Tanh()", "nn.ReLU()"))
     with pytest.raises(UserInputError, match="restore them, or start a new run") as err:
-        run.check_inputs(resolve(config_mod.load(project / "sweep.toml")).input_fingerprints())
+        run.check_inputs(check(api.load_config(project / "sweep.toml")).input_fingerprints())
     assert err.value.field == "manifest.json.inputs.model_code"
 
     capsys.readouterr()
@@ -80,7 +80,7 @@ def test_resume_refuses_a_run_whose_code_or_data_changed(
         x, y = arrays["x"], arrays["y"]
     np.savez(project / "data" / "digits.npz", x=x[::-1].copy(), y=y[::-1].copy())
     with pytest.raises(UserInputError) as err:
-        run.check_inputs(resolve(config_mod.load(project / "sweep.toml")).input_fingerprints())
+        run.check_inputs(check(api.load_config(project / "sweep.toml")).input_fingerprints())
     assert err.value.field == "manifest.json.inputs.data.path"
 
 
@@ -100,9 +100,9 @@ def test_a_user_trials_spec_maps_back_onto_its_config(project: Path) -> None:
     """What ``pick`` writes to retrain a trial names the same network and data."""
     from orchestrator.trial.plan import config_from_spec, plan_trial
 
-    setup = resolve(config_mod.load(project / "sweep.toml"))
+    setup = check(api.load_config(project / "sweep.toml"))
     spec = plan_trial(setup, method="dpsgd", cache_dir=project / "cache").to_dict()
-    again = resolve(config_from_spec(spec))
+    again = check(config_from_spec(spec))
     assert again.model_source == setup.model_source
     assert again.file_source == setup.file_source
     assert again.split_sizes == setup.split_sizes

@@ -13,8 +13,8 @@ import pytest
 
 from core.errors import UserInputError
 from core.params import ParamSet, ValidatedParams
+from orchestrator.door import check
 from orchestrator.trial.plan import plan_trial
-from orchestrator.trial.setup import resolve
 from tests.conftest import tiny_config
 from trainables.methods import get_method
 from trainables.training.loop import load_spec, train_trial
@@ -37,7 +37,9 @@ def checks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def test_a_drawn_point_is_checked_once_from_plan_to_training(checks: list[str], tmp_path) -> None:
     cfg = tiny_config(epochs=1)
     drawn = {"lr": 0.5, "clip_norm": 2.0}  # what a searcher's decode hands the planner
-    spec = plan_trial(resolve(cfg), method="dpsgd", params=drawn, cache_dir=tmp_path)
+    setup = check(cfg)  # the door checks the config's own parameters
+    checks.clear()
+    spec = plan_trial(setup, method="dpsgd", params=drawn, cache_dir=tmp_path)
     assert checks == ["method_params"]
     assert isinstance(spec.method_params, ValidatedParams)
     assert spec.method_params == {**get_method("dpsgd").declaration().defaults(), **drawn}
@@ -46,7 +48,7 @@ def test_a_drawn_point_is_checked_once_from_plan_to_training(checks: list[str], 
 
 
 def test_plain_data_is_checked_when_it_arrives(checks: list[str], tmp_path) -> None:
-    spec = plan_trial(resolve(tiny_config(epochs=1)), method="dp_adamilg",
+    spec = plan_trial(check(tiny_config(epochs=1)), method="dp_adamilg",
                       params={"lr": 0.5, "k": 0.1}, cache_dir=tmp_path)
     wire = spec.to_dict()
     assert type(wire["method_params"]) is dict and json.loads(json.dumps(wire)) == wire
@@ -58,7 +60,7 @@ def test_plain_data_is_checked_when_it_arrives(checks: list[str], tmp_path) -> N
 
 
 def test_a_spec_from_disk_with_a_bad_value_is_refused_by_name(tmp_path) -> None:
-    wire = plan_trial(resolve(tiny_config(epochs=1)), method="dpsgd", cache_dir=tmp_path).to_dict()
+    wire = plan_trial(check(tiny_config(epochs=1)), method="dpsgd", cache_dir=tmp_path).to_dict()
     wire["method_params"]["clip_norm"] = -1.0
     with pytest.raises(UserInputError, match=r"method_params\.clip_norm"):
         load_spec(wire)

@@ -21,6 +21,7 @@ import pytest
 
 from core import layout
 from core.records import PrivacyRecord
+from orchestrator.door import check
 from orchestrator.release.export import export_from_run
 from orchestrator.release.statement import CLIPPING_RECORD_KEYS
 from orchestrator.rundir import RunDir
@@ -71,7 +72,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
             cfg = tiny_config(method=method, epochs=1)
             cfg = dataclasses.replace(cfg, method_params={**cfg.method_params, **params})
             out = tmp_path_factory.mktemp(series.replace(":", "-")) / "run"
-            train_single(cfg, out=out)
+            train_single(check(cfg), out=out)
             made[series] = out
         return made[series]
     return run

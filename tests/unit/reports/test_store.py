@@ -17,7 +17,7 @@ from core.errors import UserInputError
 from core.poisson import poisson_plan
 from core.schedule import Schedule
 from core.trial import Calibration, EpsilonBounds, TrialSpec
-from orchestrator.trial.setup import resolve
+from orchestrator.door import check
 from reports import store
 from tests.conftest import tiny_config
 from trainables.methods import get_method
@@ -31,7 +31,7 @@ def _spec(method: str, trial_id: str, **params: Any) -> TrialSpec:
     """A tiny digits trial with a hand-written calibration (the budget module is not under
     test here; the training loop checks the sampling rate and step count it is given)."""
     cfg = tiny_config()
-    setup = resolve(cfg)
+    setup = check(cfg)
     sizes = dict(setup.split_sizes)
     q, steps_per_epoch = poisson_plan(dataset_size=sizes["train"],
                                       batch_size=cfg.training.batch_size)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from orchestrator.trial.setup import resolve
+from orchestrator.door import check
 from tests.unit.core.test_cache_hints import KINDS, no_hang, plant
 from trainables.audit.cache import NAMESPACE, CachingTrainer, caching, reference_key
 from trainables.audit.references import (
@@ -93,7 +93,7 @@ def test_a_dp_reference_key_holds_its_budget_not_its_name() -> None:
     from tests.conftest import tiny_config
 
     digits = load_splits(dataset="digits", seed=0)
-    spec = plan_trial(resolve(tiny_config()), trial_id="dp", data=digits)
+    spec = plan_trial(check(tiny_config()), trial_id="dp", data=digits)
     rdata = reference_data(plan_references(data=digits, kind="offline", n_references=4,
                                            seed=2), digits, index=1)
     budget = Budget(calibration=spec.calibration, epsilon_curve=list(spec.epsilon_curve))

@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from core.trial import REPRODUCIBLE
+from orchestrator.door import check
 from orchestrator.trial.plan import match_budget, plan_trial
-from orchestrator.trial.setup import resolve
 from tests.conftest import tiny_config
 from trainables.audit import prefix as prefix_module
 from trainables.audit.cache import reference_key
@@ -281,7 +281,7 @@ def test_training_rows_the_audit_stored_are_not_run_again(
     torch.testing.assert_close(stored, real(target, shared.prefix, used), rtol=RTOL, atol=ATOL)
 
 def test_a_dp_reference_starts_from_the_targets_backbone(data: DataSplits) -> None:
-    base = plan_trial(resolve(tiny_config()), trial_id="dp", data=data)
+    base = plan_trial(check(tiny_config()), trial_id="dp", data=data)
     spec = dataclasses.replace(base, user_model=PRETRAINED.to_dict(), randomness=REPRODUCIBLE)
     target = pretrained(data, 3)
     plan = plan_references(data=data, kind="offline", n_references=4, seed=0)

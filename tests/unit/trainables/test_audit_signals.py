@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from sklearn.metrics import roc_auc_score
 
 from core.errors import UserInputError
-from orchestrator.trial.setup import resolve
+from orchestrator.door import check
 from trainables.audit.references import (
     DEFAULT_POPULATION,
     AuditSignals,
@@ -446,7 +446,7 @@ def test_dp_references_use_the_supplied_budget_and_their_own_seed() -> None:
     from trainables.audit.references import Budget, dp_trainer, reference_spec
 
     digits = load_splits(dataset="digits", seed=0)  # train 500, shadow pool 500
-    spec = plan_trial(resolve(tiny_config()), trial_id="dp", data=digits)
+    spec = plan_trial(check(tiny_config()), trial_id="dp", data=digits)
     asked: list[int] = []
 
     def budgets(size: int) -> Budget:

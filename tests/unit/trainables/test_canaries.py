@@ -37,9 +37,9 @@ from core.errors import UserInputError
 from core.trial import TrialSpec
 from orchestrator.audit.canary import audit_with_canaries
 from orchestrator.config import PrivacyConfig
+from orchestrator.door import check
 from orchestrator.rundir import RunDir
 from orchestrator.trial.plan import plan_trial
-from orchestrator.trial.setup import resolve
 from orchestrator.trial.single import TRIAL_ID, train_single
 from reports import store
 from tests.conftest import tiny_config
@@ -148,14 +148,14 @@ def claim_config(method: str, **training: Any) -> Any:
 def train_run(tmp_path: Path, method: str) -> Path:
     """A one-trial run directory (``dpsweep train``) of ``method`` on digits at epsilon 1."""
     out = tmp_path / method
-    train_single(claim_config(method), out=out)  # plan_trial: the PRV accountant matches it
+    train_single(check(claim_config(method)), out=out)  # plan_trial: the PRV accountant matches it
     return out
 
 
 def trial_spec(method: str, **params: Any) -> TrialSpec:
     """The planned trial of ``method`` (default mode) at epsilon 1, ``params`` overriding."""
     cfg = claim_config(method)
-    setup = resolve(cfg)
+    setup = check(cfg)
     return plan_trial(setup, params={**setup.trial_params(method), **params})
 
 
@@ -426,7 +426,7 @@ def test_black_box_bound_on_a_model_that_memorises() -> None:
     0."""
     with registered(NonPrivateSGD):
         cfg = claim_config(NonPrivateSGD.name, epochs=LEAKY_EPOCHS, lr=LEAKY_LR)
-        run = black_box_run(plan_trial(resolve(cfg)), m=300, seed=0)
+        run = black_box_run(plan_trial(check(cfg)), m=300, seed=0)
     bound = run.bound()
     print(f"\nnon-private black-box: {bound.epsilon_lower:.3f} ({bound.best})")
     assert bound.epsilon_lower > LEAKY_BOUND

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from core.errors import UserInputError
-from orchestrator.config import MODEL_CHOICES, from_dict
+from orchestrator.api import from_dict
+from orchestrator.config import MODEL_CHOICES
+from orchestrator.door import check
 from orchestrator.sweep.plans import study_plans
-from orchestrator.trial.setup import resolve
 from tests.conftest import tiny_config
 from trainables.data.splits import DATASET_NAMES, INPUT_SHAPES
 from trainables.models import catalog
@@ -57,5 +58,5 @@ def test_planning_refuses_a_model_that_does_not_take_the_dataset() -> None:
     raw = tiny_config().to_dict()  # digits: 1 x 8 x 8
     raw["model"]["name"] = "cnn28"
     with pytest.raises(UserInputError) as info:
-        study_plans(resolve(from_dict(raw)))
+        study_plans(check(from_dict(raw)))
     assert info.value.field == "model.name" and "(1, 8, 8)" in str(info.value)

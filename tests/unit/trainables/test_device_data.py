@@ -20,8 +20,8 @@ from scipy import stats
 
 from core.errors import UserInputError
 from core.trial import TrialSpec
+from orchestrator.door import check
 from orchestrator.trial.plan import gpu_share, plan_trial
-from orchestrator.trial.setup import resolve
 from tests.conftest import tiny_config
 from trainables.dp.randomness import Randomness, poisson_batches
 from trainables.training.loop import train_trial
@@ -179,13 +179,13 @@ def test_the_planned_spec_carries_the_gpu_share() -> None:
     cfg = tiny_config()
     cfg = dataclasses.replace(cfg, resources=dataclasses.replace(cfg.resources,
                                                                  gpus_per_trial=0.25))
-    spec = plan_trial(resolve(cfg))
+    spec = plan_trial(check(cfg))
     assert spec.gpu_share == 0.25
     assert TrialSpec.from_dict(spec.to_dict()) == spec
 
 
 def test_a_stored_spec_without_a_share_reads_as_a_whole_gpu_and_stays_equal() -> None:
-    spec = plan_trial(resolve(tiny_config()))
+    spec = plan_trial(check(tiny_config()))
     stored = spec.to_dict()
     assert "gpu_share" not in stored  # a whole GPU is not written: older specs compare equal
     assert TrialSpec.from_dict(stored).gpu_share == 1.0
@@ -195,6 +195,6 @@ def test_a_stored_spec_without_a_share_reads_as_a_whole_gpu_and_stays_equal() ->
 
 
 def test_a_cpu_trial_records_its_data_on_the_device() -> None:
-    result = train_trial(plan_trial(resolve(tiny_config(epochs=1))))
+    result = train_trial(plan_trial(check(tiny_config(epochs=1))))
     assert result.privacy_record.method_record["data_placement"] == ON_DEVICE
     assert math.isfinite(result.history[-1]["train_loss_nonprivate"])

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from orchestrator.trial.setup import resolve
+from orchestrator.door import check
 from tests.unit.trainables.test_engine import (
     _batch,
     _coef,
@@ -235,7 +235,7 @@ def test_a_trial_measures_its_plan_on_public_data_records_it_and_reuses_the_cach
         return real(handler, a, b, geometry, cost=cost)
 
     monkeypatch.setattr(engine_plan, "time_candidates", spy)
-    spec = plan_trial(resolve(tiny_config(epochs=1)), method="dpsgd",
+    spec = plan_trial(check(tiny_config(epochs=1)), method="dpsgd",
                       params={"lr": 1.0, "clip_norm": 1.0})
     first = train_trial(spec, plan_cache=tmp_path).privacy_record.method_record
     plan = first["engine_plan"]

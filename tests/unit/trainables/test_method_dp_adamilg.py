@@ -14,8 +14,8 @@ import torch
 
 from core.errors import UserInputError
 from core.modes import Source
+from orchestrator.door import check
 from orchestrator.trial.plan import plan_trial
-from orchestrator.trial.setup import resolve
 from tests.conftest import tiny_config
 from tests.contract.conformance import NUM_LAYERS, adversarial_view, build_step, make_method
 from trainables.methods.dp_adamilg import (
@@ -290,7 +290,7 @@ def test_checkpoint_state_is_plain_data() -> None:
 
 def test_trial_ledger_decays_by_epoch_and_meets_the_budget(tmp_path: Path) -> None:
     """Through plan_trial: the budget matching scales the decay shape to the target."""
-    spec = plan_trial(resolve(tiny_config(epochs=3)), method="dp_adamilg",
+    spec = plan_trial(check(tiny_config(epochs=3)), method="dp_adamilg",
                       params={"lr": 0.01, "clip_norm": 1.0, "mode": "public", "k": K})
     result = train_trial(spec, checkpoint_root=tmp_path)
     p = result.privacy_record

@@ -10,8 +10,8 @@ import torch
 
 from core.errors import UserInputError
 from core.records import ACCOUNTANT_IMPLEMENTATIONS
+from orchestrator.door import check
 from orchestrator.trial.plan import plan_trial
-from orchestrator.trial.setup import resolve
 from tests.conftest import tiny_config
 from tests.contract.conformance import build_step, digits
 from trainables.dp.randomness import Randomness, poisson_batches
@@ -112,7 +112,7 @@ def test_it_declares_two_trained_layers_and_checks_m_f_within_them() -> None:
 
 def test_trial_freezes_at_t_f_and_records_it(tmp_path: Path) -> None:
     """Through plan_trial and the training loop: 2 epochs of 10 steps, t_f = end of epoch 1."""
-    spec = plan_trial(resolve(tiny_config(reproducible=True)), method="dpsgd_lf",
+    spec = plan_trial(check(tiny_config(reproducible=True)), method="dpsgd_lf",
                       params={"lr": 1.0, "clip_norm": 1.0, "t_f_fraction": 0.5, "m_f": 0})
     result = train_trial(spec, checkpoint_root=tmp_path)
     record = dict(result.privacy_record.method_record)

@@ -18,8 +18,8 @@ import torch
 from core.errors import UserInputError
 from core.modes import Source
 from core.storage import JsonCache
+from orchestrator.door import check
 from orchestrator.trial.plan import plan_trial
-from orchestrator.trial.setup import resolve
 from tests.conftest import tiny_config
 from tests.contract.conformance import NUM_LAYERS, adversarial_view, build_step
 from trainables.audit import layer_risk as layer_risk_module
@@ -384,7 +384,7 @@ def _digits_sizes() -> Any:
 
 def test_trial_record_carries_the_risk_vector() -> None:
     """Through plan_trial: the real stage 1 on digits (session cache) feeds spec and record."""
-    spec = plan_trial(resolve(tiny_config(epochs=1)), method="lm_dpsgd",
+    spec = plan_trial(check(tiny_config(epochs=1)), method="lm_dpsgd",
                       params={"lr": 1.0, "clip_norm": 1.0, "mode": "public", "u_every": 3})
     result = train_trial(spec)
     rec = result.privacy_record.method_record

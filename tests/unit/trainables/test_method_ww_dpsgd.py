@@ -17,8 +17,8 @@ import torch
 
 from core.errors import UserInputError
 from core.trial import TrialSpec
+from orchestrator.door import check
 from orchestrator.trial.plan import plan_trial
-from orchestrator.trial.setup import resolve
 from tests.conftest import tiny_config
 from tests.contract.conformance import build_step
 from trainables.dp.randomness import Randomness
@@ -42,7 +42,7 @@ def _build(*, clip_norm: float = 1.0, **params: Any) -> WWDPSGD:
 
 
 def _spec(**training: Any) -> TrialSpec:
-    return plan_trial(resolve(tiny_config(reproducible=True, **training)), method="ww_dpsgd",
+    return plan_trial(check(tiny_config(reproducible=True, **training)), method="ww_dpsgd",
                       params=dict(TRIAL_PARAMS))
 
 

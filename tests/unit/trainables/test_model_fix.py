@@ -13,9 +13,9 @@ import torch
 from torch import nn
 
 from core.errors import UserInputError
-from orchestrator import config as config_mod
+from orchestrator import api
 from orchestrator.cli import main
-from orchestrator.trial.setup import resolve
+from orchestrator.door import check
 from trainables.models.assemble import build_network
 from trainables.models.fix import fix_model, group_count
 from trainables.models.source import ModelSource
@@ -174,14 +174,14 @@ def test_the_config_key_is_a_boolean(tmp_path: Path) -> None:
     path = tmp_path / "sweep.toml"
     path.write_text(CONFIG.format(fix='fix = "yes"'))
     with pytest.raises(UserInputError) as err:
-        config_mod.load(path)
+        api.load_config(path)
     assert err.value.field == "model.fix" and "\n" not in str(err.value)
     path.write_text(CONFIG.format(fix="fix = true"))
-    cfg = config_mod.load(path)
-    assert cfg.model.fix is True and resolve(cfg).model_source.fix is True
+    cfg = api.load_config(path)
+    assert cfg.model.fix is True and check(cfg).model_source.fix is True
     path.write_text(CONFIG.format(fix="fix = false"))  # the default: refused, naming the fix
     with pytest.raises(UserInputError, match=r"set \[model\] fix = true"):
-        config_mod.load(path)
+        api.load_config(path)
 
 
 def test_config_check_and_one_epoch_train_with_fix(

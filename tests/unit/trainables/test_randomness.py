@@ -14,6 +14,7 @@ import pytest
 import torch
 from scipy import stats
 
+from orchestrator.door import check
 from orchestrator.trial.single import TRIAL_ID, train_single
 from tests.conftest import tiny_config
 from trainables.dp import randomness
@@ -75,7 +76,7 @@ def test_the_run_directory_holds_no_secret_and_cannot_replay_the_weights(
 
     monkeypatch.setattr(randomness, "secret_key", recorded)
     run = tmp_path / "run"
-    train_single(tiny_config(), out=run)
+    train_single(check(tiny_config()), out=run)
     assert len(keys_drawn) == 3  # the noise's, the batch sizes' and the subsets'
     assert min(len(k) for k in keys_drawn) * 8 >= randomness.KEY_BITS
     for path, data in _all_bytes(run):
@@ -94,7 +95,7 @@ def test_the_run_directory_holds_no_secret_and_cannot_replay_the_weights(
 
 def test_a_reproducible_trial_replays_bit_identically(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    train_single(tiny_config(reproducible=True), out=run)
+    train_single(check(tiny_config(reproducible=True)), out=run)
     trial = run / "trials" / TRIAL_ID
     spec = load_spec(json.loads((trial / "spec.json").read_text()))
     stored = load_checkpoint_state(trial / "checkpoint")["model"]
