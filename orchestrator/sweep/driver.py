@@ -10,9 +10,12 @@ afterwards (``aftersearch``). Test accuracy is recorded, never a basis for choos
 ``sweep.pruner = "asha"`` weak trials stop at epoch rungs (``orchestrator.trial.pruning``): a
 pruned trial is recorded as such and never enters a front, which holds finished trials only.
 
-The driver of one attempt (``_Driver``) is its three concerns together: the search
-(``search.SweepSearch``), what runs after it (``aftersearch.AfterSearchJobs``) and the records
-(``records.SweepRecords``: rows, trial records, progress lines, the summary).
+The driver of one attempt (``_Driver``) builds its parts once, each given what it needs in its
+constructor: the fixed facts (``state.SweepContext``) and the progress shown
+(``state.SweepProgress``), the records (``records.SweepRecords``: rows, trial records, progress
+lines, the summary), the trial configs and the rung board (``search.TrialConfigs``), what runs
+after the search (``aftersearch.AfterSearchJobs``) and the search (``search.SweepSearch``). The
+stop flag is the driver's, passed to each phase that runs on Ray.
 
 Signals (``signals``): SIGINT / SIGTERM stop running trials within seconds (told FAIL,
 ``interrupted``, and re-enqueued), flush state and exit 130 / 143 with a hint to resume.
@@ -29,7 +32,7 @@ import logging
 import os
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +56,10 @@ from orchestrator.sweep.aftersearch import AfterSearchJobs
 from orchestrator.sweep.plans import precompute, study_plans
 from orchestrator.sweep.records import SweepRecords, failed_audits
 from orchestrator.sweep.resume_checks import check_records, check_storage, stopped_by
-from orchestrator.sweep.search import SweepSearch
+from orchestrator.sweep.search import SweepSearch, TrialConfigs, private_tuning
 from orchestrator.sweep.signals import Interrupted, _signals, _StopFlag
+from orchestrator.sweep.state import SweepContext, SweepProgress
+from orchestrator.sweep.studies import Tally
 from orchestrator.sweep.summary import begin_attempt, end_if_begun, read_attempts
 from orchestrator.sweep.tuning import private_tuning_plan, recorded_config_text
 from orchestrator.trial.pruning import rungs
@@ -111,58 +116,77 @@ class SweepSummary:
         return ", ".join(parts) + "; the report lists every reason" + then
 
 
-class _Driver(SweepSearch, AfterSearchJobs, SweepRecords):
-    """Driver-side state of one sweep attempt (a run or a resume); its fields are declared in
-    ``state.SweepState``."""
+class _Driver:
+    """One sweep attempt (a run or a resume) or ``dpsweep reaudit``'s audits: its parts,
+    built once, and its stop flag (``flag``), passed to each phase that runs on Ray."""
 
     def __init__(self, setup: ResolvedSetup, run: RunDir, *, quiet: bool,
-                 attempts: list[dict[str, Any]], retry_failed: bool = False) -> None:
+                 attempts: list[dict[str, Any]], retry_failed: bool = False,
+                 flag: _StopFlag | None = None) -> None:
         cfg = setup.config
-        self.flag = _StopFlag()
-        self.setup = setup
-        self.cfg = cfg
-        self.run = run
-        self.attempts = attempts
-        self.quiet = quiet
-        self.retry_failed = retry_failed
-        self.ran = 0
-        self.private = None
-        self.certified = None
-        self.baseline_ran = False
-        self.board = None
-        self.board_handle = None  # keeps the actor alive while the sweep runs
-        self.rungs = (rungs(epochs=cfg.training.epochs, min_epochs=cfg.sweep.pruner_min_epochs,
-                            factor=cfg.sweep.pruner_factor)
-                      if cfg.sweep.pruner == "asha" else ())
-        counts = None
-        if cfg.sweep.tuning == "private":
-            self.private, counts = self._private_setup()
-        self.plans = study_plans(setup, counts=counts)
+        self.flag = _StopFlag() if flag is None else flag
+        private, counts = (private_tuning(setup, run, quiet=quiet)
+                           if cfg.sweep.tuning == "private" else (None, None))
+        self.context = SweepContext(setup=setup, run=run, private=private,
+                                    plans=tuple(study_plans(setup, counts=counts)))
+        #: The data splits every trial plans and audits with.
         self.data = setup.data_splits()
-        self.rows = {
-            r["trial_id"]: r for r in store.read_results(run.path, allow_empty=True)
-            .to_dict("records")}
-        self.start = time.time()
-        self.best = {}
-        self.bar = None
-        self.bar_counts_records = True
+        self.attempts = attempts
+        #: Trials and after-search jobs this attempt started (0: nothing was left to run).
+        self.ran = 0
+        rows = {r["trial_id"]: r for r in store.read_results(run.path, allow_empty=True)
+                .to_dict("records")}
+        self.progress = SweepProgress(quiet=quiet)  # the attempt's clock starts here
+        self.records = SweepRecords(context=self.context, progress=self.progress,
+                                    attempts=attempts, rows=rows)
+        self.configs = TrialConfigs(
+            context=self.context, data=self.data,
+            rungs=rungs(epochs=cfg.training.epochs, min_epochs=cfg.sweep.pruner_min_epochs,
+                        factor=cfg.sweep.pruner_factor) if cfg.sweep.pruner == "asha" else ())
+        self.after = AfterSearchJobs(context=self.context, configs=self.configs,
+                                     records=self.records, progress=self.progress,
+                                     retry_failed=retry_failed)
+        self.search = SweepSearch(context=self.context, configs=self.configs,
+                                  records=self.records, progress=self.progress,
+                                  retry_failed=retry_failed, baseline=self.after.baseline_job,
+                                  baseline_done=self.after.baseline_done)
+
+    @property
+    def rows(self) -> Mapping[str, dict[str, Any]]:
+        """Trial id -> results row."""
+        return self.records.rows
+
+    def audit_scope(self) -> list[str]:
+        """The trials the sweep's membership audit covers (``AfterSearchJobs.audit_scope``)."""
+        return self.after.audit_scope()
+
+    def audit_again(self, todo: list[str]) -> None:
+        """``dpsweep reaudit``'s audits of ``todo``, under the stop flag."""
+        self.after.audit_again(todo, self.flag)
+
+    def open_studies(self) -> tuple[dict[str, optuna.Study], dict[str, Tally]]:
+        return self.search.open_studies()
+
+    def tune(self, studies: dict[str, optuna.Study], tallies: dict[str, Tally]) -> None:
+        self.ran += self.search.tune(studies, tallies, self.flag)
 
     def finish(self) -> SweepSummary:
         """The after-search jobs, the summary and the report; one line saying how it went."""
-        self.post_sweep()
-        self.write_summary()
-        frame = store.read_results(self.run.path, allow_empty=True)
+        self.ran += self.after.post_sweep(self.flag)
+        self.records.write_summary()
+        run = self.context.run
+        frame = store.read_results(run.path, allow_empty=True)
         report = None
         if len(frame):
-            report = build_report(self.run.path, prepared=prepared_params())
+            report = build_report(run.path, prepared=prepared_params())
         status = frame["status"] if len(frame) else None
         summary = SweepSummary(
-            run_dir=self.run.path, rows=len(frame),
+            run_dir=run.path, rows=len(frame),
             failed=int((status == FAILED).sum()) if status is not None else 0,
             pruned=int((status == PRUNED).sum()) if status is not None else 0,
             failed_audits=failed_audits(frame.to_dict("records")),
-            seconds=time.time() - self.start, report=report)
-        if not self.quiet:
+            seconds=time.time() - self.progress.started, report=report)
+        if not self.progress.quiet:
             print(self._finished_line(summary), flush=True)
         if report is not None:
             print(f"report: {report}", flush=True)
@@ -290,12 +314,12 @@ def _drive(setup: ResolvedSetup, run: RunDir, *, address: str | None, quiet: boo
     flag = _StopFlag()
     with ray_session(setup, run, address=address, quiet=quiet, flag=flag):
         begin_attempt(run, attempts, command=command)  # every check passed: it starts
-        driver = _Driver(setup, run, quiet=quiet, attempts=attempts, retry_failed=retry_failed)
-        driver.flag = flag
+        driver = _Driver(setup, run, quiet=quiet, attempts=attempts, retry_failed=retry_failed,
+                         flag=flag)
         studies, tallies = driver.open_studies()
-        precompute(setup, run=run, plans=[p for p in driver.plans if p.n_trials],
-                   data=driver.data, quiet=quiet, calibration=driver.certified)
-        driver.tune(studies, tallies, flag)
+        precompute(setup, run=run, plans=[p for p in driver.context.plans if p.n_trials],
+                   data=driver.data, quiet=quiet, calibration=driver.context.certified)
+        driver.tune(studies, tallies)
         return driver.finish()
 
 

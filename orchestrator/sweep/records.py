@@ -1,10 +1,11 @@
 """A sweep's records: one results row per trial, written with the trial's files as one step,
 the progress line each finished trial prints, and the summary over every attempt.
 
-``SweepRecords`` is the part of the driver (``orchestrator.sweep.driver._Driver``) that owns
-``rows`` (trial id -> results row, read back from the results store on a resume) and the
-progress shown meanwhile (``bar``, ``best``). A row is written together with the files it points
-to (``RunDir.commit``): after a crash or a full disk, a row never lacks its files.
+``SweepRecords`` is the part of the driver (``orchestrator.sweep.driver._Driver``) that owns the
+rows (trial id -> results row, read back from the results store on a resume): the search and
+the after-search jobs read them and change them only through its methods. A row is written
+together with the files it points to (``RunDir.commit``): after a crash or a full disk, a row
+never lacks its files.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import math
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from core import layout
@@ -23,7 +25,7 @@ from core.records import PrivacyRecord
 from core.vocabulary import OK, PRUNED
 from orchestrator.audit.membership import row_audit_columns
 from orchestrator.release.selection import SELECTED, recorded_choice
-from orchestrator.sweep.state import SweepState
+from orchestrator.sweep.state import SweepContext, SweepProgress
 from orchestrator.sweep.studies import Outcome, StudyPlan
 from orchestrator.sweep.summary import end_attempt, record_retry, retried_trials, summary_bytes
 from orchestrator.sweep.tuning import adaptive_summary
@@ -46,11 +48,28 @@ def failed_audits(rows: Iterable[Mapping[str, Any]]) -> dict[str, str]:
             and r["audit_error"]}
 
 
-class SweepRecords(SweepState):
+class SweepRecords:
     """Rows, trial records, progress lines and the summary of one sweep attempt."""
 
+    def __init__(self, *, context: SweepContext, progress: SweepProgress,
+                 attempts: list[dict[str, Any]], rows: dict[str, dict[str, Any]]) -> None:
+        """``attempts``: every attempt at this sweep, this one last (``summary.begin_attempt``;
+        the caller records how it ended in the same list); ``rows``: the results store's."""
+        self._context = context
+        self._run = context.run
+        self._progress = progress
+        self._attempts = attempts
+        self._rows = rows
+        #: Each study's best validation accuracy so far, for the progress lines.
+        self._best: dict[str, float] = {}
+
+    @property
+    def rows(self) -> Mapping[str, dict[str, Any]]:
+        """Trial id -> results row (read only: rows change through this class's methods)."""
+        return MappingProxyType(self._rows)
+
     def _row(self, plan: StudyPlan, tid: str, outcome: Outcome) -> dict[str, Any]:
-        trial_dir = self.run.trial_dir(tid)
+        trial_dir = self._run.trial_dir(tid)
         if outcome.status == PRUNED:
             return store.pruned_row(trial_id=tid, method=plan.method, record=outcome.metrics,
                                     spec=read_json(trial_dir / layout.SPEC), series=plan.series,
@@ -65,12 +84,12 @@ class SweepRecords(SweepState):
         history = read_json(trial_dir / layout.HISTORY)
         privacy = trial_dir / layout.PRIVACY
         row = store.row_from_trial(
-            run_dir=self.run.path, trial_dir=trial_dir,
+            run_dir=self._run.path, trial_dir=trial_dir,
             checkpoint_dir=trial_dir / layout.CHECKPOINT_DIR, spec=spec,
             privacy=PrivacyRecord.from_dict(read_json(privacy), where=str(privacy)),
             history=history,
             train_seconds=float(outcome.metrics.get("train_seconds", math.nan)),
-            num_classes=self.setup.num_classes, series=plan.series,
+            num_classes=self._context.setup.num_classes, series=plan.series,
             study=plan.name, preset=self._preset(tid))
         audit_file = trial_dir / layout.AUDIT
         if audit_file.is_file():
@@ -84,7 +103,8 @@ class SweepRecords(SweepState):
 
     def _preset(self, tid: str) -> str:
         """Adaptive studies start from the paper preset; private ones have no fixed point."""
-        return PAPER_PRESET if tid.endswith(FIRST_TRIAL_SUFFIX) and self.private is None else ""
+        adaptive = self._context.private is None
+        return PAPER_PRESET if tid.endswith(FIRST_TRIAL_SUFFIX) and adaptive else ""
 
     def record(self, plan: StudyPlan, tid: str, outcome: Outcome, _ot: Any = None) -> None:
         """One finished or failed trial: its row, its files in the manifest, a progress line."""
@@ -96,19 +116,42 @@ class SweepRecords(SweepState):
                                    study=plan.name,
                                    error=f"{outcome.error} ({unread})" if outcome.error
                                    else unread)
-        self.rows[tid] = row
+        self._rows[tid] = row
         self._write(tid)
         self._progress_line(plan, row)
 
+    def reconciled(self, plan: StudyPlan, tid: str, outcome: Outcome) -> None:
+        """A finished trial met by ``studies.reconcile``: recorded, unless its row exists
+        already; then only files a crash of an older dpsweep left out of the manifest are
+        added."""
+        if tid not in self._rows:
+            self.record(plan, tid, outcome)
+            return
+        listed = self._run.manifest.get("files", {})
+        unlisted = [rel for rel in self._run.trial_files(tid) if rel not in listed]
+        if unlisted:
+            self._run.record(unlisted)
+
+    def amend(self, tid: str, columns: Mapping[str, Any]) -> None:
+        """Columns of ``tid``'s row changed (an audit's, a re-run's origin), and written."""
+        self._rows[tid].update(columns)
+        self._write(tid)
+
+    def add(self, tid: str, row: dict[str, Any]) -> None:
+        """A row that is no search trial's (the non-private baseline), written."""
+        self._rows[tid] = row
+        self._write(tid)
+
     def _progress_line(self, plan: StudyPlan, row: dict[str, Any]) -> None:
-        if self.quiet:
+        if self._progress.quiet:
             return
         ok = row["status"] == OK
+        best = self._best
         if ok and not row.get("degenerate"):
-            self.best[plan.name] = max(self.best.get(plan.name, -1.0), row["val_accuracy"])
-        done = sum(r["status"] == OK for r in self.rows.values())
-        pruned = sum(r["status"] == PRUNED for r in self.rows.values())
-        failed = len(self.rows) - done - pruned
+            best[plan.name] = max(best.get(plan.name, -1.0), row["val_accuracy"])
+        done = sum(r["status"] == OK for r in self._rows.values())
+        pruned = sum(r["status"] == PRUNED for r in self._rows.values())
+        failed = len(self._rows) - done - pruned
         if row["status"] == PRUNED:
             what = f"pruned at epoch {row['pruned_at']} (val acc {row['val_accuracy']:.3f})"
         else:
@@ -120,14 +163,9 @@ class SweepRecords(SweepState):
                     if ok else f"FAILED: {row['error']}")
         line = (f"[{plan.name}] {row['trial_id']}: {what} | done {done}, "
                 + (f"pruned {pruned}, " if pruned else "") + f"failed {failed}, "
-                f"best {self.best.get(plan.name, float('nan')):.3f}, "
-                f"elapsed {time.time() - self.start:.0f} s")
-        if self.bar is not None:
-            self.bar.write(line)
-            if self.bar_counts_records:
-                self.bar.update(1)
-        else:
-            print(line, flush=True)
+                f"best {best.get(plan.name, float('nan')):.3f}, "
+                f"elapsed {time.time() - self._progress.started:.0f} s")
+        self._progress.record_line(line)
 
     def retire_failure(self, tid: str, error: str) -> None:
         """A failed trial (or re-run) about to be trained again (``resume --retry-failed``): the
@@ -135,28 +173,28 @@ class SweepRecords(SweepState):
         records out of the manifest and its error record off the disk, in that order, so that
         the retry writes them anew and a resume after a crash at any step finds nothing
         changed. Its results row stays until the retry's replaces it."""
-        record_retry(self.run, self.attempts, trial_id=tid, error=error)
-        self.run.forget(self.run.trial_files(tid))
-        (self.run.trial_dir(tid) / layout.ERROR).unlink(missing_ok=True)
-        if not self.quiet:
+        record_retry(self._run, self._attempts, trial_id=tid, error=error)
+        self._run.forget(self._run.trial_files(tid))
+        (self._run.trial_dir(tid) / layout.ERROR).unlink(missing_ok=True)
+        if not self._progress.quiet:
             print(f"retrying {tid}, which failed: {error}", flush=True)
 
     def _write(self, tid: str) -> None:
         """The results store with ``tid``'s row, and the trial's files, recorded as one step
         (``RunDir.commit``): after a crash or a full disk, a row never lacks its files."""
-        self.run.commit(RESULTS, store.results_bytes(list(self.rows.values())),
-                        also=self.run.trial_files(tid))
+        self._run.commit(RESULTS, store.results_bytes(list(self._rows.values())),
+                         also=self._run.trial_files(tid))
 
     def write_summary(self) -> None:
         """The attempt's end, then summary.json over every attempt; under private tuning with the
         trial it selects, the record ``export``, ``pick``, ``report`` and ``audit`` check the
         noisy scores against (``orchestrator.release.selection``)."""
-        rows = list(self.rows.values())
-        tuning = (adaptive_summary(self.cfg, self.plans, rows,
-                                   retried=retried_trials(self.attempts))
-                  if self.private is None else {
-                      "mode": "private", **self.private.to_dict(),
+        context, rows = self._context, list(self._rows.values())
+        tuning = (adaptive_summary(context.cfg, list(context.plans), rows,
+                                   retried=retried_trials(self._attempts))
+                  if context.private is None else {
+                      "mode": "private", **context.private.plan.to_dict(),
                       SELECTED: recorded_choice(store.frame_of(rows))})
-        end_attempt(self.run, self.attempts, ended="finished")
-        self.run.commit(layout.SUMMARY, summary_bytes(attempts=self.attempts, setup=self.setup,
-                                                      tuning=tuning))
+        end_attempt(self._run, self._attempts, ended="finished")
+        self._run.commit(layout.SUMMARY, summary_bytes(attempts=self._attempts,
+                                                       setup=context.setup, tuning=tuning))

@@ -1,52 +1,107 @@
-"""What the driver of one sweep attempt holds, declared once for the three parts that share it
-(``search.SweepSearch``, ``aftersearch.AfterSearchJobs``, ``records.SweepRecords``); the
-driver (``driver._Driver``) sets every field in its constructor."""
+"""What the parts of one sweep attempt share: the facts none of them changes
+(:class:`SweepContext`) and what the attempt shows while it runs (:class:`SweepProgress`).
+
+The driver (``driver._Driver``) builds both once and hands them to its parts (``search``,
+``aftersearch``, ``records``) in their constructors; each part keeps its own changing state
+(the rows, the rung board, whether the baseline ran) to itself.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Protocol
 
+from core.trial import Calibration
+from orchestrator.accounting.tuning.private import PrivateTuningPlan
 from orchestrator.config import Config
 from orchestrator.rundir import RunDir
-from orchestrator.sweep.signals import _StopFlag
+from orchestrator.sweep.progress import progress
 from orchestrator.sweep.studies import StudyPlan
 from orchestrator.trial.setup import ResolvedSetup
 
 
-class SweepState:
-    """The fields of one sweep attempt."""
+class Bar(Protocol):
+    """What ``progress.progress`` yields (a tqdm bar, or one that shows nothing)."""
 
-    #: The sweep's config, resolved once where the sweep starts, and its plain values
-    #: (``setup.config``).
+    def update(self, n: int = 1) -> object: ...
+
+    def write(self, text: str) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class PrivateTuning:
+    """Private tuning's plan (Papernot & Steinke) and the per-trial calibration it certifies."""
+
+    plan: PrivateTuningPlan
+    certified: Calibration
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepContext:
+    """One attempt's fixed facts: the config resolved once where the sweep starts, the locked
+    run directory, the studies and, under private tuning, its plan."""
+
     setup: ResolvedSetup
-    cfg: Config
     run: RunDir
-    quiet: bool
-    #: Every attempt at this sweep, this one last (``summary.begin_attempt``).
-    attempts: list[dict[str, Any]]
-    #: ``resume --retry-failed``: failed trials and re-runs are trained again (adaptive sweeps;
-    #: ``driver.check_retry`` refuses it under private tuning).
-    retry_failed: bool
-    #: Trials and after-search jobs this attempt started (0: nothing was left to run).
-    ran: int
-    plans: list[StudyPlan]
-    #: The data splits every trial plans and audits with (``setup.data_splits()``).
-    data: Any
-    #: Trial id -> results row, read back from the results store on a resume.
-    rows: dict[str, dict[str, Any]]
-    #: The private-tuning plan and its certified per-trial calibration (None: adaptive).
-    private: Any
-    certified: Any
-    #: The rung board's actor name (``sweep.pruner = 'asha'``), its handle, and the rungs.
-    board: str | None
-    board_handle: Any
-    rungs: tuple[int, ...]
-    #: Whether the baseline ran inside the search (then the after-search phase skips it).
-    baseline_ran: bool
-    flag: _StopFlag
-    #: The progress shown: the bar, each study's best accuracy, when the attempt started, and
-    #: whether a recorded trial advances the bar (not after the search, where the job does).
-    bar: Any
-    best: dict[str, float]
-    start: float
-    bar_counts_records: bool
+    plans: tuple[StudyPlan, ...]
+    #: None: adaptive tuning.
+    private: PrivateTuning | None = None
+
+    @property
+    def cfg(self) -> Config:
+        return self.setup.config
+
+    @property
+    def certified(self) -> Calibration | None:
+        """The certified per-trial calibration under private tuning, else None."""
+        return None if self.private is None else self.private.certified
+
+    def plan_named(self, name: str) -> StudyPlan:
+        return {p.name: p for p in self.plans}[name]
+
+
+class SweepProgress:
+    """The progress bar on screen (the search's, then the after-search jobs') and when the
+    attempt started: a recorded trial's line goes above whichever bar is up."""
+
+    def __init__(self, *, quiet: bool, started: float | None = None) -> None:
+        self.quiet = quiet
+        self.started = time.time() if started is None else started
+        self._bar: Bar | None = None
+        #: Whether a recorded trial advances the bar (the search's; a job advances its own).
+        self._counts_records = True
+
+    @contextmanager
+    def bar(self, *, total: int, desc: str, counts_records: bool) -> Iterator[Bar]:
+        """A bar (``progress.progress``) that the lines of this block are written above."""
+        with progress(total=total, desc=desc, quiet=self.quiet) as bar, \
+                self.showing(bar, counts_records=counts_records):
+            yield bar
+
+    @contextmanager
+    def showing(self, bar: Bar, *, counts_records: bool) -> Iterator[None]:
+        """Lines go above ``bar`` inside the block, printed plainly after it."""
+        self._bar, self._counts_records = bar, counts_records
+        try:
+            yield
+        finally:
+            self._bar, self._counts_records = None, True
+
+    def record_line(self, line: str) -> None:
+        """A recorded trial's line: above the bar (which it advances in the search), else
+        printed."""
+        if self._bar is None:
+            print(line, flush=True)
+            return
+        self._bar.write(line)
+        if self._counts_records:
+            self._bar.update(1)
+
+    def job_line(self, line: str) -> None:
+        """An after-search job's line, shown above a bar only (a job recovered from disk
+        before any bar is up says nothing)."""
+        if not self.quiet and self._bar is not None:
+            self._bar.write(line)
