@@ -25,6 +25,7 @@ from matplotlib.patches import Rectangle
 from matplotlib.ticker import MaxNLocator
 
 from reports.pareto import ACC, ACC_HI, ACC_LO, MIA, MIA_HI, MIA_LO
+from reports.series import Panel
 
 DPI = 100
 INVALID_LABEL = "epsilon claim invalid"
@@ -321,7 +322,7 @@ def privacy_utility(series: Sequence[UtilitySeries], *, baseline: Baseline | Non
     return _save(fig, path, not_covered=True, margins=(0.05, 0.85, 0.16, 0.88), wspace=0.32)
 
 
-# ---- ROC and WW ------------------------------------------------------------------------------
+# ---- ROC and logged series --------------------------------------------------------------------
 @dataclass(frozen=True)
 class RocCurve:
     """A trial's ROC at its peak (layer, attack)."""
@@ -353,48 +354,58 @@ def roc_plot(curves: Sequence[RocCurve], *, title: str, path: Path) -> Path:
 
 
 @dataclass(frozen=True)
-class Trajectory:
-    """A WW-DP-SGD trial's controller log: C_t and zeta^ per probe step."""
+class SeriesTrace:
+    """One trial's logged series (``reports.series.LoggedSeries``) as the figure draws them:
+    per logged key its points (steps, values), and per panel the zone (centre, radius) its
+    parameters give, or None."""
 
     label: str
-    steps: tuple[float, ...]  # step of each zeta entry (the probe steps)
-    clip_steps: tuple[float, ...]  # step of each C entry (C_0 at step 0, then the probes)
-    clip_norm: tuple[float, ...]
-    zeta_hat: tuple[float, ...]
-    zeta: tuple[float, ...]
-    zeta_star: float
-    radius: float
+    points: dict[str, tuple[tuple[float, ...], tuple[float, ...]]]
+    zones: tuple[tuple[float, float] | None, ...]
 
 
-def ww_trajectories(trajectories: Sequence[Trajectory], *, title: str, path: Path) -> Path:
-    """C_t (left) and zeta^ with the raw zeta and the health zone zeta_star +- radius
-    (right), one colour per trial. Released quantities (post-processing): covered."""
-    fig = Figure(figsize=(11.0, 4.5))
-    c_ax, z_ax = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
-    zones: set[tuple[float, float]] = set()
-    for i, traj in enumerate(trajectories):
+#: Width of one panel of a logged-series figure, in inches.
+PANEL_WIDTH = 5.5
+#: Most trials whose lines are named in a legend.
+MAX_LEGEND = 10
+
+
+def logged_series(traces: Sequence[SeriesTrace], panels: Sequence[Panel], *, title: str,
+                  path: Path, covered: bool) -> Path:
+    """One panel per declared :class:`~reports.series.Panel`, one colour per trial: ``held``
+    lines step at each entry, ``faint`` ones are dotted, a zone is a band centre ± radius.
+    ``covered``: the values are released quantities (post-processing)."""
+    fig = Figure(figsize=(PANEL_WIDTH * len(panels), 4.5))
+    axes = [fig.add_subplot(1, len(panels), k + 1) for k in range(len(panels))]
+    zones: list[set[tuple[float, float]]] = [set() for _ in panels]
+    named = len(traces) <= MAX_LEGEND
+    for i, trace in enumerate(traces):
         colour = _PALETTE[i % len(_PALETTE)]
-        label = traj.label if len(trajectories) <= 10 else None
-        if traj.clip_norm:
-            c_ax.plot(traj.clip_steps[:len(traj.clip_norm)], traj.clip_norm, color=colour,
-                      marker=".", linewidth=1.2, drawstyle="steps-post", label=label)
-        if traj.zeta_hat:
-            z_ax.plot(traj.steps[:len(traj.zeta_hat)], traj.zeta_hat, color=colour,
-                      linewidth=1.4, label=label)
-        if traj.zeta:
-            z_ax.plot(traj.steps[:len(traj.zeta)], traj.zeta, color=colour, linewidth=0.8,
-                      linestyle=":", alpha=0.6)
-        if math.isfinite(traj.zeta_star):
-            zones.add((traj.zeta_star, traj.radius))
-    for centre, radius in sorted(zones):
-        z_ax.axhline(centre, color="grey", linestyle="--", linewidth=0.8)
-        if math.isfinite(radius):
-            z_ax.axhspan(centre - radius, centre + radius, color="green", alpha=0.06)
-    c_ax.set(xlabel="step", ylabel="clipping norm C_t", title=f"{title}: clipping norm C_t")
-    z_ax.set(xlabel="step", ylabel="tail exponent",
-             title="zeta^ (solid), raw zeta (dotted), zone zeta* ± radius")
-    for ax in (c_ax, z_ax):
+        label = trace.label if named else None
+        for k, (ax, panel) in enumerate(zip(axes, panels, strict=True)):
+            for line in panel.lines:
+                steps, values = trace.points.get(line.key, ((), ()))
+                if not values:
+                    continue
+                if line.style == "held":
+                    ax.plot(steps, values, color=colour, marker=".", linewidth=1.2,
+                            drawstyle="steps-post", label=label)
+                elif line.style == "faint":
+                    ax.plot(steps, values, color=colour, linewidth=0.8, linestyle=":",
+                            alpha=0.6)
+                else:
+                    ax.plot(steps, values, color=colour, linewidth=1.4, label=label)
+            zone = trace.zones[k]
+            if zone is not None and math.isfinite(zone[0]):
+                zones[k].add(zone)
+    for k, (ax, panel) in enumerate(zip(axes, panels, strict=True)):
+        for centre, radius in sorted(zones[k]):
+            ax.axhline(centre, color="grey", linestyle="--", linewidth=0.8)
+            if math.isfinite(radius):
+                ax.axhspan(centre - radius, centre + radius, color="green", alpha=0.06)
+        ax.set(xlabel="step", ylabel=panel.ylabel,
+               title=f"{title}: {panel.title}" if k == 0 else panel.title)
         ax.grid(True, alpha=0.3)
-    if len(trajectories) <= 10:
-        c_ax.legend(fontsize=7)
-    return _save(fig, path, not_covered=False, margins=(0.07, 0.98, 0.12, 0.9))
+    if named:
+        axes[0].legend(fontsize=7)
+    return _save(fig, path, not_covered=not covered, margins=(0.07, 0.98, 0.12, 0.9))

@@ -60,7 +60,7 @@ COLUMNS: dict[str, Column] = {
     "trial_id": _c("string", "unique id of the trial in the run (<series>-<index>)", True),
     "series": _c("string", "what fronts and reports compare: 'method' or 'method:mode'", True),
     "study": _c("string", "the Optuna study the trial belongs to (series at one target)", True),
-    "method": _c("string", "registered method name (dpsweep, lm_dpsgd, ...)", True),
+    "method": _c("string", "registered method name (trainables/methods/)", True),
     "mode": _c("string", "method mode (where its statistics come from)", True),
     "preset": _c("string", "preset the trial started from ('' = none)", True),
     "status": _c("string", f"'{OK}', '{FAILED}' or '{PRUNED}' (stopped at a rung of the pruner)",
@@ -80,7 +80,7 @@ COLUMNS: dict[str, Column] = {
     "seed": _c("int64", "seed of model initialisation and public-batch order (not the noise)",
                True),
     "lr": _c("float64", "learning rate", True),
-    "clip_norm": _c("float64", "clipping norm C (initial C_0 for ww_dpsgd)", True),
+    "clip_norm": _c("float64", "clipping norm C (the initial C_0 of a method that moves it)", True),
     "momentum": _c("float64", "SGD momentum", True),
     "batch_size": _c("int64", "expected Poisson batch size", True),
     "epochs": _c("int64", "training epochs", True),
@@ -191,7 +191,7 @@ _CONFIG = Stored(True, "fixed before training: configuration, calibration or the
 _ACCOUNTING = Stored(True, "the accountant's calibration and the ledger of the multipliers it "
                            "certified (no data)")
 _ENVIRONMENT = Stored(True, "software versions (no data)")
-_PUBLIC = Stored(True, "computed from the public shadow pool only (lm_dpsgd's stage 1)")
+_PUBLIC = Stored(True, "computed from the public shadow pool only (a method's public stage)")
 _RELEASED = Stored(True, "computed from the weights, which every step released: "
                          "post-processing")
 _PLAN = Stored(True, "the engine's kernel plan and its timings, measured on public examples "

@@ -34,7 +34,12 @@ from reports.html.fronts import (
 )
 from reports.html.overview import glance, header_section, tuning_statement
 from reports.html.records import RunData, load_run, read_records
-from reports.html.training import curves_section, utility_frame, utility_section, ww_section
+from reports.html.training import (
+    curves_section,
+    series_section,
+    utility_frame,
+    utility_section,
+)
 from reports.html.validity import (
     budget_frame,
     budget_section,
@@ -48,6 +53,7 @@ from reports.html.validity import (
     validity_section,
 )
 from reports.pareto import eligible, exclusions, fronts
+from reports.series import LoggedSeries
 
 HTML_FILE = "report.html"
 #: The class of the one line a rebuild changes (the timestamp).
@@ -91,20 +97,31 @@ _SECTIONS = (("run", "Run"), ("tuning", "Privacy cost of tuning"),
              ("excluded", "Kept off the fronts"), ("leakage", "Leakage per series"),
              ("heatmap", "Per-layer × attack MIA"), ("curves", "Validation curves"),
              ("utility", "Privacy-utility"), ("canary", "Epsilon lower bounds"),
-             ("roc", "ROC"), ("ww", "WW-DP-SGD trajectories"), ("budget", "Privacy budget"),
+             ("roc", "ROC"), ("budget", "Privacy budget"),
              ("validity", "DP validity and release safety"), ("pruned", "Pruned trials"),
              ("failed", "Failed trials"),
              ("coverage", "What epsilon covers"), ("files", "Files"))
+#: The section the methods' own series follow (``reports.series``), one section per method.
+_SERIES_AFTER = "roc"
 
 
-def _page(*, title: str, stamp: str, sections: dict[str, str]) -> str:
-    nav = " ".join(f'<a href="#{key}">{esc(name)}</a>' for key, name in _SECTIONS)
+def _section_names(declared: Mapping[str, LoggedSeries]) -> list[tuple[str, str]]:
+    """Every section's id and title, in page order: the fixed ones, and after
+    ``_SERIES_AFTER`` one per method of the run that declares logged series."""
+    at = [key for key, _ in _SECTIONS].index(_SERIES_AFTER) + 1
+    own = [(d.name, f"{d.label} trajectories") for _, d in sorted(declared.items())]
+    return [*_SECTIONS[:at], *own, *_SECTIONS[at:]]
+
+
+def _page(*, title: str, stamp: str, sections: dict[str, str],
+          names: list[tuple[str, str]]) -> str:
+    nav = " ".join(f'<a href="#{key}">{esc(name)}</a>' for key, name in names)
     parts = ["<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
              '<meta name="viewport" content="width=device-width, initial-scale=1">',
              f"<title>{esc(title)}</title>", f"<style>{_CSS}</style>", "</head>", "<body>",
              f"<h1>{esc(title)}</h1>", f'<p class="{STAMP_CLASS}">{esc(stamp)}</p>',
              f"<nav>{nav}</nav>"]
-    for key, name in _SECTIONS:
+    for key, name in names:
         cls = ' class="privacy"' if key == "tuning" else ""
         parts.append(f'<section id="{key}"{cls}><h2>{esc(name)}</h2>\n{sections[key]}\n'
                      "</section>")
@@ -117,14 +134,17 @@ def _write_csv(frame: pd.DataFrame, path: Path) -> Path:
 
 
 def build_report(run_dir: Path, *, num_classes: int | None = None,
-                 prepared: Mapping[str, Collection[str]] | None = None) -> Path:
+                 prepared: Mapping[str, Collection[str]] | None = None,
+                 series: Mapping[str, LoggedSeries] | None = None) -> Path:
     """Build ``run_dir/report/`` (HTML, PNGs, CSVs) from the run's files; return the HTML.
 
     Everything is read and validated first; the report is assembled in a temporary sibling
     directory and swapped in at the end, so bad input writes nothing and a failed build never
     leaves a half-written report or stale figures. ``num_classes`` overrides the dataset's;
     ``prepared`` (per method, its prepared parameters: ``trainables.methods.prepared_params``)
-    keeps those out of the hyperparameter cells.
+    keeps those out of the hyperparameter cells; ``series`` (per method, the per-step series it
+    declares: ``trainables.methods.report_series``) gives each such method of the run its
+    section.
     """
     data = load_run(Path(run_dir), num_classes=num_classes, prepared=prepared)
     run = data.run_dir
@@ -133,7 +153,7 @@ def build_report(run_dir: Path, *, num_classes: int | None = None,
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir()
     try:
-        _build_into(data, out=work)
+        _build_into(data, out=work, series=series or {})
         old = run / f".{layout.REPORT}.old"
         shutil.rmtree(old, ignore_errors=True)
         if final.exists():
@@ -153,7 +173,7 @@ def _files_section(out: Path) -> str:
             + "".join(f'<li><a href="{esc(f)}">{esc(f)}</a></li>' for f in files) + "</ul>")
 
 
-def _build_into(data: RunData, *, out: Path) -> None:
+def _build_into(data: RunData, *, out: Path, series: Mapping[str, LoggedSeries]) -> None:
     """Every figure and CSV into ``out``, then the page that embeds and lists them."""
     info = data.info
     pool = eligible(data.frame, validation_size=info.validation_size)
@@ -185,7 +205,6 @@ def _build_into(data: RunData, *, out: Path) -> None:
         "utility": utility_section(data, utility, out=out, csvs=csvs),
         "canary": canary_section(canary),
         "roc": roc_section(data, front_list=front_list, records=records, out=out, csvs=csvs),
-        "ww": ww_section(data, out=out, csvs=csvs),
         "budget": budget_section(budget),
         "validity": validity_section(validity),
         "pruned": pruned_section(pruned, config=info.config),
@@ -206,10 +225,15 @@ def _build_into(data: RunData, *, out: Path) -> None:
         "mia_layers.csv": mia_layers_frame(data),
         "covered_by_epsilon.csv": coverage_frame(),
     })
+    in_run = set(data.frame["method"])
+    declared = {m: d for m, d in series.items() if m in in_run}
+    sections.update({d.name: series_section(data, d, method=m, out=out, csvs=csvs)
+                     for m, d in declared.items()})
     for name, frame in sorted(csvs.items()):
         _write_csv(frame, out / name)
     sections["files"] = _files_section(out)
     stamp = (f"Generated {_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC')}"
              " from the run directory; rebuild with dpsweep report RUN_DIR.")
     title = f"dpsweep report: {data.run_dir.resolve().name}"
-    atomic_write_text(out / HTML_FILE, _page(title=title, stamp=stamp, sections=sections))
+    atomic_write_text(out / HTML_FILE, _page(title=title, stamp=stamp, sections=sections,
+                                             names=_section_names(declared)))

@@ -1,5 +1,6 @@
 """How training went: validation curves of the front trials, privacy-utility across targets
-(best configuration and its re-runs), and WW-DP-SGD's clipping-norm trajectories.
+(best configuration and its re-runs), and the per-step series each method declares
+(``reports.series``: WW-DP-SGD's clipping norm and tail exponent, for one).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from reports.html.fmt import (
 from reports.html.fronts import baseline_point, front_trials_at
 from reports.html.records import Records, RunData, as_float
 from reports.pareto import ACC, MIA, Front, natural_key, sort_trials
+from reports.series import LoggedSeries, SummaryColumn
 
 #: Most curves in one validation-curve figure (further ones are in the CSV).
 MAX_CURVES = 14
@@ -140,54 +142,78 @@ def utility_section(data: RunData, utility: pd.DataFrame, *, out: Path,
                           th("peak MIA accuracy", MIA)], rows))
 
 
-def _series_values(traj: dict[str, Any], key: str) -> tuple[float, ...]:
-    """One logged trajectory (the keys ww_dpsgd's ``trajectories`` writes); () when absent."""
+def _logged(traj: dict[str, Any], key: str) -> tuple[float, ...]:
+    """One logged series of a trial (a key of its method's ``trajectories``); () when
+    absent."""
     values = traj.get(key)
     return tuple(as_float(v) for v in values) if isinstance(values, list) else ()
 
 
-def ww_section(data: RunData, *, out: Path, csvs: dict[str, pd.DataFrame]) -> str:
-    ww = data.dp[data.dp["method"] == "ww_dpsgd"]
-    trajs, rows, records = [], [], []
-    for _, r in ww.iterrows():
-        traj = data.parsed[r["trial_id"]]["trajectories"]
-        params = data.parsed[r["trial_id"]]["method_params"]
-        clip = _series_values(traj, "clip_norm")
-        zeta_hat = _series_values(traj, "zeta_hat")
-        if not clip and not zeta_hat:
+def _points(steps: tuple[float, ...], values: tuple[float, ...],
+            start: float) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """A line's points; with a finite ``start``, that value from step 0 until the first
+    entry."""
+    if values and math.isfinite(start) and len(steps) >= len(values):
+        return (0.0, *steps[:len(values)]), (start, *values)
+    return steps[:len(values)], values
+
+
+def _summary_cell(column: SummaryColumn, values: tuple[float, ...], start: float) -> str:
+    if column.stat == "start":
+        return num_text(start, column.digits)
+    if not values:
+        return "—"
+    if column.stat == "last":
+        return num_text(values[-1], column.digits)
+    if column.stat == "range":
+        return f"{num_text(min(values), column.digits)} – {num_text(max(values), column.digits)}"
+    return str(sum(1 for v in values if v and v == v))  # hits: set entries, NaN left out
+
+
+def series_section(data: RunData, declared: LoggedSeries, *, method: str, out: Path,
+                   csvs: dict[str, pd.DataFrame]) -> str:
+    """The per-step series ``method`` declares (``reports.series``) of its finished trials: a
+    figure, the values as a CSV and a summary row per trial."""
+    trials = data.dp[data.dp["method"] == method]
+    starts = {line.key: line.start for panel in declared.panels for line in panel.lines}
+    drawn = [line.key for panel in declared.panels for line in panel.lines
+             if line.style != "faint"]
+    traces, rows, records = [], [], []
+    for _, r in trials.iterrows():
+        parsed = data.parsed[r["trial_id"]]
+        traj, params = parsed["trajectories"], parsed["method_params"]
+        logged = {key: _logged(traj, key)
+                  for key in (*declared.keys, *(c.key for c in declared.columns))}
+        if not any(logged[key] for key in drawn):
             continue
-        n = max(len(clip), len(zeta_hat))
-        steps = _series_values(traj, "step") or tuple(float(i + 1) for i in range(n))
-        c0 = float(r["clip_norm"])
-        if clip and math.isfinite(c0) and len(steps) >= len(clip):
-            c_steps, clip_line = (0.0, *steps[:len(clip)]), (c0, *clip)  # C_0 until the probe
-        else:
-            c_steps, clip_line = steps, clip
-        zeta = _series_values(traj, "zeta")
-        trajs.append(plots.Trajectory(
-            label=f"{r['trial_id']} (ε {r['target_epsilon']:g})", steps=steps,
-            clip_steps=c_steps, clip_norm=clip_line, zeta_hat=zeta_hat, zeta=zeta,
-            zeta_star=as_float(params.get("zeta_star")), radius=as_float(params.get("radius"))))
+        n = max(len(logged[key]) for key in drawn)
+        steps = _logged(traj, declared.step_key) or tuple(float(i + 1) for i in range(n))
+        start = {key: as_float(r[column]) if column else math.nan
+                 for key, column in starts.items()}
+        traces.append(plots.SeriesTrace(
+            label=f"{r['trial_id']} (ε {r['target_epsilon']:g})",
+            points={key: _points(steps, logged[key], start[key]) for key in declared.keys},
+            zones=tuple(None if p.zone is None else (as_float(params.get(p.zone.centre)),
+                                                     as_float(params.get(p.zone.radius)))
+                        for p in declared.panels)))
         for k in range(n):
             records.append({"trial_id": r["trial_id"], "target_epsilon": r["target_epsilon"],
                             "step": steps[k] if k < len(steps) else math.nan,
-                            "clip_norm": clip[k] if k < len(clip) else math.nan,
-                            "zeta_hat": zeta_hat[k] if k < len(zeta_hat) else math.nan,
-                            "zeta": zeta[k] if k < len(zeta) else math.nan})
-        clamp = _series_values(traj, "clamp")
+                            **{key: logged[key][k] if k < len(logged[key]) else math.nan
+                               for key in declared.keys}})
         rows.append([esc(r["trial_id"]), num_text(r["target_epsilon"], 3), str(n),
-                     num_text(r["clip_norm"]), num_text(clip[-1]) if clip else "—",
-                     f"{num_text(min(clip))} – {num_text(max(clip))}" if clip else "—",
-                     num_text(zeta_hat[-1], 3) if zeta_hat else "—",
-                     str(sum(1 for c in clamp if c and c == c)) if clamp else "—"])
-    if not trajs:
-        return note_html("No WW-DP-SGD trajectories (no finished ww_dpsgd trial logged C_t).")
-    targets = [t for t in data.info.targets if t in set(ww["target_epsilon"])]
-    png = plots.ww_trajectories(trajs, title=f"WW-DP-SGD, {plots.eps_text(targets)}",
-                                path=out / "ww_trajectories.png")
-    csvs["ww_trajectories.csv"] = pd.DataFrame(records)
-    return (figure_html(png, "WW-DP-SGD clipping norm and tail exponent trajectories", covered=True)
-            + "<p>Computed from the released noisy updates (post-processing): covered by "
-              "epsilon.</p>"
-            + table_html([th("trial"), th("target eps"), th("probes"), th("C_0"), th("final C"),
-                          th("C range"), th("final zeta^"), th("clamp hits")], rows))
+                     *(_summary_cell(c, logged[c.key], start.get(c.key, math.nan))
+                       for c in declared.columns)])
+    if not traces:
+        return note_html(f"No {esc(declared.label)} trajectories (no finished trial of the "
+                         f"method logged {esc(', '.join(drawn))}).")
+    targets = [t for t in data.info.targets if t in set(trials["target_epsilon"])]
+    covered = bool(declared.covered_note)
+    png = plots.logged_series(traces, declared.panels,
+                              title=f"{declared.label}, {plots.eps_text(targets)}",
+                              path=out / f"{declared.name}.png", covered=covered)
+    csvs[f"{declared.name}.csv"] = pd.DataFrame(records)
+    return (figure_html(png, declared.caption, covered=covered)
+            + (f"<p>{esc(declared.covered_note)}</p>" if covered else "")
+            + table_html([th("trial"), th("target eps"), th(declared.count_label),
+                          *(th(c.label) for c in declared.columns)], rows))

@@ -20,6 +20,7 @@ from core.errors import UserInputError
 from core.modes import Mode
 from core.params import Param, ParamSet, ValidatedParams
 from core.schedule import Schedule
+from reports.series import LoggedSeries
 
 # ---- hyperparameters every SGD-family method shares -------------------------------------------
 LR = Param("lr", 0.5, "learning rate", low=0.0, low_open=True, high=100.0, log=True)
@@ -69,6 +70,9 @@ class MethodContract:
     #: Fewest trained layers the method can work with (a model with fewer is refused for it
     #: at config validation, where the config names the method).
     min_trained_layers: ClassVar[int] = 1
+    #: The per-step series ``trajectories()`` logs, as the report shows them (None: it logs
+    #: none); the report knows no method by name.
+    report_series: ClassVar[LoggedSeries | None] = None
 
     # ---- derived from the declaration --------------------------------------------------------
     @classmethod

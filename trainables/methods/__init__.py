@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import TypeVar
 
 from core.errors import UserInputError
+from reports.series import LoggedSeries
 from trainables.dp.step import DPStep
 
 METHODS: dict[str, type[DPStep]] = {}
@@ -75,6 +76,14 @@ def prepared_params() -> dict[str, tuple[str, ...]]:
     """Per method, its prepared parameters (``ParamSet.prepared``), for the report: it sits
     below trainables, so its caller reads the declarations for it."""
     return {name: cls.declaration().prepared() for name, cls in sorted(METHODS.items())}
+
+
+def report_series() -> dict[str, LoggedSeries]:
+    """Per method that logs per-step series, how the report shows them
+    (``MethodContract.report_series``): the report sits below trainables, so its caller reads
+    the declarations for it."""
+    return {name: cls.report_series for name, cls in sorted(METHODS.items())
+            if cls.report_series is not None}
 
 
 def _import_all() -> None:

@@ -46,6 +46,7 @@ from core.errors import UserInputError
 from core.lazy import lazy_module
 from core.modes import Mode, Source
 from core.params import Constraint, Param, ParamSet
+from reports.series import LoggedSeries, Panel, SeriesLine, SummaryColumn, Zone
 from trainables.dp.contract import CLIP, LR, MOMENTUM
 from trainables.dp.spectral import KS_MIN_EIGS, MIN_TAIL, TOP_K_FRACTION, weight_tail_exponent
 from trainables.dp.step import DPStep
@@ -145,6 +146,25 @@ class WWDPSGD(DPStep):
         ),
     )
     fast_lifecycle: ClassVar[dict[str, Any]] = {"K": 3, "kappa": 0.5}
+    #: The controller's log (``trajectories``), on the report: C_t from C_0 (the results
+    #: store's ``clip_norm``) and zeta^ against the health zone.
+    report_series: ClassVar[LoggedSeries | None] = LoggedSeries(
+        label="WW-DP-SGD", name="ww_trajectories",
+        caption="WW-DP-SGD clipping norm and tail exponent trajectories",
+        panels=(Panel(title="clipping norm C_t", ylabel="clipping norm C_t",
+                      lines=(SeriesLine("clip_norm", style="held", start="clip_norm"),)),
+                Panel(title="zeta^ (solid), raw zeta (dotted), zone zeta* ± radius",
+                      ylabel="tail exponent",
+                      lines=(SeriesLine("zeta_hat"), SeriesLine("zeta", style="faint")),
+                      zone=Zone(centre="zeta_star", radius="radius"))),
+        columns=(SummaryColumn("clip_norm", "C_0", "start"),
+                 SummaryColumn("clip_norm", "final C", "last"),
+                 SummaryColumn("clip_norm", "C range", "range"),
+                 SummaryColumn("zeta_hat", "final zeta^", "last", digits=3),
+                 SummaryColumn("clamp", "clamp hits", "hits")),
+        covered_note="Computed from the released noisy updates (post-processing): covered by "
+                     "epsilon.",
+        count_label="probes")
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+import torch  # noqa: F401  (the methods' torch is lazy: matplotlib would import it in a test)
 
 from bench.synthetic_run import (
     INVALID_REASON,
@@ -24,6 +25,7 @@ from reports.html import build_report
 from reports.html.fmt import hyperparameters_text
 from reports.html.overview import when_text
 from reports.pareto import KIND_ALL, KIND_VALID, front_name
+from trainables.methods import report_series
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +35,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def built(run_dir: Path) -> Path:
-    return build_report(run_dir)
+    return build_report(run_dir, series=report_series())
 
 
 def _without_stamp(text: str) -> str:
@@ -124,7 +126,7 @@ def test_rebuild_is_identical_but_for_the_stamp(run_dir: Path, built: Path) -> N
     out = built.parent
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.name != report_html.HTML_FILE}
     html_before = built.read_text()
-    again = build_report(run_dir)
+    again = build_report(run_dir, series=report_series())
     after = {p.name: p.read_bytes() for p in out.iterdir() if p.name != report_html.HTML_FILE}
     assert before == after  # CSVs and PNGs byte for byte
     assert _without_stamp(html_before) == _without_stamp(again.read_text())
@@ -140,7 +142,7 @@ def test_old_run_without_summary_or_audit_still_builds(tmp_path: Path) -> None:
         rows[:] = [r for r in rows if r["trial_id"] in keep]
 
     run = make_run(tmp_path, audited=False, summary=False, rows_hook=few)
-    page = build_report(run).read_text()
+    page = build_report(run, series=report_series()).read_text()
     assert "No front: no finished, audited, non-degenerate DP trial" in page
     assert "summary.json absent" in page
     assert "Adaptive hyperparameter search over private metrics is not covered" in page
