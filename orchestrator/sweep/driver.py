@@ -66,7 +66,7 @@ from orchestrator.trial.pruning import rungs
 from orchestrator.trial.setup import ResolvedSetup
 from reports import store
 from reports.html import build_report
-from trainables.methods import prepared_params
+from trainables.methods import prepared_params, report_series
 
 
 @dataclasses.dataclass
@@ -178,7 +178,8 @@ class _Driver:
         frame = store.read_results(run.path, allow_empty=True)
         report = None
         if len(frame):
-            report = build_report(run.path, prepared=prepared_params())
+            report = build_report(run.path, prepared=prepared_params(),
+                                  series=report_series())
         status = frame["status"] if len(frame) else None
         summary = SweepSummary(
             run_dir=run.path, rows=len(frame),
