@@ -170,6 +170,8 @@ def cmd_config(args: argparse.Namespace, setup: ModuleType) -> int:
         checked = door.check_file(args.check, data=True)
         where = checked.data_location
         print(f"{args.check}: valid; {checked.config.data.dataset} data: {where}")
+        if checked.left_out_line():
+            print(checked.left_out_line())
         return 0
     print(config_mod.describe())
     return 0

@@ -136,20 +136,17 @@ def check_settings(setup: ResolvedSetup) -> None:
     layers, sizes = setup.num_layers, setup.split_sizes
     checks = [(cfg.training.method, setup.trial_params())]  # the single-trial method, too
     checks += [(method, setup.trial_params(method, mode=mode)) for method, mode in series]
-    # a method the config names (the single-trial one, or one listed in sweep.methods) needs
-    # enough trained layers; with the implicit "every registered method" a method that cannot
-    # run on this model is left to fail in its trials, with its reason
-    named = {cfg.training.method, *((m for m, _ in series) if cfg.sweep.methods else ())}
+    # the single-trial method and every series need enough trained layers (a sweep that names
+    # no method has left out those this model cannot train: ResolvedSetup.left_out)
     for method, params in checks:
         need = METHODS[method].min_trained_layers
-        if method in named and layers < need:
+        if layers < need:
             raise UserInputError(
                 field="method", value=method,
                 allowed=f"a model with at least {need} trained layers ({method}: "
                         f"{METHODS[method].summary.split(' (')[0]}); this model has "
                         f"{layers}: choose another method")
-        if layers >= need:
-            METHODS[method].check_setting(params, num_layers=layers, sizes=sizes)
+        METHODS[method].check_setting(params, num_layers=layers, sizes=sizes)
     swept = sorted({m for m, _ in series})
     check_overrides(cfg.search, methods=[m for m, _ in series],
                     fixed={m: setup.fixed_keys(m) for m in swept},

@@ -114,6 +114,8 @@ def run(args: argparse.Namespace, *, setup: CheckedSetup) -> int:
     """``dpsweep run CONFIG``; ``setup`` is CONFIG through the door, checked by the command
     line before this module (and Ray and Optuna with it) was imported."""
     out = out_dir(args, stem=Path(args.config).stem)
+    if setup.left_out_line() and not args.quiet:
+        print(setup.left_out_line(), flush=True)
     return sweep(lambda: run_sweep(setup, run_dir=out, address=args.address, quiet=args.quiet))
 
 

@@ -54,9 +54,28 @@ class ResolvedSetup:
 
     # ---- the methods: series, parameters, and the checks against their declarations -------
     def series(self) -> list[tuple[str, str]]:
-        """The sweep's (method, mode) series, in order."""
-        names = self.config.sweep.methods or list(METHODS)
+        """The sweep's (method, mode) series, in order: ``sweep.methods``, or every registered
+        method this model can train, in its default mode (:attr:`left_out` says which not)."""
+        names = self.config.sweep.methods or [n for n in METHODS if n not in self.left_out]
         return [parse_series(n) for n in names]
+
+    @functools.cached_property
+    def left_out(self) -> dict[str, str]:
+        """The registered methods a sweep that names none leaves out, each with why: it needs
+        more trained layers than this model has (a frozen backbone's head: one)."""
+        if self.config.sweep.methods:
+            return {}
+        layers = self.num_layers
+        return {name: f"needs at least {cls.min_trained_layers} trained layers, the model has "
+                      f"{layers}" for name, cls in METHODS.items()
+                if cls.min_trained_layers > layers}
+
+    def left_out_line(self) -> str:
+        """One line on :attr:`left_out` for ``config --check`` and ``run`` ("" when none)."""
+        if not self.left_out:
+            return ""
+        return "sweep.methods is empty, so every method this model can train: " + "; ".join(
+            f"{name} left out ({why})" for name, why in self.left_out.items())
 
     def given_params(self, method: str) -> dict[str, Any]:
         """What the config sets for ``method``: flat keys it declares, then its own table."""

@@ -25,10 +25,12 @@ from tests.contract.test_bad_input import (
     Ctx,
     Runs,
     _Reached,
+    _user,
     guarded,  # noqa: F401  (a fixture)
     runs,  # noqa: F401  (a fixture)
     snapshot,
 )
+from trainables.methods import METHODS
 
 #: The verbs whose CONFIG goes through the door, and the API call that takes the same config.
 CONFIG_VERBS = ("config", "run", "train")
@@ -114,3 +116,18 @@ def test_a_config_changed_after_the_door_is_checked_again(tmp_path: Path) -> Non
         api.run(bad, out=tmp_path / "out")
     assert exc.value.field == "privacy.delta"
     assert not (tmp_path / "out").exists()
+
+
+def test_a_sweep_that_names_no_method_leaves_out_those_the_model_cannot_train(
+        runs: Runs, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811
+    """A frozen backbone's head is one trained layer: the default "every method" sweep runs
+    each method that can train it and says which it leaves out, rather than queue trials of
+    layer freezing that can only fail."""
+    ctx = Ctx(tmp=tmp_path, runs=runs, monkeypatch=pytest.MonkeyPatch())
+    argv = _user("frozen_body")(ctx)
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "dpsgd_lf left out (needs at least 2 trained layers, the model has 1)" in out
+    setup = door.check_file(argv[-1])
+    assert [m for m, _ in setup.series()] == [m for m in METHODS if m != "dpsgd_lf"]
+    assert list(setup.left_out) == ["dpsgd_lf"]
