@@ -101,10 +101,12 @@ def test_the_cli_writes_a_partial_run_without_touching_the_docs(
     import bench.harness
 
     monkeypatch.setattr(bench.harness, "RESULTS_DIR", tmp_path)
+    monkeypatch.setattr(sm, "_commit", lambda: "abc")  # git's process: a unit test starts none
     doc = (docgen.ROOT / docgen.STOCK_DOC).read_text()
     sm.main(["--models", "gru", "--rounds", "1", "--batch", "4", "--threads", "1"])
     payload = json.loads((tmp_path / f"{sm.PARTIAL_RESULTS}.json").read_text())
     assert payload["order"] == list(payload["models"]) == ["gru"] and payload["rounds"] == 1
+    assert payload["commit"] == "abc"
     assert payload["models"]["gru"]["input"] == "token ids [4, 32] int64"
     assert (docgen.ROOT / docgen.STOCK_DOC).read_text() == doc
     assert "| `gru` |" in docgen.stock_speed_markdown(payload)

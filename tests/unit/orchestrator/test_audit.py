@@ -2,14 +2,15 @@
 statistics, the Holm-corrected peak over distinct attacks only, a leak found on an overfit model
 and none on a model that never saw the candidates, the row columns, split sizes refused before
 any trial runs, the per-candidate scores file and the re-analysis script that reproduces the
-record from it, and references reused from the run's cache with progress lines."""
+record from it (its ``main``, in this process), and references reused from the run's cache with
+progress lines."""
 
 from __future__ import annotations
 
 import json
 import math
+import runpy
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -273,15 +274,27 @@ def test_the_scores_file_holds_every_candidate_as_the_statistics_saw_it(
         assert auc == pytest.approx(e["auc"], abs=1e-12), (e["layer"], e["attack"])
 
 
-def test_the_reanalysis_script_reproduces_the_record(leaky: tuple[LayeredModel, dict],
-                                                     audit_run: Path, tmp_path: Path) -> None:
+def _reanalyse(argv: list[str], capsys: pytest.CaptureFixture[str],
+               monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]:
+    """docs/reanalyse_audit.py's ``main`` run in this process (a unit test starts no process;
+    the script is numpy and pandas only): its exit code, stdout and stderr."""
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the script prepends the repository
+    main = runpy.run_path(str(ROOT / "docs" / "reanalyse_audit.py"))["main"]
+    capsys.readouterr()
+    rc = main(argv)
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_the_reanalysis_script_reproduces_the_record(
+        leaky: tuple[LayeredModel, dict], audit_run: Path, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     _, record = leaky
-    script = ROOT / "docs" / "reanalyse_audit.py"
     table_csv = tmp_path / "table.csv"
-    done = subprocess.run([sys.executable, str(script), str(audit_run), "leaky", "--csv",
-                           str(table_csv)], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "44 layer x attack entries" in done.stdout and "reproduced to 1e-09" in done.stdout
+    rc, out, err = _reanalyse([str(audit_run), "leaky", "--csv", str(table_csv)], capsys,
+                              monkeypatch)
+    assert rc == 0, out + err
+    assert "44 layer x attack entries" in out and "reproduced to 1e-09" in out
     table = pd.read_csv(table_csv)
     assert len(table) == len(record["attacks"])
     for column in ("auc", "tpr_at_1pct_fpr", "accuracy"):
@@ -295,9 +308,8 @@ def test_the_reanalysis_script_reproduces_the_record(leaky: tuple[LayeredModel, 
     stored = _stored(audit_run, "leaky")
     stored["scores"][0, 0] += 1.0
     np.savez_compressed(forged / AUDIT_SCORES, **stored)
-    refused = subprocess.run([sys.executable, str(script), str(audit_run), "forged"],
-                             capture_output=True, text=True, timeout=300)
-    assert refused.returncode == 2 and "SHA-256" in refused.stderr
+    rc, _, err = _reanalyse([str(audit_run), "forged"], capsys, monkeypatch)
+    assert rc == 2 and "SHA-256" in err
 
 
 def test_references_are_reused_from_the_run_cache_with_progress(

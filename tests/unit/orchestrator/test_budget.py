@@ -12,9 +12,6 @@ import itertools
 import json
 import logging
 import math
-import os
-import subprocess
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -38,7 +35,7 @@ from core.schedule import Phase, Schedule
 from core.trial import Calibration, EpsilonBounds
 from orchestrator.accounting import cache as budget_cache
 from orchestrator.accounting import calibration as curves
-from orchestrator.accounting import sandbox, search
+from orchestrator.accounting import search
 from orchestrator.accounting.cache import default_cache_dir
 from orchestrator.accounting.calibration import calibrate, epsilon_curve
 from orchestrator.accounting.certificate import WINDOW
@@ -51,18 +48,10 @@ from orchestrator.accounting.verify import (
     verify_calibration,
 )
 
-REPO = Path(__file__).resolve().parents[3]
 Q, T, DELTA = 0.004267, 2344, 1e-5
 #: sigma of the acceptance question whose fine PRV upper bound is the window's centre, found by
 #: bisection on prv_epsilon (eps_error 0.006): printed rounded up, it reads 0.6952.
 CENTRE_SIGMA = 0.695173
-
-
-def _python(code: str, *, timeout: float) -> subprocess.CompletedProcess[str]:
-    """``code`` in a fresh interpreter on this checkout (what a CLI user or a child sees)."""
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-                          timeout=timeout)
 
 
 # A cheap question (a fraction of a second of PRV) for tests that need fresh calibrations.
@@ -99,25 +88,6 @@ def test_acceptance_numbers(acceptance: Calibration) -> None:
     assert cal.schedule == Schedule.constant(noise_multiplier=cal.scale, steps=T)
     assert cal.steps == T and cal.eps_error == pytest.approx(0.006)
     assert cal.seconds > 0
-
-
-def test_acceptance_command_is_light_and_rounds_safely() -> None:
-    """The CLI's numbers, and what it imports: no torch, opacus, prv_accountant, dp_accounting."""
-    code = ("import sys\nfrom orchestrator.cli import main\n"
-            "rc = main(['budget', '--epsilon', '3', '--delta', '1e-5', '--sample-rate', "
-            "'0.004267', '--steps', '2344'])\n"
-            "heavy = [m for m in ('torch', 'opacus', 'prv_accountant', 'dp_accounting', "
-            "'scipy.stats') if m in sys.modules]\n"
-            "print('heavy:', heavy)\nraise SystemExit(rc)\n")
-    r = _python(code, timeout=300)
-    assert r.returncode == 0, r.stderr
-    lines = dict(line.split(":", 1) for line in r.stdout.splitlines())
-    assert lines["heavy"].strip() == "[]"
-    assert lines["sigma (noise multiplier)"].strip() == "0.6952"  # 0.695173 rounded up
-    # the printed text (one rounding of one computation), not floats from two code paths
-    assert lines["epsilon upper"].split()[0] == "2.9851"  # 2.985023 rounded up
-    assert lines["epsilon lower"].strip() == "2.9724"  # 2.972479 rounded down
-    assert lines["accountant"].strip() == "prv"
 
 
 def test_float64_grid_matches_prv_accountant() -> None:
@@ -315,84 +285,6 @@ def test_decaying_schedule(cache: Path) -> None:
     verify_calibration(cal)  # the heterogeneous schedule passes the independent check too
 
 
-def test_timeout_falls_back_to_rdp(tmp_path: Path) -> None:
-    cal = calibrate(target_epsilon=3, delta=DELTA, sample_rate=Q, steps=T, timeout_s=0.01,
-                    cache_dir=tmp_path)
-    assert cal.accountant == "rdp" and cal.bounds.accountant == "rdp"
-    assert cal.fallback_reason is not None
-    assert "did not finish within 0.01 s" in cal.fallback_reason
-    assert cal.bounds.lower is None and cal.bounds.estimate is None
-    assert 2.97 <= cal.bounds.upper <= 3.0
-    assert rdp_epsilon(schedule=cal.schedule, sample_rate=Q, delta=DELTA).upper == cal.bounds.upper
-    assert cal.noise_multiplier > 0.705  # RDP is looser, so it asks for more noise
-    curve = epsilon_curve(cal, at_steps=[1000, T])
-    assert [b.accountant for b in curve] == ["rdp", "rdp"]
-    assert curve[0].upper < curve[1].upper == cal.bounds.upper
-    # The same question with the same time bound is answered from the (verified) cache.
-    budget_cache._VERIFIED.clear()
-    assert calibrate(target_epsilon=3, delta=DELTA, sample_rate=Q, steps=T, timeout_s=0.01,
-                     cache_dir=tmp_path).cached
-
-
-def test_cached_timeout_is_retried_with_more_time(tmp_path: Path) -> None:
-    assert calibrate(**CHEAP, timeout_s=0.01, cache_dir=tmp_path).accountant == "rdp"
-    retried = calibrate(**CHEAP, cache_dir=tmp_path)
-    assert retried.accountant == "prv" and not retried.cached
-    assert calibrate(**CHEAP, timeout_s=0.01, cache_dir=tmp_path).accountant == "prv"
-
-
-def test_child_interpreters_are_reused_and_one_past_its_bound_is_killed(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With threads (the sweep's budget lanes, here numpy's BLAS pool), each PRV job goes to a
-    fresh interpreter. Inside ``keep_interpreters`` (the sweep's precompute) it is kept for the
-    next job (its start costs more than a job); one that outlives its time bound is killed,
-    never reused; on leaving, none is left. Outside, none is kept."""
-    monkeypatch.setattr(sandbox, "_start_method", lambda: "subprocess")
-    calibrate(**{**CHEAP, "target_epsilon": 1.8}, cache_dir=tmp_path / "z")
-    assert sandbox._IDLE == []
-    with sandbox.keep_interpreters():
-        first = calibrate(**CHEAP, cache_dir=tmp_path / "a")
-        assert first.accountant == "prv"
-        assert len(sandbox._IDLE) == 1
-        kept = sandbox._IDLE[0].proc
-        second = calibrate(**{**CHEAP, "target_epsilon": 2.5}, cache_dir=tmp_path / "a")
-        assert second.accountant == "prv" and not second.cached
-        assert [c.proc for c in sandbox._IDLE] == [kept] and kept.poll() is None
-        slow = calibrate(**{**CHEAP, "target_epsilon": 1.5}, timeout_s=0.01,
-                         cache_dir=tmp_path / "b")
-        assert slow.accountant == "rdp" and "did not finish within" in (slow.fallback_reason
-                                                                        or "")
-        assert kept.poll() is not None  # the one that took the job past its bound is gone
-        assert sandbox._IDLE == []
-        after = calibrate(**{**CHEAP, "target_epsilon": 1.5}, cache_dir=tmp_path / "c")
-        assert after.accountant == "prv"
-        last = sandbox._IDLE[0].proc
-        assert last is not kept
-    assert sandbox._IDLE == [] and last.poll() is not None
-
-
-def test_a_child_interpreter_exits_with_its_parent() -> None:
-    code = ("import json; from orchestrator.accounting import sandbox; "
-            "keep = sandbox.keep_interpreters(); keep.__enter__(); "
-            "r = sandbox._prv_in_subprocess({'multipliers': [1.0], 'steps': [250], "
-            "'sample_rate': 0.02, 'delta': 1e-5, 'target': 2.0, 'eps_error': 0.06}, 60); "
-            "print(json.dumps([r.result is not None, sandbox._IDLE[0].proc.pid]))")
-    r = _python(code, timeout=120)
-    answered, pid = json.loads(r.stdout.strip().splitlines()[-1])
-    assert answered, r.stderr[-2000:]
-
-    def alive() -> bool:  # a zombie waiting to be reaped has exited
-        try:
-            return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
-        except OSError:
-            return False
-
-    deadline = time.monotonic() + 10
-    while alive() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not alive()
-
-
 def test_a_curve_asked_again_is_looked_up_not_recomposed(
         acceptance: Calibration, monkeypatch: pytest.MonkeyPatch) -> None:
     """The driver asks for the same schedule's curve once per trial."""
@@ -514,15 +406,6 @@ def test_default_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> N
     assert default_cache_dir() == Path.home() / ".cache" / "dpsweep" / "budget"
 
 
-def test_start_method() -> None:
-    import numpy  # noqa: F401  (its BLAS pool is a second thread)
-
-    assert sandbox._start_method() == "subprocess"
-    code = "from orchestrator.accounting import sandbox; print(sandbox._start_method())"
-    r = _python(code, timeout=60)
-    assert r.stdout.strip() == "fork", r.stderr
-
-
 GOOD: dict[str, Any] = {"target_epsilon": 3.0, "delta": DELTA, "sample_rate": Q, "steps": T}
 
 
@@ -554,12 +437,16 @@ GOOD: dict[str, Any] = {"target_epsilon": 3.0, "delta": DELTA, "sample_rate": Q,
         ({"timeout_s": math.nan}, "timeout_s"),
     ],
 )
-def test_bad_calibrate_inputs(change: dict[str, Any], field: str, tmp_path: Path) -> None:
-    t0 = time.perf_counter()
+def test_bad_calibrate_inputs(change: dict[str, Any], field: str, tmp_path: Path,
+                              monkeypatch: pytest.MonkeyPatch) -> None:
+    def accounted(*_a: object, **_k: object) -> None:
+        raise AssertionError("the accountant ran: not validated before any accounting")
+
+    for name in ("prv_in_child", "rdp_calibrate", "lookup"):  # no wall clock: no load matters
+        monkeypatch.setattr(curves, name, accounted)
     with pytest.raises(UserInputError) as info:
         calibrate(**{**GOOD, **change}, cache_dir=tmp_path)
     assert info.value.field == field
-    assert time.perf_counter() - t0 < 0.5  # validated before any accounting
     assert not list(tmp_path.iterdir())
 
 

@@ -528,31 +528,3 @@ def test_check_available_refuses_what_would_be_downloaded(
     assert info.value.field == "data.dataset"
 
 
-def test_a_pool_shared_by_the_driver_serves_the_splits_without_reading_the_data() -> None:
-    """A sweep's workers get the driver's pool through Ray's object store: their splits are cut
-    from it (same seeds, same indices) and scikit-learn is never imported for them."""
-    import subprocess
-    import sys
-
-    code = """
-import sys
-import numpy as np
-from trainables.data import splits as data
-n = 1797
-pool = data.RawPool(x=(np.arange(n) % 251).astype(np.uint8).reshape(n, 1, 1, 1).repeat(64, 1)
-                    .reshape(n, 1, 8, 8), y=(np.arange(n) % 10).astype(np.int64), n_train=n,
-                    source="sklearn")
-data.share_pool(pool, dataset="digits")
-splits = data.load_splits(dataset="digits", seed=3)
-assert "sklearn" not in sys.modules
-for split in (splits.train, splits.validation, splits.test):
-    assert bool((data.normalise(pool.x[split.indices], dataset="digits") == split.x).all())
-    assert (split.y.numpy() == pool.y[split.indices]).all()
-print("ok")
-"""
-    root = Path(__file__).resolve().parents[3]
-    proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
-    with pytest.raises(TypeError, match="RawPool"):
-        data.share_pool(torch.zeros(3), dataset="digits")  # type: ignore[arg-type]

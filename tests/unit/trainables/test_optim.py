@@ -3,17 +3,12 @@ torch._dynamo."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from core.errors import UserInputError
 from trainables.dp.optim import Update
 
-ROOT = Path(__file__).resolve().parents[3]
 STEPS = 6
 
 
@@ -108,29 +103,3 @@ def test_a_state_that_does_not_fit_is_refused_whole() -> None:
         Update(model.named_parameters(), kind="rmsprop", lr=0.1)
 
 
-def test_training_never_imports_torch_dynamo() -> None:
-    """Every method's DP steps, the non-private recipe and LM-DP-SGD's stage-1 training run in a
-    fresh interpreter without importing torch._dynamo (torch.optim's classes import it on their
-    first call: 2-4 s in every fresh Ray worker on this machine). On one intra-op thread, as a
-    trial runs (``TrialSpec.threads``): with torch's default of one per core the interpreter
-    took 79 s on a busy 2-core host against 11 s on one (9-10 s either way on an idle host),
-    and the thread count has no bearing on what is imported."""
-    code = """
-import sys
-import torch
-torch.set_num_threads(1)
-from tests.contract import conformance
-from trainables.methods import METHODS
-from trainables.audit.references import NonPrivateRecipe, train_nonprivate
-for name, cls in sorted(METHODS.items()):
-    for mode in cls.modes:  # preparation, steps, and a resume from the checkpointable state
-        conformance.lifecycle(cls, mode.name, steps=6, resume_at=3)
-        assert "torch._dynamo" not in sys.modules, (name, mode.name)
-train_nonprivate(data=conformance.digits(), recipe=NonPrivateRecipe(
-    epochs=1, lr=0.003, batch_size=64), seed=0, threads=1)
-assert "torch._dynamo" not in sys.modules, "nonprivate"
-print("ok")
-"""
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
