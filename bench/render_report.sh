@@ -34,8 +34,8 @@ mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 
 HTML="$(PYTHONPATH="$ROOT" "$PY" -c 'import sys; from pathlib import Path
-from reports.html import build_report
-print(build_report(Path(sys.argv[1])))' "$RUN_DIR")"
+from orchestrator.report import run_report
+print(run_report(Path(sys.argv[1])))' "$RUN_DIR")"
 echo "report: $HTML"
 
 CHROMIUM="$(command -v chromium || command -v chromium-browser || true)"

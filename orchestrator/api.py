@@ -33,10 +33,9 @@ from orchestrator.config import Config, parse, read_toml
 from orchestrator.config.paths import address_of, check_address_form, check_path_form
 from orchestrator.door import CheckedSetup, check
 from orchestrator.release.selection import read_selection
+from orchestrator.report import run_report
 from orchestrator.rundir import RunDir
-from reports.html import build_report
 from reports.store import read_results
-from trainables.methods import prepared_params
 from trainables.models.source import source_of_callable
 
 if TYPE_CHECKING:
@@ -141,7 +140,7 @@ def report(run_dir: str | Path) -> Path:
     run = RunDir.open(Path(run_dir), write=False)
     run.verify_all()
     read_selection(run, frame=read_results(run.path, allow_empty=True), release=False)
-    return build_report(Path(run_dir), prepared=prepared_params())
+    return run_report(Path(run_dir))
 
 
 def pick(run_dir: str | Path, *, max_peak_mia: float | None = None,

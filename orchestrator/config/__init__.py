@@ -202,8 +202,8 @@ class ResourcesConfig:
 class SweepConfig:
     methods: list = _f(  # noqa: RUF009
         [], "series to compare, 'method' or 'method:mode', one Optuna study each; empty = every "
-            "registered method the model can train, in its default mode", kind="list", rule=check_series_texts,
-        allowed_text="a list of 'method' or 'method:mode' strings")
+            "registered method the model can train, in its default mode", kind="list",
+        rule=check_series_texts, allowed_text="a list of 'method' or 'method:mode' strings")
     trials_per_method: int = _f(4, "trials per series (equal budgets; the first is the paper "
                                    "preset); adaptive tuning only", low=1, high=10000)
     max_concurrent_trials: int = _f(2, "trials running at once (bounded by the cluster's CPUs)",

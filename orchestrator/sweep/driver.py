@@ -50,6 +50,7 @@ from orchestrator.config import Config
 from orchestrator.config.paths import address_of
 from orchestrator.door import CheckedSetup, check, require_checked
 from orchestrator.raytemp import check_temp_dir
+from orchestrator.report import run_report
 from orchestrator.rundir import RunDir, check_creatable
 from orchestrator.sweep import ray_start
 from orchestrator.sweep.aftersearch import AfterSearchJobs
@@ -65,8 +66,6 @@ from orchestrator.sweep.tuning import private_tuning_plan, recorded_config_text
 from orchestrator.trial.pruning import rungs
 from orchestrator.trial.setup import ResolvedSetup
 from reports import store
-from reports.html import build_report
-from trainables.methods import prepared_params, report_series
 
 
 @dataclasses.dataclass
@@ -178,8 +177,7 @@ class _Driver:
         frame = store.read_results(run.path, allow_empty=True)
         report = None
         if len(frame):
-            report = build_report(run.path, prepared=prepared_params(),
-                                  series=report_series())
+            report = run_report(run.path)
         status = frame["status"] if len(frame) else None
         summary = SweepSummary(
             run_dir=run.path, rows=len(frame),

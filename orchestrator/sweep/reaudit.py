@@ -47,6 +47,7 @@ from core.vocabulary import OK
 from orchestrator.audit.membership import AuditSettings, check_settings
 from orchestrator.config.paths import address_of
 from orchestrator.door import CheckedSetup
+from orchestrator.report import run_report
 from orchestrator.rundir import RunDir, check_trial_id
 from orchestrator.sweep.aftersearch import has_audit
 from orchestrator.sweep.commands import sweep
@@ -59,8 +60,6 @@ from orchestrator.sweep.driver import (
 from orchestrator.sweep.jobs import BASELINE_ID
 from orchestrator.sweep.records import failed_audits
 from orchestrator.sweep.signals import _StopFlag
-from reports.html import build_report
-from trainables.methods import prepared_params
 
 #: The command's name, as its refusals and hints spell it.
 COMMAND = "reaudit"
@@ -159,7 +158,8 @@ def _reaudit(setup: CheckedSetup, run: RunDir, *, trials: Sequence[str], every: 
     """Choose the trials (nothing written when there are none), run their audits on Ray,
     rebuild the report."""
     started = time.time()
-    driver = _Driver(setup, run, quiet=quiet, attempts=[])
+    flag = _StopFlag()
+    driver = _Driver(setup, run, quiet=quiet, attempts=[], flag=flag)
     todo = chosen_trials(driver, trials=trials, every=every)
     if not todo:
         if not quiet:
@@ -171,11 +171,9 @@ def _reaudit(setup: CheckedSetup, run: RunDir, *, trials: Sequence[str], every: 
     if not quiet:
         print(f"re-auditing {len(todo)} trial{'' if len(todo) == 1 else 's'} of {run.path}: "
               + ", ".join(todo), flush=True)
-    flag = _StopFlag()
     with ray_session(setup, run, address=address, quiet=quiet, flag=flag):
-        driver.flag = flag
         driver.audit_again(todo)
-    report = build_report(run.path, prepared=prepared_params())
+    report = run_report(run.path)
     summary = ReauditSummary(
         run_dir=run.path, audited=todo, report=report, seconds=time.time() - started,
         failed_audits={t: e for t, e in failed_audits(driver.rows.values()).items()
