@@ -30,13 +30,19 @@ generator) so that 0.5 accuracy is chance whatever the pool sizes, and they are 
 balanced accuracy for the same reason. The default classifier is a one-hidden-layer MLP with
 early stopping on a validation tenth: nonlinear (confidence is not linear in the IR) and,
 unlike a fully trained MLP, it does not memorise a few hundred examples.
+
+:func:`ir_features` keeps the features and digests of its last few (model, input) pairs (the
+default reduction, all layers): the audit reads one model's layers on the candidates for its
+probes and its shadow classifier, and the target's twice more, and one forward serves them all.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+import weakref
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -49,6 +55,7 @@ from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from core.errors import UserInputError
+from trainables.audit.prefix import savings_enabled
 from trainables.models.networks import LayeredModel
 
 #: Largest conv map (C * H * W values) kept whole; larger maps become per-channel statistics.
@@ -88,9 +95,37 @@ def _digest_update(digest: Any, ir: torch.Tensor) -> None:
     digest.update(flat.view(torch.uint8).numpy())  # the buffer itself, no copy
 
 
-@torch.no_grad()
+#: (model, input) pairs whose default features :func:`ir_features` keeps: the target and the
+#: reference in hand, with room to spare (a few MB each at the audit's sizes).
+MEMO_ENTRIES = 3
+#: Chunk of examples per forward in :func:`ir_features`.
+FEATURE_BATCH = 1024
+
+
+@dataclass(frozen=True, eq=False)
+class _Memo:
+    """One model's features and raw-output digests of every layer on one input tensor."""
+
+    model: weakref.ref[LayeredModel]
+    x: torch.Tensor
+    versions: tuple[int, ...]
+    features: Features
+    digests: dict[str, str]
+
+    def holds(self, model: LayeredModel, x: torch.Tensor, versions: tuple[int, ...]) -> bool:
+        return self.model() is model and self.x is x and self.versions == versions
+
+
+_MEMO: list[_Memo] = []
+
+
+def _versions(model: LayeredModel) -> tuple[int, ...]:
+    """The parameters' and buffers' version counters: any in-place change moves one."""
+    return tuple(t._version for t in (*model.parameters(), *model.buffers()))
+
+
 def ir_features(model: LayeredModel, x: torch.Tensor, *, layers: Sequence[str] | None = None,
-                batch: int = 1024, max_flat: int = MAX_FLAT, sort_units: bool = False,
+                batch: int = FEATURE_BATCH, max_flat: int = MAX_FLAT, sort_units: bool = False,
                 digests: dict[str, str] | None = None) -> Features:
     """Attack features of every requested layer (all by default) for inputs ``x``.
 
@@ -99,7 +134,37 @@ def ir_features(model: LayeredModel, x: torch.Tensor, *, layers: Sequence[str] |
     SHA-256 of its raw output (before any reduction) from the same forward pass: equal digests
     of two models on the same inputs mean bit-identical representations, which the audit reads
     as a layer shared by target and references (``trainables.audit.exclusion``).
+
+    With the default reduction (savings on) every layer's features and digests are kept for
+    the same model object, unchanged, and input tensor (module docstring); the arrays returned
+    are then shared, so they are read-only.
     """
+    if sort_units or max_flat != MAX_FLAT or batch != FEATURE_BATCH or not savings_enabled():
+        return _ir_features(model, x, layers=layers, batch=batch, max_flat=max_flat,
+                            sort_units=sort_units, digests=digests)
+    versions = _versions(model)
+    _MEMO[:] = [m for m in _MEMO if m.model() is not None]
+    memo = next((m for m in _MEMO if m.holds(model, x, versions)), None)
+    if memo is None:
+        every: dict[str, str] = {}
+        feats = _ir_features(model, x, layers=None, batch=batch, max_flat=max_flat,
+                             sort_units=False, digests=every)
+        for f in feats.values():
+            f.flags.writeable = False
+        memo = _Memo(model=weakref.ref(model), x=x, versions=versions, features=feats,
+                     digests=every)
+        _MEMO[:] = [*_MEMO[-(MEMO_ENTRIES - 1):], memo]
+    names = list(model.layer_names if layers is None else layers)
+    if digests is not None:
+        digests.update({name: memo.digests[name] for name in names})
+    return {name: memo.features[name] for name in names}
+
+
+@torch.no_grad()
+def _ir_features(model: LayeredModel, x: torch.Tensor, *, layers: Sequence[str] | None,
+                 batch: int, max_flat: int, sort_units: bool,
+                 digests: dict[str, str] | None) -> Features:
+    """:func:`ir_features` computed."""
     names = list(model.layer_names if layers is None else layers)
     was_training = model.training
     model.eval()

@@ -30,7 +30,7 @@ from threadpoolctl import threadpool_limits
 
 from core.errors import UserInputError
 from core.lazy import lazy_module
-from trainables.audit.layer_attack import reduce_ir
+from trainables.audit.layer_attack import ir_features, reduce_ir
 from trainables.audit.prefix import prefix_outputs, savings_enabled
 from trainables.audit.references import subset
 from trainables.audit.signals import PROBE_LOSS
@@ -125,41 +125,46 @@ class ProbeSignals:
         outputs = prefix_outputs(model, prefix.prefix, self.probe_set.x,
                                  keep=lambda name, out: fit[name].append(self.features(out)))
         losses = self._fit(list(fit), {name: torch.cat(parts) for name, parts in fit.items()},
-                           dict(prefix.features), y, reduced=True)
+                           dict(prefix.features), y)
         self._memo = _PrefixProbes(source=prefix, x=x, losses=losses,
                                    shared=prefix.with_outputs(self.probe_set.x, outputs))
         return self._memo
 
     def _irs(self, model: LayeredModel, x: torch.Tensor, *, layers: list[str] | None
              ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        """The requested layers' outputs (all by default) on the probe set and on ``x``."""
+        """The requested layers' :meth:`features` (all by default) on the probe set and on
+        ``x``; those on ``x`` through ``ir_features`` (savings on), whose forward the shadow
+        classifier's features of the same model and candidates share."""
         was_training = model.training
         model.eval()
         try:
             with torch.no_grad():
                 device = next(model.parameters()).device
                 _, fit_irs = model.forward_with_irs(self.probe_set.x.to(device), layers)
-                _, irs = model.forward_with_irs(x.to(device), layers)
+                if savings_enabled():
+                    irs = {name: torch.from_numpy(f.copy()) for name, f in
+                           ir_features(model, x.to(device), layers=layers).items()}
+                else:
+                    irs = {name: self.features(ir) for name, ir in
+                           model.forward_with_irs(x.to(device), layers)[1].items()}
         finally:
             model.train(was_training)
-        return fit_irs, irs
+        return {name: self.features(ir) for name, ir in fit_irs.items()}, irs
 
     def _fit(self, layers: list[str], fit_irs: Mapping[str, torch.Tensor],
-             irs: Mapping[str, torch.Tensor], y: torch.Tensor, *,
-             reduced: bool = False) -> dict[str, np.ndarray]:
-        """Each layer's probe fitted on the probe set, and its loss on every row of ``y``
-        (``reduced``: the outputs are already :meth:`features`).
+             irs: Mapping[str, torch.Tensor], y: torch.Tensor) -> dict[str, np.ndarray]:
+        """Each layer's probe fitted on the probe set's :meth:`features`, and its loss on every
+        row of ``y`` (``irs``: the rows' :meth:`features`).
 
         One BLAS thread for the fits (savings on): a few hundred small matrix products per fit,
         which a second thread only slows on a shared machine (4-8x on 2 busy cores)."""
         rows = np.arange(len(y))
         labels = y.cpu().numpy()
         out: dict[str, np.ndarray] = {}
-        read = (lambda t: t.numpy()) if reduced else (lambda t: self.features(t).numpy())
         with (threadpool_limits(limits=1, user_api="blas") if savings_enabled()
               else contextlib.nullcontext()):
             for name in layers:
-                fit = read(fit_irs[name])
+                fit = fit_irs[name].numpy()
                 scaler = StandardScaler().fit(fit)
                 probe = LogisticRegression(C=PROBE_C, max_iter=PROBE_MAX_ITER)
                 with warnings.catch_warnings():
@@ -167,7 +172,7 @@ class ProbeSignals:
                     # lbfgs stops at the cap the probe is a little under-fitted, not wrong.
                     warnings.simplefilter("ignore", ConvergenceWarning)
                     probe.fit(scaler.transform(fit), self.probe_set.y.numpy())
-                proba = probe.predict_proba(scaler.transform(read(irs[name])))
+                proba = probe.predict_proba(scaler.transform(irs[name].numpy()))
                 full = np.full((len(labels), self.num_classes), MIN_PROBABILITY)
                 # float64 first: MIN_PROBABILITY is 0 in the float32 of float32 features
                 full[:, probe.classes_] = np.maximum(proba.astype(np.float64), MIN_PROBABILITY)

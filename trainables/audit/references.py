@@ -475,7 +475,10 @@ def collect_signals(*, target: LayeredModel, data: DataSplits, plan: ReferencePl
 
     References start from the target's frozen parameters, and a frozen prefix is computed once
     per example for all models (``trainables.audit.prefix``)."""
-    x = torch.cat([plan.candidates.x, plan.population.x])
+    # an online plan has no population: the candidates' own tensor, so that every reader of
+    # a model's layers on it shares one forward (``trainables.audit.layer_attack.ir_features``)
+    x = (torch.cat([plan.candidates.x, plan.population.x]) if len(plan.population)
+         else plan.candidates.x)
     y = torch.cat([plan.candidates.y, plan.population.y])
     n = len(plan.candidates)
     t0 = time.perf_counter()

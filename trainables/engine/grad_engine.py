@@ -158,6 +158,10 @@ PLAN_PASSES = 10
 ENGINE_PATH = "engine"
 BLOCK_EXACT_PATH = "engine+torch.func blocks"
 WHOLE_EXACT_PATH = "torch.func (whole model)"
+#: ``seed(logits, y) -> [B, C]``: an output gradient that a pass backpropagates instead of the
+#: summed cross-entropy's (``GradEngine.compute(seed=...)``); each example's gradient is linear
+#: in its own row. Used by the audit only: training never passes one.
+OutputSeed = Callable[["torch.Tensor", "torch.Tensor"], "torch.Tensor"]
 
 
 # ---- the gradient view ------------------------------------------------------------------------
@@ -211,8 +215,9 @@ class BookkeepingView:
     def __init__(self, *, engine: GradEngine, x: torch.Tensor, y: torch.Tensor,
                  live: list[bool], bounds: list[tuple[int, int]],
                  states: list[ChunkState | None], norms: torch.Tensor,
-                 losses: torch.Tensor, rngs: list[Any]) -> None:
+                 losses: torch.Tensor, rngs: list[Any], seed: OutputSeed | None = None) -> None:
         self.norms = norms
+        self._seed = seed
         self._rngs = rngs
         self.losses = losses
         self._engine = engine
@@ -237,7 +242,7 @@ class BookkeepingView:
                                        "a chunked view cannot recompute its sums")
                 with replaying(self._rngs[start // engine.max_physical_batch], self._x):
                     part = engine._sums(self._x[start:stop], self._y[start:stop], c,
-                                        live=self._live)
+                                        live=self._live, seed=self._seed)
             for n, s in part.items():
                 accumulate(total, n, s)
         names = engine.live_parameters(self._live)
@@ -439,14 +444,22 @@ class GradEngine:
         return seen
 
     # -- computation
-    def compute(self, x: torch.Tensor, y: torch.Tensor, *,
-                live: Sequence[bool]) -> PerExampleView:
-        """Per-layer norms of the per-example gradients of the live layers, and their sums."""
+    def compute(self, x: torch.Tensor, y: torch.Tensor, *, live: Sequence[bool],
+                seed: OutputSeed | None = None) -> PerExampleView:
+        """Per-layer norms of the per-example gradients of the live layers, and their sums.
+
+        ``seed`` (opt-in, not on the whole-model exact path): the gradients are those of
+        ``(logits * seed(logits, y)).sum()`` instead of the summed cross-entropy, so the audit
+        can backpropagate an exactly computed, rescaled output residual (the losses returned
+        stay the cross-entropy's)."""
         live = [bool(v) for v in live]
         if len(live) != self.num_layers:
             raise UserInputError(field="live", value=len(live),
                                  allowed=f"one flag per layer ({self.num_layers})")
         if self.strategy == "vmap":
+            if seed is not None:
+                raise UserInputError(field="seed", value="an output seed",
+                                     allowed="none on the whole-model torch.func path")
             return self._vmap(x, y, live)
         if x.shape[0]:
             self.probe(x)
@@ -461,7 +474,7 @@ class GradEngine:
                 states[-1] = None  # memory bounded by one chunk: earlier ones are recomputed
             rngs.append(rng_state(x))
             state, chunk_norms, chunk_losses = self._norms(x[start:stop], y[start:stop],
-                                                           live=live)
+                                                           live=live, seed=seed)
             norms.append(chunk_norms)
             losses.append(chunk_losses)
             states.append(state)
@@ -470,27 +483,30 @@ class GradEngine:
             norms = [torch.zeros(0, self.num_layers, dtype=torch.float64, device=x.device)]
             losses = [torch.zeros(0, dtype=self._dtype(), device=x.device)]
         return BookkeepingView(engine=self, x=x, y=y, live=live, bounds=bounds, states=states,
-                               norms=torch.cat(norms), losses=torch.cat(losses), rngs=rngs)
+                               norms=torch.cat(norms), losses=torch.cat(losses), rngs=rngs,
+                               seed=seed)
 
     def _dtype(self) -> torch.dtype:
         first = next(self.model.parameters(), None)
         return torch.get_default_dtype() if first is None else first.dtype
 
-    def _norms(self, x: torch.Tensor, y: torch.Tensor, *,
-               live: list[bool]) -> tuple[ChunkState, torch.Tensor, torch.Tensor]:
-        p, losses = self._run(x, y, live=live, coef=None)
+    def _norms(self, x: torch.Tensor, y: torch.Tensor, *, live: list[bool],
+               seed: OutputSeed | None = None) -> tuple[ChunkState, torch.Tensor, torch.Tensor]:
+        p, losses = self._run(x, y, live=live, coef=None, seed=seed)
         state = ChunkState(kept=p.kept, pending=p.pending, rows=p.rows)
         return state, p.sq.clamp_min(0).sqrt(), losses
 
     def _sums(self, x: torch.Tensor, y: torch.Tensor, coef: torch.Tensor, *,
-              live: list[bool]) -> dict[str, torch.Tensor]:
-        p, _ = self._run(x, y, live=live, coef=coef)
+              live: list[bool], seed: OutputSeed | None = None) -> dict[str, torch.Tensor]:
+        p, _ = self._run(x, y, live=live, coef=coef, seed=seed)
         return p.sums
 
     def _run(self, x: torch.Tensor, y: torch.Tensor, *, live: list[bool],
-             coef: torch.Tensor | None, capture: bool = False) -> tuple[Pass, torch.Tensor]:
-        """One forward + backward of the summed per-example loss over one chunk (``capture``:
-        keep every handled module's input and output gradient, for ``measure_plan``)."""
+             coef: torch.Tensor | None, capture: bool = False,
+             seed: OutputSeed | None = None) -> tuple[Pass, torch.Tensor]:
+        """One forward + backward of the summed per-example loss (or of ``seed``'s surrogate,
+        ``compute``) over one chunk (``capture``: keep every handled module's input and output
+        gradient, for ``measure_plan``)."""
         p = Pass(self, x.shape[0], live=live, dtype=self._dtype(), device=x.device, coef=coef)
         p.capture = [] if capture else None
         params = list(self.model.parameters())
@@ -512,8 +528,11 @@ class GradEngine:
                 losses = torch.nn.functional.cross_entropy(logits, y, reduction="none")
                 for h in handles:
                     h.remove()
-                if losses.requires_grad:
+                if losses.requires_grad and seed is None:
                     torch.autograd.grad(losses.sum(), [p.anchor], allow_unused=True)
+                elif losses.requires_grad:
+                    torch.autograd.grad(logits, [p.anchor], allow_unused=True,
+                                        grad_outputs=seed(logits.detach(), y).to(logits.dtype))
             unpatch(active)  # a fallback's own forward, below, runs the modules as they are
             with torch.no_grad():
                 p.finish()
