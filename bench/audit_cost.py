@@ -10,8 +10,9 @@ interleaved, shuffled rounds (``bench.harness.interleaved``, one torch thread):
   no reference cache, so every reference is trained);
 * ``audit before``: the same audit inside ``trainables.audit.prefix.without_savings`` (every
   model computes its own frozen prefix, references start from their own seeded parameters,
-  probe fits use every BLAS thread, the signals take a separate forward for the logits): the
-  audit before the savings, measured in the same run. Token ids reaching the float64 signals as
+  gradient norms come from a float64 copy of each model, the signals take a separate forward
+  for the logits, the probes and the shadow classifier each run their own forward, and their
+  fits use every BLAS thread): the audit before the savings, measured in the same run. Token ids reaching the float64 signals as
   integers is a fix, not a saving, so it holds in both (the audit of a token model failed
   before it).
 

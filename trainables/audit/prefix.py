@@ -22,8 +22,9 @@ unless the logits are bit-identical. Nothing is shared when a prefix layer's out
 tensor with the batch first, nor for a model the engine differentiates whole with ``torch.func``.
 
 Precision and mode: the stored outputs are computed in eval mode in the model's own dtype
-(float32: what the model computes in training and use); the float64 signals cast them, so they
-differ from a float64 prefix by float32 rounding of its output only. A reference's training
+(float32: what the model computes in training and use), as the signals read them; where the
+audit runs a float64 copy of a model (``trainables.audit.signals``) it casts them, and differs
+from a float64 prefix by float32 rounding of its output only. A reference's training
 examples are stored only when the prefix computes the same in train mode as in eval mode (no
 dropout, no batch or running statistics: checked by module type and on real examples) and fit in
 ``MAX_TABLE_BYTES``; the reference then trains as without the table, to float rounding.
@@ -77,8 +78,9 @@ def savings_enabled() -> bool:
 @contextlib.contextmanager
 def without_savings() -> Iterator[None]:
     """The audit as it ran before its savings (the cost benchmark's baseline): every model
-    computes its own prefix, references start from their own seeded parameters, and probe fits
-    use every BLAS thread."""
+    computes its own prefix, references start from their own seeded parameters, gradient norms
+    come from a float64 copy of each model, every reader of a model's layers runs its own
+    forward, and probe and shadow-classifier fits use every BLAS thread."""
     token = _SAVINGS.set(False)
     try:
         yield
