@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.dpsweep-installed
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 
-.PHONY: install demo test lint data bench clean
+.PHONY: install demo test test-fast lint data bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,12 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q --durations=15
+
+# The fast loop while editing: the unit tier alone (no process, no Ray, no sweep; enforced by
+# tests/tiers.py), stopping at the first failure, in under 3 minutes on 2 cores. `make test`
+# (every tier) is the check before a commit and what CI runs (docs/design.md, "Test tiers").
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -x -p no:cacheprovider --durations=5 tests/unit
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
