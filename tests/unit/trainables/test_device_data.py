@@ -179,7 +179,7 @@ def test_the_planned_spec_carries_the_gpu_share() -> None:
     cfg = tiny_config()
     cfg = dataclasses.replace(cfg, resources=dataclasses.replace(cfg.resources,
                                                                  gpus_per_trial=0.25))
-    spec = plan_trial(check(cfg))
+    spec = plan_trial(check(cfg, machine=False))  # planned for a GPU machine
     assert spec.gpu_share == 0.25
     assert TrialSpec.from_dict(spec.to_dict()) == spec
 
