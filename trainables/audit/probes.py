@@ -108,8 +108,8 @@ class ProbeSignals:
         if memo is None or memo.shared is None:  # the probe set's outputs would not fit
             return self(model, x, y)
         suffix = [name for name in model.layer_names if name not in prefix.prefix.layers]
-        with memo.shared.feeding(model):
-            fit_irs, irs = self._irs(model, x, layers=suffix)
+        with memo.shared.feeding(model):  # the prefix layers' outputs are placeholders here
+            fit_irs, irs = self._irs(model, x, layers=suffix, keep=False)
         return {**memo.losses, **self._fit(suffix, fit_irs, irs, y)}
 
     def _prefix_probes(self, model: LayeredModel, x: torch.Tensor, y: torch.Tensor,
@@ -130,18 +130,19 @@ class ProbeSignals:
                                    shared=prefix.with_outputs(self.probe_set.x, outputs))
         return self._memo
 
-    def _irs(self, model: LayeredModel, x: torch.Tensor, *, layers: list[str] | None
-             ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    def _irs(self, model: LayeredModel, x: torch.Tensor, *, layers: list[str] | None,
+             keep: bool = True) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """The requested layers' :meth:`features` (all by default) on the probe set and on
-        ``x``; those on ``x`` through ``ir_features`` (savings on), whose forward the shadow
-        classifier's features of the same model and candidates share."""
+        ``x``; those on ``x`` through ``ir_features`` (savings on and ``keep``: not while a
+        shared prefix feeds the model), whose forward the shadow classifier's features of the
+        same model and candidates share."""
         was_training = model.training
         model.eval()
         try:
             with torch.no_grad():
                 device = next(model.parameters()).device
                 _, fit_irs = model.forward_with_irs(self.probe_set.x.to(device), layers)
-                if savings_enabled():
+                if keep and savings_enabled():
                     irs = {name: torch.from_numpy(f.copy()) for name, f in
                            ir_features(model, x.to(device), layers=layers).items()}
                 else:

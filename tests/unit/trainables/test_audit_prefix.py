@@ -20,6 +20,7 @@ from orchestrator.trial.plan import match_budget, plan_trial
 from tests.conftest import tiny_config
 from trainables.audit import prefix as prefix_module
 from trainables.audit.cache import reference_key
+from trainables.audit.layer_attack import ir_features
 from trainables.audit.prefix import (
     FrozenStart,
     PrefixTable,
@@ -140,8 +141,14 @@ def test_sharing_gives_the_per_layer_signals_of_the_whole_model(data: DataSplits
         assert shared.prefix.covers(model)
         own = per_example_signals(model=model, x=x, y=y)
         assert_signals_close(own, per_example_signals(model=model, x=x, y=y, shared=shared))
-        whole = probes(model, x, y)
         fed = probes.shared(model, x, y, prefix=shared)
+        # the fed forward's prefix outputs are placeholders: it keeps no features for others
+        kept = ir_features(model, x)
+        with without_savings():
+            fresh = ir_features(model, x)
+        for name, f in fresh.items():
+            np.testing.assert_array_equal(kept[name], f, err_msg=name)
+        whole = probes(model, x, y)
         assert_signals_close(whole, fed)
         for layer in shared.prefix.layers:  # fitted once, the same in every model
             assert np.array_equal(fed[f"probe_loss:{layer}"], whole[f"probe_loss:{layer}"])
