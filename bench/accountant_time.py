@@ -79,7 +79,7 @@ def _record(results: dict[str, Any], name: str, runs: list[tuple[float, float]])
 
 
 def _shape() -> Any:
-    from core.schedule import Phase, Schedule
+    from dpsweep.core.schedule import Phase, Schedule
 
     return Schedule(tuple(Phase(noise_multiplier=1 / (1 + DECAY * e), steps=STEPS_PER_EPOCH)
                           for e in range(EPOCHS)))
@@ -89,20 +89,20 @@ def _cold_entries(results: dict[str, Any], rounds: int) -> None:
     _record(results, "python_bare", [_fresh(["-c", "pass"]) for _ in range(rounds)])
     _record(results, "import_numpy_scipy_special",
             [_fresh(["-c", "import numpy, scipy.special"]) for _ in range(rounds)])
-    _record(results, "cli_cold", [_fresh(["-m", "orchestrator.cli", *CLI_ARGS])
+    _record(results, "cli_cold", [_fresh(["-m", "dpsweep.orchestrator.cli", *CLI_ARGS])
                                   for _ in range(rounds)])
     with tempfile.TemporaryDirectory() as cache:
         env = {"DPSWEEP_CACHE_DIR": cache}
-        fill = ("from orchestrator.accounting import calibrate; calibrate(target_epsilon=3.0, "
-                f"delta={DELTA}, sample_rate={Q}, steps={STEPS})")
+        fill = ("from dpsweep.orchestrator.accounting import calibrate; "
+                f"calibrate(target_epsilon=3.0, delta={DELTA}, sample_rate={Q}, steps={STEPS})")
         _fresh(["-c", fill], env=env)
         _record(results, "cli_cached_cold", [_fresh(["-c", fill], env=env)
                                              for _ in range(rounds)])
 
 
 def _warm_entries(results: dict[str, Any], rounds: int) -> None:
-    from orchestrator.accounting import calibrate, epsilon_curve, verify_calibration
-    from orchestrator.accounting.search import fine_eps_error, prv_calibrate
+    from dpsweep.orchestrator.accounting import calibrate, epsilon_curve, verify_calibration
+    from dpsweep.orchestrator.accounting.search import fine_eps_error, prv_calibrate
 
     shape = _shape()
     job = {"multipliers": [1.0], "steps": [STEPS], "sample_rate": Q, "delta": DELTA,

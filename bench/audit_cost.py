@@ -23,7 +23,7 @@ when ``/usr/share/datasets/fashion-mnist`` is missing); ResNet-18 with GroupNorm
 references share the target's backbone) and unfrozen (``resnet18_gn``), on 600 digits
 upsampled to 32 x 32 and repeated to 3 channels; and ``lstm`` (Embedding + LSTM + Linear) on
 the digits read as 64-token sequences of pixel intensities. Results:
-``bench/results/audit_cost.json``, whose table ``orchestrator.docgen`` puts in
+``bench/results/audit_cost.json``, whose table ``bench.docgen`` puts in
 ``docs/audit.md``.
 
 Run from the repository root: ``.venv/bin/python -m bench.audit_cost [--recipes ...]
@@ -48,19 +48,19 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from dpsweep.core.trial import TrialSpec
+from dpsweep.orchestrator.audit.membership import AuditSettings, audit_model
+from dpsweep.orchestrator.config import AuditConfig
+from dpsweep.orchestrator.trial.plan import match_budget
+from dpsweep.trainables.audit.prefix import without_savings
+from dpsweep.trainables.audit.references import Budget, dp_trainer
+from dpsweep.trainables.data.pools import DEBIAN_FASHION_MNIST_DIR
+from dpsweep.trainables.data.splits import DataSplits, Split, SplitSizes, load_pool, load_splits
+from dpsweep.trainables.methods import get_method
+from dpsweep.trainables.models.source import ModelSource
+from dpsweep.trainables.training.loop import train_trial
 
 from bench.harness import interleaved, load_average, summarize, write_results
-from core.trial import TrialSpec
-from orchestrator.audit.membership import AuditSettings, audit_model
-from orchestrator.config import AuditConfig
-from orchestrator.trial.plan import match_budget
-from trainables.audit.prefix import without_savings
-from trainables.audit.references import Budget, dp_trainer
-from trainables.data.pools import DEBIAN_FASHION_MNIST_DIR
-from trainables.data.splits import DataSplits, Split, SplitSizes, load_pool, load_splits
-from trainables.methods import get_method
-from trainables.models.source import ModelSource
-from trainables.training.loop import train_trial
 
 ROOT = Path(__file__).resolve().parent.parent
 STOCK_DIR = ROOT / "examples" / "stock_models"

@@ -43,15 +43,9 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from scipy.special import expit
-from scipy.stats import skew
-from sklearn.linear_model import LogisticRegression
-from sklearn.metrics import roc_auc_score, roc_curve
-from sklearn.preprocessing import StandardScaler
-
-from core.storage import atomic_write_json
-from trainables.audit.layer_attack import reduce_ir
-from trainables.audit.references import (
+from dpsweep.core.storage import atomic_write_json
+from dpsweep.trainables.audit.layer_attack import reduce_ir
+from dpsweep.trainables.audit.references import (
     PLANS,
     AuditSignals,
     NonPrivateRecipe,
@@ -62,7 +56,7 @@ from trainables.audit.references import (
     score_signals,
     train_nonprivate,
 )
-from trainables.audit.scores import (
+from dpsweep.trainables.audit.scores import (
     LIRA_OFFLINE,
     LIRA_ONLINE,
     LOSS_THRESHOLD,
@@ -73,9 +67,14 @@ from trainables.audit.scores import (
     rmia_log_ratio,
     rmia_score,
 )
-from trainables.audit.signals import GRAD_NORM, LOSS, grad_norm_name
-from trainables.data.splits import DataSplits, Split, SplitSizes, load_splits
-from trainables.models.networks import LayeredModel
+from dpsweep.trainables.audit.signals import GRAD_NORM, LOSS, grad_norm_name
+from dpsweep.trainables.data.splits import DataSplits, Split, SplitSizes, load_splits
+from dpsweep.trainables.models.networks import LayeredModel
+from scipy.special import expit
+from scipy.stats import skew
+from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import roc_auc_score, roc_curve
+from sklearn.preprocessing import StandardScaler
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 LOW_FPRS = (0.01, 0.001)

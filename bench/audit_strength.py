@@ -56,8 +56,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from trainables.audit.stats.attacks import max_false_positives
+from dpsweep.trainables.audit.stats.attacks import max_false_positives
 
 #: (row, plan kind, references trained, references used).
 PLAN_ROWS = (("offline-4", "offline", 4, 4), ("online-4 (default)", "online", 16, 4),
@@ -223,7 +222,7 @@ def format_table(plans: Mapping[str, Mapping[str, Any]]) -> str:
 
 
 def _load(seed: int) -> Any:
-    from trainables.data.splits import SplitSizes, load_splits
+    from dpsweep.trainables.data.splits import SplitSizes, load_splits
     return load_splits(dataset="digits", seed=seed, sizes=SplitSizes(**SPLIT_SIZES))
 
 
@@ -244,7 +243,7 @@ def _collecting(trainer: Callable, classifiers: Iterable[tuple[Any, int]]) -> Ca
 def _plan_cells(signals: Any, classifier: Any, target: Any, *, n_references: int
                 ) -> dict[tuple[str, str], dict[str, Any]]:
     """{(signal, attack): metrics} of every finite cell with the first ``n_references``."""
-    from trainables.audit.references import score_signals
+    from dpsweep.trainables.audit.references import score_signals
     labels = signals.plan.is_member
     cells: dict[tuple[str, str], dict[str, Any]] = {}
     for signal, attacks in score_signals(signals, n_references=n_references).items():
@@ -261,10 +260,9 @@ def _plan_cells(signals: Any, classifier: Any, target: Any, *, n_references: int
 def run_seed(seed: int, *, epochs: int, log: Callable[[str], None]) -> dict[str, Any]:
     """Every plan row on one seed's target."""
     import torch
-
-    from trainables.audit.classifier import ShadowClassifier
-    from trainables.audit.probes import probe_set_of, probe_signals
-    from trainables.audit.references import (
+    from dpsweep.trainables.audit.classifier import ShadowClassifier
+    from dpsweep.trainables.audit.probes import probe_set_of, probe_signals
+    from dpsweep.trainables.audit.references import (
         NonPrivateRecipe,
         accuracy,
         collect_signals,

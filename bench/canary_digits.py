@@ -22,16 +22,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from core.storage import atomic_write_json
-from core.trial import TrialSpec
-from orchestrator.door import check
-from orchestrator.sweep.commands import demo_config
-from orchestrator.trial.plan import plan_trial
-from search_spaces import build_space
-from trainables.audit.canary_runs import white_box_run
-from trainables.methods import get_method
-from trainables.training.loop import load_trial_data
+from dpsweep.core.storage import atomic_write_json
+from dpsweep.core.trial import TrialSpec
+from dpsweep.orchestrator.door import check
+from dpsweep.orchestrator.sweep.commands import demo_config
+from dpsweep.orchestrator.trial.plan import plan_trial
+from dpsweep.search_spaces import build_space
+from dpsweep.trainables.audit.canary_runs import white_box_run
+from dpsweep.trainables.methods import get_method
+from dpsweep.trainables.training.loop import load_trial_data
 
 RESULTS = Path(__file__).resolve().parent / "results" / "canary_digits.json"
 CONFIDENCE = 0.95

@@ -28,9 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from core.storage import atomic_write_json
-from orchestrator.config import (
+from dpsweep.core.storage import atomic_write_json
+from dpsweep.orchestrator.config import (
     Config,
     DataConfig,
     ModelConfig,
@@ -38,10 +37,10 @@ from orchestrator.config import (
     ResourcesConfig,
     TrainingConfig,
 )
-from orchestrator.door import check
-from orchestrator.trial import plan as trial_mod
-from trainables.audit.canary_runs import CanaryRun, black_box_run, white_box_run
-from trainables.training.loop import load_trial_data
+from dpsweep.orchestrator.door import check
+from dpsweep.orchestrator.trial import plan as trial_mod
+from dpsweep.trainables.audit.canary_runs import CanaryRun, black_box_run, white_box_run
+from dpsweep.trainables.training.loop import load_trial_data
 
 RESULTS = Path(__file__).resolve().parent / "results" / "canary_fmnist.json"
 CONFIDENCE = 0.95

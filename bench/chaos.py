@@ -44,9 +44,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dpsweep.core import layout
+
 from bench import cli_harness as cli
 from bench.harness import load_average, write_results
-from core import layout
 
 DRIVER, WORKER, GROUP = "driver", "worker", "group"
 KINDS = (DRIVER, WORKER, GROUP)
@@ -195,7 +196,7 @@ def store_mismatches(records: Mapping[str, Mapping[str, Any]],
 
 def check_run(run: Path, *, planned: frozenset[str]) -> dict[str, Any]:
     """The end state of a soak's run directory against its planned trial ids."""
-    from reports.store import read_results
+    from dpsweep.reports.store import read_results
 
     files = final_records(run)
     records = {t: json.loads((run / layout.TRIALS / t / layout.RESULT).read_text())
@@ -227,9 +228,9 @@ def check_run(run: Path, *, planned: frozenset[str]) -> dict[str, Any]:
 
 def planned_ids(config: Path, run: Path) -> frozenset[str]:
     """The trial ids the config plans (with private tuning: the secret counts the run drew)."""
-    from orchestrator.api import load_config as load
-    from orchestrator.door import check
-    from orchestrator.sweep.plans import study_plans
+    from dpsweep.orchestrator.api import load_config as load
+    from dpsweep.orchestrator.door import check
+    from dpsweep.orchestrator.sweep.plans import study_plans
 
     counts = None
     if (run / layout.PRIVATE_TUNING).is_file():
@@ -432,9 +433,9 @@ PLAN_LINE = "private tuning:"
 def private_statement(config: Path, run: Path, *, printed: list[str]) -> dict[str, Any]:
     """The soaked run's tuning statement against the one a clean run of its config states
     (computed by the function the driver calls), in summary.json, the report and on stdout."""
-    from orchestrator.api import load_config as load
-    from orchestrator.door import check
-    from orchestrator.sweep.tuning import private_tuning_plan
+    from dpsweep.orchestrator.api import load_config as load
+    from dpsweep.orchestrator.door import check
+    from dpsweep.orchestrator.sweep.tuning import private_tuning_plan
 
     clean = private_tuning_plan(check(load(config))).to_dict()
     after = json.loads((run / layout.SUMMARY).read_text()).get("tuning") or {}

@@ -23,9 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-
-from core.layout import LOCK_INFO, OPTUNA_DB, RESULT, RESULTS, TRIALS
-from reports.store import read_results
+from dpsweep.core.layout import LOCK_INFO, OPTUNA_DB, RESULT, RESULTS, TRIALS
+from dpsweep.reports.store import read_results
 
 #: The console script of the environment running the harness.
 BIN = Path(sys.executable).parent / "dpsweep"

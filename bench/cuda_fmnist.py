@@ -26,12 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from orchestrator import api
-from orchestrator import config as config_mod
-from orchestrator.door import check
-from orchestrator.trial.single import train_single
-from trainables.training.loop import resolve_device
+from dpsweep.orchestrator import api
+from dpsweep.orchestrator import config as config_mod
+from dpsweep.orchestrator.door import check
+from dpsweep.orchestrator.trial.single import train_single
+from dpsweep.trainables.training.loop import resolve_device
 
 DEFAULT_CONFIG = Path("configs/fmnist_full_published.toml")
 DEFAULT_REPEATS = 3

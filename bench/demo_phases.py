@@ -21,11 +21,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dpsweep.core import layout
+from dpsweep.orchestrator.door import check
+from dpsweep.orchestrator.sweep.commands import demo_config
+from dpsweep.orchestrator.sweep.driver import run_sweep
+
 from bench.harness import write_results
-from core import layout
-from orchestrator.door import check
-from orchestrator.sweep.commands import demo_config
-from orchestrator.sweep.driver import run_sweep
 
 
 def _phases(run: Path, wall: float) -> dict[str, Any]:

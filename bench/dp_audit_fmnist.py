@@ -21,23 +21,23 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from dpsweep.core import layout
+
 from bench.harness import write_results
-from core import layout
 
 
 def _audit(run_dir: str, trial_id: str) -> dict[str, Any]:
     import torch
-
-    from orchestrator.api import load_config as load
-    from orchestrator.audit.membership import (
+    from dpsweep.orchestrator.api import load_config as load
+    from dpsweep.orchestrator.audit.membership import (
         AuditSettings,
         audit_trial_model,
         budgets_from_config,
         claim_check,
         reference_budgets,
     )
-    from orchestrator.sweep.search import audit_settings
-    from trainables.training.loop import load_spec, load_trial_data
+    from dpsweep.orchestrator.sweep.search import audit_settings
+    from dpsweep.trainables.training.loop import load_spec, load_trial_data
 
     torch.set_num_threads(1)
     run = Path(run_dir)

@@ -36,18 +36,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from dpsweep.core.layout import CHECKPOINT_DIR
+from dpsweep.core.poisson import poisson_plan
+from dpsweep.orchestrator.api import from_dict
+from dpsweep.orchestrator.config import read_toml
+from dpsweep.orchestrator.door import check
+from dpsweep.orchestrator.trial.plan import plan_trial
+from dpsweep.trainables.dp.randomness import Randomness
+from dpsweep.trainables.dp.step import DPStep, PublicData
+from dpsweep.trainables.methods import get_method
+from dpsweep.trainables.training.loop import build_trial_model, evaluate, train_trial
 
 from bench.harness import load_average, wait_for_quiet, write_results
-from core.layout import CHECKPOINT_DIR
-from core.poisson import poisson_plan
-from orchestrator.api import from_dict
-from orchestrator.config import read_toml
-from orchestrator.door import check
-from orchestrator.trial.plan import plan_trial
-from trainables.dp.randomness import Randomness
-from trainables.dp.step import DPStep, PublicData
-from trainables.methods import get_method
-from trainables.training.loop import build_trial_model, evaluate, train_trial
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "fmnist_full_a.toml"
 #: The trial the issue quotes (0.867 test accuracy at epsilon 2.985): step lr * C = 0.4.

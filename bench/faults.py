@@ -81,10 +81,10 @@ def trials_per_method(kills: int) -> int:
 def expected_ids(config: Path) -> tuple[frozenset[str], frozenset[str]]:
     """(search trial ids, every id including the baseline) of the config, as the driver names
     them (``orchestrator.sweep.plans.study_plans``)."""
-    from orchestrator.api import load_config as load
-    from orchestrator.door import check
-    from orchestrator.sweep.jobs import BASELINE_ID
-    from orchestrator.sweep.plans import study_plans
+    from dpsweep.orchestrator.api import load_config as load
+    from dpsweep.orchestrator.door import check
+    from dpsweep.orchestrator.sweep.jobs import BASELINE_ID
+    from dpsweep.orchestrator.sweep.plans import study_plans
 
     plans = study_plans(check(load(config)))
     search = frozenset(p.trial_id(i) for p in plans for i in range(p.n_trials))

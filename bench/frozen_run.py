@@ -11,7 +11,7 @@ default ``[audit]``) in a fresh run directory; the bench then reads each trial's
 Reported per trial: training and audit seconds, their ratio, the audit's parts (its references'
 training and signals, everything up to scoring, the scoring), whether the peak MIA is finite,
 and the layers the audit reported ``shared`` (frozen and identical in the target and every
-reference). Results: ``bench/results/frozen_run.json``, whose table ``orchestrator.docgen``
+reference). Results: ``bench/results/frozen_run.json``, whose table ``bench.docgen``
 puts in ``docs/audit.md``.
 
 Run from the repository root: ``.venv/bin/python -m bench.frozen_run`` (about 2 minutes on 2
@@ -31,8 +31,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dpsweep.core import layout
+
 from bench.harness import load_average, write_results
-from core import layout
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "frozen_backbone"
@@ -65,7 +66,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
         started = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "run",
+        done = subprocess.run([sys.executable, "-m", "dpsweep.orchestrator.cli", "run",
                                str(EXAMPLE / "sweep.toml"), "--out", str(run_dir), "--quiet"],
                               cwd=ROOT, capture_output=True, text=True)
         wall = time.perf_counter() - started

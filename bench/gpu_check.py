@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise SystemExit("no CUDA device: `--device cpu --smoke` is the dry run")
-        from trainables.training.loop import full_float32
+        from dpsweep.trainables.training.loop import full_float32
 
         full_float32()  # what training sets: no TF32
     budget = Budget(args.budget)

@@ -94,7 +94,7 @@ def nonprivate_step(cfg: st.Config, device: torch.device) -> Step:
 
 def engine_step(cfg: st.Config, device: torch.device) -> Step:
     """The step table's hand-written DP-SGD step: norms, flat clip, one weighted sum, noise, SGD."""
-    from trainables.engine.grad_engine import GradEngine
+    from dpsweep.trainables.engine.grad_engine import GradEngine
 
     x, y = _batch(cfg, device)
     model = _net(cfg, device)
@@ -137,9 +137,9 @@ def opacus_step(cfg: st.Config, device: torch.device) -> Step:
 def build_method(cfg: st.Config, device: torch.device, series: str) -> Any:
     """A registered method (``name[:mode]``) on ``device`` as a trial builds it: the paper
     preset, a long constant schedule, secret noise drawn on the device, a public pool there."""
-    from trainables.dp.randomness import Randomness
-    from trainables.dp.step import PublicData
-    from trainables.methods import get_method, parse_series
+    from dpsweep.trainables.dp.randomness import Randomness
+    from dpsweep.trainables.dp.step import PublicData
+    from dpsweep.trainables.methods import get_method, parse_series
 
     name, mode = parse_series(series, field="method")
     model = _net(cfg, device)
@@ -266,7 +266,7 @@ def timing_table(device: torch.device, *, rows: Sequence[tuple[str, int]], round
 # ---- 2. every method against DP-SGD -----------------------------------------------------------
 def _method_entries(cfg: st.Config, device: torch.device
                     ) -> tuple[dict[str, Step], dict[str, int], dict[str, str]]:
-    from trainables.methods import METHODS
+    from dpsweep.trainables.methods import METHODS
 
     built: dict[str, Step] = {}
     calls: dict[str, int] = {}
@@ -378,7 +378,7 @@ def profile_syncs(fn: Step, device: torch.device, *, steps: int) -> dict[str, An
 def guard_check(device: torch.device, cfg: st.Config, *, steps: int) -> dict[str, Any]:
     """The dpsgd method's steps under ``trainables.engine.host_reads.forbid_host_reads``."""
     try:
-        from trainables.engine.host_reads import forbid_host_reads
+        from dpsweep.trainables.engine.host_reads import forbid_host_reads
     except ImportError as exc:
         return {"error": error_text(exc)}
     fn = method_step(cfg, device)

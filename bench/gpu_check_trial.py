@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from dpsweep.orchestrator import api
 
 from bench.gpu_check_steps import error_text, release, sync
-from orchestrator import api
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = Path("configs/fmnist_full_published.toml")
@@ -64,7 +64,7 @@ def trial_config(path: Path, *, device: str, data_dir: Path | None, epochs: int 
                  smoke: bool = False) -> Any:
     """The config's one point, on ``device``; ``epochs`` shortens it (no pruner then);
     ``smoke``: the bundled digits at batch 64 instead (a dry run that needs no files)."""
-    from orchestrator import config as config_mod
+    from dpsweep.orchestrator import config as config_mod
 
     raw = config_mod.read_toml(path)
     raw.setdefault("resources", {})["device"] = device
@@ -85,14 +85,14 @@ def trial_config(path: Path, *, device: str, data_dir: Path | None, epochs: int 
 def _resolved(cfg: Any) -> Any:
     """The config's resolved setup (``orchestrator.trial.setup``; imported here, as every
     orchestrator module is in this file)."""
-    from orchestrator.door import check
+    from dpsweep.orchestrator.door import check
 
     return check(cfg)
 
 
 def plan(cfg: Any, data: Any, cache_dir: Path) -> tuple[Any, float]:
     """The trial's spec (budget matched by the accountant) and the seconds it took."""
-    from orchestrator.trial.plan import plan_trial
+    from dpsweep.orchestrator.trial.plan import plan_trial
 
     start = time.perf_counter()
     spec = plan_trial(_resolved(cfg), trial_id="gpu-check", data=data, cache_dir=cache_dir)
@@ -109,7 +109,7 @@ def _checks(row: dict[str, Any]) -> dict[str, bool]:
 def full_trial(ctx: dict[str, Any], *, config_path: Path, device: str,
                data_dir: Path | None, smoke: bool) -> dict[str, Any]:
     """Section 4: the config's point trained once; ``train_s`` as bench/cuda_fmnist.py."""
-    from trainables.training.loop import train_trial
+    from dpsweep.trainables.training.loop import train_trial
 
     found = None if smoke else find_data(data_dir)
     start = time.perf_counter()
@@ -139,10 +139,10 @@ def full_trial(ctx: dict[str, Any], *, config_path: Path, device: str,
 
 # ---- the training loop's host syncs -----------------------------------------------------------
 def _count_trial(spec: Any, data: Any, device: torch.device) -> dict[str, int]:
+    from dpsweep.trainables.training.loop import train_trial
     from torch.profiler import profile
 
     from bench.gpu_check_steps import activities, sync_counts
-    from trainables.training.loop import train_trial
 
     sync(device)
     with profile(activities=activities(device)) as prof:
@@ -157,8 +157,8 @@ def loop_syncs(ctx: dict[str, Any], *, config_path: Path, device: str,
     logging; no evaluation): trials of 1 and 2 epochs under the profiler, after one unprofiled
     trial; the difference is one epoch's marginal count, which cancels the one-time build and
     the privacy record."""
-    from core.poisson import poisson_plan
-    from trainables.training.loop import train_trial
+    from dpsweep.core.poisson import poisson_plan
+    from dpsweep.trainables.training.loop import train_trial
 
     dev = torch.device(device)
     data_dir = ctx.get("data_dir") or (None if smoke else find_data(None))
@@ -191,7 +191,7 @@ def _data(ctx: dict[str, Any], cfg: Any) -> Any:
 
 # ---- several trials sharing one GPU -----------------------------------------------------------
 def _train_timed(spec: Any, data: Any) -> dict[str, Any]:
-    from trainables.training.loop import train_trial
+    from dpsweep.trainables.training.loop import train_trial
 
     if torch.cuda.is_initialized():
         torch.cuda.reset_peak_memory_stats()
@@ -210,7 +210,7 @@ def share_child(spec_dict: dict[str, Any], index: int, barrier: Any, results: An
     """One sharing process: load the data and start CUDA, wait for all; child 0 trains alone
     while the others wait; then all train at once. Results go to ``results``."""
     try:
-        from trainables.training.loop import load_spec, load_trial_data, resolve_device
+        from dpsweep.trainables.training.loop import load_spec, load_trial_data, resolve_device
 
         spec = load_spec(spec_dict)
         data = load_trial_data(spec)
@@ -233,8 +233,8 @@ def _share_spec(ctx: dict[str, Any], *, config_path: Path, device: str, steps: i
                 processes: int, smoke: bool) -> tuple[Any, dict[str, Any]]:
     import dataclasses
 
-    from core.poisson import poisson_plan
-    from core.trial import TrialSpec
+    from dpsweep.core.poisson import poisson_plan
+    from dpsweep.core.trial import TrialSpec
 
     data_dir = ctx.get("data_dir") or (None if smoke else find_data(None))
     probe = trial_config(config_path, device=device, data_dir=data_dir, smoke=smoke)

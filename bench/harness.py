@@ -40,7 +40,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from core.storage import atomic_write_json
+from dpsweep.core.storage import atomic_write_json
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 #: Bytes per kibibyte (``/proc`` and Linux ``ru_maxrss`` report KiB).

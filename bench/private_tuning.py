@@ -30,14 +30,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.vocabulary import VALIDATION_OBJECTIVE
+from dpsweep.orchestrator import api
+from dpsweep.orchestrator.api import from_dict
+from dpsweep.orchestrator.config import Config
+from dpsweep.orchestrator.door import check
+from dpsweep.reports.pick import choose_private
+
 from bench.harness import write_results
-from core.errors import UserInputError
-from core.vocabulary import VALIDATION_OBJECTIVE
-from orchestrator import api
-from orchestrator.api import from_dict
-from orchestrator.config import Config
-from orchestrator.door import check
-from reports.pick import choose_private
 
 #: The study's split sizes and schedule (configs/fmnist.toml), DP-SGD only, no audit.
 BASE: dict[str, Any] = {
@@ -64,10 +65,10 @@ def _config(*, epsilon: float, trials: int, tuning: str, seed: int) -> Config:
 
 def matched_per_trial_epsilon(*, cfg: Config, n_trials: int, end_to_end: float) -> dict[str, Any]:
     """The per-trial epsilon whose N exactly composed DP-SGD runs reach ``end_to_end``."""
-    from core.poisson import poisson_plan
-    from core.schedule import Schedule
-    from orchestrator.accounting.calibration import certify
-    from orchestrator.accounting.tuning.adaptive import adaptive_statement
+    from dpsweep.core.poisson import poisson_plan
+    from dpsweep.core.schedule import Schedule
+    from dpsweep.orchestrator.accounting.calibration import certify
+    from dpsweep.orchestrator.accounting.tuning.adaptive import adaptive_statement
 
     q, per_epoch = poisson_plan(dataset_size=cfg.data.train_size,
                                 batch_size=cfg.training.batch_size)
@@ -119,8 +120,8 @@ def main() -> None:
                         help="TPE trials, and the mean number of private-tuning trials")
     parser.add_argument("--repeats", type=int, default=1, help="repeats of the three sweeps")
     args = parser.parse_args()
-    from orchestrator.accounting.tuning.adaptive import adaptive_statement
-    from orchestrator.sweep.tuning import private_tuning_plan
+    from dpsweep.orchestrator.accounting.tuning.adaptive import adaptive_statement
+    from dpsweep.orchestrator.sweep.tuning import private_tuning_plan
 
     rows: list[dict[str, Any]] = []
     work = Path(tempfile.mkdtemp(prefix="dpsweep-private-tuning-"))

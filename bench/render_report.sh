@@ -34,7 +34,7 @@ mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 
 HTML="$(PYTHONPATH="$ROOT" "$PY" -c 'import sys; from pathlib import Path
-from orchestrator.report import run_report
+from dpsweep.orchestrator.report import run_report
 print(run_report(Path(sys.argv[1])))' "$RUN_DIR")"
 echo "report: $HTML"
 

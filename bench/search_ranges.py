@@ -17,13 +17,14 @@ import math
 import time
 from typing import Any
 
+from dpsweep.orchestrator.config import Config
+from dpsweep.orchestrator.door import check
+from dpsweep.orchestrator.sweep.plans import study_plans
+from dpsweep.orchestrator.trial.plan import plan_trial
+from dpsweep.search_spaces import STEP
+from dpsweep.trainables.training.loop import train_trial
+
 from bench.harness import write_results
-from orchestrator.config import Config
-from orchestrator.door import check
-from orchestrator.sweep.plans import study_plans
-from orchestrator.trial.plan import plan_trial
-from search_spaces import STEP
-from trainables.training.loop import train_trial
 
 #: Validation accuracy a digits trial must reach to count as useful (issue 14: >= 0.75).
 USEFUL = 0.75

@@ -25,7 +25,7 @@ Each entry reports the median and IQR of its step times and the median (IQR) of 
 ratios to the non-private step; ``dpsweep DP-SGD`` also the median (IQR) of its per-round ratios
 to ``opacus hooks``, held to the target (<= 1.0: no slower). Results:
 ``bench/results/step_time_stock.json`` (a full run; a subset of ``--models`` writes
-``step_time_stock_partial.json``), whose table ``orchestrator.docgen`` puts in
+``step_time_stock_partial.json``), whose table ``bench.docgen`` puts in
 ``docs/stock-models.md`` (a full run regenerates it).
 
 Run from the repository root: ``.venv/bin/python -m bench.stock_models [--models ...]
@@ -50,6 +50,12 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from dpsweep.core.errors import UserInputError
+from dpsweep.trainables.dp.step import PublicData
+from dpsweep.trainables.models.assemble import build_network
+from dpsweep.trainables.models.source import ModelSource
+from dpsweep.trainables.models.usercode import resolve
+from dpsweep.trainables.models.validator import sample_batch
 from torch import nn
 
 from bench.harness import (
@@ -71,12 +77,6 @@ from bench.step_time import (
     default_series,
     method_on,
 )
-from core.errors import UserInputError
-from trainables.dp.step import PublicData
-from trainables.models.assemble import build_network
-from trainables.models.source import ModelSource
-from trainables.models.usercode import resolve
-from trainables.models.validator import sample_batch
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The factories' folder: dpsweep imports them from here as it imports a user's code_dir.
@@ -323,7 +323,7 @@ def run_info(*, rounds: int, threads: int) -> dict[str, Any]:
 
 
 def _regenerate_docs() -> None:
-    from orchestrator import docgen
+    from bench.docgen import blocks as docgen
 
     path = docgen.ROOT / docgen.STOCK_DOC
     path.write_text(docgen.render(path.read_text(), "stock_speed"))
@@ -360,7 +360,7 @@ def main(argv: list[str] | None = None) -> None:
                "order": list(rows),  # the results file sorts its keys
                "wall_s": time.perf_counter() - started}
     path = write_results(name, payload)
-    from orchestrator.docgen import stock_speed_markdown
+    from bench.docgen.blocks import stock_speed_markdown
 
     print("\n" + stock_speed_markdown(payload))
     print(f"\nwrote {path} ({payload['wall_s']:.0f} s)")

@@ -47,12 +47,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from dpsweep.orchestrator.api import from_dict
+from dpsweep.orchestrator.cluster import connection as cluster
+from dpsweep.orchestrator.config import Config
+from dpsweep.orchestrator.door import check
+from dpsweep.orchestrator.sweep import driver as sweep_mod
+
 from bench.harness import load_average, write_results
-from orchestrator.api import from_dict
-from orchestrator.cluster import connection as cluster
-from orchestrator.config import Config
-from orchestrator.door import check
-from orchestrator.sweep import driver as sweep_mod
 
 METHOD = "dpsgd"
 DATASET = "digits"

@@ -20,13 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from core import layout
-from core.events import PoissonSubsampledGaussian, events_to_list
-from core.records import PrivacyRecord
-from orchestrator.config import Config, DataConfig, PrivacyConfig, SweepConfig
-from orchestrator.rundir import RunDir
-from reports import store
+from dpsweep.core import layout
+from dpsweep.core.events import PoissonSubsampledGaussian, events_to_list
+from dpsweep.core.records import PrivacyRecord
+from dpsweep.orchestrator.config import Config, DataConfig, PrivacyConfig, SweepConfig
+from dpsweep.orchestrator.rundir import RunDir
+from dpsweep.reports import store
 
 DATASET = "fashion-mnist"
 SIZES = {"train": 5000, "validation": 2000, "holdout": 2000, "test": 2000, "shadow": 5000}
@@ -91,7 +90,7 @@ SERIES = ("dpsgd", "ww_dpsgd", "dp_adamilg", "dp_adamilg:faithful", "dpsgd_lf")
 
 
 def _params(method: str, mode: str) -> dict[str, Any]:
-    from trainables.methods import get_method
+    from dpsweep.trainables.methods import get_method
 
     values: dict[str, Any] = {"lr": 0.8, "clip_norm": 1.0}
     if mode:

@@ -36,10 +36,9 @@ enabled = false
 def main() -> None:
     import secrets
 
+    from dpsweep.orchestrator.cluster import connection as dpcluster
+    from dpsweep.orchestrator.raytemp import private_temp_dir
     from ray.cluster_utils import Cluster
-
-    from orchestrator.cluster import connection as dpcluster
-    from orchestrator.raytemp import private_temp_dir
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -62,7 +61,7 @@ def main() -> None:
             (root / "sweep.toml").write_text(CONFIG)
             start = time.perf_counter()
             proc = subprocess.run(
-                [sys.executable, "-m", "orchestrator.cli", "run", str(root / "sweep.toml"),
+                [sys.executable, "-m", "dpsweep.orchestrator.cli", "run", str(root / "sweep.toml"),
                  "--out", str(root / "run"), "--address", nodes.address, "--quiet"],
                 capture_output=True, text=True, env={**os.environ, **token_env}, timeout=900)
             wall = time.perf_counter() - start

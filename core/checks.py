@@ -15,7 +15,7 @@ import numbers
 import operator
 from typing import Any
 
-from core.errors import UserInputError
+from dpsweep.core.errors import UserInputError
 
 
 def number_range(*, low: float = -math.inf, high: float = math.inf, low_open: bool = False,

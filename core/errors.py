@@ -21,7 +21,7 @@ import os
 import re
 from typing import Any
 
-from core.exits import EXIT_DISK_FULL as EXIT_DISK_FULL  # re-exported: the code of DiskFull
+from dpsweep.core.exits import EXIT_DISK_FULL as EXIT_DISK_FULL  # re-exported: the code of DiskFull
 
 
 class UserInputError(Exception):

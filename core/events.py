@@ -20,8 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from core.checks import number, whole
-from core.errors import UserInputError
+from dpsweep.core.checks import number, whole
+from dpsweep.core.errors import UserInputError
 
 #: Smallest mean number of repetitions dp_accounting's repeat-and-select analysis accepts.
 MIN_REPETITION_MEAN = 1.0

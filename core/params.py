@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.errors import UserInputError
+from dpsweep.core.errors import UserInputError
 
 #: What a parameter is for: ``hyper`` is a hyperparameter a sweep may search; ``setting`` is a
 #: fixed knob (e.g. a refresh period); ``prepared`` is filled by a method's once-per-sweep

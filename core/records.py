@@ -17,10 +17,10 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from core.checks import number, number_range, whole
-from core.errors import UserInputError
-from core.schedule import Schedule
-from core.storage import atomic_write_json
+from dpsweep.core.checks import number, number_range, whole
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.schedule import Schedule
+from dpsweep.core.storage import atomic_write_json
 
 #: The only mechanism dpsweep trains with (what the accountant certifies).
 MECHANISM = "poisson_subsampled_gaussian"

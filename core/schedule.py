@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from core.errors import UserInputError
+from dpsweep.core.errors import UserInputError
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from core.errors import disk_full
-from core.hints import ignored, read_json_hint
+from dpsweep.core.errors import disk_full
+from dpsweep.core.hints import ignored, read_json_hint
 
 #: Prefix of temporary files (``.tmp-<name>-<random>``); the run directory ignores them.
 TMP_PREFIX = ".tmp-"

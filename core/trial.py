@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Final
 
-from core.errors import UserInputError
-from core.poisson import PHYSICAL_BATCH
-from core.schedule import Schedule
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.poisson import PHYSICAL_BATCH
+from dpsweep.core.schedule import Schedule
 
 #: The calibration's stored form (the budget cache keys on it); bump when the cache's meaning
 #: changes, so stale answers are never served.

@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from core import layout  # the file names only: nothing of dpsweep computes here
+from dpsweep.core import layout  # the file names only: nothing of dpsweep computes here
 
 #: Largest |recorded - recomputed| accepted.
 TOLERANCE = 1e-9

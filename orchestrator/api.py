@@ -1,6 +1,6 @@
 """dpsweep's Python API: what the command line does, as functions.
 
-    from orchestrator import api
+    from dpsweep.orchestrator import api
 
     cfg = api.load_config("sweep.toml")            # or api.Config() with dataclasses.replace
     summary = api.run(cfg, out="runs/sweep1")      # Ray Tune + Optuna, audit, report
@@ -26,25 +26,24 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from core.errors import UserInputError
-from core.layout import RESULTS
-from orchestrator import cli_budget
-from orchestrator.config import Config, parse, read_toml
-from orchestrator.config.paths import address_of, check_address_form, check_path_form
-from orchestrator.door import CheckedSetup, check
-from orchestrator.release.selection import read_selection
-from orchestrator.report import run_report
-from orchestrator.rundir import RunDir
-from reports.store import read_results
-from trainables.models.source import source_of_callable
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.layout import RESULTS
+from dpsweep.orchestrator import cli_budget
+from dpsweep.orchestrator.config import Config, parse, read_toml
+from dpsweep.orchestrator.config.paths import address_of, check_address_form, check_path_form
+from dpsweep.orchestrator.door import CheckedSetup, check
+from dpsweep.orchestrator.release.selection import read_selection
+from dpsweep.orchestrator.report import run_report
+from dpsweep.orchestrator.rundir import RunDir
+from dpsweep.reports.store import read_results
+from dpsweep.trainables.models.source import source_of_callable
 
 if TYPE_CHECKING:
     import pandas as pd
-
-    from core.trial import Calibration
-    from orchestrator.release.bundle import ExportResult
-    from orchestrator.sweep.driver import SweepSummary
-    from orchestrator.sweep.reaudit import ReauditSummary
+    from dpsweep.core.trial import Calibration
+    from dpsweep.orchestrator.release.bundle import ExportResult
+    from dpsweep.orchestrator.sweep.driver import SweepSummary
+    from dpsweep.orchestrator.sweep.reaudit import ReauditSummary
 
 __all__ = ["Config", "UserInputError", "budget", "export", "from_dict", "load_config", "pick",
            "reaudit", "report", "results", "resume", "run"]
@@ -78,7 +77,7 @@ def run(cfg: Config, *, out: str | Path, address: str | None = None, quiet: bool
     """
     run_dir = check_path_form(out, field="out")
     setup = _checked(cfg, model=model, machine=not address_of(address, field="address"))
-    from orchestrator.sweep.driver import run_sweep
+    from dpsweep.orchestrator.sweep.driver import run_sweep
 
     return run_sweep(setup, run_dir=run_dir, address=address, quiet=quiet)
 
@@ -107,7 +106,7 @@ def resume(run_dir: str | Path, *, address: str | None = None, quiet: bool = Tru
            retry_failed: bool = False) -> SweepSummary:
     """Continue an interrupted sweep; finished trials are kept (``retry_failed``: failed
     trials and re-runs are trained again; refused under private tuning)."""
-    from orchestrator.sweep.driver import resume_sweep
+    from dpsweep.orchestrator.sweep.driver import resume_sweep
 
     check_address_form(address, field="address")
     return resume_sweep(Path(run_dir), address=address, quiet=quiet, retry_failed=retry_failed)
@@ -119,7 +118,7 @@ def reaudit(run_dir: str | Path, *, trials: Sequence[str] = (), every: bool = Fa
     failed or is missing (``dpsweep reaudit``): those the sweep's audit covers, or ``trials``,
     or with ``every`` every finished trial without an audit. An audit that stands is never run
     again; the report is rebuilt."""
-    from orchestrator.sweep.reaudit import reaudit_run
+    from dpsweep.orchestrator.sweep.reaudit import reaudit_run
 
     check_address_form(address, field="address")
     return reaudit_run(Path(run_dir), trials=tuple(trials), every=every, address=address,
@@ -150,7 +149,7 @@ def pick(run_dir: str | Path, *, max_peak_mia: float | None = None,
     """Choose the deployable trial (writes pick.toml); returns the text ``dpsweep pick`` prints.
     ``allow_degenerate`` lets ``export_to`` release a trial at chance level (private tuning
     picks by the noisy score alone, which can choose one)."""
-    from orchestrator.release.pick import pick_and_write
+    from dpsweep.orchestrator.release.pick import pick_and_write
 
     if export_to is not None:
         check_path_form(export_to, field="export_to")
@@ -167,7 +166,7 @@ def export(run_dir: str | Path, *, trial_id: str, out: str | Path,
     """Write the trial's release into ``out``: weights, model description, the network's code
     and a loader (``docs/export.md``), and the privacy statement. A degenerate trial (at
     chance level) is refused unless ``allow_degenerate``."""
-    from orchestrator.release.export import export_from_run
+    from dpsweep.orchestrator.release.export import export_from_run
 
     return export_from_run(Path(run_dir), trial_id=trial_id,
                            out=check_path_form(out, field="out"),

@@ -29,14 +29,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, NoReturn
 
-from core.errors import DiskFull, UserInputError, disk_full
-from core.exits import EXIT_DISK_FULL, EXIT_SIGINT, EXIT_USAGE
-from orchestrator import __version__, door
-from orchestrator import config as config_mod
-from orchestrator.config import DEFAULT_ACCOUNTANT_TIMEOUT_S
-from orchestrator.config.checks import MAX_EPSILON
-from orchestrator.config.paths import address_of, check_address_form, check_path_form
-from orchestrator.sweep.signals import ignore_further_signals
+from dpsweep.core.errors import DiskFull, UserInputError, disk_full
+from dpsweep.core.exits import EXIT_DISK_FULL, EXIT_SIGINT, EXIT_USAGE
+from dpsweep.orchestrator import __version__, door
+from dpsweep.orchestrator import config as config_mod
+from dpsweep.orchestrator.config import DEFAULT_ACCOUNTANT_TIMEOUT_S
+from dpsweep.orchestrator.config.checks import MAX_EPSILON
+from dpsweep.orchestrator.config.paths import address_of, check_address_form, check_path_form
+from dpsweep.orchestrator.sweep.signals import ignore_further_signals
 
 #: Path arguments (argparse dest -> the name the user typed, and whether dpsweep creates it),
 #: checked in form before any command.
@@ -45,13 +45,11 @@ PATH_ARGS = {"out": ("--out", True), "run_dir": ("RUN_DIR", False), "config": ("
 #: The module each command's work lives in, imported only when that command runs (its handler
 #: here, ``cmd_<command>``, is given it): ``--help``, ``config``, ``budget`` and the other
 #: commands that train nothing never import torch, Ray or Optuna through another command.
-COMMANDS = {"budget": "orchestrator.cli_budget",
-            "run": "orchestrator.sweep.commands", "resume": "orchestrator.sweep.commands",
-            "demo": "orchestrator.sweep.commands", "reaudit": "orchestrator.sweep.reaudit",
-            "train": "orchestrator.trial.single",
-            "report": "orchestrator.api", "pick": "orchestrator.release.pick",
-            "export": "orchestrator.release.export", "audit": "orchestrator.audit.canary",
-            "config": "orchestrator.trial.setup"}
+COMMANDS = {verb: f"dpsweep.orchestrator.{module}" for verb, module in (
+    ("budget", "cli_budget"), ("run", "sweep.commands"), ("resume", "sweep.commands"),
+    ("demo", "sweep.commands"), ("reaudit", "sweep.reaudit"), ("train", "trial.single"),
+    ("report", "api"), ("pick", "release.pick"), ("export", "release.export"),
+    ("audit", "audit.canary"), ("config", "trial.setup"))}
 #: Commands whose CONFIG is read and validated before their module is imported (into
 #: ``args.cfg``): a missing, unparsable or invalid config is refused in about a second, as by
 #: ``config --check``, not after the 10-20 s that torch, Ray and Optuna take to load.

@@ -12,20 +12,20 @@ import logging
 from decimal import ROUND_CEILING, ROUND_FLOOR, ROUND_HALF_EVEN, Decimal
 from typing import Any
 
-from core import poisson
-from core.checks import number, whole
-from core.errors import UserInputError
-from core.trial import Calibration
-from orchestrator.accounting import calibration as calibration_module
-from orchestrator.accounting.calibration import calibrate
-from orchestrator.accounting.certificate import (
+from dpsweep.core import poisson
+from dpsweep.core.checks import number, whole
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.trial import Calibration
+from dpsweep.orchestrator.accounting import calibration as calibration_module
+from dpsweep.orchestrator.accounting.calibration import calibrate
+from dpsweep.orchestrator.accounting.certificate import (
     MIN_SAMPLE_RATE,
     check_delta,
     check_epsilon,
     check_sample_rate,
 )
-from orchestrator.config import DEFAULT_ACCOUNTANT_TIMEOUT_S, MAX_ACCOUNTANT_TIMEOUT_S
-from orchestrator.config.checks import check_reachable
+from dpsweep.orchestrator.config import DEFAULT_ACCOUNTANT_TIMEOUT_S, MAX_ACCOUNTANT_TIMEOUT_S
+from dpsweep.orchestrator.config.checks import check_reachable
 
 
 def need(ok: bool, flag: str, value: Any, allowed: str) -> None:

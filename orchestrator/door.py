@@ -17,14 +17,14 @@ from dataclasses import InitVar, dataclass
 from pathlib import Path
 from typing import Any
 
-from core.datasets import FILE_DATASET
-from core.errors import UserInputError
-from orchestrator.cluster.resources import check_config_resources
-from orchestrator.config import Config, DataConfig, parse, parse_file
-from orchestrator.config.checks import check_budget, check_sizes
-from orchestrator.trial.setup import ResolvedSetup
-from search_spaces import check_overrides
-from trainables.methods import METHODS
+from dpsweep.core.datasets import FILE_DATASET
+from dpsweep.core.errors import UserInputError
+from dpsweep.orchestrator.cluster.resources import check_config_resources
+from dpsweep.orchestrator.config import Config, DataConfig, parse, parse_file
+from dpsweep.orchestrator.config.checks import check_budget, check_sizes
+from dpsweep.orchestrator.trial.setup import ResolvedSetup
+from dpsweep.search_spaces import check_overrides
+from dpsweep.trainables.methods import METHODS
 
 #: Only :func:`check` holds it: a :class:`CheckedSetup` made anywhere else is refused.
 _DOOR = object()

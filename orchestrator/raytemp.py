@@ -17,7 +17,7 @@ import tempfile
 from contextlib import suppress
 from pathlib import Path
 
-from core.errors import UserInputError
+from dpsweep.core.errors import UserInputError
 
 PRIVATE_TEMP_PREFIX = "dpsweep-ray-"
 #: Ray's temp dir inside the private folder.

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reports.html import build_report
-from trainables.methods import prepared_params, report_series
+from dpsweep.reports.html import build_report
+from dpsweep.trainables.methods import prepared_params, report_series
 
 
 def run_report(run_dir: Path) -> Path:

@@ -34,10 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock, Timeout
-
-from core.errors import DiskFull, UserInputError, disk_full
-from core.layout import (
+from dpsweep.core.errors import DiskFull, UserInputError, disk_full
+from dpsweep.core.layout import (
     CACHE,
     CHECKPOINT_DIR,
     CHECKPOINT_FILE,
@@ -53,13 +51,14 @@ from core.layout import (
     TRIALS,
     TUNE,
 )
-from core.storage import (
+from dpsweep.core.storage import (
     TMP_PREFIX,
     atomic_write_bytes,
     atomic_write_json,
     atomic_write_text,
     sha256_file,
 )
+from filelock import FileLock, Timeout
 
 FORMAT = "dpsweep-run"
 VERSION = 1

@@ -45,10 +45,9 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-
-from core.errors import UserInputError
-from core.vocabulary import OK, PRUNED
-from reports.store import DEGENERATE_MARGIN
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.vocabulary import OK, PRUNED
+from dpsweep.reports.store import DEGENERATE_MARGIN
 
 ACC = "val_accuracy"
 MIA = "peak_mia_accuracy"

@@ -35,11 +35,10 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-
-from core.errors import UserInputError
-from core.modes import INVALID_TAG
-from core.vocabulary import OK
-from reports.pareto import (
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.modes import INVALID_TAG
+from dpsweep.core.vocabulary import OK
+from dpsweep.reports.pareto import (
     ACC,
     ACC_HI,
     ACC_LO,

@@ -19,13 +19,12 @@ matplotlib.use("Agg")
 
 import numpy as np
 import pandas as pd
+from dpsweep.reports.pareto import ACC, ACC_HI, ACC_LO, MIA, MIA_HI, MIA_LO
+from dpsweep.reports.series import Panel
 from matplotlib.colors import TwoSlopeNorm
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import MaxNLocator
-
-from reports.pareto import ACC, ACC_HI, ACC_LO, MIA, MIA_HI, MIA_LO
-from reports.series import Panel
 
 DPI = 100
 INVALID_LABEL = "epsilon claim invalid"

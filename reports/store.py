@@ -35,12 +35,11 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-
-from core import layout
-from core.errors import UserInputError
-from core.records import PrivacyRecord
-from core.storage import atomic_write
-from core.vocabulary import FAILED, OK, PRUNED
+from dpsweep.core import layout
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.records import PrivacyRecord
+from dpsweep.core.storage import atomic_write
+from dpsweep.core.vocabulary import FAILED, OK, PRUNED
 
 
 @dataclass(frozen=True)

@@ -25,10 +25,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.errors import UserInputError
-from core.params import Param
-from trainables.dp.step import DPStep
-from trainables.methods import get_method
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.params import Param
+from dpsweep.trainables.dp.step import DPStep
+from dpsweep.trainables.methods import get_method
 
 #: Name of the effective-step dimension (lr * C) of SGD-family spaces.
 STEP = "lr_x_clip"

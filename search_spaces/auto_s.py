@@ -7,8 +7,8 @@ paper's 0.01.
 
 from __future__ import annotations
 
-from search_spaces import SGD_STEP, Range, Space, register
-from trainables.dp.contract import LR
-from trainables.methods.auto_s import GAMMA, AutoS
+from dpsweep.search_spaces import SGD_STEP, Range, Space, register
+from dpsweep.trainables.dp.contract import LR
+from dpsweep.trainables.methods.auto_s import GAMMA, AutoS
 
 SPACE = register(Space(method=AutoS, ranges={LR.name: SGD_STEP, GAMMA.name: Range(1e-3, 1.0)}))

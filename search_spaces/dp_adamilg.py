@@ -13,9 +13,9 @@ point.
 
 from __future__ import annotations
 
-from search_spaces import SGD_CLIP, Choices, Range, Space, register
-from trainables.dp.contract import CLIP, LR
-from trainables.methods.dp_adamilg import ALPHA, DPAdamILG, K
+from dpsweep.search_spaces import SGD_CLIP, Choices, Range, Space, register
+from dpsweep.trainables.dp.contract import CLIP, LR
+from dpsweep.trainables.methods.dp_adamilg import ALPHA, DPAdamILG, K
 
 #: Decay rates whose schedules are calibrated before the sweep (the paper's two values inside).
 K_GRID = (0.0, 0.001, 0.01, 0.05, 0.1, 0.2)

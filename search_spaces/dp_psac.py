@@ -7,8 +7,8 @@ searched through lr alone, over the SGD-family step range; r on a log scale arou
 
 from __future__ import annotations
 
-from search_spaces import SGD_STEP, Range, Space, register
-from trainables.dp.contract import LR
-from trainables.methods.dp_psac import DPPSAC, R
+from dpsweep.search_spaces import SGD_STEP, Range, Space, register
+from dpsweep.trainables.dp.contract import LR
+from dpsweep.trainables.methods.dp_psac import DPPSAC, R
 
 SPACE = register(Space(method=DPPSAC, ranges={LR.name: SGD_STEP, R.name: Range(0.01, 1.0)}))

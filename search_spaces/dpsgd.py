@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from search_spaces import SGD_CLIP, SGD_STEP, Space, register
-from trainables.dp.contract import CLIP
-from trainables.methods.dpsgd import DPSGD
+from dpsweep.search_spaces import SGD_CLIP, SGD_STEP, Space, register
+from dpsweep.trainables.dp.contract import CLIP
+from dpsweep.trainables.methods.dpsgd import DPSGD
 
 SPACE = register(Space(method=DPSGD, ranges={CLIP.name: SGD_CLIP}, step=SGD_STEP))

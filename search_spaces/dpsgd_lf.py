@@ -7,9 +7,9 @@ method's 'lower half' rule, the paper's default and the first point).
 
 from __future__ import annotations
 
-from search_spaces import SGD_CLIP, SGD_STEP, Range, Space, register
-from trainables.dp.contract import CLIP
-from trainables.methods.dpsgd_lf import M_F, T_F_FRACTION, DPSGDLayerFreeze
+from dpsweep.search_spaces import SGD_CLIP, SGD_STEP, Range, Space, register
+from dpsweep.trainables.dp.contract import CLIP
+from dpsweep.trainables.methods.dpsgd_lf import M_F, T_F_FRACTION, DPSGDLayerFreeze
 
 SPACE = register(Space(method=DPSGDLayerFreeze,
                        ranges={CLIP.name: SGD_CLIP, T_F_FRACTION.name: Range(0.3, 0.95)},

@@ -6,9 +6,9 @@ range runs r over [1, 6] (r >= 1 keeps the risk ordering meaningful).
 
 from __future__ import annotations
 
-from search_spaces import SGD_CLIP, SGD_STEP, Range, Space, register
-from trainables.dp.contract import CLIP
-from trainables.methods.lm_dpsgd import LMDPSGD, R
+from dpsweep.search_spaces import SGD_CLIP, SGD_STEP, Range, Space, register
+from dpsweep.trainables.dp.contract import CLIP
+from dpsweep.trainables.methods.lm_dpsgd import LMDPSGD, R
 
 SPACE = register(Space(method=LMDPSGD, ranges={CLIP.name: SGD_CLIP, R.name: Range(1.0, 6.0)},
                        step=SGD_STEP))

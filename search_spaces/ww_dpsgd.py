@@ -6,9 +6,9 @@ kappa on a log scale from 0.02 to 0.5 brackets the paper's 'small' 0.05 and 'lar
 
 from __future__ import annotations
 
-from search_spaces import SGD_CLIP, SGD_STEP, Range, Space, register
-from trainables.dp.contract import CLIP
-from trainables.methods.ww_dpsgd import KAPPA, WWDPSGD, ZETA_STAR
+from dpsweep.search_spaces import SGD_CLIP, SGD_STEP, Range, Space, register
+from dpsweep.trainables.dp.contract import CLIP
+from dpsweep.trainables.methods.ww_dpsgd import KAPPA, WWDPSGD, ZETA_STAR
 
 SPACE = register(Space(method=WWDPSGD,
                        ranges={CLIP.name: SGD_CLIP, KAPPA.name: Range(0.02, 0.5),

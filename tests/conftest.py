@@ -8,8 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from orchestrator.config import Config, TrainingConfig
+from dpsweep.orchestrator.config import Config, TrainingConfig
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -69,7 +68,7 @@ def one_thread() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def ray_local():
     """A loopback-only local Ray with 2 CPUs, shut down after the module."""
-    from orchestrator.cluster import connection as cluster
+    from dpsweep.orchestrator.cluster import connection as cluster
 
     cluster.start_local(num_cpus=2, num_gpus=None, quiet=True)
     yield

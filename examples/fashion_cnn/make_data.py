@@ -8,8 +8,7 @@ import argparse
 from pathlib import Path
 
 import numpy as np
-
-from trainables.data.splits import load_pool
+from dpsweep.trainables.data.splits import load_pool
 
 HERE = Path(__file__).resolve().parent
 

@@ -12,12 +12,12 @@ dp_accounting, which ``dpsweep budget`` cannot afford and whose threads would ke
 sandbox from forking; import it from its module.
 """
 
-from orchestrator.accounting.cache import default_cache_dir
-from orchestrator.accounting.calibration import calibrate, certify, epsilon_curve
-from orchestrator.accounting.certificate import WINDOW
-from orchestrator.accounting.prv import prv_epsilon
-from orchestrator.accounting.sandbox import keep_interpreters
-from orchestrator.accounting.verify import (
+from dpsweep.orchestrator.accounting.cache import default_cache_dir
+from dpsweep.orchestrator.accounting.calibration import calibrate, certify, epsilon_curve
+from dpsweep.orchestrator.accounting.certificate import WINDOW
+from dpsweep.orchestrator.accounting.prv import prv_epsilon
+from dpsweep.orchestrator.accounting.sandbox import keep_interpreters
+from dpsweep.orchestrator.accounting.verify import (
     IndependentCheck,
     epsilon_of_events,
     rdp_epsilon,

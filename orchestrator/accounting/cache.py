@@ -16,13 +16,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-from core.errors import CacheIntegrityError, UserInputError
-from core.hints import ignored
-from core.schedule import Schedule
-from core.storage import JsonCache, canonical_hash
-from core.trial import SCHEMA_VERSION, Calibration
-from orchestrator.accounting.certificate import WINDOW
-from orchestrator.accounting.verify import verify_calibration
+from dpsweep.core.errors import CacheIntegrityError, UserInputError
+from dpsweep.core.hints import ignored
+from dpsweep.core.schedule import Schedule
+from dpsweep.core.storage import JsonCache, canonical_hash
+from dpsweep.core.trial import SCHEMA_VERSION, Calibration
+from dpsweep.orchestrator.accounting.certificate import WINDOW
+from dpsweep.orchestrator.accounting.verify import verify_calibration
 
 logger = logging.getLogger(__name__)
 

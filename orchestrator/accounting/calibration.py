@@ -19,12 +19,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from core.checks import whole
-from core.errors import UserInputError
-from core.schedule import Phase, Schedule
-from core.trial import Calibration, EpsilonBounds
-from orchestrator.accounting.cache import cache_for, calibration_key, lookup, store
-from orchestrator.accounting.certificate import (
+from dpsweep.core.checks import whole
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.schedule import Phase, Schedule
+from dpsweep.core.trial import Calibration, EpsilonBounds
+from dpsweep.orchestrator.accounting.cache import cache_for, calibration_key, lookup, store
+from dpsweep.orchestrator.accounting.certificate import (
     WINDOW,
     as_schedule,
     check_delta,
@@ -32,23 +32,27 @@ from orchestrator.accounting.certificate import (
     check_sample_rate,
     check_timeout,
 )
-from orchestrator.accounting.prv import (
+from dpsweep.orchestrator.accounting.prv import (
     DEFAULT_PRV_EPS_ERROR,
     PrvGrid,
     load_numpy,
     prv_epsilon,
     rdp_integer_epsilon,
 )
-from orchestrator.accounting.sandbox import CalibrationInterrupted, ChildOutcome, prv_in_child
-from orchestrator.accounting.search import (
+from dpsweep.orchestrator.accounting.sandbox import (
+    CalibrationInterrupted,
+    ChildOutcome,
+    prv_in_child,
+)
+from dpsweep.orchestrator.accounting.search import (
     RDP_SCALE_RANGE,
     SearchError,
     fine_eps_error,
     rdp_calibrate,
     scaled_sigmas,
 )
-from orchestrator.config import DEFAULT_ACCOUNTANT_TIMEOUT_S
-from orchestrator.config.checks import check_reachable
+from dpsweep.orchestrator.config import DEFAULT_ACCOUNTANT_TIMEOUT_S
+from dpsweep.orchestrator.config.checks import check_reachable
 
 logger = logging.getLogger(__name__)
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.checks import number
-from core.errors import UserInputError
-from core.schedule import Phase, Schedule
-from orchestrator.config.checks import MAX_EPSILON
+from dpsweep.core.checks import number
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.schedule import Phase, Schedule
+from dpsweep.orchestrator.config.checks import MAX_EPSILON
 
 WINDOW = 0.99
 """Calibrated upper epsilon lies in [WINDOW * target, target]: within 1% of the budget."""

@@ -24,15 +24,15 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from core.schedule import Phase, Schedule
-from core.trial import EpsilonBounds
-from orchestrator.accounting.certificate import (
+from dpsweep.core.schedule import Phase, Schedule
+from dpsweep.core.trial import EpsilonBounds
+from dpsweep.orchestrator.accounting.certificate import (
     as_schedule,
     check_delta,
     check_positive,
     check_sample_rate,
 )
-from orchestrator.config.checks import RDP_MAX_ORDER
+from dpsweep.orchestrator.config.checks import RDP_MAX_ORDER
 
 if TYPE_CHECKING:
     import numpy as np

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.accounting.search import UnreachableError, prv_calibrate
+from dpsweep.orchestrator.accounting.search import UnreachableError, prv_calibrate
 
 
 def _run_job(job: dict[str, Any]) -> dict[str, Any]:
@@ -60,7 +60,7 @@ def _fork_worker(conn: Any, job: dict[str, Any]) -> None:
 _RESULT_PREFIX = "dpsweep-prv-result "
 _CHILD_CODE = ("import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); "
                "import json, sys; sys.path[:0] = json.loads(sys.argv[1]); "
-               "from orchestrator.accounting.sandbox import _child_loop; _child_loop()")
+               "from dpsweep.orchestrator.accounting.sandbox import _child_loop; _child_loop()")
 
 
 def _child_loop() -> None:

@@ -16,9 +16,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from orchestrator.accounting.certificate import WINDOW
-from orchestrator.accounting.prv import load_numpy, prv_bounds, rdp_integer_epsilon
-from orchestrator.accounting.verify import dp_rdp_upper
+from dpsweep.orchestrator.accounting.certificate import WINDOW
+from dpsweep.orchestrator.accounting.prv import load_numpy, prv_bounds, rdp_integer_epsilon
+from dpsweep.orchestrator.accounting.verify import dp_rdp_upper
 
 FINE_EPS_ERROR_CAP = 0.01
 FINE_EPS_ERROR_PER_EPSILON = 0.002

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from core.errors import CacheIntegrityError, UserInputError
-from core.events import (
+from dpsweep.core.errors import CacheIntegrityError, UserInputError
+from dpsweep.core.events import (
     EVENT_TYPES,
     Composed,
     Event,
@@ -24,15 +24,15 @@ from core.events import (
     PoissonSubsampledGaussian,
     RepeatAndSelect,
 )
-from core.schedule import Phase, Schedule
-from core.trial import Calibration, EpsilonBounds
-from orchestrator.accounting.certificate import (
+from dpsweep.core.schedule import Phase, Schedule
+from dpsweep.core.trial import Calibration, EpsilonBounds
+from dpsweep.orchestrator.accounting.certificate import (
     as_schedule,
     check_delta,
     check_positive,
     check_sample_rate,
 )
-from orchestrator.accounting.prv import MAX_PRV_LOSS
+from dpsweep.orchestrator.accounting.prv import MAX_PRV_LOSS
 
 _SQRT2 = math.sqrt(2.0)
 

@@ -25,18 +25,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core import layout
-from core.errors import UserInputError
-from core.layout import CONFIG, RESULTS, TRIALS
-from core.storage import atomic_write_json
-from orchestrator.config import parse_file
-from orchestrator.release.export import CANARY_CONFIDENCE, check_not_baseline
-from orchestrator.release.selection import read_selection
-from orchestrator.rundir import RunDir, check_trial_id
-from reports import store
-from trainables.audit.canaries import BLACK_BOX, CANARY_POOL, WHITE_BOX
-from trainables.audit.canary_runs import CanaryRun, black_box_run, white_box_run
-from trainables.training.loop import load_spec, load_trial_data
+from dpsweep.core import layout
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.layout import CONFIG, RESULTS, TRIALS
+from dpsweep.core.storage import atomic_write_json
+from dpsweep.orchestrator.config import parse_file
+from dpsweep.orchestrator.release.export import CANARY_CONFIDENCE, check_not_baseline
+from dpsweep.orchestrator.release.selection import read_selection
+from dpsweep.orchestrator.rundir import RunDir, check_trial_id
+from dpsweep.reports import store
+from dpsweep.trainables.audit.canaries import BLACK_BOX, CANARY_POOL, WHITE_BOX
+from dpsweep.trainables.audit.canary_runs import CanaryRun, black_box_run, white_box_run
+from dpsweep.trainables.training.loop import load_spec, load_trial_data
 
 #: Canaries of a white-box audit unless ``--canaries`` says otherwise (the paper's m = 1000
 #: already bounds epsilon within a few tenths of what perfect guessing allows).

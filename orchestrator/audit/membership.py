@@ -43,16 +43,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-
-from core import layout
-from core.errors import UserInputError
-from core.layout import CACHE, CHECKPOINT_DIR, TRIALS
-from core.storage import atomic_write_bytes, atomic_write_json
-from core.trial import Calibration, TrialSpec
-from orchestrator.trial.plan import match_budget
-from trainables.audit.cache import caching
-from trainables.audit.classifier import THRESHOLD, ShadowClassifier
-from trainables.audit.exclusion import (
+from dpsweep.core import layout
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.layout import CACHE, CHECKPOINT_DIR, TRIALS
+from dpsweep.core.storage import atomic_write_bytes, atomic_write_json
+from dpsweep.core.trial import Calibration, TrialSpec
+from dpsweep.orchestrator.trial.plan import match_budget
+from dpsweep.trainables.audit.cache import caching
+from dpsweep.trainables.audit.classifier import THRESHOLD, ShadowClassifier
+from dpsweep.trainables.audit.exclusion import (
     NON_FINITE,
     SCORED,
     SHARED,
@@ -65,8 +64,8 @@ from trainables.audit.exclusion import (
     non_finite_reason,
     shared_reason,
 )
-from trainables.audit.probes import MIN_PER_CLASS, probe_set_of, probe_signals
-from trainables.audit.references import (
+from dpsweep.trainables.audit.probes import MIN_PER_CLASS, probe_set_of, probe_signals
+from dpsweep.trainables.audit.references import (
     AuditSignals,
     Budget,
     ReferencePlan,
@@ -76,15 +75,19 @@ from trainables.audit.references import (
     plan_statement,
     score_signals,
 )
-from trainables.audit.scores import ATTACKS, RMIA
-from trainables.audit.signals import rmia_input, signal_kind
-from trainables.audit.stats.attacks import attack_statistics, combine_attacks, consistent_with_dp
-from trainables.data.splits import DataSplits
-from trainables.training.loop import load_model
+from dpsweep.trainables.audit.scores import ATTACKS, RMIA
+from dpsweep.trainables.audit.signals import rmia_input, signal_kind
+from dpsweep.trainables.audit.stats.attacks import (
+    attack_statistics,
+    combine_attacks,
+    consistent_with_dp,
+)
+from dpsweep.trainables.data.splits import DataSplits
+from dpsweep.trainables.training.loop import load_model
 
 if TYPE_CHECKING:
-    from trainables.models.networks import LayeredModel
-    from trainables.training.loop import TrialResult
+    from dpsweep.trainables.models.networks import LayeredModel
+    from dpsweep.trainables.training.loop import TrialResult
 
 logger = logging.getLogger(__name__)
 

@@ -40,6 +40,17 @@ from typing import Any
 
 import ray
 import ray._private.worker as ray_worker
+from dpsweep.core.errors import UserInputError
+from dpsweep.orchestrator.cluster.resources import (
+    ADDRESS_FIELD,
+    LOOPBACK_V4,
+    MIB,
+    ClusterInfo,
+    NodeResources,
+    usable_cpus,
+)
+from dpsweep.orchestrator.config.paths import CODE_EXCLUDES
+from dpsweep.orchestrator.raytemp import private_temp_dir
 from ray._private import ray_constants, services
 from ray._private import utils as ray_utils
 from ray._raylet import (
@@ -50,18 +61,6 @@ from ray._raylet import (
     get_authentication_mode,
 )
 from ray.core.generated.gcs_pb2 import GcsNodeInfo
-
-from core.errors import UserInputError
-from orchestrator.cluster.resources import (
-    ADDRESS_FIELD,
-    LOOPBACK_V4,
-    MIB,
-    ClusterInfo,
-    NodeResources,
-    usable_cpus,
-)
-from orchestrator.config.paths import CODE_EXCLUDES
-from orchestrator.raytemp import private_temp_dir
 
 _log = logging.getLogger("dpsweep.cluster")
 

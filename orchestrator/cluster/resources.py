@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.checks import number, whole
-from core.errors import UserInputError
+from dpsweep.core.checks import number, whole
+from dpsweep.core.errors import UserInputError
 
 #: The node address of a local Ray (kept on loopback by ``connection.start_local``).
 LOOPBACK_V4 = "127.0.0.1"

@@ -13,9 +13,8 @@ from contextlib import suppress
 from pathlib import Path
 
 import ray
+from dpsweep.core.errors import UserInputError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-from core.errors import UserInputError
 
 STORAGE_PROBE_TIMEOUT_S = 60.0
 

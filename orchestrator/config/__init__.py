@@ -23,19 +23,18 @@ from pathlib import Path
 from typing import Any
 
 import tomli_w
-
-from core.datasets import FILE_DATASET, POOLS
-from core.errors import UserInputError
-from core.params import Param, is_real
-from core.poisson import PHYSICAL_BATCH
-from core.toml import tomllib
-from orchestrator.config.checks import (
+from dpsweep.core.datasets import FILE_DATASET, POOLS
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.params import Param, is_real
+from dpsweep.core.poisson import PHYSICAL_BATCH
+from dpsweep.core.toml import tomllib
+from dpsweep.orchestrator.config.checks import (
     MAX_EPSILON,
     check_plain,
     check_series_texts,
 )
-from orchestrator.config.paths import check_path_form, resolve_paths
-from trainables.models.catalog import MODEL_NAMES
+from dpsweep.orchestrator.config.paths import check_path_form, resolve_paths
+from dpsweep.trainables.models.catalog import MODEL_NAMES
 
 #: Model names the config accepts: the catalog's (torch-free, so validating a config never
 #: imports torch), or "auto" for the dataset's default.

@@ -14,9 +14,9 @@ import datetime
 import math
 from typing import Any
 
-from core.datasets import POOLS
-from core.errors import UserInputError
-from core.poisson import delta_bound, steps_per_epoch
+from dpsweep.core.datasets import POOLS
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.poisson import delta_bound, steps_per_epoch
 
 #: A built ``orchestrator.config.Config``: typed loosely here, since that module imports this
 #: one and the import graph keeps no cycle, not even a type-only one.

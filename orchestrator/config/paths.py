@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from core.errors import UserInputError
+from dpsweep.core.errors import UserInputError
 
 #: Linux's limits: bytes in one name component, and in a whole path with its terminating NUL.
 NAME_MAX = 255

@@ -30,10 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save as safetensors_bytes
-
-from core.errors import UserInputError
-from core.layout import (
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.layout import (
     EXPORT_CODE,
     EXPORT_LOADER,
     EXPORT_MODEL,
@@ -42,19 +40,20 @@ from core.layout import (
     EXPORT_STATEMENT_MD,
     EXPORT_WEIGHTS,
 )
-from core.records import PrivacyRecord
-from core.storage import TMP_PREFIX, atomic_write_bytes, json_bytes
-from orchestrator.release import standalone
-from orchestrator.release.model_card import (
+from dpsweep.core.records import PrivacyRecord
+from dpsweep.core.storage import TMP_PREFIX, atomic_write_bytes, json_bytes
+from dpsweep.orchestrator.release import standalone
+from dpsweep.orchestrator.release.model_card import (
     fresh_model,
     load_instructions,
     model_description,
     source_of,
 )
-from orchestrator.release.statement import PrivacyStatement, privacy_statement
-from orchestrator.rundir import check_creatable
-from trainables.models.networks import WrappedModel
-from trainables.training.loop import load_checkpoint_state
+from dpsweep.orchestrator.release.statement import PrivacyStatement, privacy_statement
+from dpsweep.orchestrator.rundir import check_creatable
+from dpsweep.trainables.models.networks import WrappedModel
+from dpsweep.trainables.training.loop import load_checkpoint_state
+from safetensors.torch import save as safetensors_bytes
 
 __all__ = ["RELEASE_ENTRIES", "RELEASE_FILES", "ExportResult", "export_trial"]
 

@@ -22,18 +22,22 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-
-from core import layout
-from core.datasets import NUM_CLASSES
-from core.errors import UserInputError
-from core.layout import RESULTS
-from core.records import PrivacyRecord
-from orchestrator.release.bundle import OUT_FIELD, ExportResult, check_outside_run, export_trial
-from orchestrator.release.selection import read_selection
-from orchestrator.rundir import RunDir, check_trial_id
-from reports import store
-from reports.pick import choose_private
-from trainables.training.loop import load_spec, load_trial_data
+from dpsweep.core import layout
+from dpsweep.core.datasets import NUM_CLASSES
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.layout import RESULTS
+from dpsweep.core.records import PrivacyRecord
+from dpsweep.orchestrator.release.bundle import (
+    OUT_FIELD,
+    ExportResult,
+    check_outside_run,
+    export_trial,
+)
+from dpsweep.orchestrator.release.selection import read_selection
+from dpsweep.orchestrator.rundir import RunDir, check_trial_id
+from dpsweep.reports import store
+from dpsweep.reports.pick import choose_private
+from dpsweep.trainables.training.loop import load_spec, load_trial_data
 
 #: Confidence of the canary audits' epsilon lower bounds (``orchestrator.audit.canary``).
 CANARY_CONFIDENCE = 0.95

@@ -12,16 +12,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.datasets import CLASS_NAMES, FILE_DATASET, INPUT_SHAPES, NUM_CLASSES
-from core.errors import UserInputError
-from orchestrator import __version__
-from orchestrator.release.standalone import build_record
-from trainables.data.files import class_names
-from trainables.data.splits import NORMALIZATION
-from trainables.models.assemble import build_network
-from trainables.models.networks import LayeredModel
-from trainables.models.source import ModelSource
-from trainables.training.loop import (
+from dpsweep.core.datasets import CLASS_NAMES, FILE_DATASET, INPUT_SHAPES, NUM_CLASSES
+from dpsweep.core.errors import UserInputError
+from dpsweep.orchestrator import __version__
+from dpsweep.orchestrator.release.standalone import build_record
+from dpsweep.trainables.data.files import class_names
+from dpsweep.trainables.data.splits import NORMALIZATION
+from dpsweep.trainables.models.assemble import build_network
+from dpsweep.trainables.models.networks import LayeredModel
+from dpsweep.trainables.models.source import ModelSource
+from dpsweep.trainables.training.loop import (
     load_spec,
     load_trial_data,
     spec_file_source,

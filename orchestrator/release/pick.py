@@ -23,20 +23,19 @@ from pathlib import Path
 from typing import Any
 
 import tomli_w
-
-from core import layout
-from core.errors import UserInputError
-from core.layout import RESULTS
-from core.modes import INVALID_TAG
-from core.records import PrivacyRecord
-from core.storage import atomic_write_text
-from orchestrator.config import Config
-from orchestrator.release.selection import read_run_config, read_selection
-from orchestrator.rundir import RunDir
-from orchestrator.trial.plan import config_from_spec
-from reports import store
-from reports.pareto import ACC, ACC_HI, ACC_LO, MIA, MIA_UPPER, NONPRIVATE
-from reports.pick import (
+from dpsweep.core import layout
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.layout import RESULTS
+from dpsweep.core.modes import INVALID_TAG
+from dpsweep.core.records import PrivacyRecord
+from dpsweep.core.storage import atomic_write_text
+from dpsweep.orchestrator.config import Config
+from dpsweep.orchestrator.release.selection import read_run_config, read_selection
+from dpsweep.orchestrator.rundir import RunDir
+from dpsweep.orchestrator.trial.plan import config_from_spec
+from dpsweep.reports import store
+from dpsweep.reports.pareto import ACC, ACC_HI, ACC_LO, MIA, MIA_UPPER, NONPRIVATE
+from dpsweep.reports.pick import (
     NOISY,
     PRIVATE_RULE,
     REPLAYABLE_TAG,
@@ -46,7 +45,7 @@ from reports.pick import (
     choose_private,
     describe,
 )
-from trainables.data.splits import DEFAULT_SIZES
+from dpsweep.trainables.data.splits import DEFAULT_SIZES
 
 #: The config alone, ready for ``dpsweep train PICK_CONFIG --out DIR``.
 TEST_NOTE = "reported, not used to choose"
@@ -322,7 +321,7 @@ def pick_and_write(run_dir: Path, *, max_peak_mia: float | None, min_val_acc: fl
     """Choose the trial, verify and read its records, export it if asked, write pick.toml and
     pick_config.toml; return the terminal text."""
     if export_to is not None:  # before anything is read or written
-        from orchestrator.release.bundle import check_outside_run
+        from dpsweep.orchestrator.release.bundle import check_outside_run
 
         check_outside_run(export_to, run_dir=run_dir, field=EXPORT_FIELD)
     run = RunDir.open(Path(run_dir), write=False)
@@ -356,7 +355,7 @@ def pick_and_write(run_dir: Path, *, max_peak_mia: float | None, min_val_acc: fl
                              allowed=f"a spec that maps onto a valid config ({exc})") from None
     export_summary = ""
     if export_to is not None:
-        from orchestrator.release.export import export_from_run
+        from dpsweep.orchestrator.release.export import export_from_run
 
         result = export_from_run(run.path, trial_id=tid, out=Path(export_to),
                                  allow_replayable=allow_replayable,

@@ -37,16 +37,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
-
-from core import layout
-from core.errors import UserInputError
-from core.toml import tomllib
-from core.vocabulary import OK
-from orchestrator.config import SweepConfig
-from orchestrator.release.statement import TUNING_MODES
-from orchestrator.rundir import RESTORE, RunDir
-from reports.pareto import NONPRIVATE
-from reports.pick import NOISY, choose_private
+from dpsweep.core import layout
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.toml import tomllib
+from dpsweep.core.vocabulary import OK
+from dpsweep.orchestrator.config import SweepConfig
+from dpsweep.orchestrator.release.statement import TUNING_MODES
+from dpsweep.orchestrator.rundir import RESTORE, RunDir
+from dpsweep.reports.pareto import NONPRIVATE
+from dpsweep.reports.pick import NOISY, choose_private
 
 #: summary.json's key, in a private sweep's tuning entry, of the trial the sweep selected.
 SELECTED = "selected"

@@ -26,12 +26,14 @@ import os
 from pathlib import Path
 from typing import Any
 
-from core.layout import EXPORT_CODE
-from trainables.models import usercode
-from trainables.models.source import ModelSource
+from dpsweep.core.layout import EXPORT_CODE
+from dpsweep.trainables.models import usercode
+from dpsweep.trainables.models.source import ModelSource
 
 #: The built-in models' builder, as a factory reference (what ``load.py`` imports).
-BUILTIN_FACTORY = "trainables.models.networks:build_model"
+BUILTIN_FACTORY = "dpsweep.trainables.models.networks:build_model"
+#: dpsweep's one top-level package: what a built-in model's closure ships.
+TOP_PACKAGE = __name__.split(".")[0]
 #: Where each kind of code in ``code/`` comes from (``model.json``'s ``code.origin``).
 ORIGIN_USER = "model.code_dir"
 ORIGIN_BUILTIN = "dpsweep"
@@ -97,30 +99,28 @@ def code_record(origin: str, files: dict[str, bytes]) -> dict[str, Any]:
 
 def _module_closure(reference: str) -> dict[str, Path]:
     """The files of ``reference``'s module and of every dpsweep module it imports at module
-    level (and their packages), by relative path from dpsweep's source root."""
-    root = Path(_origin("core")).parents[1]
+    level (and their packages), each under the path its module name gives
+    (``dpsweep/trainables/models/networks.py``), in a checkout and an installed wheel alike."""
     todo, found = [reference.split(":")[0]], {}
     while todo:
         name = todo.pop()
-        if name in found:
-            continue
-        origin = _origin(name)
-        if origin is None or not _first_party(Path(origin), root=root):
+        if name in found or not _first_party(name):
             continue  # the standard library or a third-party package: not shipped
+        origin = _origin(name)
+        if origin is None:
+            continue
         found[name] = Path(origin)
         parts = name.split(".")
         todo += [".".join(parts[:i]) for i in range(1, len(parts))]
         package = name if Path(origin).name == "__init__.py" else ".".join(parts[:-1])
         todo += _imported(Path(origin), package=package)
-    return {path.relative_to(root).as_posix(): path for path in found.values()}
+    return {"/".join(name.split(".")) + ("/__init__.py" if path.name == "__init__.py" else ".py"):
+            path for name, path in found.items()}
 
 
-def _first_party(path: Path, *, root: Path) -> bool:
-    """Whether ``path`` is in one of dpsweep's packages (a package folder directly under the
-    source root; an environment inside the checkout is not one)."""
-    if root not in path.parents:
-        return False
-    return (root / path.relative_to(root).parts[0] / "__init__.py").is_file()
+def _first_party(name: str) -> bool:
+    """Whether ``name`` is one of dpsweep's modules (the package this module belongs to)."""
+    return name == TOP_PACKAGE or name.startswith(f"{TOP_PACKAGE}.")
 
 
 def _origin(name: str) -> str | None:

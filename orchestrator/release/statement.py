@@ -19,11 +19,11 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from core import layout
-from core.checks import number, whole
-from core.errors import UserInputError
-from core.records import PrivacyRecord
-from reports.store import record_entry
+from dpsweep.core import layout
+from dpsweep.core.checks import number, whole
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.records import PrivacyRecord
+from dpsweep.reports.store import record_entry
 
 __all__ = [
     "PrivacyStatement",

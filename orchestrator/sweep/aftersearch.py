@@ -16,21 +16,21 @@ import signal
 from collections.abc import Mapping
 from typing import Any
 
-from core import layout
-from core.vocabulary import FAILED, OK
-from orchestrator.audit.membership import row_audit_columns
-from orchestrator.sweep import jobs as postsweep
-from orchestrator.sweep.records import SweepRecords, read_json
-from orchestrator.sweep.resume_checks import raise_if_disk_full
-from orchestrator.sweep.search import TrialConfigs, audit_settings
-from orchestrator.sweep.signals import Interrupted, _StopFlag
-from orchestrator.sweep.state import SweepContext, SweepProgress
-from orchestrator.sweep.studies import Outcome, StudyPlan, read_outcome
-from orchestrator.sweep.tuning import released_front
-from orchestrator.trial.plan import data_pool
-from orchestrator.trial.setup import ResolvedSetup
-from reports import store
-from reports.pareto import wilson_interval
+from dpsweep.core import layout
+from dpsweep.core.vocabulary import FAILED, OK
+from dpsweep.orchestrator.audit.membership import row_audit_columns
+from dpsweep.orchestrator.sweep import jobs as postsweep
+from dpsweep.orchestrator.sweep.records import SweepRecords, read_json
+from dpsweep.orchestrator.sweep.resume_checks import raise_if_disk_full
+from dpsweep.orchestrator.sweep.search import TrialConfigs, audit_settings
+from dpsweep.orchestrator.sweep.signals import Interrupted, _StopFlag
+from dpsweep.orchestrator.sweep.state import SweepContext, SweepProgress
+from dpsweep.orchestrator.sweep.studies import Outcome, StudyPlan, read_outcome
+from dpsweep.orchestrator.sweep.tuning import released_front
+from dpsweep.orchestrator.trial.plan import data_pool
+from dpsweep.orchestrator.trial.setup import ResolvedSetup
+from dpsweep.reports import store
+from dpsweep.reports.pareto import wilson_interval
 
 #: What separates a re-run's id from the trial it repeats (``<trial id>-r<k>``).
 RERUN_SEPARATOR = "-r"

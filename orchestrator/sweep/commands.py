@@ -18,11 +18,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from orchestrator.config import Config
-from orchestrator.door import CheckedSetup, check
-from orchestrator.sweep.driver import resume_sweep, run_sweep
-from orchestrator.sweep.signals import Interrupted, ignore_further_signals
-from trainables.methods import METHODS
+from dpsweep.orchestrator.config import Config
+from dpsweep.orchestrator.door import CheckedSetup, check
+from dpsweep.orchestrator.sweep.driver import resume_sweep, run_sweep
+from dpsweep.orchestrator.sweep.signals import Interrupted, ignore_further_signals
+from dpsweep.trainables.methods import METHODS
 
 #: Where a sweep goes without --out: runs/STEM-TIMESTAMP.
 RUNS_ROOT = "runs"

@@ -37,35 +37,34 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-
-from core import layout
-from core.errors import UserInputError
-from core.exits import outcome_code
-from core.vocabulary import FAILED, PRUNED
-from orchestrator import config as config_mod
-from orchestrator.audit.membership import AuditSettings, check_settings
-from orchestrator.cluster import connection, storage
-from orchestrator.cluster.resources import check_config_resources
-from orchestrator.config import Config
-from orchestrator.config.paths import address_of
-from orchestrator.door import CheckedSetup, check, require_checked
-from orchestrator.raytemp import check_temp_dir
-from orchestrator.report import run_report
-from orchestrator.rundir import RunDir, check_creatable
-from orchestrator.sweep import ray_start
-from orchestrator.sweep.aftersearch import AfterSearchJobs
-from orchestrator.sweep.plans import precompute, study_plans
-from orchestrator.sweep.records import SweepRecords, failed_audits
-from orchestrator.sweep.resume_checks import check_records, check_storage, stopped_by
-from orchestrator.sweep.search import SweepSearch, TrialConfigs, private_tuning
-from orchestrator.sweep.signals import Interrupted, _signals, _StopFlag
-from orchestrator.sweep.state import SweepContext, SweepProgress
-from orchestrator.sweep.studies import Tally
-from orchestrator.sweep.summary import begin_attempt, end_if_begun, read_attempts
-from orchestrator.sweep.tuning import private_tuning_plan, recorded_config_text
-from orchestrator.trial.pruning import rungs
-from orchestrator.trial.setup import ResolvedSetup
-from reports import store
+from dpsweep.core import layout
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.exits import outcome_code
+from dpsweep.core.vocabulary import FAILED, PRUNED
+from dpsweep.orchestrator import config as config_mod
+from dpsweep.orchestrator.audit.membership import AuditSettings, check_settings
+from dpsweep.orchestrator.cluster import connection, storage
+from dpsweep.orchestrator.cluster.resources import check_config_resources
+from dpsweep.orchestrator.config import Config
+from dpsweep.orchestrator.config.paths import address_of
+from dpsweep.orchestrator.door import CheckedSetup, check, require_checked
+from dpsweep.orchestrator.raytemp import check_temp_dir
+from dpsweep.orchestrator.report import run_report
+from dpsweep.orchestrator.rundir import RunDir, check_creatable
+from dpsweep.orchestrator.sweep import ray_start
+from dpsweep.orchestrator.sweep.aftersearch import AfterSearchJobs
+from dpsweep.orchestrator.sweep.plans import precompute, study_plans
+from dpsweep.orchestrator.sweep.records import SweepRecords, failed_audits
+from dpsweep.orchestrator.sweep.resume_checks import check_records, check_storage, stopped_by
+from dpsweep.orchestrator.sweep.search import SweepSearch, TrialConfigs, private_tuning
+from dpsweep.orchestrator.sweep.signals import Interrupted, _signals, _StopFlag
+from dpsweep.orchestrator.sweep.state import SweepContext, SweepProgress
+from dpsweep.orchestrator.sweep.studies import Tally
+from dpsweep.orchestrator.sweep.summary import begin_attempt, end_if_begun, read_attempts
+from dpsweep.orchestrator.sweep.tuning import private_tuning_plan, recorded_config_text
+from dpsweep.orchestrator.trial.pruning import rungs
+from dpsweep.orchestrator.trial.setup import ResolvedSetup
+from dpsweep.reports import store
 
 
 @dataclasses.dataclass
@@ -419,5 +418,5 @@ def _drive_and_release(run: RunDir, config: Callable[[], ResolvedSetup], *,
 
 
 if __name__ == "__main__":  # pragma: no cover
-    raise UserInputError(field="module", value="orchestrator.sweep.driver",
+    raise UserInputError(field="module", value="dpsweep.orchestrator.sweep.driver",
                          allowed="the dpsweep command")

@@ -28,13 +28,12 @@ from pathlib import Path
 from typing import Any
 
 import ray
-
-from core import layout
-from core.errors import describe
-from core.layout import CHECKPOINT_DIR
-from core.storage import atomic_write_json
-from core.vocabulary import FAILED, OK
-from orchestrator.audit.membership import (
+from dpsweep.core import layout
+from dpsweep.core.errors import describe
+from dpsweep.core.layout import CHECKPOINT_DIR
+from dpsweep.core.storage import atomic_write_json
+from dpsweep.core.vocabulary import FAILED, OK
+from dpsweep.orchestrator.audit.membership import (
     AuditSettings,
     audit_in_trial,
     audit_model,
@@ -42,10 +41,14 @@ from orchestrator.audit.membership import (
     budgets_from_config,
     trial_audit_paths,
 )
-from orchestrator.trial import runner
-from reports import store
-from trainables.audit.references import NonPrivateRecipe, nonprivate_trainer, train_nonprivate
-from trainables.training.loop import evaluate, load_spec, load_trial_data, spec_model_source
+from dpsweep.orchestrator.trial import runner
+from dpsweep.reports import store
+from dpsweep.trainables.audit.references import (
+    NonPrivateRecipe,
+    nonprivate_trainer,
+    train_nonprivate,
+)
+from dpsweep.trainables.training.loop import evaluate, load_spec, load_trial_data, spec_model_source
 
 BASELINE_ID = "nonprivate"
 

@@ -11,19 +11,19 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from core.vocabulary import ATTACK_OBJECTIVE, NOISY_OBJECTIVE, VALIDATION_OBJECTIVE
-from orchestrator.accounting.sandbox import keep_interpreters
-from orchestrator.audit.membership import reference_budgets
-from orchestrator.door import CheckedSetup, require_checked
-from orchestrator.sweep.progress import progress
-from orchestrator.sweep.studies import StudyPlan, study_name
-from orchestrator.trial.plan import plan_trial
-from search_spaces import build_space
-from trainables.dp.step import DPStep
-from trainables.methods import get_method, series_name
+from dpsweep.core.vocabulary import ATTACK_OBJECTIVE, NOISY_OBJECTIVE, VALIDATION_OBJECTIVE
+from dpsweep.orchestrator.accounting.sandbox import keep_interpreters
+from dpsweep.orchestrator.audit.membership import reference_budgets
+from dpsweep.orchestrator.door import CheckedSetup, require_checked
+from dpsweep.orchestrator.sweep.progress import progress
+from dpsweep.orchestrator.sweep.studies import StudyPlan, study_name
+from dpsweep.orchestrator.trial.plan import plan_trial
+from dpsweep.search_spaces import build_space
+from dpsweep.trainables.dp.step import DPStep
+from dpsweep.trainables.methods import get_method, series_name
 
 if TYPE_CHECKING:
-    from orchestrator.rundir import RunDir
+    from dpsweep.orchestrator.rundir import RunDir
 
 __all__ = ["precompute", "precompute_order", "schedule_points", "study_plans"]
 

@@ -25,11 +25,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from dpsweep.core.errors import UserInputError
+from dpsweep.orchestrator.cluster import connection
+from dpsweep.orchestrator.rundir import _undo_create
 from ray._private import services
-
-from core.errors import UserInputError
-from orchestrator.cluster import connection
-from orchestrator.rundir import _undo_create
 
 _log = logging.getLogger(__name__)
 

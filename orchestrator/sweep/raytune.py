@@ -23,19 +23,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from optuna.trial import TrialState
-from ray import tune
-from ray.tune import ProgressReporter, Stopper
-from ray.tune.logger import JsonLoggerCallback
-from ray.tune.search import Searcher
-
-from core.errors import DiskFull, describe, disk_full
-from core.layout import OPTUNA_DB
-from core.vocabulary import DISK_FULL_KEY, FAILED, INTERRUPTED, OK, PRUNED
-from orchestrator.audit.membership import audit_in_trial
-from orchestrator.config import Config
-from orchestrator.sweep import jobs
-from orchestrator.sweep.studies import (
+from dpsweep.core.errors import DiskFull, describe, disk_full
+from dpsweep.core.layout import OPTUNA_DB
+from dpsweep.core.vocabulary import DISK_FULL_KEY, FAILED, INTERRUPTED, OK, PRUNED
+from dpsweep.orchestrator.audit.membership import audit_in_trial
+from dpsweep.orchestrator.config import Config
+from dpsweep.orchestrator.sweep import jobs
+from dpsweep.orchestrator.sweep.studies import (
     ID_ATTR,
     INTERRUPTED_ATTR,
     Outcome,
@@ -43,10 +37,15 @@ from orchestrator.sweep.studies import (
     Tally,
     read_outcome,
 )
-from orchestrator.trial.runner import execute, use_data_pool
+from dpsweep.orchestrator.trial.runner import execute, use_data_pool
+from optuna.trial import TrialState
+from ray import tune
+from ray.tune import ProgressReporter, Stopper
+from ray.tune.logger import JsonLoggerCallback
+from ray.tune.search import Searcher
 
 if TYPE_CHECKING:
-    from orchestrator.sweep.signals import _StopFlag
+    from dpsweep.orchestrator.sweep.signals import _StopFlag
 
 #: Bytes per MiB (Ray counts a trial's memory in bytes; the config in MiB).
 MIB = 2**20

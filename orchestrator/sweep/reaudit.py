@@ -40,26 +40,26 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from core import layout
-from core.errors import UserInputError
-from core.exits import outcome_code
-from core.vocabulary import OK
-from orchestrator.audit.membership import AuditSettings, check_settings
-from orchestrator.config.paths import address_of
-from orchestrator.door import CheckedSetup
-from orchestrator.report import run_report
-from orchestrator.rundir import RunDir, check_trial_id
-from orchestrator.sweep.aftersearch import has_audit
-from orchestrator.sweep.commands import sweep
-from orchestrator.sweep.driver import (
+from dpsweep.core import layout
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.exits import outcome_code
+from dpsweep.core.vocabulary import OK
+from dpsweep.orchestrator.audit.membership import AuditSettings, check_settings
+from dpsweep.orchestrator.config.paths import address_of
+from dpsweep.orchestrator.door import CheckedSetup
+from dpsweep.orchestrator.report import run_report
+from dpsweep.orchestrator.rundir import RunDir, check_trial_id
+from dpsweep.orchestrator.sweep.aftersearch import has_audit
+from dpsweep.orchestrator.sweep.commands import sweep
+from dpsweep.orchestrator.sweep.driver import (
     _Driver,
     ray_session,
     released,
     verified_setup,
 )
-from orchestrator.sweep.jobs import BASELINE_ID
-from orchestrator.sweep.records import failed_audits
-from orchestrator.sweep.signals import _StopFlag
+from dpsweep.orchestrator.sweep.jobs import BASELINE_ID
+from dpsweep.orchestrator.sweep.records import failed_audits
+from dpsweep.orchestrator.sweep.signals import _StopFlag
 
 #: The command's name, as its refusals and hints spell it.
 COMMAND = "reaudit"

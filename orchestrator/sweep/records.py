@@ -18,18 +18,23 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from core import layout
-from core.errors import describe
-from core.layout import RESULTS
-from core.records import PrivacyRecord
-from core.vocabulary import OK, PRUNED
-from orchestrator.audit.membership import row_audit_columns
-from orchestrator.release.selection import SELECTED, recorded_choice
-from orchestrator.sweep.state import SweepContext, SweepProgress
-from orchestrator.sweep.studies import Outcome, StudyPlan
-from orchestrator.sweep.summary import end_attempt, record_retry, retried_trials, summary_bytes
-from orchestrator.sweep.tuning import adaptive_summary
-from reports import store
+from dpsweep.core import layout
+from dpsweep.core.errors import describe
+from dpsweep.core.layout import RESULTS
+from dpsweep.core.records import PrivacyRecord
+from dpsweep.core.vocabulary import OK, PRUNED
+from dpsweep.orchestrator.audit.membership import row_audit_columns
+from dpsweep.orchestrator.release.selection import SELECTED, recorded_choice
+from dpsweep.orchestrator.sweep.state import SweepContext, SweepProgress
+from dpsweep.orchestrator.sweep.studies import Outcome, StudyPlan
+from dpsweep.orchestrator.sweep.summary import (
+    end_attempt,
+    record_retry,
+    retried_trials,
+    summary_bytes,
+)
+from dpsweep.orchestrator.sweep.tuning import adaptive_summary
+from dpsweep.reports import store
 
 #: The id suffix of a study's first trial, which an adaptive study starts at the paper preset.
 FIRST_TRIAL_SUFFIX = "-000"

@@ -47,14 +47,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from core import layout
-from core.errors import DiskFull, UserInputError, disk_full, disk_full_in
-from core.layout import OPTUNA_DB, RESULT, TRIALS
-from orchestrator import config as config_mod
-from orchestrator.rundir import RESTORE, RunDir
-from orchestrator.sweep.studies import FINISHED_STATES, ID_ATTR
-from orchestrator.trial.setup import ResolvedSetup
-from reports import store
+from dpsweep.core import layout
+from dpsweep.core.errors import DiskFull, UserInputError, disk_full, disk_full_in
+from dpsweep.core.layout import OPTUNA_DB, RESULT, TRIALS
+from dpsweep.orchestrator import config as config_mod
+from dpsweep.orchestrator.rundir import RESTORE, RunDir
+from dpsweep.orchestrator.sweep.studies import FINISHED_STATES, ID_ATTR
+from dpsweep.orchestrator.trial.setup import ResolvedSetup
+from dpsweep.reports import store
 
 #: Optuna's tables a resume reads (optuna.storages._rdb.models).
 REQUIRED_TABLES = ("studies", "trials", "trial_user_attributes", "trial_values", "version_info")

@@ -23,30 +23,28 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 import ray
+from dpsweep.core import layout
+from dpsweep.core.storage import json_bytes
+from dpsweep.orchestrator.accounting.calibration import certify
+from dpsweep.orchestrator.audit.membership import reference_budgets
+from dpsweep.orchestrator.config import Config
+from dpsweep.orchestrator.rundir import RunDir, private_file
+from dpsweep.orchestrator.sweep.jobs import Job
+from dpsweep.orchestrator.sweep.progress import progress
+from dpsweep.orchestrator.sweep.records import SweepRecords, read_json
+from dpsweep.orchestrator.sweep.signals import Interrupted, _StopFlag
+from dpsweep.orchestrator.sweep.state import PrivateTuning, SweepContext, SweepProgress
+from dpsweep.orchestrator.sweep.studies import StudyPlan, Tally, reconcile
+from dpsweep.orchestrator.sweep.tuning import draw_counts, open_plan_study, private_tuning_plan
+from dpsweep.orchestrator.trial.plan import data_pool, plan_trial
+from dpsweep.orchestrator.trial.pruning import ACTOR_PREFIX, start_board
+from dpsweep.orchestrator.trial.setup import ResolvedSetup
+from dpsweep.trainables.data.splits import DataSplits
 from ray.actor import ActorHandle
 
-from core import layout
-from core.storage import json_bytes
-from orchestrator.accounting.calibration import certify
-from orchestrator.audit.membership import reference_budgets
-from orchestrator.config import Config
-from orchestrator.rundir import RunDir, private_file
-from orchestrator.sweep.jobs import Job
-from orchestrator.sweep.progress import progress
-from orchestrator.sweep.records import SweepRecords, read_json
-from orchestrator.sweep.signals import Interrupted, _StopFlag
-from orchestrator.sweep.state import PrivateTuning, SweepContext, SweepProgress
-from orchestrator.sweep.studies import StudyPlan, Tally, reconcile
-from orchestrator.sweep.tuning import draw_counts, open_plan_study, private_tuning_plan
-from orchestrator.trial.plan import data_pool, plan_trial
-from orchestrator.trial.pruning import ACTOR_PREFIX, start_board
-from orchestrator.trial.setup import ResolvedSetup
-from trainables.data.splits import DataSplits
-
 if TYPE_CHECKING:
+    from dpsweep.orchestrator.sweep.raytune import SweepSearcher
     from ray.tune import Tuner
-
-    from orchestrator.sweep.raytune import SweepSearcher
 
 #: Tune's own samples beyond the trials and jobs to run: room for trials told to stop and
 #: re-enqueued, and for points the searcher skips.
@@ -188,7 +186,7 @@ class SweepSearch:
         how many trials it set out to run."""
         # Deferred: Ray Tune reads its switches (``driver.TUNE_QUIET_ENV``, Ray Train's V2 flag
         # among them) when it is imported, which must follow ``driver._quiet_libraries``.
-        from orchestrator.sweep import raytune
+        from dpsweep.orchestrator.sweep import raytune
 
         context = self._context
         to_run = sum(tallies[p.name].remaining(p.n_trials) for p in context.plans)

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from core.exits import EXIT_SIGINT, EXIT_SIGTERM
+from dpsweep.core.exits import EXIT_SIGINT, EXIT_SIGTERM
 
 
 class Interrupted(BaseException):

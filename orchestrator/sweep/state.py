@@ -14,13 +14,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Protocol
 
-from core.trial import Calibration
-from orchestrator.accounting.tuning.private import PrivateTuningPlan
-from orchestrator.config import Config
-from orchestrator.rundir import RunDir
-from orchestrator.sweep.progress import progress
-from orchestrator.sweep.studies import StudyPlan
-from orchestrator.trial.setup import ResolvedSetup
+from dpsweep.core.trial import Calibration
+from dpsweep.orchestrator.accounting.tuning.private import PrivateTuningPlan
+from dpsweep.orchestrator.config import Config
+from dpsweep.orchestrator.rundir import RunDir
+from dpsweep.orchestrator.sweep.progress import progress
+from dpsweep.orchestrator.sweep.studies import StudyPlan
+from dpsweep.orchestrator.trial.setup import ResolvedSetup
 
 
 class Bar(Protocol):

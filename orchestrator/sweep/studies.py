@@ -36,10 +36,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core import layout
-from core.errors import describe
-from core.lazy import lazy_module
-from core.vocabulary import (
+from dpsweep.core import layout
+from dpsweep.core.errors import describe
+from dpsweep.core.lazy import lazy_module
+from dpsweep.core.vocabulary import (
     ATTACK_OBJECTIVE,
     DISK_FULL_KEY,
     FAILED,
@@ -49,7 +49,7 @@ from core.vocabulary import (
     PRUNED,
     VALIDATION_OBJECTIVE,
 )
-from search_spaces import BuiltSpace
+from dpsweep.search_spaces import BuiltSpace
 
 #: Optuna is imported on first use: ``orchestrator.trial.runner`` (every trial worker, and
 #: ``dpsweep train``) reads this module's record names and never opens a study.

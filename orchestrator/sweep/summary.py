@@ -20,13 +20,13 @@ import time
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
-from core import __version__, layout
-from core.errors import UserInputError
-from core.storage import json_bytes
-from orchestrator.rundir import RunDir
+from dpsweep.core import __version__, layout
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.storage import json_bytes
+from dpsweep.orchestrator.rundir import RunDir
 
 if TYPE_CHECKING:
-    from orchestrator.trial.setup import ResolvedSetup
+    from dpsweep.orchestrator.trial.setup import ResolvedSetup
 
 __all__ = ["ATTEMPT_COMMANDS", "ATTEMPT_ENDS", "RETRIED", "begin_attempt", "end_attempt",
            "end_if_begun", "read_attempts", "record_retry", "retried_trials", "summary_bytes",

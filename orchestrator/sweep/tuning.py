@@ -21,24 +21,23 @@ from typing import Any
 
 import pandas as pd
 import tomli_w
-
-from core.errors import UserInputError
-from core.poisson import poisson_plan
-from core.schedule import Schedule
-from core.vocabulary import OK
-from orchestrator.accounting.tuning.adaptive import adaptive_statement
-from orchestrator.accounting.tuning.private import draw_trial_count, plan_private_tuning
-from orchestrator.config import Config
-from orchestrator.door import CheckedSetup
-from orchestrator.sweep.plans import schedule_points, study_plans
-from orchestrator.sweep.studies import (
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.poisson import poisson_plan
+from dpsweep.core.schedule import Schedule
+from dpsweep.core.vocabulary import OK
+from dpsweep.orchestrator.accounting.tuning.adaptive import adaptive_statement
+from dpsweep.orchestrator.accounting.tuning.private import draw_trial_count, plan_private_tuning
+from dpsweep.orchestrator.config import Config
+from dpsweep.orchestrator.door import CheckedSetup
+from dpsweep.orchestrator.sweep.plans import schedule_points, study_plans
+from dpsweep.orchestrator.sweep.studies import (
     StudyPlan,
     make_sampler,
     open_study,
     secret_random_sampler,
 )
-from reports.pick import choose_private
-from trainables.methods import get_method, series_name
+from dpsweep.reports.pick import choose_private
+from dpsweep.trainables.methods import get_method, series_name
 
 #: ``[sweep]`` keys private tuning never reads (its points come from OS entropy, by random
 #: search): the run directory's config.toml leaves them out rather than record a value unused.

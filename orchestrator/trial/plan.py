@@ -13,16 +13,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from core.errors import UserInputError
-from core.poisson import PHYSICAL_BATCH, poisson_plan
-from core.trial import Calibration, TrialSpec
-from core.vocabulary import SPLIT_NAMES
-from orchestrator.accounting.cache import default_cache_dir
-from orchestrator.accounting.calibration import calibrate, epsilon_curve
-from orchestrator.config import Config
-from orchestrator.door import CheckedSetup, check_dict, require_checked
-from trainables.data.splits import DataSplits, load_pool
-from trainables.methods import METHODS, get_method, series_name
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.poisson import PHYSICAL_BATCH, poisson_plan
+from dpsweep.core.trial import Calibration, TrialSpec
+from dpsweep.core.vocabulary import SPLIT_NAMES
+from dpsweep.orchestrator.accounting.cache import default_cache_dir
+from dpsweep.orchestrator.accounting.calibration import calibrate, epsilon_curve
+from dpsweep.orchestrator.config import Config
+from dpsweep.orchestrator.door import CheckedSetup, check_dict, require_checked
+from dpsweep.trainables.data.splits import DataSplits, load_pool
+from dpsweep.trainables.methods import METHODS, get_method, series_name
 
 
 def data_pool(setup: CheckedSetup) -> dict[str, Any]:

@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.errors import UserInputError
+from dpsweep.core.errors import UserInputError
 
 #: The actor's name prefix (one per sweep) and its Ray namespace (every trial worker looks it
 #: up there, whatever namespace Tune's actors run in).

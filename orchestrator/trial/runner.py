@@ -23,16 +23,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from core import layout
-from core.errors import DiskFull, UserInputError, describe, disk_full
-from core.layout import CHECKPOINT_DIR
-from core.storage import atomic_write_json
-from core.trial import TrialSpec
-from core.vocabulary import DISK_FULL_KEY, FAILED, OK, PRUNED
-from orchestrator.trial.pruning import TrialPruned, ask_board
-from trainables.data.files import FileSource
-from trainables.data.splits import share_pool
-from trainables.training.loop import (
+from dpsweep.core import layout
+from dpsweep.core.errors import DiskFull, UserInputError, describe, disk_full
+from dpsweep.core.layout import CHECKPOINT_DIR
+from dpsweep.core.storage import atomic_write_json
+from dpsweep.core.trial import TrialSpec
+from dpsweep.core.vocabulary import DISK_FULL_KEY, FAILED, OK, PRUNED
+from dpsweep.orchestrator.trial.pruning import TrialPruned, ask_board
+from dpsweep.trainables.data.files import FileSource
+from dpsweep.trainables.data.splits import share_pool
+from dpsweep.trainables.training.loop import (
     CHECKPOINT_FILE,
     TrialResult,
     load_checkpoint_state,
@@ -115,7 +115,7 @@ def execute(config: dict[str, Any], *,
         }
         tuning = config.get("tuning") or {}
         if tuning.get("score_noise") is not None:
-            from orchestrator.accounting.tuning.private import noisy_score
+            from dpsweep.orchestrator.accounting.tuning.private import noisy_score
 
             total = len(data.validation)
             record["noisy_val_score"] = noisy_score(

@@ -19,12 +19,12 @@ import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from core.datasets import FILE_DATASET, INPUT_SHAPES, NUM_CLASSES
-from core.errors import UserInputError
-from core.modes import INVALID_TAG
-from core.vocabulary import SPLIT_NAMES
-from trainables.data.files import FileSource
-from trainables.data.splits import (
+from dpsweep.core.datasets import FILE_DATASET, INPUT_SHAPES, NUM_CLASSES
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.modes import INVALID_TAG
+from dpsweep.core.vocabulary import SPLIT_NAMES
+from dpsweep.trainables.data.files import FileSource
+from dpsweep.trainables.data.splits import (
     DEFAULT_SIZES,
     DataSplits,
     SplitSizes,
@@ -34,15 +34,15 @@ from trainables.data.splits import (
     load_pool,
     load_splits,
 )
-from trainables.methods import METHODS, get_method, parse_series
-from trainables.models.catalog import check_input_shape, layer_count, model_for
-from trainables.models.source import ModelSource
-from trainables.models.trainable import trainable_layers
-from trainables.models.usercode import tree_sha256
+from dpsweep.trainables.methods import METHODS, get_method, parse_series
+from dpsweep.trainables.models.catalog import check_input_shape, layer_count, model_for
+from dpsweep.trainables.models.source import ModelSource
+from dpsweep.trainables.models.trainable import trainable_layers
+from dpsweep.trainables.models.usercode import tree_sha256
 
 if TYPE_CHECKING:
-    from orchestrator.config import Config
-    from trainables.models.networks import LayeredModel
+    from dpsweep.orchestrator.config import Config
+    from dpsweep.trainables.models.networks import LayeredModel
 
 
 
@@ -186,7 +186,7 @@ class ResolvedSetup:
         """A fresh network of the config's architecture for its data (seed torch first): a
         user's is checked on two real public examples (the shadow split's)."""
         # the builders need torch; validating a config resolves a setup without building
-        from trainables.models import assemble
+        from dpsweep.trainables.models import assemble
 
         source, dataset = self.model_source, self.config.data.dataset
         if self.config.user_data or data is not None:

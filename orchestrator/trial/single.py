@@ -10,12 +10,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from core.layout import CHECKPOINT_DIR, RESULTS
-from orchestrator.door import CheckedSetup, require_checked
-from orchestrator.rundir import RunDir, check_creatable
-from orchestrator.trial.plan import plan_trial
-from reports import store
-from trainables.training.loop import TrialResult, resolve_device, train_trial
+from dpsweep.core.layout import CHECKPOINT_DIR, RESULTS
+from dpsweep.orchestrator.door import CheckedSetup, require_checked
+from dpsweep.orchestrator.rundir import RunDir, check_creatable
+from dpsweep.orchestrator.trial.plan import plan_trial
+from dpsweep.reports import store
+from dpsweep.trainables.training.loop import TrialResult, resolve_device, train_trial
 
 TRIAL_ID = "trial-000"
 

@@ -24,9 +24,9 @@ module that defines it; what code outside ``reports.html`` may use is exported h
 
 from __future__ import annotations
 
-from reports.html.overview import tuning_statement
-from reports.html.page import HTML_FILE, STAMP_CLASS, build_report
-from reports.html.records import RunData, load_run
+from dpsweep.reports.html.overview import tuning_statement
+from dpsweep.reports.html.page import HTML_FILE, STAMP_CLASS, build_report
+from dpsweep.reports.html.records import RunData, load_run
 
 __all__ = [
            "HTML_FILE",

@@ -14,10 +14,9 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-
-from core import layout
-from reports import plots
-from reports.html.fmt import (
+from dpsweep.core import layout
+from dpsweep.reports import plots
+from dpsweep.reports.html.fmt import (
     CONTRADICTED_TAG,
     NOT_COVERED_TAG,
     badge,
@@ -35,9 +34,9 @@ from reports.html.fmt import (
     table_html,
     th,
 )
-from reports.html.fronts import front_trials_at
-from reports.html.records import Records, RunData, as_float, plan_statement
-from reports.pareto import KIND_ALL, MIA, SCORED, Front, natural_key, sort_trials
+from dpsweep.reports.html.fronts import front_trials_at
+from dpsweep.reports.html.records import Records, RunData, as_float, plan_statement
+from dpsweep.reports.pareto import KIND_ALL, MIA, SCORED, Front, natural_key, sort_trials
 
 #: Test-accuracy gap beyond which the report calls the audit's references weaker than the target.
 REFERENCE_GAP = 0.05

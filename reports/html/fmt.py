@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-
-from core.modes import INVALID_TAG
-from reports.html.records import as_float
-from reports.store import not_covered
+from dpsweep.core.modes import INVALID_TAG
+from dpsweep.reports.html.records import as_float
+from dpsweep.reports.store import not_covered
 
 CONTRADICTED_TAG = "claim contradicted by audit"
 REPLAYABLE_TAG = "replayable: not releasable"

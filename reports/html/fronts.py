@@ -10,10 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-
-from core.modes import INVALID_TAG
-from reports import plots
-from reports.html.fmt import (
+from dpsweep.core.modes import INVALID_TAG
+from dpsweep.reports import plots
+from dpsweep.reports.html.fmt import (
     REPLAYABLE_TAG,
     TEST_NOTE,
     ci_text,
@@ -30,8 +29,8 @@ from reports.html.fmt import (
     table_html,
     th,
 )
-from reports.html.records import RunData, as_float
-from reports.pareto import (
+from dpsweep.reports.html.records import RunData, as_float
+from dpsweep.reports.pareto import (
     ACC,
     ACC_HI,
     ACC_LO,
@@ -47,7 +46,7 @@ from reports.pareto import (
     exclusion_reasons,
     sort_trials,
 )
-from reports.store import DEGENERATE_MARGIN
+from dpsweep.reports.store import DEGENERATE_MARGIN
 
 
 def _chance_halfwidth(points: pd.DataFrame) -> float:

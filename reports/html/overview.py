@@ -10,10 +10,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-
-from core.modes import INVALID_TAG
-from core.vocabulary import OK, PRUNED, SPLIT_NAMES
-from reports.html.fmt import (
+from dpsweep.core.modes import INVALID_TAG
+from dpsweep.core.vocabulary import OK, PRUNED, SPLIT_NAMES
+from dpsweep.reports.html.fmt import (
     CONTRADICTED_TAG,
     NOT_COVERED_TAG,
     REPLAYABLE_TAG,
@@ -23,9 +22,9 @@ from reports.html.fmt import (
     facts_table,
     ids_text,
 )
-from reports.html.records import RunData, as_float
-from reports.html.validity import REAUDIT_COMMAND, STAGE_AUDIT, failed_frame
-from reports.pareto import (
+from dpsweep.reports.html.records import RunData, as_float
+from dpsweep.reports.html.validity import REAUDIT_COMMAND, STAGE_AUDIT, failed_frame
+from dpsweep.reports.pareto import (
     ACC,
     ACC_HI,
     ACC_LO,

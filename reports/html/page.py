@@ -11,10 +11,9 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 
 import pandas as pd
-
-from core import layout
-from core.storage import atomic_write_text
-from reports.html.attacks import (
+from dpsweep.core import layout
+from dpsweep.core.storage import atomic_write_text
+from dpsweep.reports.html.attacks import (
     canary_frame,
     canary_section,
     heatmap_section,
@@ -23,8 +22,8 @@ from reports.html.attacks import (
     mia_layers_frame,
     roc_section,
 )
-from reports.html.fmt import esc
-from reports.html.fronts import (
+from dpsweep.reports.html.fmt import esc
+from dpsweep.reports.html.fronts import (
     excluded_section,
     front_point_rows,
     front_section,
@@ -32,15 +31,15 @@ from reports.html.fronts import (
     hypervolume_section,
     trials_frame,
 )
-from reports.html.overview import glance, header_section, tuning_statement
-from reports.html.records import RunData, load_run, read_records
-from reports.html.training import (
+from dpsweep.reports.html.overview import glance, header_section, tuning_statement
+from dpsweep.reports.html.records import RunData, load_run, read_records
+from dpsweep.reports.html.training import (
     curves_section,
     series_section,
     utility_frame,
     utility_section,
 )
-from reports.html.validity import (
+from dpsweep.reports.html.validity import (
     budget_frame,
     budget_section,
     coverage_frame,
@@ -52,8 +51,8 @@ from reports.html.validity import (
     validity_frame,
     validity_section,
 )
-from reports.pareto import eligible, exclusions, fronts
-from reports.series import LoggedSeries
+from dpsweep.reports.pareto import eligible, exclusions, fronts
+from dpsweep.reports.series import LoggedSeries
 
 HTML_FILE = "report.html"
 #: The class of the one line a rebuild changes (the timestamp).

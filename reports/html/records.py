@@ -15,20 +15,19 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-
-from core import layout
-from core.datasets import NUM_CLASSES
-from core.errors import UserInputError
-from core.toml import tomllib
-from core.vocabulary import FAILED, OK
-from reports.pareto import (
+from dpsweep.core import layout
+from dpsweep.core.datasets import NUM_CLASSES
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.toml import tomllib
+from dpsweep.core.vocabulary import FAILED, OK
+from dpsweep.reports.pareto import (
     DEFAULT_NUM_CLASSES,
     NONPRIVATE,
     natural_key,
     parse_mia_layers,
     sort_trials,
 )
-from reports.store import COLUMNS, read_results
+from dpsweep.reports.store import COLUMNS, read_results
 
 
 def _parse_json_cell(value: Any, *, column: str, trial_id: str,

@@ -12,10 +12,9 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-
-from core import layout
-from reports import plots
-from reports.html.fmt import (
+from dpsweep.core import layout
+from dpsweep.reports import plots
+from dpsweep.reports.html.fmt import (
     TEST_NOTE,
     eps_tag,
     esc,
@@ -26,10 +25,10 @@ from reports.html.fmt import (
     table_html,
     th,
 )
-from reports.html.fronts import baseline_point, front_trials_at
-from reports.html.records import Records, RunData, as_float
-from reports.pareto import ACC, MIA, Front, natural_key, sort_trials
-from reports.series import LoggedSeries, SummaryColumn
+from dpsweep.reports.html.fronts import baseline_point, front_trials_at
+from dpsweep.reports.html.records import Records, RunData, as_float
+from dpsweep.reports.pareto import ACC, MIA, Front, natural_key, sort_trials
+from dpsweep.reports.series import LoggedSeries, SummaryColumn
 
 #: Most curves in one validation-curve figure (further ones are in the CSV).
 MAX_CURVES = 14

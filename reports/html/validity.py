@@ -5,10 +5,9 @@ failed trials, and which results columns the epsilon covers.
 from __future__ import annotations
 
 import pandas as pd
-
-from core.modes import INVALID_TAG
-from core.vocabulary import OK, PRUNED
-from reports.html.fmt import (
+from dpsweep.core.modes import INVALID_TAG
+from dpsweep.core.vocabulary import OK, PRUNED
+from dpsweep.reports.html.fmt import (
     CONTRADICTED_TAG,
     NOT_COVERED_TAG,
     REPLAYABLE_TAG,
@@ -26,9 +25,9 @@ from reports.html.fmt import (
     table_html,
     th,
 )
-from reports.html.records import RunData
-from reports.pareto import sort_trials
-from reports.store import COLUMNS
+from dpsweep.reports.html.records import RunData
+from dpsweep.reports.pareto import sort_trials
+from dpsweep.reports.store import COLUMNS
 
 AUDIT_ERROR = "audit_error"
 #: The stage a failure happened in (the failed-trials table and CSV, the at-a-glance line).

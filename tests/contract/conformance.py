@@ -40,14 +40,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-
-from core.schedule import Schedule
-from trainables.data.splits import load_splits
-from trainables.dp.randomness import Randomness, poisson_batches
-from trainables.dp.step import DPStep, PublicData
-from trainables.engine.grad_engine import GradEngine, MaterializedGrads
-from trainables.methods import get_method
-from trainables.models.networks import LayeredModel, build_model
+from dpsweep.core.schedule import Schedule
+from dpsweep.trainables.data.splits import load_splits
+from dpsweep.trainables.dp.randomness import Randomness, poisson_batches
+from dpsweep.trainables.dp.step import DPStep, PublicData
+from dpsweep.trainables.engine.grad_engine import GradEngine, MaterializedGrads
+from dpsweep.trainables.methods import get_method
+from dpsweep.trainables.models.networks import LayeredModel, build_model
 
 NUM_LAYERS = 4  # digits_cnn
 #: Steps of a lifecycle: 3 epochs of 10 steps, long enough for every fast_lifecycle change.

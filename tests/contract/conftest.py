@@ -7,7 +7,7 @@ from tests.tiers import switch, tier_hooks
 
 
 def _install() -> None:
-    switch("orchestrator.sweep.driver", "_drive", refused_in=frozenset({"contract"}),
+    switch("dpsweep.orchestrator.sweep.driver", "_drive", refused_in=frozenset({"contract"}),
            what="ran a sweep (orchestrator.sweep.driver._drive)")
 
 

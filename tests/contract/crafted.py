@@ -15,9 +15,13 @@ import math
 from collections.abc import Iterator
 
 import torch
+from dpsweep.core.schedule import Schedule
+from dpsweep.trainables.dp.step import DPStep
+from dpsweep.trainables.engine.grad_engine import GradEngine
+from dpsweep.trainables.engine.host_reads import forbid_host_reads
+from dpsweep.trainables.models.networks import LayeredModel
 from torch import nn
 
-from core.schedule import Schedule
 from tests.contract.conformance import (
     Workload,
     _excess,
@@ -27,10 +31,6 @@ from tests.contract.conformance import (
     lifecycle_params,
     make_method,
 )
-from trainables.dp.step import DPStep
-from trainables.engine.grad_engine import GradEngine
-from trainables.engine.host_reads import forbid_host_reads
-from trainables.models.networks import LayeredModel
 
 #: Input features, output features and classes of the crafted model.
 FEATURES, HIDDEN, CLASSES = 16, 8, 4

@@ -14,9 +14,8 @@ import threading
 import time
 
 import pytest
-
-from orchestrator.accounting import sandbox
-from orchestrator.accounting.calibration import _answer
+from dpsweep.orchestrator.accounting import sandbox
+from dpsweep.orchestrator.accounting.calibration import _answer
 
 #: A job that answers in well under a second.
 QUICK = {"multipliers": [1.0], "steps": [10], "sample_rate": 0.01, "delta": 1e-5,

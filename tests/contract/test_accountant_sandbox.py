@@ -19,11 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from orchestrator.accounting import cache as budget_cache
-from orchestrator.accounting import sandbox
-from orchestrator.accounting.calibration import calibrate, epsilon_curve
-from orchestrator.accounting.verify import rdp_epsilon
+from dpsweep.orchestrator.accounting import cache as budget_cache
+from dpsweep.orchestrator.accounting import sandbox
+from dpsweep.orchestrator.accounting.calibration import calibrate, epsilon_curve
+from dpsweep.orchestrator.accounting.verify import rdp_epsilon
 
 REPO = Path(__file__).resolve().parents[2]
 Q, T, DELTA = 0.004267, 2344, 1e-5
@@ -115,7 +114,7 @@ def test_child_interpreters_are_reused_and_one_past_its_bound_is_killed(
 
 
 def test_a_child_interpreter_exits_with_its_parent() -> None:
-    code = ("import json; from orchestrator.accounting import sandbox; "
+    code = ("import json; from dpsweep.orchestrator.accounting import sandbox; "
             "keep = sandbox.keep_interpreters(); keep.__enter__(); "
             "r = sandbox._prv_in_subprocess({'multipliers': [1.0], 'steps': [250], "
             "'sample_rate': 0.02, 'delta': 1e-5, 'target': 2.0, 'eps_error': 0.06}, 60); "
@@ -140,6 +139,6 @@ def test_start_method() -> None:
     import numpy  # noqa: F401  (its BLAS pool is a second thread)
 
     assert sandbox._start_method() == "subprocess"
-    code = "from orchestrator.accounting import sandbox; print(sandbox._start_method())"
+    code = "from dpsweep.orchestrator.accounting import sandbox; print(sandbox._start_method())"
     r = _python(code, timeout=60)
     assert r.stdout.strip() == "fork", r.stderr

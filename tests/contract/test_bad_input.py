@@ -33,14 +33,14 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from dpsweep.core import layout
+from dpsweep.core.layout import LOCK, LOCK_INFO, MANIFEST
+from dpsweep.orchestrator.cli import main
+from dpsweep.orchestrator.door import check
+from dpsweep.orchestrator.rundir import RunDir
+from dpsweep.orchestrator.trial.single import train_single
+from dpsweep.reports import store
 
-from core import layout
-from core.layout import LOCK, LOCK_INFO, MANIFEST
-from orchestrator.cli import main
-from orchestrator.door import check
-from orchestrator.rundir import RunDir
-from orchestrator.trial.single import train_single
-from reports import store
 from tests.conftest import tiny_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -339,9 +339,8 @@ def _truncated_results(*, rerecorded: bool) -> Callable[[Ctx, Path], None]:
 def _finished_in_optuna(ctx: Ctx, run: Path) -> None:
     """An Optuna storage that counts trial-007 as finished, a trial that left no records."""
     import optuna
-
-    from core.layout import OPTUNA_DB
-    from orchestrator.sweep.studies import ID_ATTR
+    from dpsweep.core.layout import OPTUNA_DB
+    from dpsweep.orchestrator.sweep.studies import ID_ATTR
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(study_name="dpsgd@eps3", storage=f"sqlite:///{run / OPTUNA_DB}")
@@ -390,7 +389,7 @@ def _baseline(command: str) -> Callable[[Ctx], list[str]]:
     """`export`, `audit` or `pick --series` of the non-private baseline, recorded as a sweep
     records it."""
     def argv(ctx: Ctx) -> list[str]:
-        from orchestrator.sweep.jobs import BASELINE_ID, baseline_row
+        from dpsweep.orchestrator.sweep.jobs import BASELINE_ID, baseline_row
 
         run = ctx.run()
         rows = store.read_results(run).to_dict("records")
@@ -941,9 +940,10 @@ def guarded(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     def reached(*_: object, **__: object) -> None:
         raise _Reached("validation passed: the command went on to its expensive stage")
 
-    for module, names in (("orchestrator.sweep.driver", ["_drive"]),
-                          ("orchestrator.sweep.reaudit", ["_reaudit"]),
-                          ("orchestrator.audit.canary", ["black_box_run", "white_box_run"])):
+    for module, names in (("dpsweep.orchestrator.sweep.driver", ["_drive"]),
+                          ("dpsweep.orchestrator.sweep.reaudit", ["_reaudit"]),
+                          ("dpsweep.orchestrator.audit.canary",
+                           ["black_box_run", "white_box_run"])):
         loaded = importlib.import_module(module)
         for name in names:
             monkeypatch.setattr(loaded, name, reached)
@@ -978,12 +978,11 @@ def test_bad_input(case: Case, runs: Runs, tmp_path: Path, guarded: pytest.Monke
 def test_budget_with_a_huge_epsilon_is_refused_before_any_accounting(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """epsilon = 1e6 would make the accountant discretise a huge range (minutes, >10 GB)."""
-    import orchestrator.accounting.calibration
-
+    import dpsweep.orchestrator.accounting.calibration
     def calibrate(**_: object) -> None:
         raise _Reached("calibrate was called for epsilon 1e6")
 
-    monkeypatch.setattr(orchestrator.accounting.calibration, "calibrate", calibrate)
+    monkeypatch.setattr(dpsweep.orchestrator.accounting.calibration, "calibrate", calibrate)
     start = time.perf_counter()
     rc = main(["budget", "--epsilon", "1e6", "--delta", "1e-5", "--sample-rate", "0.01",
                "--steps", "100"])
@@ -1030,7 +1029,7 @@ def _subprocess(args: list[str], *, cwd: Path, memory_gib: int = 4,
         cap = memory_gib << 30
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 
-    exe = [str(DPSWEEP)] if DPSWEEP.exists() else [sys.executable, "-m", "orchestrator.cli"]
+    exe = [str(DPSWEEP)] if DPSWEEP.exists() else [sys.executable, "-m", "dpsweep.orchestrator.cli"]
     full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     return subprocess.run([*exe, *args], capture_output=True, text=True, cwd=cwd, env=full_env,
                           timeout=240, preexec_fn=limits)

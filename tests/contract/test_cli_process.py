@@ -18,7 +18,7 @@ BIN = Path(sys.executable).parent / "dpsweep"
 
 
 def _run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    exe = [str(BIN)] if BIN.exists() else [sys.executable, "-m", "orchestrator.cli"]
+    exe = [str(BIN)] if BIN.exists() else [sys.executable, "-m", "dpsweep.orchestrator.cli"]
     # PYTHONPATH: the code of this tree, whatever an (editable) install last mapped
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}

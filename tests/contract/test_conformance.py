@@ -12,13 +12,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from dpsweep.core.events import events_from_list
+from dpsweep.core.modes import INVALID_TAG
+from dpsweep.core.schedule import Schedule
+from dpsweep.orchestrator.door import check
+from dpsweep.orchestrator.trial.plan import plan_trial
+from dpsweep.search_spaces import SPACES, build_space
+from dpsweep.trainables.dp.contract import PUBLIC_SHARE
+from dpsweep.trainables.dp.step import PublicData
+from dpsweep.trainables.methods import METHODS
+from dpsweep.trainables.training.loop import load_checkpoint_state, train_trial
 
-from core.events import events_from_list
-from core.modes import INVALID_TAG
-from core.schedule import Schedule
-from orchestrator.door import check
-from orchestrator.trial.plan import plan_trial
-from search_spaces import SPACES, build_space
 from tests.conftest import tiny_config
 from tests.contract.conformance import (
     SIGMA,
@@ -29,10 +33,6 @@ from tests.contract.conformance import (
     make_method,
     prepared_params,
 )
-from trainables.dp.contract import PUBLIC_SHARE
-from trainables.dp.step import PublicData
-from trainables.methods import METHODS
-from trainables.training.loop import load_checkpoint_state, train_trial
 
 CASES = [pytest.param(name, mode.name, id=f"{name}:{mode.name}")
          for name, cls in sorted(METHODS.items()) for mode in cls.modes]
@@ -122,7 +122,7 @@ def test_declaration_presets_and_search_space_agree(method: str, mode: str) -> N
 @pytest.mark.parametrize(("method", "mode"), CASES)
 def test_accounting_matches_the_budget_by_an_independent_accountant(tmp_path: Path, method: str,
                                                                     mode: str) -> None:
-    from orchestrator.accounting.verify import epsilon_of_events, schedule_events
+    from dpsweep.orchestrator.accounting.verify import epsilon_of_events, schedule_events
 
     spec = _spec(method, mode, reproducible=True)
     result = train_trial(spec, checkpoint_root=tmp_path)

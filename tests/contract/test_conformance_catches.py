@@ -11,6 +11,9 @@ from typing import Any, ClassVar
 
 import pytest
 import torch
+from dpsweep.trainables.engine.grad_engine import PerExampleView
+from dpsweep.trainables.methods import METHODS, registered
+from dpsweep.trainables.methods.dpsgd import DPSGD
 
 from tests.contract.conformance import (
     NOISE_STEPS,
@@ -21,9 +24,6 @@ from tests.contract.conformance import (
     lifecycle_params,
     make_method,
 )
-from trainables.engine.grad_engine import PerExampleView
-from trainables.methods import METHODS, registered
-from trainables.methods.dpsgd import DPSGD
 
 WARMUP = 5
 #: How far the deliberately broken methods miss: a 1% noise shortfall, a 1e-4 overreach.
@@ -131,20 +131,19 @@ def test_float32_norms_squared_without_scaling_are_caught(monkeypatch: pytest.Mo
     """The engine before this suite: float32 squares summed unscaled, so a block of tiny entries
     had its norm under-computed and lm_dpsgd (which divides by it) released above its bound.
     With that engine restored by hand, the float32 lifecycle fails on the underflow pattern."""
-    import trainables.dp.step
-    import trainables.engine.grad_engine
-    import trainables.engine.modules
-    import trainables.engine.norms
-    import trainables.engine.passes
-
+    import dpsweep.trainables.dp.step
+    import dpsweep.trainables.engine.grad_engine
+    import dpsweep.trainables.engine.modules
+    import dpsweep.trainables.engine.norms
+    import dpsweep.trainables.engine.passes
     def unscaled(g: torch.Tensor) -> torch.Tensor:
         return g.reshape(g.shape[0], -1).pow(2).sum(1).double()
 
-    monkeypatch.setattr(trainables.engine.norms, "scaled_sq_norms", unscaled)
-    monkeypatch.setattr(trainables.engine.grad_engine, "scaled_sq_norms", unscaled)
-    monkeypatch.setattr(trainables.engine.passes, "scaled_sq_norms", unscaled)
-    monkeypatch.setattr(trainables.engine.modules, "scaled_sq_norms", unscaled)
-    monkeypatch.setattr(trainables.dp.step, "scaled_sq_norms", unscaled)
+    monkeypatch.setattr(dpsweep.trainables.engine.norms, "scaled_sq_norms", unscaled)
+    monkeypatch.setattr(dpsweep.trainables.engine.grad_engine, "scaled_sq_norms", unscaled)
+    monkeypatch.setattr(dpsweep.trainables.engine.passes, "scaled_sq_norms", unscaled)
+    monkeypatch.setattr(dpsweep.trainables.engine.modules, "scaled_sq_norms", unscaled)
+    monkeypatch.setattr(dpsweep.trainables.dp.step, "scaled_sq_norms", unscaled)
     run = lifecycle(METHODS["lm_dpsgd"], "lagged", steps=4, resume_at=2)
     failing = [c for c in run.releases if not c.holds]
     assert failing and all(c.pattern == "squares_underflow" for c in failing)

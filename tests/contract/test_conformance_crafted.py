@@ -8,6 +8,10 @@ import math
 
 import pytest
 import torch
+from dpsweep.trainables.engine.grad_engine import GradEngine
+from dpsweep.trainables.engine.norms import row_sums, scaled_sq_norms
+from dpsweep.trainables.methods import METHODS
+from dpsweep.trainables.models.networks import LayeredModel
 
 from tests.contract.conformance import REL_TOL
 from tests.contract.crafted import (
@@ -21,10 +25,6 @@ from tests.contract.crafted import (
     worst_cancelling_excess,
     worst_layout,
 )
-from trainables.engine.grad_engine import GradEngine
-from trainables.engine.norms import row_sums, scaled_sq_norms
-from trainables.methods import METHODS
-from trainables.models.networks import LayeredModel
 
 SOUND = [pytest.param(name, mode.name, id=f"{name}:{mode.name}")
          for name, cls in sorted(METHODS.items()) for mode in cls.modes if mode.dp_valid]

@@ -16,8 +16,10 @@ import copy
 
 import pytest
 import torch
+from dpsweep.core.schedule import Schedule
+from dpsweep.trainables.engine.grad_engine import GradEngine
+from dpsweep.trainables.methods import METHODS
 
-from core.schedule import Schedule
 from tests.contract.conformance import (
     LIFECYCLE_STEPS,
     NOISE_STEPS,
@@ -30,8 +32,6 @@ from tests.contract.conformance import (
     make_method,
     token_workload,
 )
-from trainables.engine.grad_engine import GradEngine
-from trainables.methods import METHODS
 
 SOUND = [pytest.param(name, mode.name, id=f"{name}:{mode.name}")
          for name, cls in sorted(METHODS.items()) for mode in cls.modes if mode.dp_valid]

@@ -13,9 +13,12 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.schedule import Schedule
+from dpsweep.trainables.methods import METHODS
+from dpsweep.trainables.models.networks import LayeredModel
+from dpsweep.trainables.models.validator import wrap_checked
 
-from core.errors import UserInputError
-from core.schedule import Schedule
 from tests import stock_nets
 from tests.contract.conformance import (
     SIGMA,
@@ -25,9 +28,6 @@ from tests.contract.conformance import (
     lifecycle_params,
     make_method,
 )
-from trainables.methods import METHODS
-from trainables.models.networks import LayeredModel
-from trainables.models.validator import wrap_checked
 
 SOUND = [pytest.param(name, mode.name, id=f"{name}:{mode.name}")
          for name, cls in sorted(METHODS.items()) for mode in cls.modes if mode.dp_valid]

@@ -3,7 +3,7 @@
 - README.md stays short (at most ``README_MAX_LINES``) and links every page of docs/.
 - No dated narration: ``grep -nE "20[0-9]{2}-[0-9]{2}-[0-9]{2}|today|used to|quieter"`` finds
   nothing in README.md or docs/*.md. The one exception is text inside generated blocks
-  (``<!-- generated:NAME -->``, written by ``orchestrator.docgen``): there a run's date may
+  (``<!-- generated:NAME -->``, written by ``bench.docgen``): there a run's date may
   appear (the date a committed results file records for its run, e.g. the stock models'
   table), and so may "used to choose", the declarations' own wording of the test split in
   ``orchestrator/config`` and ``reports/store.py`` ("reported, never used to choose": used in
@@ -199,7 +199,7 @@ def test_every_table_of_figures_is_generated(path: Path) -> None:
     found = _hand_written_figures(_name(path), path.read_text())
     assert not found, (f"{_name(path)}: tables with measured figures outside a generated block "
                        "(generate them from a committed bench/results file with "
-                       "orchestrator.docgen, or list a reference table in REFERENCE_TABLES): "
+                       "bench.docgen, or list a reference table in REFERENCE_TABLES): "
                        f"{found}")
 
 

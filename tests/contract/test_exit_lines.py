@@ -18,13 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from core.errors import UserInputError
-from orchestrator import cli
-from orchestrator.cluster import connection as cluster
-from orchestrator.rundir import RunDir
-from orchestrator.sweep import commands, ray_start
-from orchestrator.sweep.signals import EXIT_SIGINT, Interrupted, _StopFlag
+from dpsweep.core.errors import UserInputError
+from dpsweep.orchestrator import cli
+from dpsweep.orchestrator.cluster import connection as cluster
+from dpsweep.orchestrator.rundir import RunDir
+from dpsweep.orchestrator.sweep import commands, ray_start
+from dpsweep.orchestrator.sweep.signals import EXIT_SIGINT, Interrupted, _StopFlag
 
 TIMEOUT = Exception("The current node timed out during startup. This could happen because "
                     "some of the raylet failed to startup or the GCS has become overloaded.")
@@ -63,14 +62,13 @@ def test_resume_of_a_read_only_run_directory_is_one_line(
 def test_report_on_a_read_only_run_directory_is_one_line(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
-    import orchestrator.api
-
+    import dpsweep.orchestrator.api
     path = _run_dir(tmp_path)
 
     def read_only(run_dir: Any) -> Path:
         raise OSError(errno.EROFS, "Read-only file system", str(Path(run_dir) / ".report.tmp"))
 
-    monkeypatch.setattr(orchestrator.api, "report", read_only)
+    monkeypatch.setattr(dpsweep.orchestrator.api, "report", read_only)
     assert cli.main(["report", str(path)]) == cli.EXIT_USAGE
     line = _one_line(capsys)
     assert "RUN_DIR = " in line and str(path) in line and "not writable" in line

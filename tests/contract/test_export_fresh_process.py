@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from dpsweep.orchestrator.release.bundle import export_trial
 
-from orchestrator.release.bundle import export_trial
 from tests.unit.orchestrator.test_export import Trained, _train
 from tests.unit.orchestrator.test_export_loader import NETWORKS, UNLISTED, _copy
 
@@ -47,7 +47,7 @@ with torch.no_grad():
     right = int((model(data["x"]).argmax(1) == data["y"]).sum())
 print("RIGHT", right, "OF", len(data["y"]))
 print("CACHES", sorted(str(p) for p in Path("intact/code").rglob("__pycache__")))
-print("FROM", sys.modules["trainables.models.networks"].__file__)
+print("FROM", sys.modules["dpsweep.trainables.models.networks"].__file__)
 """
 
 
@@ -88,7 +88,7 @@ def test_a_planted_bytecode_cache_is_refused_and_never_runs(trained: Trained, re
     """The documented use (``import load; load.load(DIR)``) in a fresh process without
     dpsweep: the planted copy is refused in one line and its code never runs; the intact copy
     loads from its hashed source, gives the recorded test accuracy and writes no bytecode."""
-    from trainables.data.splits import load_pool
+    from dpsweep.trainables.data.splits import load_pool
 
     planted = _copy(release, tmp_path / "planted")
     _copy(release, tmp_path / "intact")

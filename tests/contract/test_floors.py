@@ -34,6 +34,7 @@ def _imported_packages(path: Path) -> set[str]:
             names = [node.module]
         else:
             continue
+        names = [n.removeprefix("dpsweep.") for n in names]
         found |= {n.split(".")[0] for n in names if n.split(".")[0] in FLOORS}
     return found
 
@@ -75,7 +76,7 @@ def test_no_six_line_block_is_repeated_outside_tests() -> None:
 def test_every_run_directory_file_name_is_written_once() -> None:
     """A run's and a trial's file names live in core/layout.py and nowhere else outside tests:
     a reader and a writer cannot disagree on a name."""
-    from core import layout
+    from dpsweep.core import layout
 
     names = {v for k, v in vars(layout).items() if k.isupper() and isinstance(v, str)
              and "." in v}
@@ -87,7 +88,7 @@ def test_every_run_directory_file_name_is_written_once() -> None:
                 where[node.value].add(str(path.relative_to(ROOT)))
     # the export's loader travels alone (torch only), so it states the name it reads itself;
     # that copy is held equal to layout's here
-    from orchestrator.release import loader
+    from dpsweep.orchestrator.release import loader
 
     assert loader.MODEL_FILE == layout.EXPORT_MODEL
     where[layout.EXPORT_MODEL].discard("orchestrator/release/loader.py")

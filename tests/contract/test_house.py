@@ -14,10 +14,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from core.poisson import PHYSICAL_BATCH
-from core.vocabulary import DISK_FULL_KEY, PRIVATE_SPLITS, SPLIT_NAMES, STATUSES
-from trainables.methods import METHODS
+from dpsweep.core.poisson import PHYSICAL_BATCH
+from dpsweep.core.vocabulary import DISK_FULL_KEY, PRIVATE_SPLITS, SPLIT_NAMES, STATUSES
+from dpsweep.trainables.methods import METHODS
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("core", "orchestrator", "trainables", "search_spaces", "reports")
@@ -255,6 +254,12 @@ def test_the_checks_catch_a_copy(tmp_path: Path) -> None:
         (2, "ww_dpsgd"), (3, ": no ww_dpsgd"), (5, "lm_dpsgd_x dpsgd")]
 
 
+def _unprefixed(name: str) -> str:
+    """``dpsweep.core.x`` as the path-based name ``core.x`` (the packages sit at the top level
+    of the repository and install under ``dpsweep``)."""
+    return name.removeprefix("dpsweep.")
+
+
 def _module_name(path: Path) -> str:
     return _rel(path)[:-3].replace("/", ".").removesuffix(".__init__")
 
@@ -273,7 +278,7 @@ def _top_level_imports(path: Path, known: set[str]) -> set[str]:
                 found |= {a.name for a in sub.names}
             elif isinstance(sub, ast.ImportFrom) and sub.module and sub.level == 0:
                 found |= {sub.module, *(f"{sub.module}.{a.name}" for a in sub.names)}
-    return found & known - {_module_name(path)}
+    return {_unprefixed(n) for n in found} & known - {_module_name(path)}
 
 
 def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -317,7 +322,7 @@ def _every_import(path: Path, known: set[str]) -> set[str]:
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
-    return found & known - {_module_name(path)}
+    return {_unprefixed(n) for n in found} & known - {_module_name(path)}
 
 
 #: Circles left, counting every import, each a pair that issue 42's one door removes: the
@@ -342,3 +347,20 @@ def test_no_import_cycle_counting_every_import() -> None:
 def test_the_cycle_check_finds_a_cycle() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert import_cycles(graph) == [["a", "b", "c"]]
+
+
+def test_every_import_of_dpsweep_goes_through_dpsweep() -> None:
+    """``import core`` would load a second copy of a module (or a user's package of that name):
+    every import of dpsweep's packages is ``dpsweep.<package>``, in the packages, bench, tests
+    and examples alike."""
+    files = sorted(p for top in (*PACKAGES, "bench", "tests", "examples", "docs")
+                   for p in (ROOT / top).rglob("*.py"))
+    bare = []
+    for path in files:
+        for node in ast.walk(_tree(path)):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0
+                     and node.module else [])
+            bare += [f"{_rel(path)}:{node.lineno} {n}" for n in names
+                     if n.split(".")[0] in PACKAGES]
+    assert bare == []

@@ -12,14 +12,13 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from trainables.data import splits as data
+from dpsweep.trainables.data import splits as data
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_validating_a_config_imports_no_deep_learning_stack() -> None:
-    code = ("import sys; from orchestrator import api; "
+    code = ("import sys; from dpsweep.orchestrator import api; "
             "api.from_dict({'sweep': {'methods': []}, 'method_params': {'lr': 0.3}}); "
             "print(sorted(m for m in ('torch._C', 'optuna', 'ray', 'sklearn') "
             "if m in sys.modules))")
@@ -73,8 +72,8 @@ import sys
 import torch
 torch.set_num_threads(1)
 from tests.contract import conformance
-from trainables.methods import METHODS
-from trainables.audit.references import NonPrivateRecipe, train_nonprivate
+from dpsweep.trainables.methods import METHODS
+from dpsweep.trainables.audit.references import NonPrivateRecipe, train_nonprivate
 for name, cls in sorted(METHODS.items()):
     for mode in cls.modes:  # preparation, steps, and a resume from the checkpointable state
         conformance.lifecycle(cls, mode.name, steps=6, resume_at=3)
@@ -95,7 +94,7 @@ def test_a_pool_shared_by_the_driver_serves_the_splits_without_reading_the_data(
     code = """
 import sys
 import numpy as np
-from trainables.data import splits as data
+from dpsweep.trainables.data import splits as data
 n = 1797
 pool = data.RawPool(x=(np.arange(n) % 251).astype(np.uint8).reshape(n, 1, 1, 1).repeat(64, 1)
                     .reshape(n, 1, 8, 8), y=(np.arange(n) % 10).astype(np.int64), n_train=n,

@@ -8,7 +8,7 @@ import sys
 #: A package with a submodule that nothing in a fresh interpreter has imported.
 CHECK = """\
 import sys
-from core.lazy import lazy_module
+from dpsweep.core.lazy import lazy_module
 lazy = lazy_module("json.tool")
 assert "json.tool" in sys.modules
 import json.tool

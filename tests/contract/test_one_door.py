@@ -8,15 +8,16 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from dpsweep.core.errors import UserInputError
+from dpsweep.orchestrator import api, door
+from dpsweep.orchestrator.cli import main
+from dpsweep.orchestrator.config import parse_file
+from dpsweep.orchestrator.sweep.driver import run_sweep
+from dpsweep.orchestrator.trial.plan import plan_trial
+from dpsweep.orchestrator.trial.setup import ResolvedSetup
+from dpsweep.orchestrator.trial.single import train_single
+from dpsweep.trainables.methods import METHODS
 
-from core.errors import UserInputError
-from orchestrator import api, door
-from orchestrator.cli import main
-from orchestrator.config import parse_file
-from orchestrator.sweep.driver import run_sweep
-from orchestrator.trial.plan import plan_trial
-from orchestrator.trial.setup import ResolvedSetup
-from orchestrator.trial.single import train_single
 from tests.conftest import tiny_config
 from tests.contract.test_bad_input import (
     CASES,
@@ -30,7 +31,6 @@ from tests.contract.test_bad_input import (
     runs,  # noqa: F401  (a fixture)
     snapshot,
 )
-from trainables.methods import METHODS
 
 #: The verbs whose CONFIG goes through the door, and the API call that takes the same config.
 CONFIG_VERBS = ("config", "run", "train")

@@ -3,8 +3,8 @@ docs/api.md runs a sweep: tests/system/test_api_example.py.)"""
 
 from __future__ import annotations
 
-from orchestrator.docgen import stale
+from bench.docgen.blocks import stale
 
 
 def test_generated_tables_are_current() -> None:
-    assert stale() == [], "run `python -m orchestrator.docgen`"
+    assert stale() == [], "run `python -m bench.docgen`"

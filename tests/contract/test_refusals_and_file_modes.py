@@ -20,16 +20,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from dpsweep.core import layout
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.toml import tomllib
+from dpsweep.orchestrator import api
+from dpsweep.orchestrator.cli import main
+from dpsweep.orchestrator.door import check
+from dpsweep.orchestrator.rundir import DIR_MODE, FILE_MODE, RunDir
+from dpsweep.orchestrator.trial.single import train_single
+from dpsweep.reports import store
 
-from core import layout
-from core.errors import UserInputError
-from core.toml import tomllib
-from orchestrator import api
-from orchestrator.cli import main
-from orchestrator.door import check
-from orchestrator.rundir import DIR_MODE, FILE_MODE, RunDir
-from orchestrator.trial.single import train_single
-from reports import store
 from tests.conftest import tiny_config
 
 TRIAL = "trial-000"  # orchestrator.trial.single.TRIAL_ID
@@ -92,7 +92,7 @@ def _refused(capsys: pytest.CaptureFixture[str], argv: list[str], *, names: str)
 
 def _no_ray(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fail the test if a command starts or joins Ray."""
-    from orchestrator.cluster import connection as cluster
+    from dpsweep.orchestrator.cluster import connection as cluster
 
     def started(*_a: Any, **_k: Any) -> Any:
         raise AssertionError("Ray was started")
@@ -273,7 +273,7 @@ def test_a_sweep_run_directory_keeps_the_optuna_storage_and_lock_private(
         tmp_path: Path, umask_022: None) -> None:
     """The driver's own ``open_studies`` (Ray not needed) on a fresh run directory: optuna.db
     is 0600 from the moment it exists, and everything is 0700/0600 once the lock is released."""
-    from orchestrator.sweep.driver import _Driver
+    from dpsweep.orchestrator.sweep.driver import _Driver
 
     cfg = api.from_dict({"training": {"epochs": 2},
                                 "sweep": {"methods": ["dpsgd"], "trials_per_method": 2},
@@ -311,7 +311,7 @@ PRIVATE = {"training": {"epochs": 2, "batch_size": 50},
 
 def test_a_private_tuning_run_records_neither_sweep_seed_nor_sampler(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestrator.sweep import driver
+    from dpsweep.orchestrator.sweep import driver
 
     cfg = api.from_dict(PRIVATE)
     monkeypatch.setattr(driver, "_validate_before_ray", lambda *_a, **_k: None)
@@ -331,7 +331,7 @@ def test_a_private_tuning_run_records_neither_sweep_seed_nor_sampler(
 
 
 def test_an_adaptive_run_still_records_its_sampler_and_seed() -> None:
-    from orchestrator.sweep.tuning import recorded_config_text
+    from dpsweep.orchestrator.sweep.tuning import recorded_config_text
 
     cfg = api.from_dict({**PRIVATE, "sweep": {"methods": ["dpsgd"], "seed": 7,
                                                      "sampler": "random"},

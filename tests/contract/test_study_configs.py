@@ -14,13 +14,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from core.params import Param
-from orchestrator.api import load_config as load
-from orchestrator.config import read_toml
-from orchestrator.door import check
-from search_spaces import STEP, STEP_PARAM
-from trainables.methods import METHODS
+from dpsweep.core.params import Param
+from dpsweep.orchestrator.api import load_config as load
+from dpsweep.orchestrator.config import read_toml
+from dpsweep.orchestrator.door import check
+from dpsweep.search_spaces import STEP, STEP_PARAM
+from dpsweep.trainables.methods import METHODS
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 PARTS = sorted(CONFIGS.glob("fmnist_full_[a-z].toml"))

@@ -27,8 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from trainables.data.files import MAX_CLASSES
+from dpsweep.trainables.data.files import MAX_CLASSES
 
 REPO = Path(__file__).resolve().parents[2]
 DPSWEEP = Path(sys.executable).parent / "dpsweep"
@@ -83,7 +82,7 @@ def data_huge_label():
 
 
 def _dpsweep(args: list[str], *, cwd: Path) -> subprocess.CompletedProcess[str]:
-    exe = [str(DPSWEEP)] if DPSWEEP.exists() else [sys.executable, "-m", "orchestrator.cli"]
+    exe = [str(DPSWEEP)] if DPSWEEP.exists() else [sys.executable, "-m", "dpsweep.orchestrator.cli"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run([*exe, *args], capture_output=True, text=True, cwd=cwd, env=env,
                           timeout=240)
@@ -228,7 +227,7 @@ def test_a_hanging_factory_stops_on_ctrl_c_with_one_line(tmp_path: Path, command
     out = tmp_path / "out"
     args = ["config", "--check", str(config)] if command == "check" else [
         "run", str(config), "--out", str(out)]
-    exe = [str(DPSWEEP)] if DPSWEEP.exists() else [sys.executable, "-m", "orchestrator.cli"]
+    exe = [str(DPSWEEP)] if DPSWEEP.exists() else [sys.executable, "-m", "dpsweep.orchestrator.cli"]
     proc = subprocess.Popen([*exe, *args], cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True,
                             env={**os.environ, "PYTHONPATH": str(REPO)})

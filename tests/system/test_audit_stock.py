@@ -19,17 +19,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from dpsweep.core import layout
+from dpsweep.orchestrator import api
+from dpsweep.orchestrator.audit.membership import (
+    audit_in_trial,
+    reference_budgets,
+    row_audit_columns,
+)
+from dpsweep.orchestrator.door import check
+from dpsweep.orchestrator.sweep.search import audit_settings
+from dpsweep.orchestrator.trial.plan import plan_trial
+from dpsweep.orchestrator.trial.runner import execute
+from dpsweep.trainables.audit.exclusion import PARTLY_SCORED, SCORED, SHARED, SHARED_FROZEN
 from PIL import Image
 
-from core import layout
-from orchestrator import api
-from orchestrator.audit.membership import audit_in_trial, reference_budgets, row_audit_columns
-from orchestrator.door import check
-from orchestrator.sweep.search import audit_settings
-from orchestrator.trial.plan import plan_trial
-from orchestrator.trial.runner import execute
 from tests.system import audit_nets
-from trainables.audit.exclusion import PARTLY_SCORED, SCORED, SHARED, SHARED_FROZEN
 
 pytestmark = pytest.mark.slow
 

@@ -19,12 +19,12 @@ import time
 from pathlib import Path
 
 import pytest
+from dpsweep.core.errors import UserInputError
+from dpsweep.orchestrator import raytemp
+from dpsweep.orchestrator.cluster import connection as cluster
+from dpsweep.orchestrator.cluster import resources, storage
 
 from bench.cli_harness import processes
-from core.errors import UserInputError
-from orchestrator import raytemp
-from orchestrator.cluster import connection as cluster
-from orchestrator.cluster import resources, storage
 
 ray = pytest.importorskip("ray")
 
@@ -217,7 +217,7 @@ def test_resources_beyond_this_machine_are_refused_before_ray_starts(
 
 
 def test_machine_detection_needs_neither_torch_nor_ray() -> None:
-    code = ("import sys; from orchestrator.cluster import resources; "
+    code = ("import sys; from dpsweep.orchestrator.cluster import resources; "
             "resources.machine_resources(); "
             "sys.exit(bool({'torch', 'ray'} & set(sys.modules)))")
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO, timeout=60).returncode == 0
@@ -330,7 +330,8 @@ def test_two_node_cluster_on_loopback(tmp_path: Path, monkeypatch: pytest.Monkey
         # Without the token the connection is refused fast (Ray alone retries for ~20 s), and
         # the error says what to set.
         env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
-        code = ("import sys, time, ray; from orchestrator.cluster import connection as cluster\n"
+        code = ("import sys, time, ray\n"
+                "from dpsweep.orchestrator.cluster import connection as cluster\n"
                 "t = time.monotonic()\n"
                 "try: cluster.connect(sys.argv[1], quiet=True)\n"
                 "except Exception as e: print(time.monotonic() - t, type(e).__name__, e); "

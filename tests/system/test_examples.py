@@ -11,9 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-
-from orchestrator.config import read_toml
-from reports.store import read_results
+from dpsweep.orchestrator.config import read_toml
+from dpsweep.reports.store import read_results
 
 pytestmark = pytest.mark.slow
 

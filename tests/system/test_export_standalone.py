@@ -25,10 +25,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
-from orchestrator.cli import main
-from orchestrator.trial.single import TRIAL_ID
-from reports.store import read_results
+from dpsweep.orchestrator.cli import main
+from dpsweep.orchestrator.trial.single import TRIAL_ID
+from dpsweep.reports.store import read_results
 
 pytestmark = pytest.mark.slow
 
@@ -138,7 +137,7 @@ def _image_folder(root: Path) -> list[tuple[str, Path]]:
 
 def _training_predictions(run: Path) -> tuple[list[int], list[int], float]:
     """(test rows, what the training code predicts for each, the recorded test accuracy)."""
-    from trainables.training.loop import (
+    from dpsweep.trainables.training.loop import (
         build_trial_model,
         load_checkpoint_state,
         load_spec,
@@ -272,7 +271,7 @@ def test_code_changed_since_the_run_is_not_exported(tmp_path: Path,
 
 def test_a_built_in_model_export_runs_without_dpsweep(tmp_path: Path) -> None:
     """Digits' built-in CNN: code/ is dpsweep's own modules, loaded from the copy only."""
-    from trainables.data.splits import load_pool
+    from dpsweep.trainables.data.splits import load_pool
 
     project = tmp_path / "project"
     project.mkdir()
@@ -309,9 +308,8 @@ def test_a_built_in_model_export_runs_without_dpsweep(tmp_path: Path) -> None:
 
 def test_built_in_class_names_are_the_published_ones() -> None:
     """model.json's classes for the built-in datasets (core.datasets.CLASS_NAMES)."""
+    from dpsweep.core.datasets import CLASS_NAMES, DATASET_NAMES, NUM_CLASSES
     from torchvision.datasets import MNIST, FashionMNIST
-
-    from core.datasets import CLASS_NAMES, DATASET_NAMES, NUM_CLASSES
 
     assert set(CLASS_NAMES) == set(DATASET_NAMES)
     assert all(len(CLASS_NAMES[d]) == NUM_CLASSES[d] for d in DATASET_NAMES)

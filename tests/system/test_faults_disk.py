@@ -35,9 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from dpsweep.core.errors import EXIT_DISK_FULL
 
 from bench.cli_harness import complete_ids, result_ids, running
-from core.errors import EXIT_DISK_FULL
 from tests.system.conftest import Lane
 from tests.system.test_faults import Stage, run_stage
 
@@ -115,7 +115,8 @@ def patch_studies(module):
 class After(importlib.abc.MetaPathFinder):
     """Runs a patch on a module right after it is executed."""
 
-    PATCHES = {"core.storage": patch_storage, "orchestrator.sweep.studies": patch_studies}
+    PATCHES = {"dpsweep.core.storage": patch_storage,
+               "dpsweep.orchestrator.sweep.studies": patch_studies}
 
     def find_spec(self, name, path, target=None):
         patch = self.PATCHES.get(name)
@@ -253,7 +254,7 @@ def test_after_space_is_freed_resume_finishes_the_sweep_of_an_uninterrupted_run(
     assert complete_ids(end.trials) == IDS and running(end.trials) == []
     for stage in chain.stages.values():
         assert stage.redone() == [], (stage.name, stage.redone())  # nothing trained twice
-    from reports.store import read_results
+    from dpsweep.reports.store import read_results
 
     frame = read_results(chain.files)
     assert set(frame["status"]) == {"ok"}, frame[["trial_id", "status", "error"]]

@@ -237,7 +237,7 @@ def _head_node_id(head: Head) -> str:
 
 
 def _check_run(run_dir: Path, node_id: str) -> None:
-    from orchestrator import api
+    from dpsweep.orchestrator import api
 
     frame = api.results(run_dir)  # verified against the run's manifest
     assert len(frame) == TRIALS, frame[["trial_id", "status"]]

@@ -15,15 +15,15 @@ from pathlib import Path
 
 import optuna
 import pytest
+from dpsweep.core import layout
+from dpsweep.core.toml import tomllib
+from dpsweep.orchestrator import api
+from dpsweep.orchestrator.cli import main
+from dpsweep.orchestrator.door import check
+from dpsweep.orchestrator.sweep import tuning as sweep_tuning
+from dpsweep.orchestrator.sweep.driver import run_sweep
+from dpsweep.reports.store import read_results
 
-from core import layout
-from core.toml import tomllib
-from orchestrator import api
-from orchestrator.cli import main
-from orchestrator.door import check
-from orchestrator.sweep import tuning as sweep_tuning
-from orchestrator.sweep.driver import run_sweep
-from reports.store import read_results
 from tests.conftest import leaves
 
 pytestmark = pytest.mark.slow
@@ -99,7 +99,7 @@ def test_pick_writes_the_noisy_score_and_no_noiseless_metric(
 
 def test_pick_export_states_the_end_to_end_epsilon_and_no_other_trial_leaves(
         run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from orchestrator.release.statement import round_up
+    from dpsweep.orchestrator.release.statement import round_up
 
     assert main(["pick", str(run), "--export", str(tmp_path / "release")]) == 0
     statement = json.loads((tmp_path / "release" / layout.EXPORT_STATEMENT_JSON).read_text())

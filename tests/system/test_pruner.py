@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from dpsweep.reports.store import read_results
 
 from bench.cli_harness import optuna_trials, running
-from reports.store import read_results
 from tests.system.conftest import Lane
 from tests.system.test_faults import Stage, results_at_least, run_stage
 
@@ -120,7 +120,7 @@ def test_pruned_trials_are_recorded_kept_off_and_never_rerun(
     excluded = pd.read_csv(run / "report" / "excluded.csv").set_index("trial_id")
     for tid, rung in pruned["pruned_at"].items():
         assert excluded.loc[tid, "reason"].startswith(f"pruned at epoch {rung}")
-    from orchestrator.cli import main
+    from dpsweep.orchestrator.cli import main
 
     # pick needs audited trials (the audit is off here); its refusal names the pruned ones as
     # kept off, for the same reason the fronts give

@@ -34,13 +34,12 @@ from typing import Any
 
 import pandas as pd
 import pytest
+from dpsweep.core import layout
+from dpsweep.core.exits import EXIT_FAILURES, EXIT_OK, EXIT_USAGE
+from dpsweep.orchestrator.cli import main
+from dpsweep.orchestrator.cluster import connection as cluster
+from dpsweep.reports.store import read_results
 from filelock import FileLock
-
-from core import layout
-from core.exits import EXIT_FAILURES, EXIT_OK, EXIT_USAGE
-from orchestrator.cli import main
-from orchestrator.cluster import connection as cluster
-from reports.store import read_results
 
 pytestmark = pytest.mark.slow
 

@@ -24,16 +24,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from dpsweep.core import layout
+from dpsweep.orchestrator import api
+from dpsweep.orchestrator.cli import main
+from dpsweep.orchestrator.door import check
+from dpsweep.orchestrator.rundir import RunDir
+from dpsweep.orchestrator.sweep.resume_checks import (
+    check_records,
+    check_storage,
+    finished_in_storage,
+)
+from dpsweep.orchestrator.sweep.studies import ID_ATTR
+from dpsweep.trainables.models.usercode import tree_sha256
 from filelock import FileLock
-
-from core import layout
-from orchestrator import api
-from orchestrator.cli import main
-from orchestrator.door import check
-from orchestrator.rundir import RunDir
-from orchestrator.sweep.resume_checks import check_records, check_storage, finished_in_storage
-from orchestrator.sweep.studies import ID_ATTR
-from trainables.models.usercode import tree_sha256
 
 PREFIX = "dpsweep: error: "
 STORAGE_LINE = f"{PREFIX}RUN_DIR = '{layout.OPTUNA_DB}' is not allowed: expected the run's " \
@@ -49,7 +52,7 @@ SWEEP = {"training": {"epochs": 1, "batch_size": 50},
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A finished sweep's run directory (its two trials done), written by ``run_sweep``."""
-    from orchestrator.sweep.driver import run_sweep
+    from dpsweep.orchestrator.sweep.driver import run_sweep
 
     out = tmp_path_factory.mktemp("finished") / "run"
     summary = run_sweep(check(api.from_dict(SWEEP)), run_dir=out, quiet=True)
@@ -61,7 +64,7 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 @pytest.fixture
 def no_ray(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fail the test if a command starts or joins Ray (nothing could be trained without)."""
-    from orchestrator.cluster import connection as cluster
+    from dpsweep.orchestrator.cluster import connection as cluster
 
     def started(*_a: Any, **_k: Any) -> Any:
         raise AssertionError("Ray was started")

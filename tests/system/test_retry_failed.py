@@ -19,12 +19,11 @@ from pathlib import Path
 
 import optuna
 import pytest
-
-from core import layout
-from core.exits import EXIT_FAILURES, EXIT_OK
-from orchestrator.sweep.studies import ID_ATTR, RETRY_ATTR
-from orchestrator.sweep.summary import RETRIED
-from reports.store import read_results
+from dpsweep.core import layout
+from dpsweep.core.exits import EXIT_FAILURES, EXIT_OK
+from dpsweep.orchestrator.sweep.studies import ID_ATTR, RETRY_ATTR
+from dpsweep.orchestrator.sweep.summary import RETRIED
+from dpsweep.reports.store import read_results
 
 pytestmark = pytest.mark.slow
 

@@ -13,15 +13,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from dpsweep.core import layout
+from dpsweep.orchestrator import api
+from dpsweep.orchestrator.cli import main
+from dpsweep.orchestrator.door import check
+from dpsweep.orchestrator.trial.single import TRIAL_ID
+from dpsweep.trainables.audit.exclusion import SHARED
+from dpsweep.trainables.training.loop import _derived_seeds, load_checkpoint_state
 from PIL import Image
-
-from core import layout
-from orchestrator import api
-from orchestrator.cli import main
-from orchestrator.door import check
-from orchestrator.trial.single import TRIAL_ID
-from trainables.audit.exclusion import SHARED
-from trainables.training.loop import _derived_seeds, load_checkpoint_state
 
 pytestmark = pytest.mark.slow
 
@@ -108,13 +107,13 @@ def _audit_lists_every_layer(config: Path, checkpoint: Path, spec: dict) -> None
     shared with the target, the trained head attacked (the gradient-norm attacks cover the
     trained layer only)."""
 
-    from orchestrator.audit.membership import (
+    from dpsweep.orchestrator.audit.membership import (
         AuditSettings,
         audit_trial_model,
         budgets_from_config,
         reference_budgets,
     )
-    from trainables.training.loop import load_spec
+    from dpsweep.trainables.training.loop import load_spec
 
     cfg = api.load_config(config)
     data = check(cfg).data_splits()
@@ -146,7 +145,7 @@ def _initial_weights(root: Path, name: str, spec: dict) -> dict[str, torch.Tenso
         torch.manual_seed(seed_model)
         net = getattr(module, CASES[name][0])(shape, 3)
     if name == "resnet18_batchnorm_fixed":
-        from trainables.models.fix import fix_model
+        from dpsweep.trainables.models.fix import fix_model
 
         net, _ = fix_model(net)
     return dict(net.named_parameters())

@@ -27,9 +27,8 @@ import numpy as np
 import optuna
 import pandas as pd
 import pytest
-
-from reports.pareto import wilson_interval
-from reports.store import read_results
+from dpsweep.reports.pareto import wilson_interval
+from dpsweep.reports.store import read_results
 
 pytestmark = pytest.mark.slow
 
@@ -80,7 +79,7 @@ def _env() -> dict[str, str]:
 def dpsweep(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     """A read-only command through the CLI's own entry point, in this process (the sweeps
     themselves run as real processes; this saves an interpreter start per command)."""
-    from orchestrator.cli import main
+    from dpsweep.orchestrator.cli import main
 
     capsys.readouterr()
     rc = main(list(args))

@@ -32,8 +32,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-
-from reports.store import read_results
+from dpsweep.reports.store import read_results
 
 #: Every test starts the CLI sweep (``cli_sweep``) if it is not running yet.
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("cli_sweep")]
@@ -180,8 +179,8 @@ def cli_run(cli_sweep: tuple[Path, _Command] | None) -> Path:
 
 
 def test_the_factory_as_a_python_callable(tmp_path: Path) -> None:
-    from orchestrator import api
-    from orchestrator.config import read_toml
+    from dpsweep.orchestrator import api
+    from dpsweep.orchestrator.config import read_toml
 
     folder = _user_folder(tmp_path / "api", "api_net", audit=False)
     sys.path.insert(0, str(folder))
@@ -207,10 +206,9 @@ def test_the_same_config_on_two_nodes_ships_the_code_through_ray(tmp_path: Path,
     import secrets
 
     import ray
+    from dpsweep.orchestrator.cluster import connection as cluster
+    from dpsweep.orchestrator.raytemp import private_temp_dir
     from ray.cluster_utils import Cluster
-
-    from orchestrator.cluster import connection as cluster
-    from orchestrator.raytemp import private_temp_dir
 
     folder = _user_folder(tmp_path / "project", "node_net", audit=False)
     origins = tmp_path / "origins.txt"
@@ -255,7 +253,7 @@ def test_every_trial_has_a_row_with_the_users_layers_attacked(cli_run: Path) -> 
     assert spec["user_model"]["factory"] == "user_net:build"
     manifest = json.loads((cli_run / "manifest.json").read_text())
     assert set(manifest["inputs"]) == {"model_code", "data.path"}
-    from orchestrator.cli import main
+    from dpsweep.orchestrator.cli import main
 
     assert main(["pick", str(cli_run)]) == 0  # its retrain config names the user's network
     assert 'factory = "user_net:build"' in (cli_run / "pick_config.toml").read_text()
@@ -263,8 +261,8 @@ def test_every_trial_has_a_row_with_the_users_layers_attacked(cli_run: Path) -> 
 
 def test_the_export_loads_into_the_factorys_module_with_the_recorded_accuracy(
         cli_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from orchestrator.cli import main
-    from trainables.training.loop import load_spec, load_trial_data
+    from dpsweep.orchestrator.cli import main
+    from dpsweep.trainables.training.loop import load_spec, load_trial_data
 
     trial = "dpsgd_eps3-000"
     assert main(["export", str(cli_run), "--trial", trial, "--out", str(tmp_path / "rel")]) == 0

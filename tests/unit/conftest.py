@@ -17,13 +17,14 @@ from tests.tiers import switch, tier_hooks
 
 def _prv_in_this_process(job: dict[str, Any], timeout_s: float) -> Any:
     """``sandbox.prv_in_child`` without the child (``timeout_s`` unenforced)."""
-    from orchestrator.accounting import sandbox
+    from dpsweep.orchestrator.accounting import sandbox
 
     return sandbox._outcome(json.loads(json.dumps(sandbox._run_job(job))))
 
 
 def _install() -> None:
-    switch("orchestrator.accounting.calibration", "prv_in_child", refused_in=frozenset({"unit"}),
+    switch("dpsweep.orchestrator.accounting.calibration", "prv_in_child",
+           refused_in=frozenset({"unit"}),
            what="ran the PRV accountant in a child", instead=_prv_in_this_process)
 
 

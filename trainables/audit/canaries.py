@@ -63,18 +63,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-
-from core.errors import UserInputError
-from core.lazy import lazy_module
-from core.trial import TrialSpec
-from trainables.dp.randomness import Randomness
-from trainables.dp.step import bound_coefficients
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.lazy import lazy_module
+from dpsweep.core.trial import TrialSpec
+from dpsweep.trainables.dp.randomness import Randomness
+from dpsweep.trainables.dp.step import bound_coefficients
 
 if TYPE_CHECKING:
     import torch
-
-    from trainables.dp.step import DPStep
-    from trainables.models.networks import LayeredModel
+    from dpsweep.trainables.dp.step import DPStep
+    from dpsweep.trainables.models.networks import LayeredModel
 else:
     torch = lazy_module("torch")
 

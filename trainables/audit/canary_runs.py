@@ -14,9 +14,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-
-from core.trial import TrialSpec
-from trainables.audit.canaries import (
+from dpsweep.core.trial import TrialSpec
+from dpsweep.trainables.audit.canaries import (
     BLACK_BOX,
     WHITE_BOX,
     CanaryCounts,
@@ -24,20 +23,20 @@ from trainables.audit.canaries import (
     canary_sampler,
     draw_membership,
 )
-from trainables.audit.input_canaries import BlackBoxInstrument, choose_input_canaries
-from trainables.audit.stats.attacks import DEFAULT_CONFIDENCE
-from trainables.audit.stats.onerun import (
+from dpsweep.trainables.audit.input_canaries import BlackBoxInstrument, choose_input_canaries
+from dpsweep.trainables.audit.stats.attacks import DEFAULT_CONFIDENCE
+from dpsweep.trainables.audit.stats.onerun import (
     CanaryBound,
     canary_audit,
     default_guess_counts,
     epsilon_lower_bound,
 )
-from trainables.training.loop import load_trial_data, train_trial
+from dpsweep.trainables.training.loop import load_trial_data, train_trial
 
 if TYPE_CHECKING:
-    from trainables.data.splits import DataSplits
-    from trainables.dp.step import DPStep
-    from trainables.training.loop import Reporter
+    from dpsweep.trainables.data.splits import DataSplits
+    from dpsweep.trainables.dp.step import DPStep
+    from dpsweep.trainables.training.loop import Reporter
 
 
 def guess_counts(*, m: int, delta: float,

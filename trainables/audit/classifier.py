@@ -28,20 +28,18 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+from dpsweep.core.lazy import lazy_module
+from dpsweep.trainables.audit.layer_attack import fit_layer_attack, ir_features, reduce_ir
+from dpsweep.trainables.audit.prefix import savings_enabled
+from dpsweep.trainables.audit.references import ReferencePlan, ReferenceTrainer
+from dpsweep.trainables.audit.signals import logit_confidence
+from dpsweep.trainables.data.splits import DataSplits
 from threadpoolctl import threadpool_limits
-
-from core.lazy import lazy_module
-from trainables.audit.layer_attack import fit_layer_attack, ir_features, reduce_ir
-from trainables.audit.prefix import savings_enabled
-from trainables.audit.references import ReferencePlan, ReferenceTrainer
-from trainables.audit.signals import logit_confidence
-from trainables.data.splits import DataSplits
 
 if TYPE_CHECKING:
     import torch
-
-    from trainables.data.splits import Split
-    from trainables.models.networks import LayeredModel
+    from dpsweep.trainables.data.splits import Split
+    from dpsweep.trainables.models.networks import LayeredModel
 else:
     torch = lazy_module("torch")
 

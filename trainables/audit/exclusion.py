@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 if TYPE_CHECKING:
-    from trainables.models.networks import LayeredModel
+    from dpsweep.trainables.models.networks import LayeredModel
 
 SCORED = "scored"
 SHARED = "shared"

@@ -11,16 +11,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-
-from core.lazy import lazy_module
-from trainables.audit.canaries import CANARY_POOL, CanaryCounts, check_count
+from dpsweep.core.lazy import lazy_module
+from dpsweep.trainables.audit.canaries import CANARY_POOL, CanaryCounts, check_count
 
 if TYPE_CHECKING:
     import torch
-
-    from trainables.data.splits import DataSplits
-    from trainables.dp.randomness import Randomness
-    from trainables.dp.step import DPStep
+    from dpsweep.trainables.data.splits import DataSplits
+    from dpsweep.trainables.dp.randomness import Randomness
+    from dpsweep.trainables.dp.step import DPStep
 else:
     torch = lazy_module("torch")
 

@@ -21,22 +21,21 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from threadpoolctl import threadpool_limits
-
-from core.errors import UserInputError
-from core.hints import ignored
-from core.storage import JsonCache
-from trainables.audit.layer_attack import (
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.hints import ignored
+from dpsweep.core.storage import JsonCache
+from dpsweep.trainables.audit.layer_attack import (
     fit_layer_attacks,
     ir_features,
     layer_accuracies,
     split_features,
 )
-from trainables.audit.risk_stage import MIN_STAGE1_EXAMPLES, Stage1
-from trainables.dp.optim import Update
+from dpsweep.trainables.audit.risk_stage import MIN_STAGE1_EXAMPLES, Stage1
+from dpsweep.trainables.dp.optim import Update
+from threadpoolctl import threadpool_limits
 
 if TYPE_CHECKING:
-    from trainables.models.networks import LayeredModel
+    from dpsweep.trainables.models.networks import LayeredModel
 
 CACHE_VERSION = 1
 

@@ -42,19 +42,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-
-from core.lazy import lazy_module
-from core.poisson import PHYSICAL_BATCH
-from trainables.audit.cache import tensor_hash
-from trainables.audit.exclusion import frozen_layers
-from trainables.data.splits import DataSplits
-from trainables.engine.grad_engine import WHOLE_EXACT_PATH
+from dpsweep.core.lazy import lazy_module
+from dpsweep.core.poisson import PHYSICAL_BATCH
+from dpsweep.trainables.audit.cache import tensor_hash
+from dpsweep.trainables.audit.exclusion import frozen_layers
+from dpsweep.trainables.data.splits import DataSplits
+from dpsweep.trainables.engine.grad_engine import WHOLE_EXACT_PATH
 
 if TYPE_CHECKING:
     import torch
+    from dpsweep.trainables.models.networks import LayeredModel
     from torch import nn
-
-    from trainables.models.networks import LayeredModel
 else:
     torch = lazy_module("torch")
 

@@ -40,12 +40,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-
-from core.errors import UserInputError
-from core.lazy import lazy_module
-from core.poisson import PHYSICAL_BATCH
-from core.trial import Calibration, TrialSpec
-from trainables.audit.prefix import (
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.lazy import lazy_module
+from dpsweep.core.poisson import PHYSICAL_BATCH
+from dpsweep.core.trial import Calibration, TrialSpec
+from dpsweep.trainables.audit.prefix import (
     FrozenStart,
     SharedPrefix,
     share_prefix,
@@ -54,7 +53,7 @@ from trainables.audit.prefix import (
     training_start,
     with_start,
 )
-from trainables.audit.scores import (
+from dpsweep.trainables.audit.scores import (
     ATTACKS,
     LOSS_THRESHOLD,
     PER_EXAMPLE_VARIANCE_MIN_MODELS,
@@ -64,7 +63,7 @@ from trainables.audit.scores import (
     attack_signal,
     loss_threshold,
 )
-from trainables.audit.signals import (
+from dpsweep.trainables.audit.signals import (
     LOSS,
     SharingSignals,
     Signals,
@@ -73,16 +72,15 @@ from trainables.audit.signals import (
     per_example_signals,
     rmia_input,
 )
-from trainables.data.splits import DataSplits, Split
-from trainables.dp.optim import Update
-from trainables.models.assemble import build_network
-from trainables.models.source import ModelSource
-from trainables.training.loop import build_trial_model, train_trial
+from dpsweep.trainables.data.splits import DataSplits, Split
+from dpsweep.trainables.dp.optim import Update
+from dpsweep.trainables.models.assemble import build_network
+from dpsweep.trainables.models.source import ModelSource
+from dpsweep.trainables.training.loop import build_trial_model, train_trial
 
 if TYPE_CHECKING:
     import torch
-
-    from trainables.models.networks import LayeredModel
+    from dpsweep.trainables.models.networks import LayeredModel
 else:
     torch = lazy_module("torch")
 

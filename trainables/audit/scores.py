@@ -51,9 +51,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from dpsweep.core.errors import UserInputError
 from scipy.stats import norm, rankdata
-
-from core.errors import UserInputError
 
 LIRA_ONLINE = "lira_online"
 LIRA_OFFLINE = "lira_offline"

@@ -48,19 +48,17 @@ import math
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.lazy import lazy_module
+from dpsweep.core.poisson import PHYSICAL_BATCH
+from dpsweep.trainables.audit.prefix import savings_enabled
+from dpsweep.trainables.engine.grad_engine import GradEngine
 from scipy.special import expit
-
-from core.errors import UserInputError
-from core.lazy import lazy_module
-from core.poisson import PHYSICAL_BATCH
-from trainables.audit.prefix import savings_enabled
-from trainables.engine.grad_engine import GradEngine
 
 if TYPE_CHECKING:
     import torch
-
-    from trainables.audit.prefix import SharedPrefix
-    from trainables.models.networks import LayeredModel
+    from dpsweep.trainables.audit.prefix import SharedPrefix
+    from dpsweep.trainables.models.networks import LayeredModel
 else:
     torch = lazy_module("torch")
 

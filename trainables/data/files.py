@@ -46,9 +46,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from core.errors import UserInputError
-from trainables.models.usercode import check_reference, file_sha256, tree_sha256
+from dpsweep.core.errors import UserInputError
+from dpsweep.trainables.models.usercode import check_reference, file_sha256, tree_sha256
 
 TABLE_SUFFIXES: tuple[str, ...] = (".csv", ".parquet", ".pq")
 IMAGE_SUFFIXES: frozenset[str] = frozenset(

@@ -19,9 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
-from core.datasets import NUM_CLASSES
-from core.errors import UserInputError
+from dpsweep.core.datasets import NUM_CLASSES
+from dpsweep.core.errors import UserInputError
 
 DEBIAN_FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 """Where Debian's ``dataset-fashion-mnist`` package installs the IDX files."""

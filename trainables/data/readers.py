@@ -15,11 +15,9 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from PIL import Image
-
-from core.errors import UserInputError
-from core.vocabulary import SPLIT_NAMES
-from trainables.data.files import (
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.vocabulary import SPLIT_NAMES
+from dpsweep.trainables.data.files import (
     MAX_CLASSES,
     FileSource,
     class_dirs,
@@ -27,7 +25,8 @@ from trainables.data.files import (
     path_kind,
     short_reason,
 )
-from trainables.models.usercode import call_user, resolve
+from dpsweep.trainables.models.usercode import call_user, resolve
+from PIL import Image
 
 #: Image modes read as uint8 channels, and how many channels each gives.
 IMAGE_MODES: dict[str, int] = {"L": 1, "LA": 2, "RGB": 3, "RGBA": 4}

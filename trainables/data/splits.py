@@ -24,19 +24,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-
-from core.datasets import DATASET_NAMES, FILE_DATASET, INPUT_SHAPES, NUM_CLASSES
-from core.errors import UserInputError
-from core.lazy import lazy_module
-from core.vocabulary import SPLIT_NAMES
-from trainables.data.files import (
+from dpsweep.core.datasets import DATASET_NAMES, FILE_DATASET, INPUT_SHAPES, NUM_CLASSES
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.lazy import lazy_module
+from dpsweep.core.vocabulary import SPLIT_NAMES
+from dpsweep.trainables.data.files import (
     FileSource,
     pixel_scale,
     public_stats,
     stat_signature,
     user_stats,
 )
-from trainables.data.pools import (
+from dpsweep.trainables.data.pools import (
     DEBIAN_FASHION_MNIST_DIR,
     RawPool,
     digits_pool,
@@ -448,7 +447,7 @@ def _file_pool(source: FileSource, signature: tuple[tuple[str, int, int], ...]) 
     """Read and check ``source`` once per process (``signature``: its files' stat)."""
     del signature  # part of the cache key only
     # pandas and Pillow cost seconds: read only when file data is read
-    from trainables.data.readers import read_source
+    from dpsweep.trainables.data.readers import read_source
 
     data = read_source(source)
     parts_x = [data.x] if data.public_x is None else [data.x, data.public_x]

@@ -16,11 +16,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from core.errors import UserInputError
-from core.modes import Mode
-from core.params import Param, ParamSet, ValidatedParams
-from core.schedule import Schedule
-from reports.series import LoggedSeries
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.modes import Mode
+from dpsweep.core.params import Param, ParamSet, ValidatedParams
+from dpsweep.core.schedule import Schedule
+from dpsweep.reports.series import LoggedSeries
 
 # ---- hyperparameters every SGD-family method shares -------------------------------------------
 LR = Param("lr", 0.5, "learning rate", low=0.0, low_open=True, high=100.0, log=True)

@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.errors import UserInputError
-from core.events import PoissonSubsampledGaussian
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.events import PoissonSubsampledGaussian
 
 #: A ledger event's keys: those of ``core.events``' Poisson-subsampled Gaussian.
 _EVENT_KEYS = tuple(PoissonSubsampledGaussian(sampling_probability=1.0, noise_multiplier=1.0)

@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from core.errors import UserInputError
-from core.lazy import lazy_module
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.lazy import lazy_module
 
 if TYPE_CHECKING:
     import torch

@@ -55,10 +55,9 @@ from typing import Any
 
 import numpy as np
 import torch
-
-from core.errors import UserInputError
-from core.records import RANDOMNESS_KINDS
-from trainables.engine.host_reads import to_device
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.records import RANDOMNESS_KINDS
+from dpsweep.trainables.engine.host_reads import to_device
 
 #: Box–Muller samples summed per secure Gaussian coordinate (Opacus's secure_mode uses 4).
 SECURE_SUMMANDS = 4

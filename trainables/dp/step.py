@@ -28,22 +28,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from core.lazy import lazy_module
-from core.poisson import PHYSICAL_BATCH
-from core.schedule import Schedule
-from trainables.dp.contract import PUBLIC_SHARE, MethodContract
-from trainables.dp.ledger import Ledger, whitened_multiplier
-from trainables.dp.optim import Update
-from trainables.engine.grad_engine import GradEngine, PerExampleView
-from trainables.engine.host_reads import host_resident, to_device
-from trainables.engine.norms import scaled_sq_norms
-from trainables.models.trainable import TrainableLayers, trainable_layers
+from dpsweep.core.lazy import lazy_module
+from dpsweep.core.poisson import PHYSICAL_BATCH
+from dpsweep.core.schedule import Schedule
+from dpsweep.trainables.dp.contract import PUBLIC_SHARE, MethodContract
+from dpsweep.trainables.dp.ledger import Ledger, whitened_multiplier
+from dpsweep.trainables.dp.optim import Update
+from dpsweep.trainables.engine.grad_engine import GradEngine, PerExampleView
+from dpsweep.trainables.engine.host_reads import host_resident, to_device
+from dpsweep.trainables.engine.norms import scaled_sq_norms
+from dpsweep.trainables.models.trainable import TrainableLayers, trainable_layers
 
 if TYPE_CHECKING:
     import torch
-
-    from trainables.dp.randomness import Randomness
-    from trainables.models.networks import LayeredModel
+    from dpsweep.trainables.dp.randomness import Randomness
+    from dpsweep.trainables.models.networks import LayeredModel
 else:
     torch = lazy_module("torch")
 

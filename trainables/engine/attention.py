@@ -17,9 +17,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, ClassVar
 
-from core.lazy import lazy_module
-from trainables.engine.func import NotPerExample
-from trainables.engine.rnn import LinearPart, Tap
+from dpsweep.core.lazy import lazy_module
+from dpsweep.trainables.engine.func import NotPerExample
+from dpsweep.trainables.engine.rnn import LinearPart, Tap
 
 if TYPE_CHECKING:
     import torch

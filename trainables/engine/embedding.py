@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from core.errors import UserInputError
-from core.lazy import lazy_module
-from trainables.engine.modules import Geometry, Handler, diagonal_bound, terms_bound
-from trainables.engine.norms import row_scale, row_sums
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.lazy import lazy_module
+from dpsweep.trainables.engine.modules import Geometry, Handler, diagonal_bound, terms_bound
+from dpsweep.trainables.engine.norms import row_scale, row_sums
 
 if TYPE_CHECKING:
     import torch

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from core.lazy import lazy_module
+from dpsweep.core.lazy import lazy_module
 
 if TYPE_CHECKING:
     import torch

@@ -102,26 +102,26 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from core.errors import UserInputError
-from core.lazy import lazy_module
-from core.poisson import PHYSICAL_BATCH
-from trainables.engine.attention import AttentionUnit
-from trainables.engine.func import (
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.lazy import lazy_module
+from dpsweep.core.poisson import PHYSICAL_BATCH
+from dpsweep.trainables.engine.attention import AttentionUnit
+from dpsweep.trainables.engine.func import (
     CallDims,
     NotPerExample,
     OwnerFallback,
     leaves,
     probe_calls,
 )
-from trainables.engine.modules import (
+from dpsweep.trainables.engine.modules import (
     Choice,
     Geometry,
     Handler,
     combine,
 )
-from trainables.engine.norms import scaled_sq_norms
-from trainables.engine.params import ParamUses, probe_uses, uses_mode
-from trainables.engine.passes import (
+from dpsweep.trainables.engine.norms import scaled_sq_norms
+from dpsweep.trainables.engine.params import ParamUses, probe_uses, uses_mode
+from dpsweep.trainables.engine.passes import (
     PATCHED,
     ChunkState,
     Pass,
@@ -134,17 +134,16 @@ from trainables.engine.passes import (
     unit_layers,
     unpatch,
 )
-from trainables.engine.plan import ModuleTiming, measure, plan_key
-from trainables.engine.rnn import RecurrentUnit
-from trainables.models.trainable import TrainableLayers, trainable_layers
+from dpsweep.trainables.engine.plan import ModuleTiming, measure, plan_key
+from dpsweep.trainables.engine.rnn import RecurrentUnit
+from dpsweep.trainables.models.trainable import TrainableLayers, trainable_layers
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     import torch
+    from dpsweep.trainables.models.networks import LayeredModel
     from torch import nn
-
-    from trainables.models.networks import LayeredModel
 else:
     torch = lazy_module("torch")
 

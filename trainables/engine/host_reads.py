@@ -25,7 +25,7 @@ import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from core.lazy import lazy_module
+from dpsweep.core.lazy import lazy_module
 
 if TYPE_CHECKING:
     import torch

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from core.lazy import lazy_module
-from trainables.engine.norms import (
+from dpsweep.core.lazy import lazy_module
+from dpsweep.trainables.engine.norms import (
     certified_ghost_sq,
     certified_released_sq,
     row_scale,

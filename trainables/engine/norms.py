@@ -26,8 +26,8 @@ import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from core.lazy import lazy_module
-from trainables.engine.host_reads import host_reads_allowed
+from dpsweep.core.lazy import lazy_module
+from dpsweep.trainables.engine.host_reads import host_reads_allowed
 
 if TYPE_CHECKING:
     import torch

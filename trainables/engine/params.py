@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from core.lazy import lazy_module
-from trainables.engine.func import PROBE_SIZES, NotPerExample, OwnParams, leaves, rebuild
+from dpsweep.core.lazy import lazy_module
+from dpsweep.trainables.engine.func import PROBE_SIZES, NotPerExample, OwnParams, leaves, rebuild
 
 if TYPE_CHECKING:
     import torch

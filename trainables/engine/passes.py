@@ -12,12 +12,23 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from core.lazy import lazy_module
-from trainables.engine.attention import AttentionUnit, decomposable
-from trainables.engine.embedding import EmbeddingBagHandler, EmbeddingHandler, check_embedding
-from trainables.engine.func import Call, CallDims, NotPerExample, OwnerFallback, leaves, rebuild
-from trainables.engine.host_reads import host_reads_allowed
-from trainables.engine.modules import (
+from dpsweep.core.lazy import lazy_module
+from dpsweep.trainables.engine.attention import AttentionUnit, decomposable
+from dpsweep.trainables.engine.embedding import (
+    EmbeddingBagHandler,
+    EmbeddingHandler,
+    check_embedding,
+)
+from dpsweep.trainables.engine.func import (
+    Call,
+    CallDims,
+    NotPerExample,
+    OwnerFallback,
+    leaves,
+    rebuild,
+)
+from dpsweep.trainables.engine.host_reads import host_reads_allowed
+from dpsweep.trainables.engine.modules import (
     Choice,
     Conv1dHandler,
     Conv2dHandler,
@@ -29,9 +40,9 @@ from trainables.engine.modules import (
     combine,
     scale_rows,
 )
-from trainables.engine.norms import full_precision, scaled_sq_norms
-from trainables.engine.params import ParamUses
-from trainables.engine.rnn import RecurrentUnit, recurrent_types
+from dpsweep.trainables.engine.norms import full_precision, scaled_sq_norms
+from dpsweep.trainables.engine.params import ParamUses
+from dpsweep.trainables.engine.rnn import RecurrentUnit, recurrent_types
 
 if TYPE_CHECKING:
     import torch

@@ -28,11 +28,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from core.hints import ignored, read_json_hint
-from core.lazy import lazy_module
-from core.storage import atomic_write_json, json_bytes
-from trainables.engine.modules import Choice, Geometry, Handler, combine, estimate, scale_rows
-from trainables.engine.norms import scaled_sq_norms
+from dpsweep.core.hints import ignored, read_json_hint
+from dpsweep.core.lazy import lazy_module
+from dpsweep.core.storage import atomic_write_json, json_bytes
+from dpsweep.trainables.engine.modules import (
+    Choice,
+    Geometry,
+    Handler,
+    combine,
+    estimate,
+    scale_rows,
+)
+from dpsweep.trainables.engine.norms import scaled_sq_norms
 
 if TYPE_CHECKING:
     import torch

@@ -21,9 +21,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from core.lazy import lazy_module
-from trainables.engine.func import NotPerExample
-from trainables.engine.modules import LinearHandler
+from dpsweep.core.lazy import lazy_module
+from dpsweep.trainables.engine.func import NotPerExample
+from dpsweep.trainables.engine.modules import LinearHandler
 
 if TYPE_CHECKING:
     import torch

@@ -13,9 +13,9 @@ import pkgutil
 from collections.abc import Iterator
 from typing import TypeVar
 
-from core.errors import UserInputError
-from reports.series import LoggedSeries
-from trainables.dp.step import DPStep
+from dpsweep.core.errors import UserInputError
+from dpsweep.reports.series import LoggedSeries
+from dpsweep.trainables.dp.step import DPStep
 
 METHODS: dict[str, type[DPStep]] = {}
 

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from core.params import Param, ParamSet
-from trainables.dp.contract import CLIP, LR, MOMENTUM
-from trainables.dp.step import DPStep, example_norms
-from trainables.methods import register
+from dpsweep.core.params import Param, ParamSet
+from dpsweep.trainables.dp.contract import CLIP, LR, MOMENTUM
+from dpsweep.trainables.dp.step import DPStep, example_norms
+from dpsweep.trainables.methods import register
 
 if TYPE_CHECKING:
     import torch

@@ -46,13 +46,13 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from core.lazy import lazy_module
-from core.modes import Mode, Source
-from core.params import Param, ParamSet
-from core.schedule import Phase, Schedule
-from trainables.dp.contract import CLIP, LR, public_every
-from trainables.dp.step import NORM_EPS, DPStep, PerExampleView
-from trainables.methods import register
+from dpsweep.core.lazy import lazy_module
+from dpsweep.core.modes import Mode, Source
+from dpsweep.core.params import Param, ParamSet
+from dpsweep.core.schedule import Phase, Schedule
+from dpsweep.trainables.dp.contract import CLIP, LR, public_every
+from dpsweep.trainables.dp.step import NORM_EPS, DPStep, PerExampleView
+from dpsweep.trainables.methods import register
 
 if TYPE_CHECKING:
     import torch

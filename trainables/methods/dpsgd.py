@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from trainables.dp.step import DPStep
-from trainables.methods import register
+from dpsweep.trainables.dp.step import DPStep
+from dpsweep.trainables.methods import register
 
 
 @register

@@ -13,12 +13,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from core.errors import UserInputError
-from core.modes import Mode, Source
-from core.params import Param, ParamSet
-from trainables.dp.contract import CLIP, LR, MOMENTUM
-from trainables.dp.step import DPStep
-from trainables.methods import register
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.modes import Mode, Source
+from dpsweep.core.params import Param, ParamSet
+from dpsweep.trainables.dp.contract import CLIP, LR, MOMENTUM
+from dpsweep.trainables.dp.step import DPStep
+from dpsweep.trainables.methods import register
 
 #: The freeze time (searched: search_spaces/dpsgd_lf.py).
 T_F_FRACTION = Param("t_f_fraction", 0.75, "freeze time t_f as a fraction of the total steps (the "

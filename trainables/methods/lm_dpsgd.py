@@ -60,15 +60,14 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-
-from core.errors import UserInputError
-from core.lazy import lazy_module
-from core.modes import Mode, Source
-from core.params import Constraint, Param, ParamSet, is_real
-from trainables.audit.risk_stage import MIN_STAGE1_EXAMPLES, Stage1
-from trainables.dp.contract import CLIP, LR, MOMENTUM, public_every
-from trainables.dp.step import DPStep, PerExampleView, example_norms
-from trainables.methods import register
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.lazy import lazy_module
+from dpsweep.core.modes import Mode, Source
+from dpsweep.core.params import Constraint, Param, ParamSet, is_real
+from dpsweep.trainables.audit.risk_stage import MIN_STAGE1_EXAMPLES, Stage1
+from dpsweep.trainables.dp.contract import CLIP, LR, MOMENTUM, public_every
+from dpsweep.trainables.dp.step import DPStep, PerExampleView, example_norms
+from dpsweep.trainables.methods import register
 
 if TYPE_CHECKING:
     import torch
@@ -339,7 +338,7 @@ class LMDPSGD(DPStep):
         if p["risk"] is not None:
             return {}
         # stage 1 needs scikit-learn and torch: ``config --check`` imports this module
-        from trainables.audit.layer_risk import estimate_layer_risk
+        from dpsweep.trainables.audit.layer_risk import estimate_layer_risk
 
         return estimate_layer_risk(data=data, model_factory=model_factory, seed=seed,
                                    stage1=Stage1.from_params(p), cache_dir=cache_dir)

@@ -42,15 +42,20 @@ import math
 import statistics
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from core.errors import UserInputError
-from core.lazy import lazy_module
-from core.modes import Mode, Source
-from core.params import Constraint, Param, ParamSet
-from reports.series import LoggedSeries, Panel, SeriesLine, SummaryColumn, Zone
-from trainables.dp.contract import CLIP, LR, MOMENTUM
-from trainables.dp.spectral import KS_MIN_EIGS, MIN_TAIL, TOP_K_FRACTION, weight_tail_exponent
-from trainables.dp.step import DPStep
-from trainables.methods import register
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.lazy import lazy_module
+from dpsweep.core.modes import Mode, Source
+from dpsweep.core.params import Constraint, Param, ParamSet
+from dpsweep.reports.series import LoggedSeries, Panel, SeriesLine, SummaryColumn, Zone
+from dpsweep.trainables.dp.contract import CLIP, LR, MOMENTUM
+from dpsweep.trainables.dp.spectral import (
+    KS_MIN_EIGS,
+    MIN_TAIL,
+    TOP_K_FRACTION,
+    weight_tail_exponent,
+)
+from dpsweep.trainables.dp.step import DPStep
+from dpsweep.trainables.methods import register
 
 if TYPE_CHECKING:
     import torch

@@ -11,18 +11,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from dpsweep.trainables.models import usercode
+from dpsweep.trainables.models.catalog import model_for
+from dpsweep.trainables.models.fix import fix_model
+from dpsweep.trainables.models.networks import LayeredModel, build_model
+from dpsweep.trainables.models.validator import sample_batch, wrap_checked
 from torch import nn
-
-from trainables.models import usercode
-from trainables.models.catalog import model_for
-from trainables.models.fix import fix_model
-from trainables.models.networks import LayeredModel, build_model
-from trainables.models.validator import sample_batch, wrap_checked
 
 if TYPE_CHECKING:
     import torch
-
-    from trainables.models.source import ModelSource
+    from dpsweep.trainables.models.source import ModelSource
 
 
 def build_network(source: ModelSource, *, input_shape: Sequence[int], num_classes: int,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.errors import UserInputError
+from dpsweep.core.errors import UserInputError
 
 
 @dataclass(frozen=True)

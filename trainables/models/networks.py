@@ -15,10 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 import torch
-from torch import nn
-
-from core.errors import UserInputError
-from trainables.models.catalog import (
+from dpsweep.core.errors import UserInputError
+from dpsweep.trainables.models.catalog import (
     CATALOG,
     CNN5,
     CNN28,
@@ -29,6 +27,7 @@ from trainables.models.catalog import (
     ModelSpec,
     check_input_shape,
 )
+from torch import nn
 
 ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
 

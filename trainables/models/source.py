@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.errors import UserInputError
-from trainables.models import usercode
-from trainables.models.catalog import model_for
+from dpsweep.core.errors import UserInputError
+from dpsweep.trainables.models import usercode
+from dpsweep.trainables.models.catalog import model_for
 
 #: ``[model] args`` values a TOML table can hold and a spec can carry as JSON.
 _ARG_TYPES = (bool, int, float, str, list)

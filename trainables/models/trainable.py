@@ -11,9 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
+    from dpsweep.trainables.models.networks import LayeredModel
     from torch import nn
-
-    from trainables.models.networks import LayeredModel
 
 
 class TrainableLayers:

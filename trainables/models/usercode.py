@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from core.errors import UserInputError
-from core.layout import EXPORT_MODEL, EXPORT_STATEMENT_JSON
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.layout import EXPORT_MODEL, EXPORT_STATEMENT_JSON
 
 #: ``package.module:function`` (dotted module path, colon, dotted attribute path).
 REFERENCE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")

@@ -21,23 +21,22 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-
-from core import __version__, layout
-from core.errors import PrivacyBoundViolation, TrialDiverged, UserInputError
-from core.layout import CHECKPOINT_FILE
-from core.poisson import poisson_plan
-from core.records import ACCOUNTANT_IMPLEMENTATIONS, MECHANISM, PrivacyRecord
-from core.storage import atomic_write, atomic_write_json
-from core.trial import TrialSpec
-from trainables.data.files import FileSource
-from trainables.data.splits import DataSplits, SplitSizes, load_splits
-from trainables.dp.randomness import Randomness, poisson_batches
-from trainables.dp.step import DPStep, PublicData
-from trainables.methods import get_method
-from trainables.models.assemble import build_network
-from trainables.models.networks import LayeredModel
-from trainables.models.source import ModelSource
-from trainables.training.placement import (
+from dpsweep.core import __version__, layout
+from dpsweep.core.errors import PrivacyBoundViolation, TrialDiverged, UserInputError
+from dpsweep.core.layout import CHECKPOINT_FILE
+from dpsweep.core.poisson import poisson_plan
+from dpsweep.core.records import ACCOUNTANT_IMPLEMENTATIONS, MECHANISM, PrivacyRecord
+from dpsweep.core.storage import atomic_write, atomic_write_json
+from dpsweep.core.trial import TrialSpec
+from dpsweep.trainables.data.files import FileSource
+from dpsweep.trainables.data.splits import DataSplits, SplitSizes, load_splits
+from dpsweep.trainables.dp.randomness import Randomness, poisson_batches
+from dpsweep.trainables.dp.step import DPStep, PublicData
+from dpsweep.trainables.methods import get_method
+from dpsweep.trainables.models.assemble import build_network
+from dpsweep.trainables.models.networks import LayeredModel
+from dpsweep.trainables.models.source import ModelSource
+from dpsweep.trainables.training.placement import (
     ON_DEVICE,
     decide_placement,
     ensure_headroom,

@@ -23,14 +23,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from core.errors import UserInputError
-from core.lazy import lazy_module
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.lazy import lazy_module
 
 if TYPE_CHECKING:
     import torch
-
-    from trainables.data.splits import DataSplits
-    from trainables.dp.step import DPStep
+    from dpsweep.trainables.data.splits import DataSplits
+    from dpsweep.trainables.dp.step import DPStep
 else:
     torch = lazy_module("torch")
 

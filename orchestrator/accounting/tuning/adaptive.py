@@ -16,13 +16,12 @@ from dp_accounting import dp_event
 from dp_accounting.pld import common as pld_common
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
-
-from core.checks import whole
-from core.errors import UserInputError
-from core.schedule import Schedule
-from core.vocabulary import ATTACK_OBJECTIVE, VALIDATION_OBJECTIVE
-from orchestrator.accounting.certificate import check_delta, check_positive
-from orchestrator.accounting.tuning.private import PLD_DISCRETIZATION, training_event
+from dpsweep.core.checks import whole
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.schedule import Schedule
+from dpsweep.core.vocabulary import ATTACK_OBJECTIVE, VALIDATION_OBJECTIVE
+from dpsweep.orchestrator.accounting.certificate import check_delta, check_positive
+from dpsweep.orchestrator.accounting.tuning.private import PLD_DISCRETIZATION, training_event
 
 __all__ = ["AdaptiveStatement", "adaptive_statement"]
 

@@ -43,11 +43,10 @@ import numpy as np
 from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
-
-from core.checks import number, whole
-from core.errors import UserInputError
-from core.schedule import Schedule
-from orchestrator.accounting.certificate import (
+from dpsweep.core.checks import number, whole
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.schedule import Schedule
+from dpsweep.orchestrator.accounting.certificate import (
     WINDOW,  # a plan is matched within 1% too
     check_delta,
     check_positive,

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from dpsweep.core.errors import UserInputError
 
 from bench import stock_models as sm
-from core.errors import UserInputError
-from orchestrator import docgen
+from bench.docgen import blocks as docgen
 
 STOCK = sm.load_stock().STOCK
 
@@ -150,7 +150,7 @@ def test_the_table_shows_ratios_verdicts_and_reasons() -> None:
 
 def test_the_committed_page_is_generated_from_the_committed_results() -> None:
     doc = (docgen.ROOT / docgen.STOCK_DOC).read_text()
-    assert docgen.render(doc, "stock_speed") == doc, "run `python -m orchestrator.docgen`"
+    assert docgen.render(doc, "stock_speed") == doc, "run `python -m bench.docgen`"
     results = docgen.ROOT / docgen.STOCK_RESULTS
     if results.is_file():
         payload = json.loads(results.read_text())

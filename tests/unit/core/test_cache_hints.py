@@ -17,16 +17,16 @@ from typing import Any
 
 import pytest
 import torch
+from dpsweep.core import hints
+from dpsweep.core.hints import MAX_JSON_BYTES, read_json_hint
+from dpsweep.orchestrator.accounting import cache as budget_cache
+from dpsweep.orchestrator.accounting import calibrate
+from dpsweep.trainables.audit import layer_risk
+from dpsweep.trainables.engine import plan as engine_plan
+from dpsweep.trainables.engine.grad_engine import GradEngine
+from dpsweep.trainables.models.networks import build_model
 
-from core import hints
-from core.hints import MAX_JSON_BYTES, read_json_hint
-from orchestrator.accounting import cache as budget_cache
-from orchestrator.accounting import calibrate
 from tests.contract.conformance import digits
-from trainables.audit import layer_risk
-from trainables.engine import plan as engine_plan
-from trainables.engine.grad_engine import GradEngine
-from trainables.models.networks import build_model
 
 #: No case may take longer than this (a FIFO read without O_NONBLOCK waits forever).
 HANG_S = 20

@@ -10,8 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from orchestrator import api
+from dpsweep.orchestrator import api
 
 
 def _replace(cfg: api.Config, **sections: dict[str, Any]) -> api.Config:
@@ -42,13 +41,13 @@ def test_a_replaced_config_is_refused_before_anything_runs(name: str, tmp_path: 
     if sections.pop("method_params", 0) is None:
         cfg = dataclasses.replace(cfg, method_params={"dpsgd_lf": {"m_f": 4}})
     cfg = _replace(cfg, **sections)
-    monkeypatch.delitem(sys.modules, "orchestrator.sweep.driver", raising=False)
+    monkeypatch.delitem(sys.modules, "dpsweep.orchestrator.sweep.driver", raising=False)
     out = tmp_path / "out"
     with pytest.raises(api.UserInputError) as exc:
         api.run(cfg, out=out)
     assert exc.value.field == field, str(exc.value)
     assert not out.exists()
-    assert "orchestrator.sweep.driver" not in sys.modules
+    assert "dpsweep.orchestrator.sweep.driver" not in sys.modules
 
 
 def test_the_same_config_intact_passes_the_door() -> None:

@@ -15,12 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from core import layout
-from core.errors import UserInputError
-from orchestrator.rundir import RunDir
-from orchestrator.sweep import summary as summary_mod
-from orchestrator.sweep.summary import begin_attempt, end_attempt, read_attempts, wall_of
+from dpsweep.core import layout
+from dpsweep.core.errors import UserInputError
+from dpsweep.orchestrator.rundir import RunDir
+from dpsweep.orchestrator.sweep import summary as summary_mod
+from dpsweep.orchestrator.sweep.summary import begin_attempt, end_attempt, read_attempts, wall_of
 
 
 @pytest.fixture
@@ -78,8 +77,7 @@ def test_every_attempt_counts_and_a_killed_one_is_named_not_guessed(
 
 def test_a_run_without_the_record_has_no_attempts_and_a_lost_first_write_is_none(
         run: RunDir, monkeypatch: pytest.MonkeyPatch) -> None:
-    import orchestrator.rundir as rundir
-
+    import dpsweep.orchestrator.rundir as rundir
     def refused(*_: object) -> None:
         raise OSError(28, "No space left on device")
 
@@ -133,8 +131,8 @@ def _attempt_then(error: BaseException) -> Any:
 
 def test_how_an_attempt_ended_is_recorded_and_a_refused_one_writes_nothing(
         run: RunDir, monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestrator.sweep import driver
-    from orchestrator.sweep.signals import Interrupted
+    from dpsweep.orchestrator.sweep import driver
+    from dpsweep.orchestrator.sweep.signals import Interrupted
 
     def refused() -> None:
         raise UserInputError(field="sweep.methods", value="nope", allowed="a method")

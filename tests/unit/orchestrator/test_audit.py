@@ -18,13 +18,10 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from scipy.stats import rankdata
-from sklearn.metrics import roc_auc_score
-
-from core.errors import UserInputError
-from core.layout import AUDIT, AUDIT_SCORES, CACHE, TRIALS
-from core.storage import atomic_write_json
-from orchestrator.audit.membership import (
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.layout import AUDIT, AUDIT_SCORES, CACHE, TRIALS
+from dpsweep.core.storage import atomic_write_json
+from dpsweep.orchestrator.audit.membership import (
     OUTPUT,
     SCORES_FORMAT,
     SHADOW_CLASSIFIER,
@@ -34,16 +31,18 @@ from orchestrator.audit.membership import (
     row_audit_columns,
     trial_audit_paths,
 )
-from trainables.audit.cache import NAMESPACE
-from trainables.audit.references import (
+from dpsweep.trainables.audit.cache import NAMESPACE
+from dpsweep.trainables.audit.references import (
     NonPrivateRecipe,
     nonprivate_trainer,
     plan_references,
     reference_data,
     train_nonprivate,
 )
-from trainables.data.splits import DataSplits, SplitSizes, load_splits
-from trainables.models.networks import LayeredModel
+from dpsweep.trainables.data.splits import DataSplits, SplitSizes, load_splits
+from dpsweep.trainables.models.networks import LayeredModel
+from scipy.stats import rankdata
+from sklearn.metrics import roc_auc_score
 
 SIZES = SplitSizes(train=300, validation=100, holdout=300, test=297, shadow=800)
 #: Overfits 300 digits (train loss ~1e-3) in a few seconds on one core.
@@ -217,8 +216,8 @@ def test_representation_leakage_grows_with_depth(leaky: tuple[LayeredModel, dict
 
 
 def test_a_probe_set_too_small_to_fit_is_refused_with_the_field(data: DataSplits) -> None:
-    from trainables.audit.probes import MIN_PER_CLASS, probe_set_of, probe_signals
-    from trainables.audit.references import subset
+    from dpsweep.trainables.audit.probes import MIN_PER_CLASS, probe_set_of, probe_signals
+    from dpsweep.trainables.audit.references import subset
 
     tiny = subset(data.validation, np.arange(MIN_PER_CLASS * data.num_classes - 1))
     with pytest.raises(UserInputError) as err:
@@ -335,7 +334,7 @@ def test_the_run_manifest_vouches_for_the_scores_file(leaky: tuple[LayeredModel,
                                                       audit_run: Path, tmp_path: Path) -> None:
     """record_trial lists audit_scores.npz (core.layout.TRIAL_FILES) with its SHA-256, like
     every trial record, and a read of an edited one is refused."""
-    from orchestrator.rundir import RunDir
+    from dpsweep.orchestrator.rundir import RunDir
 
     run = RunDir.create(tmp_path / "run", config_text="")
     try:

@@ -18,11 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from core.errors import UserInputError
-from core.events import (
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.events import (
     Composed,
     Gaussian,
     PoissonSubsampledGaussian,
@@ -31,22 +28,24 @@ from core.events import (
     events_from_list,
     events_to_list,
 )
-from core.schedule import Phase, Schedule
-from core.trial import Calibration, EpsilonBounds
-from orchestrator.accounting import cache as budget_cache
-from orchestrator.accounting import calibration as curves
-from orchestrator.accounting import search
-from orchestrator.accounting.cache import default_cache_dir
-from orchestrator.accounting.calibration import calibrate, epsilon_curve
-from orchestrator.accounting.certificate import WINDOW
-from orchestrator.accounting.prv import prv_epsilon, rdp_integer_epsilon
-from orchestrator.accounting.verify import (
+from dpsweep.core.schedule import Phase, Schedule
+from dpsweep.core.trial import Calibration, EpsilonBounds
+from dpsweep.orchestrator.accounting import cache as budget_cache
+from dpsweep.orchestrator.accounting import calibration as curves
+from dpsweep.orchestrator.accounting import search
+from dpsweep.orchestrator.accounting.cache import default_cache_dir
+from dpsweep.orchestrator.accounting.calibration import calibrate, epsilon_curve
+from dpsweep.orchestrator.accounting.certificate import WINDOW
+from dpsweep.orchestrator.accounting.prv import prv_epsilon, rdp_integer_epsilon
+from dpsweep.orchestrator.accounting.verify import (
     _one_step_epsilon,
     epsilon_of_events,
     rdp_epsilon,
     schedule_events,
     verify_calibration,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 Q, T, DELTA = 0.004267, 2344, 1e-5
 #: sigma of the acceptance question whose fine PRV upper bound is the window's centre, found by

@@ -10,8 +10,7 @@ import os
 from pathlib import Path
 
 import pytest
-
-from orchestrator.cli import main
+from dpsweep.orchestrator.cli import main
 
 
 def test_budget_from_batch_size_and_epochs(capsys: pytest.CaptureFixture[str]) -> None:
@@ -84,8 +83,8 @@ def test_train_refuses_to_overwrite(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 def test_train_writes_a_run_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`dpsweep train` leaves a run directory like a sweep's: manifest, records, one row."""
-    from orchestrator.rundir import RunDir
-    from reports.store import read_results
+    from dpsweep.orchestrator.rundir import RunDir
+    from dpsweep.reports.store import read_results
 
     cfg = tmp_path / "c.toml"
     cfg.write_text("[training]\nepochs = 2\nbatch_size = 50\n[method_params]\nlr = 1.0\n")
@@ -165,7 +164,7 @@ def test_config_check_validates_and_finds_the_data(tmp_path: Path,
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
-    from orchestrator import __version__
+    from dpsweep.orchestrator import __version__
 
     with pytest.raises(SystemExit) as exc:
         main(["--version"])
@@ -192,8 +191,8 @@ def test_a_full_disk_is_one_line_with_what_to_do(argv: list[str], hint: str, tmp
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     import errno
 
-    from orchestrator import cli
-    from orchestrator.sweep import commands
+    from dpsweep.orchestrator import cli
+    from dpsweep.orchestrator.sweep import commands
 
     full = OSError(errno.ENOSPC, "No space left on device", "runs/full/optuna.db")
     try:
@@ -219,7 +218,7 @@ def test_a_full_disk_is_one_line_with_what_to_do(argv: list[str], hint: str, tmp
 
 
 def test_sqlites_full_disk_is_recognised() -> None:
-    from orchestrator.cli import disk_full
+    from dpsweep.orchestrator.cli import disk_full
 
     wrapped = RuntimeError("(sqlite3.OperationalError) database or disk is full")
     assert disk_full(wrapped) is not None
@@ -229,8 +228,8 @@ def test_sqlites_full_disk_is_recognised() -> None:
 def test_an_interrupted_calibration_says_interrupted_not_fallback(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """A PRV child stopped by Ctrl-C is the user's interrupt, never a reason to fall back."""
-    import orchestrator.accounting.calibration as calibration
-    from orchestrator.accounting.sandbox import ChildOutcome
+    import dpsweep.orchestrator.accounting.calibration as calibration
+    from dpsweep.orchestrator.accounting.sandbox import ChildOutcome
 
     monkeypatch.setattr(calibration, "prv_in_child", lambda job, timeout: ChildOutcome(
         None, "the PRV accountant was stopped by an interrupt", transient=True,
@@ -268,8 +267,8 @@ def test_out_of_a_bad_form_is_refused_before_anything(out: str, tmp_path: Path,
 def test_a_sweep_keeps_tunes_trial_tracebacks_off_the_terminal(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A killed worker's ActorDiedError is recorded as the trial's failure, not printed."""
-    from orchestrator.sweep import commands
-    from orchestrator.sweep.driver import SweepSummary
+    from dpsweep.orchestrator.sweep import commands
+    from dpsweep.orchestrator.sweep.driver import SweepSummary
 
     monkeypatch.delenv(commands.TUNE_TRIAL_ERRORS_ENV, raising=False)
     done = SweepSummary(run_dir=Path("run"), rows=0, failed=0, seconds=0.0, report=None)

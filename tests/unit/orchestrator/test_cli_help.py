@@ -9,11 +9,10 @@ from __future__ import annotations
 import re
 
 import pytest
-
-from orchestrator.audit.canary import DEFAULT_WHITE_BOX_CANARIES
-from orchestrator.cli import COMMANDS, main
-from orchestrator.config import DEFAULT_ACCOUNTANT_TIMEOUT_S
-from orchestrator.config.checks import MAX_EPSILON
+from dpsweep.orchestrator.audit.canary import DEFAULT_WHITE_BOX_CANARIES
+from dpsweep.orchestrator.cli import COMMANDS, main
+from dpsweep.orchestrator.config import DEFAULT_ACCOUNTANT_TIMEOUT_S
+from dpsweep.orchestrator.config.checks import MAX_EPSILON
 
 #: (command, flag) -> the declaration its printed default must equal.
 DEFAULTS = {("budget", "--accountant-timeout-s"): DEFAULT_ACCOUNTANT_TIMEOUT_S,

@@ -8,13 +8,12 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-
-from core.datasets import POOLS
-from core.errors import UserInputError
-from orchestrator import api, config
-from orchestrator.door import check
-from orchestrator.trial.setup import describe_method
-from trainables.methods import METHODS
+from dpsweep.core.datasets import POOLS
+from dpsweep.core.errors import UserInputError
+from dpsweep.orchestrator import api, config
+from dpsweep.orchestrator.door import check
+from dpsweep.orchestrator.trial.setup import describe_method
+from dpsweep.trainables.methods import METHODS
 
 
 def _load(tmp_path: Path, text: str) -> config.Config:
@@ -101,8 +100,8 @@ def test_describe_method_is_the_declaration_table() -> None:
 def test_dataset_pools_hold_the_default_splits() -> None:
     """The torch-free dataset table (core/datasets.py) is true of the data: digits' pool is the
     loaded data's size, and every dataset's default splits fit its pool."""
-    from core.datasets import POOLS
-    from trainables.data.splits import DEFAULT_SIZES, available_size
+    from dpsweep.core.datasets import POOLS
+    from dpsweep.trainables.data.splits import DEFAULT_SIZES, available_size
 
     assert POOLS["digits"] == (available_size("digits").pool, 0)
     for name, (pool, test) in POOLS.items():
@@ -347,9 +346,8 @@ def test_the_epsilon_floor_is_the_accountants_rdp_bound_with_infinite_noise() ->
     """Config validation's floor is what orchestrator.accounting.prv's conversion gives for
     zero RDP (infinite noise), at the same orders."""
     import numpy as np
-
-    from orchestrator.accounting.prv import DOMAIN_RDP_MAX_ORDER, rdp_to_epsilon
-    from orchestrator.config.checks import RDP_MAX_ORDER, epsilon_floor
+    from dpsweep.orchestrator.accounting.prv import DOMAIN_RDP_MAX_ORDER, rdp_to_epsilon
+    from dpsweep.orchestrator.config.checks import RDP_MAX_ORDER, epsilon_floor
 
     assert DOMAIN_RDP_MAX_ORDER == RDP_MAX_ORDER
     for delta in (1e-3, 1e-5, 1e-9, 1e-15):
@@ -390,8 +388,8 @@ def test_the_smallest_accepted_delta_is_accepted() -> None:
 
 def test_the_smallest_accepted_target_is_accepted_and_calibrates() -> None:
     """The number the message quotes is itself accepted, and the accountant reaches it."""
-    from orchestrator.accounting.calibration import calibrate
-    from orchestrator.config.checks import smallest_epsilon
+    from dpsweep.orchestrator.accounting.calibration import calibrate
+    from dpsweep.orchestrator.config.checks import smallest_epsilon
 
     low = smallest_epsilon(1e-5)
     cfg = _parse(f"[privacy]\nepsilon = {low!r}\n")
@@ -402,8 +400,8 @@ def test_the_smallest_accepted_target_is_accepted_and_calibrates() -> None:
 
 
 def test_validation_needs_enough_examples_to_tell_a_trial_from_chance(tmp_path: Path) -> None:
-    from orchestrator.config.checks import DEGENERATE_MARGIN, min_validation_size
-    from reports.store import DEGENERATE_MARGIN as STORE_MARGIN
+    from dpsweep.orchestrator.config.checks import DEGENERATE_MARGIN, min_validation_size
+    from dpsweep.reports.store import DEGENERATE_MARGIN as STORE_MARGIN
 
     assert DEGENERATE_MARGIN == STORE_MARGIN
     assert (min_validation_size(10), min_validation_size(2)) == (35, 97)

@@ -5,9 +5,8 @@ trial (Ray hides every GPU from a trial that asks for none), is refused before R
 from __future__ import annotations
 
 import pytest
-
-from core.errors import UserInputError
-from orchestrator.cluster import resources
+from dpsweep.core.errors import UserInputError
+from dpsweep.orchestrator.cluster import resources
 
 
 def _cluster(*gpus: float) -> resources.ClusterInfo:

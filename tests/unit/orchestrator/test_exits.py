@@ -15,16 +15,15 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-
-from core import errors, exits
-from core.errors import UserInputError
-from core.vocabulary import FAILED, OK, PRUNED
-from orchestrator import cli
-from orchestrator.sweep import commands, signals
-from orchestrator.sweep.driver import SweepSummary
-from orchestrator.sweep.reaudit import ReauditSummary, again_hint, chosen_trials
-from orchestrator.sweep.records import failed_audits
-from orchestrator.sweep.signals import Interrupted
+from dpsweep.core import errors, exits
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.vocabulary import FAILED, OK, PRUNED
+from dpsweep.orchestrator import cli
+from dpsweep.orchestrator.sweep import commands, signals
+from dpsweep.orchestrator.sweep.driver import SweepSummary
+from dpsweep.orchestrator.sweep.reaudit import ReauditSummary, again_hint, chosen_trials
+from dpsweep.orchestrator.sweep.records import failed_audits
+from dpsweep.orchestrator.sweep.signals import Interrupted
 
 REASON = "UserInputError: scores = 'non-finite values' is not allowed"
 

@@ -13,44 +13,44 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import dpsweep.trainables.dp.randomness
 import pytest
 import torch
-from safetensors.torch import load_file
-
-import trainables.dp.randomness
-from core import layout
-from core.errors import UserInputError
-from core.poisson import poisson_plan
-from core.records import PrivacyRecord
-from core.schedule import Schedule
-from core.trial import Calibration, EpsilonBounds, TrialSpec
-from core.vocabulary import ATTACK_OBJECTIVE, VALIDATION_OBJECTIVE
-from orchestrator import __version__
-from orchestrator.accounting.tuning.adaptive import adaptive_statement
-from orchestrator.door import check
-from orchestrator.release.bundle import RELEASE_ENTRIES, RELEASE_FILES, export_trial
-from orchestrator.release.export import check_degenerate
-from orchestrator.release.statement import (
+from dpsweep.core import layout
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.poisson import poisson_plan
+from dpsweep.core.records import PrivacyRecord
+from dpsweep.core.schedule import Schedule
+from dpsweep.core.trial import Calibration, EpsilonBounds, TrialSpec
+from dpsweep.core.vocabulary import ATTACK_OBJECTIVE, VALIDATION_OBJECTIVE
+from dpsweep.orchestrator import __version__
+from dpsweep.orchestrator.accounting.tuning.adaptive import adaptive_statement
+from dpsweep.orchestrator.door import check
+from dpsweep.orchestrator.release.bundle import RELEASE_ENTRIES, RELEASE_FILES, export_trial
+from dpsweep.orchestrator.release.export import check_degenerate
+from dpsweep.orchestrator.release.statement import (
     NOT_COVERED_PRIVATE_K,
     NOT_COVERED_SELECTION,
     privacy_statement,
     round_down,
     round_up,
 )
-from orchestrator.rundir import RunDir
-from orchestrator.trial.single import TRIAL_ID as SINGLE_TRIAL
-from orchestrator.trial.single import train_single
-from reports import store
-from tests.conftest import tiny_config
-from trainables.data.splits import DataSplits
-from trainables.methods import get_method
-from trainables.models.networks import build_model
-from trainables.training.loop import (
+from dpsweep.orchestrator.rundir import RunDir
+from dpsweep.orchestrator.trial.single import TRIAL_ID as SINGLE_TRIAL
+from dpsweep.orchestrator.trial.single import train_single
+from dpsweep.reports import store
+from dpsweep.trainables.data.splits import DataSplits
+from dpsweep.trainables.methods import get_method
+from dpsweep.trainables.models.networks import build_model
+from dpsweep.trainables.training.loop import (
     TrialResult,
     evaluate,
     load_trial_data,
     train_trial,
 )
+from safetensors.torch import load_file
+
+from tests.conftest import tiny_config
 
 #: Distinctive values, so a search of the exported bytes cannot hit them by chance.
 SPEC_SEED = 918_273_645
@@ -119,7 +119,7 @@ def _train(base: Path, *, randomness: str) -> Trained:
         return (SECRET_SEED.to_bytes(8, "little") * (nbytes // 8 + 1))[:nbytes]
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(trainables.dp.randomness, "secret_key", known_key)
+        mp.setattr(dpsweep.trainables.dp.randomness, "secret_key", known_key)
         result = train_trial(spec, data=data, checkpoint_root=base / "trial")
     return Trained(root=base / "trial", spec=spec, result=result, data=data, data_dir=data_dir,
                    secret_calls=len(calls))
@@ -160,7 +160,8 @@ def _files(release: Path) -> list[Path]:
 
 
 #: What a built-in model's code/ holds (at least): dpsweep's modules that build it, as they are.
-BUILTIN_CODE = {"core/errors.py", "trainables/models/catalog.py", "trainables/models/networks.py"}
+BUILTIN_CODE = {"dpsweep/core/errors.py", "dpsweep/trainables/models/catalog.py",
+                "dpsweep/trainables/models/networks.py"}
 REPO = Path(__file__).resolve().parents[3]
 
 
@@ -174,9 +175,12 @@ def test_release_holds_exactly_its_files(release: Path) -> None:
     mode = release.stat().st_mode & 0o666  # umask-derived, as the directory's
     assert all(p.stat().st_mode & 0o777 == mode for p in _files(release))
     code = sorted(p.relative_to(release / "code").as_posix() for p in _files(release / "code"))
-    assert BUILTIN_CODE | {"core/__init__.py", "trainables/__init__.py"} <= set(code)
-    for name in code:  # copied as they are: the source the weights were trained with
-        assert (release / "code" / name).read_bytes() == (REPO / name).read_bytes(), name
+    assert BUILTIN_CODE | {"dpsweep/__init__.py", "dpsweep/core/__init__.py",
+                         "dpsweep/trainables/__init__.py"} <= set(code)
+    for name in code:  # copied as they are: the source the weights were trained with (in a
+        # checkout, dpsweep's packages sit beside dpsweep/; the export nests them as installed)
+        source = REPO / (name if name == "dpsweep/__init__.py" else name.removeprefix("dpsweep/"))
+        assert (release / "code" / name).read_bytes() == source.read_bytes(), name
     assert (release / "load.py").read_bytes() == (
         REPO / "orchestrator" / "release" / "loader.py").read_bytes()
     assert _tree(release.parent) == sorted(
@@ -224,7 +228,7 @@ def test_model_json_describes_the_architecture(release: Path) -> None:
                                            "rule": info["input_normalization"]["rule"]}
     assert info["classes"] == [str(i) for i in range(10)]
     assert info["input_kind"] == "images"
-    assert info["build"] == {"factory": "trainables.models.networks:build_model",
+    assert info["build"] == {"factory": "dpsweep.trainables.models.networks:build_model",
                              "args": {"name": "digits_cnn", "activation": "tanh"}}
     assert info["loader"] == "load.py" and "load.load(" in info["load"]
     assert info["code"]["dir"] == "code" and info["code"]["origin"] == "dpsweep"
@@ -267,7 +271,7 @@ def test_statement_matches_privacy_json(trained: Trained, release: Path) -> None
         p.relative_to(release).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
         for p in _files(release) if p.name not in statements}
     assert {"weights.pt", "model.safetensors", "model.json", "load.py",
-            "code/trainables/models/networks.py"} <= set(s["artifacts"])
+            "code/dpsweep/trainables/models/networks.py"} <= set(s["artifacts"])
 
     md = (release / "privacy_statement.md").read_text()
     for text in ("epsilon: **3.9877**", "delta: **1e-05**", "q = 0.1", "20 steps",
@@ -531,7 +535,7 @@ def _degenerate_copy(run_dir: Path, tmp_path: Path) -> Path:
 
 def test_export_of_a_degenerate_trial_is_refused_unless_allowed(
         run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from orchestrator.cli import main
+    from dpsweep.orchestrator.cli import main
 
     run = _degenerate_copy(run_dir, tmp_path)
     out = tmp_path / "release"

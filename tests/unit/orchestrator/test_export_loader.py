@@ -25,12 +25,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from dpsweep.orchestrator.release import loader
+from dpsweep.orchestrator.release.bundle import RELEASE_FILES, ExportResult, export_trial
 
-from orchestrator.release import loader
-from orchestrator.release.bundle import RELEASE_FILES, ExportResult, export_trial
 from tests.unit.orchestrator.test_export import Trained, _train
 
-NETWORKS = "trainables/models/networks.py"
+NETWORKS = "dpsweep/trainables/models/networks.py"
 #: The message for a file in code/ that model.json does not list.
 UNLISTED = "load: code/{} is not a hashed source file of this export; refusing to import"
 
@@ -58,7 +58,7 @@ def _copy(release: Path, where: Path) -> Path:
 
 def test_raw_input_applies_the_training_normalisation_exactly(trained: Trained,
                                                               release: Path) -> None:
-    from trainables.data.splits import load_pool, normalise
+    from dpsweep.trainables.data.splits import load_pool, normalise
 
     info = json.loads((release / "model.json").read_text())
     test = trained.data.test
@@ -76,8 +76,9 @@ def test_raw_input_applies_the_training_normalisation_exactly(trained: Trained,
 
 
 def _so(code: Path) -> str:
-    (code / "trainables/models/_fast.cpython-311-x86_64-linux-gnu.so").write_bytes(b"\x7fELF")
-    return UNLISTED.format("trainables/models/_fast.cpython-311-x86_64-linux-gnu.so")
+    name = "dpsweep/trainables/models/_fast.cpython-311-x86_64-linux-gnu.so"
+    (code / name).write_bytes(b"\x7fELF")
+    return UNLISTED.format(name)
 
 
 def _pth(code: Path) -> str:
@@ -86,20 +87,21 @@ def _pth(code: Path) -> str:
 
 
 def _stray_py(code: Path) -> str:
-    (code / "trainables/models/extra.py").write_text("raise SystemExit('planted')\n")
-    return UNLISTED.format("trainables/models/extra.py")
+    (code / "dpsweep/trainables/models/extra.py").write_text("raise SystemExit('planted')\n")
+    return UNLISTED.format("dpsweep/trainables/models/extra.py")
 
 
 def _pyc(code: Path) -> str:
-    (code / "trainables/models/__pycache__").mkdir()
-    (code / "trainables/models/__pycache__/networks.cpython-311.pyc").write_bytes(b"\0" * 16)
-    return UNLISTED.format("trainables/models/__pycache__/networks.cpython-311.pyc")
+    (code / "dpsweep/trainables/models/__pycache__").mkdir()
+    name = "dpsweep/trainables/models/__pycache__/networks.cpython-311.pyc"
+    (code / name).write_bytes(b"\0" * 16)
+    return UNLISTED.format(name)
 
 
 def _empty_cache_folder(code: Path) -> str:
-    (code / "trainables/__pycache__").mkdir()
-    return ("load: code/trainables/__pycache__ is not a folder of the hashed source of this "
-            "export; refusing to import")
+    (code / "dpsweep/trainables/__pycache__").mkdir()
+    return ("load: code/dpsweep/trainables/__pycache__ is not a folder of the hashed source of "
+            "this export; refusing to import")
 
 
 def _linked_source(code: Path) -> str:
@@ -303,7 +305,7 @@ def test_the_summary_counts_the_code_files(tmp_path: Path, code: int, counted: s
 
 def test_pick_export_says_exported_once(tmp_path: Path) -> None:
     """``pick --export`` puts the export's summary under its own ``exported`` label."""
-    from orchestrator.release.pick import _tail
+    from dpsweep.orchestrator.release.pick import _tail
 
     summary = _result(tmp_path / "rel", code=1, degenerate="at chance").summary()
     pick = SimpleNamespace(checkpoint="ckpt", path=tmp_path / "pick.toml",

@@ -12,20 +12,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from dpsweep.core import layout
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.toml import tomllib
+from dpsweep.orchestrator.api import from_dict
+from dpsweep.orchestrator.api import load_config as load
+from dpsweep.orchestrator.cli import main
+from dpsweep.orchestrator.door import check
+from dpsweep.orchestrator.release.pick import pick_and_write
+from dpsweep.orchestrator.trial.plan import config_from_spec
+from dpsweep.orchestrator.trial.single import train_single
+from dpsweep.reports import store
+from dpsweep.reports.pick import choose
 
 from bench.synthetic_run import INVALID_REASON, SIZES, make_run
-from core import layout
-from core.errors import UserInputError
-from core.toml import tomllib
-from orchestrator.api import from_dict
-from orchestrator.api import load_config as load
-from orchestrator.cli import main
-from orchestrator.door import check
-from orchestrator.release.pick import pick_and_write
-from orchestrator.trial.plan import config_from_spec
-from orchestrator.trial.single import train_single
-from reports import store
-from reports.pick import choose
 from tests.conftest import leaves, tiny_config
 from tests.unit.orchestrator.private_runs import PLAN, private_run
 
@@ -214,9 +214,9 @@ def test_export_is_delegated_to_release(run_dir: Path, tmp_path: Path,
         calls.append((run, kw))
         return Result()
 
-    fake = types.ModuleType("orchestrator.release.export")
+    fake = types.ModuleType("dpsweep.orchestrator.release.export")
     fake.export_from_run = export_from_run  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "orchestrator.release.export", fake)
+    monkeypatch.setitem(sys.modules, "dpsweep.orchestrator.release.export", fake)
     text = _pick(run_dir, allow_replayable=True, export_to=tmp_path / "out")
     assert calls == [(run_dir, {"trial_id": "t13", "out": tmp_path / "out",
                                 "allow_replayable": True, "allow_invalid_dp": False,
@@ -230,8 +230,9 @@ def test_export_is_delegated_to_release(run_dir: Path, tmp_path: Path,
 def test_config_reproduces_the_trial_spec(index: int) -> None:
     """Everything a spec takes from the config comes back from config_from_spec: method and
     its validated hyperparameters, sizes, batch, epochs, seed, randomness, budget."""
+    from dpsweep.orchestrator.trial.plan import randomness_kind
+
     from bench.synthetic_run import TRIALS, make_spec
-    from orchestrator.trial.plan import randomness_kind
 
     spec = make_spec(TRIALS[index], seed=index)
     cfg = config_from_spec(json.loads(json.dumps(spec)))
@@ -251,8 +252,9 @@ def test_config_reproduces_the_trial_spec(index: int) -> None:
 
 
 def test_prepared_parameters_are_not_written_as_hyperparameters() -> None:
+    from dpsweep.trainables.methods import get_method
+
     from bench.synthetic_run import TRIALS, make_spec
-    from trainables.methods import get_method
 
     spec = make_spec(TRIALS[0], 0)
     spec["method"] = "lm_dpsgd"
@@ -271,8 +273,7 @@ NOISELESS_KEYS = {"val_accuracy", "val_accuracy_ci", "test_accuracy", "val_loss"
 
 def test_private_choice_reads_the_noisy_score_only() -> None:
     import pandas as pd
-
-    from reports.pick import choose_private
+    from dpsweep.reports.pick import choose_private
 
     def row(tid: str, noisy: float, **kw: Any) -> dict[str, Any]:
         return {"trial_id": tid, "status": "ok", "method": "dpsgd", "series": "dpsgd",

@@ -20,11 +20,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+from dpsweep.core import layout
+from dpsweep.orchestrator.cli import main
+from dpsweep.orchestrator.release.selection import SELECTED
+from dpsweep.reports import store
 
-from core import layout
-from orchestrator.cli import main
-from orchestrator.release.selection import SELECTED
-from reports import store
 from tests.unit.orchestrator.private_runs import (
     CHOSEN,
     OTHER,
@@ -41,7 +41,7 @@ class Trained(Exception):
 
 @pytest.fixture(autouse=True)
 def _audit_never_trains(monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestrator.audit import canary
+    from dpsweep.orchestrator.audit import canary
 
     def trained(*_a: object, **_k: object) -> None:
         raise Trained

@@ -7,9 +7,8 @@ import math
 
 import numpy as np
 import pytest
-
-from core.errors import UserInputError
-from orchestrator.trial.pruning import RungBoard, TrialPruned, cutoff, rungs
+from dpsweep.core.errors import UserInputError
+from dpsweep.orchestrator.trial.pruning import RungBoard, TrialPruned, cutoff, rungs
 
 
 def test_rungs_grow_geometrically_below_the_last_epoch() -> None:
@@ -58,8 +57,8 @@ def test_the_stop_signal_survives_pickling() -> None:
 def test_a_rerun_is_never_pruned(monkeypatch: pytest.MonkeyPatch) -> None:
     """A re-run is one more seed of a finished trial: it runs to its last epoch, whatever the
     pruner's board says (a full-size sweep lost all four of its re-runs at a rung before)."""
-    from orchestrator.sweep import jobs
-    from orchestrator.trial import runner
+    from dpsweep.orchestrator.sweep import jobs
+    from dpsweep.orchestrator.trial import runner
 
     seen: list[dict] = []
     monkeypatch.setattr(runner, "execute", lambda config, audit: seen.append(config) or {})
@@ -78,6 +77,6 @@ def test_a_rerun_is_never_pruned(monkeypatch: pytest.MonkeyPatch) -> None:
 ])
 def test_failed_reruns_are_trained_again_only_when_asked(row: dict | None, retry: bool,
                                                           pending: bool) -> None:
-    from orchestrator.sweep.jobs import rerun_pending
+    from dpsweep.orchestrator.sweep.jobs import rerun_pending
 
     assert rerun_pending(row, retry_failed=retry) is pending

@@ -13,7 +13,7 @@ ray_worker = pytest.importorskip("ray._private.worker")
 def test_raylet_lines_go_to_the_log_and_others_pass(monkeypatch: pytest.MonkeyPatch,
                                                     capsys: pytest.CaptureFixture[str],
                                                     caplog: pytest.LogCaptureFixture) -> None:
-    from orchestrator.cluster import connection as cluster
+    from dpsweep.orchestrator.cluster import connection as cluster
 
     seen: list[dict] = []
     monkeypatch.setattr(ray_worker, "print_to_stdstream",

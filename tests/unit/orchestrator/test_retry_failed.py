@@ -16,18 +16,16 @@ from typing import Any
 
 import optuna
 import pytest
-from optuna.trial import TrialState
-
-from core import layout
-from core.errors import UserInputError
-from core.storage import atomic_write_json
-from orchestrator import api
-from orchestrator import config as config_mod
-from orchestrator.door import check
-from orchestrator.rundir import RunDir
-from orchestrator.sweep.driver import _Driver, check_retry
-from orchestrator.sweep.plans import study_plans
-from orchestrator.sweep.studies import (
+from dpsweep.core import layout
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.storage import atomic_write_json
+from dpsweep.orchestrator import api
+from dpsweep.orchestrator import config as config_mod
+from dpsweep.orchestrator.door import check
+from dpsweep.orchestrator.rundir import RunDir
+from dpsweep.orchestrator.sweep.driver import _Driver, check_retry
+from dpsweep.orchestrator.sweep.plans import study_plans
+from dpsweep.orchestrator.sweep.studies import (
     ID_ATTR,
     RETRY_ATTR,
     Outcome,
@@ -36,8 +34,9 @@ from orchestrator.sweep.studies import (
     open_study,
     reconcile,
 )
-from orchestrator.sweep.summary import RETRIED, begin_attempt, read_attempts, retried_trials
-from orchestrator.sweep.tuning import adaptive_summary
+from dpsweep.orchestrator.sweep.summary import RETRIED, begin_attempt, read_attempts, retried_trials
+from dpsweep.orchestrator.sweep.tuning import adaptive_summary
+from optuna.trial import TrialState
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 FAILURE = "RuntimeError: CUDA out of memory (the GPU was shared)"

@@ -18,10 +18,8 @@ from typing import Any
 
 import optuna
 import pytest
-from optuna.trial import TrialState
-
-from core import layout
-from core.errors import (
+from dpsweep.core import layout
+from dpsweep.core.errors import (
     EXIT_DISK_FULL,
     DiskFull,
     UserInputError,
@@ -29,12 +27,12 @@ from core.errors import (
     disk_full,
     disk_full_in,
 )
-from core.storage import atomic_write, atomic_write_json
-from core.vocabulary import DISK_FULL_KEY
-from orchestrator import api, raytemp
-from orchestrator.door import check
-from orchestrator.rundir import RESTORE, RunDir
-from orchestrator.sweep.studies import (
+from dpsweep.core.storage import atomic_write, atomic_write_json
+from dpsweep.core.vocabulary import DISK_FULL_KEY
+from dpsweep.orchestrator import api, raytemp
+from dpsweep.orchestrator.door import check
+from dpsweep.orchestrator.rundir import RESTORE, RunDir
+from dpsweep.orchestrator.sweep.studies import (
     ID_ATTR,
     INTERRUPTED_ATTR,
     Outcome,
@@ -44,6 +42,7 @@ from orchestrator.sweep.studies import (
     read_outcome,
     reconcile,
 )
+from optuna.trial import TrialState
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 ENOSPC_TEXT = os.strerror(errno.ENOSPC)
@@ -122,7 +121,7 @@ def test_a_full_disk_reads_as_an_interrupted_trial_with_its_reason(tmp_path: Pat
 
 def test_a_trial_stopped_by_a_full_disk_records_why_and_raises_disk_full(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestrator.trial import runner
+    from dpsweep.orchestrator.trial import runner
 
     config = {"trial_id": "t"}
     try:
@@ -166,8 +165,7 @@ def test_a_trial_stopped_by_a_full_disk_records_why_and_raises_disk_full(
 @pytest.mark.parametrize("refused", ["listing", "the file", "confirming"])
 def test_commit_leaves_file_and_manifest_consistent_whichever_write_a_full_disk_refuses(
         run: RunDir, refused: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    import orchestrator.rundir as rundir
-
+    import dpsweep.orchestrator.rundir as rundir
     trial = _trial(run, "t-000")
     run.commit(layout.RESULTS, b"old rows", also=trial)
     extra = _trial(run, "t-001", record=False)  # listed by the commit itself
@@ -199,8 +197,7 @@ def test_commit_leaves_file_and_manifest_consistent_whichever_write_a_full_disk_
 
 def test_a_first_commit_the_disk_refused_is_not_a_missing_file(
         run: RunDir, monkeypatch: pytest.MonkeyPatch) -> None:
-    import orchestrator.rundir as rundir
-
+    import dpsweep.orchestrator.rundir as rundir
     monkeypatch.setattr(rundir, "atomic_write_bytes", _refused)
     with pytest.raises(DiskFull):
         run.commit(layout.SUMMARY, b"{}")
@@ -213,8 +210,7 @@ def test_a_first_commit_the_disk_refused_is_not_a_missing_file(
 
 def test_create_on_a_full_disk_leaves_nothing_and_says_so(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import orchestrator.rundir as rundir
-
+    import dpsweep.orchestrator.rundir as rundir
     monkeypatch.setattr(rundir, "atomic_write_text", lambda *a: _full())
     for out, existed in ((tmp_path / "new" / "deeper", False), (tmp_path / "empty", True)):
         if existed:
@@ -229,8 +225,7 @@ def test_create_on_a_full_disk_leaves_nothing_and_says_so(
 
 def test_a_full_disk_does_not_block_opening_for_the_lock_record(
         run: RunDir, monkeypatch: pytest.MonkeyPatch) -> None:
-    import orchestrator.rundir as rundir
-
+    import dpsweep.orchestrator.rundir as rundir
     run.release()
     monkeypatch.setattr(rundir, "atomic_write_json", _refused)
     with RunDir.open(run.path, write=True) as again:
@@ -289,8 +284,8 @@ def test_finished_trial_ids_come_from_the_optuna_storage_read_only(tmp_path: Pat
 
 # ---- the searcher stops the sweep on a full disk ----------------------------------------------
 def _searcher(tmp_path: Path, on_outcome: Any) -> tuple[Any, Any, Any]:
-    from orchestrator.sweep.plans import study_plans
-    from orchestrator.sweep.raytune import SweepSearcher
+    from dpsweep.orchestrator.sweep.plans import study_plans
+    from dpsweep.orchestrator.sweep.raytune import SweepSearcher
 
     tmp_path.mkdir(exist_ok=True)
     cfg = api.from_dict({"training": {"epochs": 1}, "audit": {"enabled": False},
@@ -309,8 +304,8 @@ def _searcher(tmp_path: Path, on_outcome: Any) -> tuple[Any, Any, Any]:
 
 def test_a_trial_that_reports_a_full_disk_runs_again_and_halts_the_search(
         tmp_path: Path) -> None:
-    from orchestrator.sweep.raytune import DISK_FULL_REASON, InterruptStopper
-    from orchestrator.sweep.signals import _StopFlag
+    from dpsweep.orchestrator.sweep.raytune import DISK_FULL_REASON, InterruptStopper
+    from dpsweep.orchestrator.sweep.signals import _StopFlag
 
     outcomes: list[str] = []
     searcher, study, _ = _searcher(tmp_path, lambda plan, tid, outcome, ot: outcomes.append(tid))
@@ -358,7 +353,7 @@ def test_a_sweep_that_met_a_full_disk_ends_with_it_naming_where_to_resume(
         run: RunDir, monkeypatch: pytest.MonkeyPatch) -> None:
     """What the command turns into one line and ``EXIT_DISK_FULL`` (``orchestrator.cli``):
     the write that failed (here Optuna's, known only by SQLite's text) and the run directory."""
-    from orchestrator.sweep import driver
+    from dpsweep.orchestrator.sweep import driver
 
     def drive(*_: object, **__: object) -> None:
         try:

@@ -20,21 +20,25 @@ from typing import Any
 
 import optuna
 import pytest
-from optuna.trial import TrialState
-
-from core.storage import atomic_write_json
-from orchestrator import api
-from orchestrator.config import Config
-from orchestrator.door import check
-from orchestrator.sweep.aftersearch import AfterSearchJobs, front_ids
-from orchestrator.sweep.driver import _Driver
-from orchestrator.sweep.plans import precompute_order, schedule_points, study_plans
-from orchestrator.sweep.raytune import SweepSearcher
-from orchestrator.sweep.records import SweepRecords
-from orchestrator.sweep.search import TrialConfigs
-from orchestrator.sweep.signals import EXIT_SIGINT, EXIT_SIGTERM, Interrupted, _signals, _StopFlag
-from orchestrator.sweep.state import PrivateTuning, SweepContext, SweepProgress
-from orchestrator.sweep.studies import (
+from dpsweep.core.storage import atomic_write_json
+from dpsweep.orchestrator import api
+from dpsweep.orchestrator.config import Config
+from dpsweep.orchestrator.door import check
+from dpsweep.orchestrator.sweep.aftersearch import AfterSearchJobs, front_ids
+from dpsweep.orchestrator.sweep.driver import _Driver
+from dpsweep.orchestrator.sweep.plans import precompute_order, schedule_points, study_plans
+from dpsweep.orchestrator.sweep.raytune import SweepSearcher
+from dpsweep.orchestrator.sweep.records import SweepRecords
+from dpsweep.orchestrator.sweep.search import TrialConfigs
+from dpsweep.orchestrator.sweep.signals import (
+    EXIT_SIGINT,
+    EXIT_SIGTERM,
+    Interrupted,
+    _signals,
+    _StopFlag,
+)
+from dpsweep.orchestrator.sweep.state import PrivateTuning, SweepContext, SweepProgress
+from dpsweep.orchestrator.sweep.studies import (
     ID_ATTR,
     INTERRUPTED_ATTR,
     Outcome,
@@ -47,7 +51,8 @@ from orchestrator.sweep.studies import (
     slug,
     study_name,
 )
-from orchestrator.sweep.tuning import open_plan_study
+from dpsweep.orchestrator.sweep.tuning import open_plan_study
+from optuna.trial import TrialState
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -364,8 +369,8 @@ def test_a_trial_reports_fast_epochs_to_tune_sparingly_and_slow_ones_each(
     """A report blocks the trial until the driver has handled it; digits epochs take a tenth
     of a second, so reporting each cost more than training it. Epochs as long as the interval
     (Fashion-MNIST's) are each reported, so Tune can still stop a trial between them."""
-    from orchestrator.trial import runner as trial_runner
-    from orchestrator.trial.plan import plan_trial
+    from dpsweep.orchestrator.trial import runner as trial_runner
+    from dpsweep.orchestrator.trial.plan import plan_trial
 
     cfg = _config(methods=["dpsgd"], training={"epochs": 4})
     spec = plan_trial(check(cfg), method="dpsgd", trial_id="t0", cache_dir=tmp_path / "cache")
@@ -415,7 +420,7 @@ def test_signals_are_handled_while_installed_and_restored_after() -> None:
 
 def test_cli_prints_one_resume_hint_and_exits_with_the_signal_code(
         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    from orchestrator.sweep.commands import sweep as _sweep
+    from dpsweep.orchestrator.sweep.commands import sweep as _sweep
 
     def stopped() -> None:
         raise Interrupted(signal.SIGTERM, tmp_path / "run")
@@ -431,8 +436,8 @@ def test_an_interrupt_while_a_row_is_recorded_is_not_turned_into_a_failed_trial(
     """``SweepRecords.record`` turns any error reading a trial's records into a failed row; a
     signal arriving meanwhile must stop the sweep instead of marking a finished trial failed
     (which a resume would then keep: its id is in the results)."""
-    from orchestrator.rundir import RunDir
-    from reports import store
+    from dpsweep.orchestrator.rundir import RunDir
+    from dpsweep.reports import store
 
     cfg = _config(methods=["dpsgd"])
     run = RunDir.create(tmp_path / "run", config_text=cfg.to_toml())
@@ -457,7 +462,7 @@ def test_an_interrupt_during_after_search_jobs_is_not_recorded_as_a_failed_job(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """``postsweep.run_jobs`` records a failing job and goes on; an interrupt raised while a
     finished job is recorded must end the loop instead (Ray replaced by a stand-in)."""
-    from orchestrator.sweep import jobs as postsweep
+    from dpsweep.orchestrator.sweep import jobs as postsweep
 
     fake = types.ModuleType("ray")
 
@@ -492,7 +497,7 @@ def test_an_interrupt_during_after_search_jobs_is_not_recorded_as_a_failed_job(
 
 # ---- after the search ---------------------------------------------------------------------------
 def test_front_ids_are_the_leader_and_the_trials_tied_with_it() -> None:
-    from reports.pareto import wilson_interval
+    from dpsweep.reports.pareto import wilson_interval
 
     cfg = _config(methods=["dpsgd"])
     setup = check(cfg)
@@ -517,7 +522,7 @@ def test_front_ids_are_the_leader_and_the_trials_tied_with_it() -> None:
 
 
 def test_audit_settings_and_summary_inputs_follow_the_config() -> None:
-    from orchestrator.sweep.search import audit_settings
+    from dpsweep.orchestrator.sweep.search import audit_settings
 
     on = audit_settings(_config(methods=["dpsgd"], audit=True))
     off = audit_settings(_config(methods=["dpsgd"], audit=False))
@@ -529,11 +534,11 @@ def test_the_after_sweep_audit_uses_the_run_cache_and_the_accountant_timeout(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The references' budgets of an after-sweep audit come from the run's own budget cache,
     under the config's accountant timeout (they were once computed with neither)."""
-    from orchestrator.audit import membership as audit_mod
-    from orchestrator.rundir import RunDir
-    from orchestrator.sweep import jobs as postsweep
-    from orchestrator.trial import plan as trial
-    from reports import store
+    from dpsweep.orchestrator.audit import membership as audit_mod
+    from dpsweep.orchestrator.rundir import RunDir
+    from dpsweep.orchestrator.sweep import jobs as postsweep
+    from dpsweep.orchestrator.trial import plan as trial
+    from dpsweep.reports import store
 
     cfg = _config(methods=["dpsgd"], audit=True,
                   **{"privacy": {"accountant_timeout_s": 77.0}})
@@ -686,8 +691,8 @@ def _summary_row(tid: str, study: str, *, status: str = "ok", repeat_of: str = "
 
 
 def test_adaptive_summary_counts_every_model_and_states_what_the_sampler_saw() -> None:
-    from orchestrator.accounting.tuning.adaptive import adaptive_statement
-    from orchestrator.sweep.tuning import adaptive_summary
+    from dpsweep.orchestrator.accounting.tuning.adaptive import adaptive_statement
+    from dpsweep.orchestrator.sweep.tuning import adaptive_summary
 
     cfg = _config(methods=["dpsgd", "lm_dpsgd:faithful"], eps=[1, 4])
     plans = study_plans(check(cfg))

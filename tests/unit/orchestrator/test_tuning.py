@@ -17,13 +17,11 @@ import pytest
 from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
-from scipy import optimize, stats
-
-from core.errors import UserInputError
-from core.schedule import Phase, Schedule
-from core.vocabulary import ATTACK_OBJECTIVE, NOISY_OBJECTIVE, VALIDATION_OBJECTIVE
-from orchestrator.accounting.tuning.adaptive import adaptive_statement
-from orchestrator.accounting.tuning.private import (
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.schedule import Phase, Schedule
+from dpsweep.core.vocabulary import ATTACK_OBJECTIVE, NOISY_OBJECTIVE, VALIDATION_OBJECTIVE
+from dpsweep.orchestrator.accounting.tuning.adaptive import adaptive_statement
+from dpsweep.orchestrator.accounting.tuning.private import (
     PLD_DISCRETIZATION,
     SIGMA_RANGE,
     WINDOW,
@@ -35,7 +33,8 @@ from orchestrator.accounting.tuning.private import (
     trial_event,
     tuning_event,
 )
-from orchestrator.door import check
+from dpsweep.orchestrator.door import check
+from scipy import optimize, stats
 
 DELTA = 1e-5
 #: What an adaptive sampler can see: validation accuracy alone, or with the in-trial attack.
@@ -443,8 +442,8 @@ def test_adaptive_statement_refuses_objectives_no_adaptive_sampler_had(objective
 def test_private_plan_targets_the_budget_epsilon():
     """With budget.epsilons = [1] the end-to-end target is 1, not privacy.epsilon's default 3
     (which the studies' planning never reads once budget.epsilons is set)."""
-    from orchestrator.api import from_dict
-    from orchestrator.sweep.tuning import private_tuning_plan
+    from dpsweep.orchestrator.api import from_dict
+    from dpsweep.orchestrator.sweep.tuning import private_tuning_plan
 
     raw = {"budget": {"epsilons": [1.0]}, "training": {"epochs": 1},
            "sweep": {"tuning": "private", "methods": ["dpsgd"]},

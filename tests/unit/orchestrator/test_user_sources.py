@@ -7,12 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from core.errors import UserInputError
-from orchestrator import api
-from orchestrator.cli import main
-from orchestrator.door import check
-from orchestrator.rundir import RunDir
+from dpsweep.core.errors import UserInputError
+from dpsweep.orchestrator import api
+from dpsweep.orchestrator.cli import main
+from dpsweep.orchestrator.door import check
+from dpsweep.orchestrator.rundir import RunDir
 
 MODULE = ("from torch import nn\n\n\ndef build(input_shape, num_classes, hidden=16):\n"
           "    return nn.Sequential(nn.Flatten(), nn.Linear(64, hidden), nn.Tanh(),\n"
@@ -85,7 +84,7 @@ def test_resume_refuses_a_run_whose_code_or_data_changed(
 
 
 def test_a_second_folder_with_a_module_of_the_same_name_gets_its_own(tmp_path: Path) -> None:
-    from trainables.models import usercode
+    from dpsweep.trainables.models import usercode
 
     for name, width in (("one", 3), ("two", 5)):
         (tmp_path / name).mkdir()
@@ -98,7 +97,7 @@ def test_a_second_folder_with_a_module_of_the_same_name_gets_its_own(tmp_path: P
 
 def test_a_user_trials_spec_maps_back_onto_its_config(project: Path) -> None:
     """What ``pick`` writes to retrain a trial names the same network and data."""
-    from orchestrator.trial.plan import config_from_spec, plan_trial
+    from dpsweep.orchestrator.trial.plan import config_from_spec, plan_trial
 
     setup = check(api.load_config(project / "sweep.toml"))
     spec = plan_trial(setup, method="dpsgd", cache_dir=project / "cache").to_dict()

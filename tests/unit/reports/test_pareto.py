@@ -9,11 +9,8 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from core.errors import UserInputError
-from reports.pareto import (
+from dpsweep.core.errors import UserInputError
+from dpsweep.reports.pareto import (
     ACC_HI,
     ACC_LO,
     KIND_ALL,
@@ -29,6 +26,8 @@ from reports.pareto import (
     hypervolume,
     wilson_interval,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 K = 10
 # Values on a coarse lattice make ties and exact duplicates common.

@@ -18,17 +18,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from dpsweep.core import layout
+from dpsweep.core.records import PrivacyRecord
+from dpsweep.orchestrator.door import check
+from dpsweep.orchestrator.release.export import export_from_run
+from dpsweep.orchestrator.release.statement import CLIPPING_RECORD_KEYS
+from dpsweep.orchestrator.rundir import RunDir
+from dpsweep.orchestrator.trial.single import TRIAL_ID, train_single
+from dpsweep.reports import store
+from dpsweep.trainables.methods import METHODS
 
-from core import layout
-from core.records import PrivacyRecord
-from orchestrator.door import check
-from orchestrator.release.export import export_from_run
-from orchestrator.release.statement import CLIPPING_RECORD_KEYS
-from orchestrator.rundir import RunDir
-from orchestrator.trial.single import TRIAL_ID, train_single
-from reports import store
 from tests.conftest import leaves, tiny_config
-from trainables.methods import METHODS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -12,20 +12,20 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch  # noqa: F401  (the methods' torch is lazy: matplotlib would import it in a test)
+from dpsweep.core import layout
+from dpsweep.core.errors import UserInputError
+from dpsweep.reports import html as report_html
+from dpsweep.reports.html import build_report
+from dpsweep.reports.html.fmt import hyperparameters_text
+from dpsweep.reports.html.overview import when_text
+from dpsweep.reports.pareto import KIND_ALL, KIND_VALID, front_name
+from dpsweep.trainables.methods import report_series
 
 from bench.synthetic_run import (
     INVALID_REASON,
     TRIALS,
     make_run,
 )
-from core import layout
-from core.errors import UserInputError
-from reports import html as report_html
-from reports.html import build_report
-from reports.html.fmt import hyperparameters_text
-from reports.html.overview import when_text
-from reports.pareto import KIND_ALL, KIND_VALID, front_name
-from trainables.methods import report_series
 
 
 @pytest.fixture(scope="module")
@@ -233,7 +233,7 @@ def test_the_header_shows_run_times_as_utc_text_not_posix_seconds() -> None:
 def test_prepared_parameters_are_not_shown_as_hyperparameters() -> None:
     """Which parameters are prepared comes from the method declarations (given by the caller:
     reports sits below trainables), not from a list of names kept in the report."""
-    from trainables.methods import prepared_params  # torch: only this test needs it
+    from dpsweep.trainables.methods import prepared_params  # torch: only this test needs it
 
     prepared = prepared_params()["lm_dpsgd"]
     assert prepared == ("risk", "risk_meta")

@@ -8,10 +8,11 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
+from dpsweep.reports.html import load_run
+from dpsweep.reports.html.overview import glance
+from dpsweep.reports.html.validity import REAUDIT_COMMAND
+
 from bench.synthetic_run import make_run
-from reports.html import load_run
-from reports.html.overview import glance
-from reports.html.validity import REAUDIT_COMMAND
 
 #: The synthetic run's failed audit.
 FAILED = "<b>t12</b>: RuntimeError: shadow model diverged (train loss nan)"

@@ -12,11 +12,11 @@ from typing import Any
 
 import pandas as pd
 import pytest
+from dpsweep.reports import store
+from dpsweep.reports.html import build_report
+from dpsweep.reports.pareto import REASON_UNAUDITED, REASON_UNSCORED, exclusions
 
 from bench.synthetic_run import make_run
-from reports import store
-from reports.html import build_report
-from reports.pareto import REASON_UNAUDITED, REASON_UNSCORED, exclusions
 
 #: What the audit writes for a frozen backbone shared with every reference (its lead is
 #: ``trainables.audit.exclusion.SHARED_FROZEN``).

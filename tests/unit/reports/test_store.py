@@ -11,17 +11,17 @@ from typing import Any
 
 import pandas as pd
 import pytest
+from dpsweep.core import layout
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.poisson import poisson_plan
+from dpsweep.core.schedule import Schedule
+from dpsweep.core.trial import Calibration, EpsilonBounds, TrialSpec
+from dpsweep.orchestrator.door import check
+from dpsweep.reports import store
+from dpsweep.trainables.methods import get_method
+from dpsweep.trainables.training.loop import TrialResult, train_trial
 
-from core import layout
-from core.errors import UserInputError
-from core.poisson import poisson_plan
-from core.schedule import Schedule
-from core.trial import Calibration, EpsilonBounds, TrialSpec
-from orchestrator.door import check
-from reports import store
 from tests.conftest import tiny_config
-from trainables.methods import get_method
-from trainables.training.loop import TrialResult, train_trial
 
 SIGMA = 1.1
 EPSILON_UPPER = 2.9876

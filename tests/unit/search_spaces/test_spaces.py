@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import pytest
-
-from core.params import Param
-from search_spaces import SGD_CLIP, SPACES, STEP, Range, Space, searched_params
-from trainables.dp.contract import CLIP
-from trainables.methods import METHODS
-from trainables.methods.dpsgd import DPSGD
+from dpsweep.core.params import Param
+from dpsweep.search_spaces import SGD_CLIP, SPACES, STEP, Range, Space, searched_params
+from dpsweep.trainables.dp.contract import CLIP
+from dpsweep.trainables.methods import METHODS
+from dpsweep.trainables.methods.dpsgd import DPSGD
 
 
 @pytest.mark.parametrize("name", sorted(SPACES))

@@ -11,11 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from orchestrator.door import check
-from tests.unit.core.test_cache_hints import KINDS, no_hang, plant
-from trainables.audit.cache import NAMESPACE, CachingTrainer, caching, reference_key
-from trainables.audit.references import (
+from dpsweep.orchestrator.door import check
+from dpsweep.trainables.audit.cache import NAMESPACE, CachingTrainer, caching, reference_key
+from dpsweep.trainables.audit.references import (
     Budget,
     NonPrivateRecipe,
     NonPrivateReferenceTrainer,
@@ -25,7 +23,9 @@ from trainables.audit.references import (
     reference_data,
     reference_seed,
 )
-from trainables.data.splits import DataSplits, SplitSizes, load_splits
+from dpsweep.trainables.data.splits import DataSplits, SplitSizes, load_splits
+
+from tests.unit.core.test_cache_hints import KINDS, no_hang, plant
 
 SIZES = SplitSizes(train=100, validation=100, holdout=100, test=100, shadow=400)
 #: Two epochs on 100 digits: a trained, non-initial model in well under a second.
@@ -89,7 +89,8 @@ def test_the_key_follows_recipe_data_and_budget(references: list[DataSplits]) ->
 
 
 def test_a_dp_reference_key_holds_its_budget_not_its_name() -> None:
-    from orchestrator.trial.plan import plan_trial
+    from dpsweep.orchestrator.trial.plan import plan_trial
+
     from tests.conftest import tiny_config
 
     digits = load_splits(dataset="digits", seed=0)

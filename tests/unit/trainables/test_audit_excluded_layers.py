@@ -14,15 +14,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
-from orchestrator.audit.membership import (
+from dpsweep.orchestrator.audit.membership import (
     OUTPUT,
     SHADOW_CLASSIFIER,
     audit_signals,
     row_audit_columns,
 )
-from trainables.audit.classifier import ShadowClassifier
-from trainables.audit.exclusion import (
+from dpsweep.trainables.audit.classifier import ShadowClassifier
+from dpsweep.trainables.audit.exclusion import (
     EXCLUDED,
     NON_FINITE,
     SCORED,
@@ -33,9 +32,9 @@ from trainables.audit.exclusion import (
     frozen_layers,
     identical_signals,
 )
-from trainables.audit.references import AuditSignals, ReferencePlan, plan_references
-from trainables.data.splits import DataSplits, SplitSizes, load_splits
-from trainables.models.networks import LayeredModel, digits_cnn
+from dpsweep.trainables.audit.references import AuditSignals, ReferencePlan, plan_references
+from dpsweep.trainables.data.splits import DataSplits, SplitSizes, load_splits
+from dpsweep.trainables.models.networks import LayeredModel, digits_cnn
 
 SIZES = SplitSizes(train=40, validation=60, holdout=40, test=30, shadow=120)
 K = 4

@@ -6,11 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from dpsweep.trainables.audit.layer_attack import ir_features
+from dpsweep.trainables.audit.prefix import without_savings
+from dpsweep.trainables.models.networks import LayeredModel
 from torch import nn
-
-from trainables.audit.layer_attack import ir_features
-from trainables.audit.prefix import without_savings
-from trainables.models.networks import LayeredModel
 
 
 def model() -> LayeredModel:

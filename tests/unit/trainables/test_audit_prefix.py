@@ -12,16 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from torch import nn
-
-from core.trial import REPRODUCIBLE
-from orchestrator.door import check
-from orchestrator.trial.plan import match_budget, plan_trial
-from tests.conftest import tiny_config
-from trainables.audit import prefix as prefix_module
-from trainables.audit.cache import reference_key
-from trainables.audit.layer_attack import ir_features
-from trainables.audit.prefix import (
+from dpsweep.core.trial import REPRODUCIBLE
+from dpsweep.orchestrator.door import check
+from dpsweep.orchestrator.trial.plan import match_budget, plan_trial
+from dpsweep.trainables.audit import prefix as prefix_module
+from dpsweep.trainables.audit.cache import reference_key
+from dpsweep.trainables.audit.layer_attack import ir_features
+from dpsweep.trainables.audit.prefix import (
     FrozenStart,
     PrefixTable,
     SharedPrefix,
@@ -33,8 +30,8 @@ from trainables.audit.prefix import (
     with_start,
     without_savings,
 )
-from trainables.audit.probes import ProbeSignals, probe_set_of
-from trainables.audit.references import (
+from dpsweep.trainables.audit.probes import ProbeSignals, probe_set_of
+from dpsweep.trainables.audit.references import (
     Budget,
     NonPrivateRecipe,
     collect_signals,
@@ -44,12 +41,15 @@ from trainables.audit.references import (
     reference_data,
     reference_seed,
 )
-from trainables.audit.signals import per_example_signals
-from trainables.data.splits import DataSplits, SplitSizes, load_splits
-from trainables.models.assemble import build_network
-from trainables.models.networks import LayeredModel, digits_cnn
-from trainables.models.source import ModelSource
-from trainables.models.validator import wrap_checked
+from dpsweep.trainables.audit.signals import per_example_signals
+from dpsweep.trainables.data.splits import DataSplits, SplitSizes, load_splits
+from dpsweep.trainables.models.assemble import build_network
+from dpsweep.trainables.models.networks import LayeredModel, digits_cnn
+from dpsweep.trainables.models.source import ModelSource
+from dpsweep.trainables.models.validator import wrap_checked
+from torch import nn
+
+from tests.conftest import tiny_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -12,11 +12,8 @@ import mpmath
 import numpy as np
 import pytest
 import torch
-from sklearn.metrics import roc_auc_score
-from torch import nn
-
-from trainables.audit import references
-from trainables.audit.references import (
+from dpsweep.trainables.audit import references
+from dpsweep.trainables.audit.references import (
     AuditSignals,
     NonPrivateRecipe,
     collect_signals,
@@ -24,7 +21,7 @@ from trainables.audit.references import (
     plan_references,
     score_signals,
 )
-from trainables.audit.signals import (
+from dpsweep.trainables.audit.signals import (
     FLOAT32_LOG_NORM_TOLERANCE,
     LOG_MIN_GRAD_NORM,
     grad_norm_name,
@@ -32,9 +29,11 @@ from trainables.audit.signals import (
     per_example_signals,
     scaled_residual,
 )
-from trainables.data.splits import DataSplits, SplitSizes, load_splits
-from trainables.engine.grad_engine import GradEngine
-from trainables.models.networks import LayeredModel
+from dpsweep.trainables.data.splits import DataSplits, SplitSizes, load_splits
+from dpsweep.trainables.engine.grad_engine import GradEngine
+from dpsweep.trainables.models.networks import LayeredModel
+from sklearn.metrics import roc_auc_score
+from torch import nn
 
 #: Digits of the mpmath known answers.
 MP_DIGITS = 60

@@ -10,11 +10,9 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from sklearn.metrics import roc_auc_score
-
-from core.errors import UserInputError
-from orchestrator.door import check
-from trainables.audit.references import (
+from dpsweep.core.errors import UserInputError
+from dpsweep.orchestrator.door import check
+from dpsweep.trainables.audit.references import (
     DEFAULT_POPULATION,
     AuditSignals,
     NonPrivateRecipe,
@@ -28,7 +26,7 @@ from trainables.audit.references import (
     score_signals,
     train_nonprivate,
 )
-from trainables.audit.scores import (
+from dpsweep.trainables.audit.scores import (
     LIRA_OFFLINE,
     LIRA_ONLINE,
     LIRA_POOLED,
@@ -44,7 +42,7 @@ from trainables.audit.scores import (
     rmia_log_ratio,
     rmia_score,
 )
-from trainables.audit.signals import (
+from dpsweep.trainables.audit.signals import (
     FLOAT32_LOG_NORM_TOLERANCE,
     LOGIT,
     LOSS,
@@ -54,8 +52,9 @@ from trainables.audit.signals import (
     per_example_signals,
     rmia_input,
 )
-from trainables.data.splits import DataSplits, SplitSizes, load_splits
-from trainables.models.networks import LayeredModel
+from dpsweep.trainables.data.splits import DataSplits, SplitSizes, load_splits
+from dpsweep.trainables.models.networks import LayeredModel
+from sklearn.metrics import roc_auc_score
 
 #: 300 members and 300 non-members; the pool holds the offline references' data.
 SIZES = SplitSizes(train=300, validation=100, holdout=300, test=297, shadow=800)
@@ -450,9 +449,10 @@ def test_real_null_model_is_at_chance(online: AuditSignals, data: DataSplits) ->
 
 
 def test_dp_references_use_the_supplied_budget_and_their_own_seed() -> None:
-    from orchestrator.trial.plan import match_budget, plan_trial
+    from dpsweep.orchestrator.trial.plan import match_budget, plan_trial
+    from dpsweep.trainables.audit.references import Budget, dp_trainer, reference_spec
+
     from tests.conftest import tiny_config
-    from trainables.audit.references import Budget, dp_trainer, reference_spec
 
     digits = load_splits(dataset="digits", seed=0)  # train 500, shadow pool 500
     spec = plan_trial(check(tiny_config()), trial_id="dp", data=digits)

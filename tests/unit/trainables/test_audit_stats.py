@@ -12,11 +12,8 @@ import time
 
 import numpy as np
 import pytest
-from scipy import special, stats
-from sklearn.metrics import roc_auc_score
-
-from core.errors import UserInputError
-from trainables.audit.stats.attacks import (
+from dpsweep.core.errors import UserInputError
+from dpsweep.trainables.audit.stats.attacks import (
     AttackStatistics,
     attack_statistics,
     binomial_interval,
@@ -25,12 +22,14 @@ from trainables.audit.stats.attacks import (
     roc_points,
     thin_roc,
 )
-from trainables.audit.stats.onerun import (
+from dpsweep.trainables.audit.stats.onerun import (
     canary_audit,
     canary_guesses,
     epsilon_lower_bound,
     one_run_p_value,
 )
+from scipy import special, stats
+from sklearn.metrics import roc_auc_score
 
 #: Smallest bootstrap allowed: the tests that repeat attacks many times do not read the AUC
 #: interval, so they pay for the fewest resamples.

@@ -32,16 +32,31 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 import torch
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.trial import TrialSpec
+from dpsweep.orchestrator.audit.canary import audit_with_canaries
+from dpsweep.orchestrator.config import PrivacyConfig
+from dpsweep.orchestrator.door import check
+from dpsweep.orchestrator.rundir import RunDir
+from dpsweep.orchestrator.trial.plan import plan_trial
+from dpsweep.orchestrator.trial.single import TRIAL_ID, train_single
+from dpsweep.reports import store
+from dpsweep.trainables.audit.canaries import (
+    CANARY_NORM_FACTOR,
+    CanaryView,
+    WhiteBoxInstrument,
+    choose_layer_canaries,
+    draw_membership,
+)
+from dpsweep.trainables.audit.canary_runs import black_box_run, white_box_run
+from dpsweep.trainables.audit.input_canaries import choose_input_canaries
+from dpsweep.trainables.dp.randomness import Randomness, poisson_batches
+from dpsweep.trainables.engine.grad_engine import MaterializedGrads
+from dpsweep.trainables.engine.passes import LOOSE
+from dpsweep.trainables.methods import METHODS, registered
+from dpsweep.trainables.methods.dp_adamilg import DPAdamILG
+from dpsweep.trainables.methods.dpsgd import DPSGD
 
-from core.errors import UserInputError
-from core.trial import TrialSpec
-from orchestrator.audit.canary import audit_with_canaries
-from orchestrator.config import PrivacyConfig
-from orchestrator.door import check
-from orchestrator.rundir import RunDir
-from orchestrator.trial.plan import plan_trial
-from orchestrator.trial.single import TRIAL_ID, train_single
-from reports import store
 from tests.conftest import tiny_config
 from tests.contract.conformance import (
     SIGMA,
@@ -51,21 +66,6 @@ from tests.contract.conformance import (
     lifecycle_params,
     make_method,
 )
-from trainables.audit.canaries import (
-    CANARY_NORM_FACTOR,
-    CanaryView,
-    WhiteBoxInstrument,
-    choose_layer_canaries,
-    draw_membership,
-)
-from trainables.audit.canary_runs import black_box_run, white_box_run
-from trainables.audit.input_canaries import choose_input_canaries
-from trainables.dp.randomness import Randomness, poisson_batches
-from trainables.engine.grad_engine import MaterializedGrads
-from trainables.engine.passes import LOOSE
-from trainables.methods import METHODS, registered
-from trainables.methods.dp_adamilg import DPAdamILG
-from trainables.methods.dpsgd import DPSGD
 
 #: The claim every audited trial makes.
 CLAIM = 1.0

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import pytest
+from dpsweep.core.errors import UserInputError
+from dpsweep.orchestrator.api import from_dict
+from dpsweep.orchestrator.config import MODEL_CHOICES
+from dpsweep.orchestrator.door import check
+from dpsweep.orchestrator.sweep.plans import study_plans
+from dpsweep.trainables.data.splits import DATASET_NAMES, INPUT_SHAPES
+from dpsweep.trainables.models import catalog
+from dpsweep.trainables.models.networks import BUILDERS, build_model, builds
 
-from core.errors import UserInputError
-from orchestrator.api import from_dict
-from orchestrator.config import MODEL_CHOICES
-from orchestrator.door import check
-from orchestrator.sweep.plans import study_plans
 from tests.conftest import tiny_config
-from trainables.data.splits import DATASET_NAMES, INPUT_SHAPES
-from trainables.models import catalog
-from trainables.models.networks import BUILDERS, build_model, builds
 
 
 @pytest.mark.parametrize("name", catalog.MODEL_NAMES)

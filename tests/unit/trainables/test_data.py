@@ -13,12 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from sklearn.datasets import load_digits
-
-from core.errors import UserInputError
-from trainables.data import splits as data
-from trainables.data.pools import DEBIAN_FASHION_MNIST_DIR, FASHION_MNIST_FILES
-from trainables.data.splits import (
+from dpsweep.core.errors import UserInputError
+from dpsweep.trainables.data import splits as data
+from dpsweep.trainables.data.pools import DEBIAN_FASHION_MNIST_DIR, FASHION_MNIST_FILES
+from dpsweep.trainables.data.splits import (
     DATASET_NAMES,
     DEFAULT_SIZES,
     DataSplits,
@@ -29,6 +27,7 @@ from trainables.data.splits import (
     load_splits,
     normalise,
 )
+from sklearn.datasets import load_digits
 
 SPLIT_NAMES = ("train", "validation", "holdout", "test", "shadow")
 

@@ -15,14 +15,11 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from PIL import Image
-from sklearn.datasets import load_digits
-
-from core.datasets import FILE_DATASET
-from core.errors import UserInputError
-from trainables.data import splits as data
-from trainables.data.files import FileSource, public_stats
-from trainables.data.splits import (
+from dpsweep.core.datasets import FILE_DATASET
+from dpsweep.core.errors import UserInputError
+from dpsweep.trainables.data import splits as data
+from dpsweep.trainables.data.files import FileSource, public_stats
+from dpsweep.trainables.data.splits import (
     DataSplits,
     FilePool,
     SplitSizes,
@@ -33,6 +30,8 @@ from trainables.data.splits import (
     load_splits,
     share_pool,
 )
+from PIL import Image
+from sklearn.datasets import load_digits
 
 SPLIT_NAMES = ("train", "validation", "holdout", "test", "shadow")
 COLUMNS = [f"p{i}" for i in range(64)]

@@ -16,16 +16,13 @@ import math
 import numpy as np
 import pytest
 import torch
-from scipy import stats
-
-from core.errors import UserInputError
-from core.trial import TrialSpec
-from orchestrator.door import check
-from orchestrator.trial.plan import gpu_share, plan_trial
-from tests.conftest import tiny_config
-from trainables.dp.randomness import Randomness, poisson_batches
-from trainables.training.loop import train_trial
-from trainables.training.placement import (
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.trial import TrialSpec
+from dpsweep.orchestrator.door import check
+from dpsweep.orchestrator.trial.plan import gpu_share, plan_trial
+from dpsweep.trainables.dp.randomness import Randomness, poisson_batches
+from dpsweep.trainables.training.loop import train_trial
+from dpsweep.trainables.training.placement import (
     DATA_SHARE,
     HEADROOM,
     ON_DEVICE,
@@ -34,6 +31,9 @@ from trainables.training.placement import (
     data_placement,
     gather,
 )
+from scipy import stats
+
+from tests.conftest import tiny_config
 
 CPU = torch.device("cpu")
 GIB = 1 << 30

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from core.errors import UserInputError
-from trainables.training.loop import resolve_device
+from dpsweep.core.errors import UserInputError
+from dpsweep.trainables.training.loop import resolve_device
 
 
 def test_cuda_turns_tf32_off(monkeypatch: pytest.MonkeyPatch) -> None:

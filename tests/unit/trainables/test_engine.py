@@ -12,13 +12,12 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from dpsweep.core.errors import UserInputError
+from dpsweep.trainables.engine.grad_engine import GradEngine, MaterializedGrads, PerExampleView
+from dpsweep.trainables.engine.modules import Conv2dHandler, Geometry, choose
+from dpsweep.trainables.engine.passes import LOOSE
+from dpsweep.trainables.models.networks import LayeredModel, build_model
 from torch import nn
-
-from core.errors import UserInputError
-from trainables.engine.grad_engine import GradEngine, MaterializedGrads, PerExampleView
-from trainables.engine.modules import Conv2dHandler, Geometry, choose
-from trainables.engine.passes import LOOSE
-from trainables.models.networks import LayeredModel, build_model
 
 NUM_CLASSES = 10
 RTOL = 1e-9
@@ -180,7 +179,7 @@ def _assert_certified(got: torch.Tensor, exact: torch.Tensor, *, rtol: float = M
 def test_norms_of_known_gradients() -> None:
     """Synthetic gradients: layer norms are the known numbers, certified (at most the plain
     slack above them, never below); sums are the known numbers."""
-    from trainables.engine.norms import plain_slack
+    from dpsweep.trainables.engine.norms import plain_slack
 
     grads = {"a": torch.tensor([[3.0, 0.0], [0.0, 1.0]]),
              "b": torch.tensor([[4.0], [0.0]]),
@@ -374,7 +373,7 @@ def test_norms_do_not_underflow_or_overflow(dtype: torch.dtype, entry: float) ->
     """Blocks of n equal entries e have norm e sqrt(n), also where e^2 is subnormal or zero in
     float32 (1e-23; 1e-41 is itself subnormal there); squares of 1e30 (float32) would overflow
     the dtype, their scaled float64 sum does not; a non-finite entry gives an infinite norm."""
-    from trainables.engine.norms import scaled_sq_norms
+    from dpsweep.trainables.engine.norms import scaled_sq_norms
 
     n = 160
     value = torch.tensor(entry, dtype=dtype)  # as the dtype holds it
@@ -397,7 +396,7 @@ def test_norms_and_sums_of_long_rows_keep_float64_accuracy(length: int) -> None:
     The engine's certified norms of float32 rows lie within 1e-6 above float64 (2e-6 on the
     square) and its Gram sums match it to 1e-7, at layer sizes of a ResNet-18 (a deliberately
     naive float32 norm misses by more than 1e-6)."""
-    from trainables.engine.norms import row_sums, scaled_sq_norms
+    from dpsweep.trainables.engine.norms import row_sums, scaled_sq_norms
 
     g = torch.randn(2, length, generator=torch.Generator().manual_seed(3))
     exact = g.double().square().sum(dim=1)
@@ -431,7 +430,7 @@ def test_full_precision_switches_reduced_precision_off_on_an_accelerator_only() 
     """The certificates assume float32's roundoff, so TF32 and reduced-precision reductions
     are off around the norms and sums on an accelerator, and the user's settings come back
     after; on the CPU nothing is touched."""
-    from trainables.engine.norms import full_precision
+    from dpsweep.trainables.engine.norms import full_precision
 
     matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
     saved = (matmul.allow_tf32, cudnn.allow_tf32)
@@ -450,7 +449,7 @@ def test_full_precision_switches_reduced_precision_off_on_an_accelerator_only() 
 def test_a_ghost_certificate_bounds_cancelling_terms_that_float32_misses() -> None:
     """Two rank-one terms that cancel to 1e-4 of their size: the float32 ghost estimate may
     come out below the float64 norm, the certified one never does, for any of 200 draws."""
-    from trainables.engine.modules import LinearHandler
+    from dpsweep.trainables.engine.modules import LinearHandler
 
     handler = LinearHandler(nn.Linear(64, 32), qualname="fc", layer=0)
     gen = torch.Generator().manual_seed(0)

@@ -17,10 +17,17 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.nn.functional as F
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.schedule import Schedule
+from dpsweep.trainables.dp.randomness import Randomness, poisson_batches
+from dpsweep.trainables.engine.embedding import EmbeddingHandler
+from dpsweep.trainables.engine.grad_engine import GradEngine, PerExampleView
+from dpsweep.trainables.engine.modules import Geometry, choose
+from dpsweep.trainables.engine.norms import scaled_sq_norms
+from dpsweep.trainables.methods import METHODS
+from dpsweep.trainables.models.networks import LayeredModel
 from torch import nn
 
-from core.errors import UserInputError
-from core.schedule import Schedule
 from tests.contract.conformance import (
     SIGMA,
     STEPS_PER_EPOCH,
@@ -32,13 +39,6 @@ from tests.contract.conformance import (
     make_method,
     token_task,
 )
-from trainables.dp.randomness import Randomness, poisson_batches
-from trainables.engine.embedding import EmbeddingHandler
-from trainables.engine.grad_engine import GradEngine, PerExampleView
-from trainables.engine.modules import Geometry, choose
-from trainables.engine.norms import scaled_sq_norms
-from trainables.methods import METHODS
-from trainables.models.networks import LayeredModel
 
 ALL = ("auto", "ghost", "materialize")
 #: float64 engine against the float64 exact path: the same sums in another order, so their

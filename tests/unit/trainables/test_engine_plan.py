@@ -10,20 +10,20 @@ from pathlib import Path
 
 import pytest
 import torch
+from dpsweep.orchestrator.door import check
+from dpsweep.trainables.engine import plan as engine_plan
+from dpsweep.trainables.engine.grad_engine import GradEngine
+from dpsweep.trainables.engine.host_reads import HostRead, forbid_host_reads
+from dpsweep.trainables.engine.modules import Choice, Geometry, Handler
+from dpsweep.trainables.models.networks import LayeredModel
 from torch import nn
 
-from orchestrator.door import check
 from tests.unit.trainables.test_engine import (
     _batch,
     _coef,
     _conv_variants,
     _sequence_model,
 )
-from trainables.engine import plan as engine_plan
-from trainables.engine.grad_engine import GradEngine
-from trainables.engine.host_reads import HostRead, forbid_host_reads
-from trainables.engine.modules import Choice, Geometry, Handler
-from trainables.models.networks import LayeredModel
 
 RTOL = 1e-9
 ATOL = 1e-12
@@ -33,7 +33,7 @@ ATOL = 1e-12
 def unbounded_planning(monkeypatch: pytest.MonkeyPatch) -> None:
     """No planning budget unless a test sets one: what is timed must not depend on how
     loaded the machine is."""
-    monkeypatch.setattr("trainables.engine.grad_engine.PLAN_PASSES", math.inf)
+    monkeypatch.setattr("dpsweep.trainables.engine.grad_engine.PLAN_PASSES", math.inf)
 
 
 def _forcing(target: Choice | None) -> object:
@@ -113,7 +113,7 @@ def test_modules_of_one_shape_are_timed_once_and_the_budget_bounds_planning(
     found = GradEngine(model).measure_plan(x, y, live=[True] * 4)
     assert calls == ["blocks.c0.0", "blocks.fc.1"]
     assert len({tuple(t.timings_ms.items()) for t in found[:3]}) == 1
-    monkeypatch.setattr("trainables.engine.grad_engine.PLAN_PASSES", 0.0)
+    monkeypatch.setattr("dpsweep.trainables.engine.grad_engine.PLAN_PASSES", 0.0)
     calls.clear()
     spent = GradEngine(model).measure_plan(x, y, live=[True] * 4)
     assert calls == []
@@ -222,9 +222,10 @@ def test_a_trial_measures_its_plan_on_public_data_records_it_and_reuses_the_cach
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A secret trial times its plan before the first step (on the shadow pool), records it
     and its timings, and a second trial on the same shapes reads it from the run's cache."""
-    from orchestrator.trial.plan import plan_trial
+    from dpsweep.orchestrator.trial.plan import plan_trial
+    from dpsweep.trainables.training.loop import train_trial
+
     from tests.conftest import tiny_config
-    from trainables.training.loop import train_trial
 
     seen: list[int] = []
     real = engine_plan.time_candidates
@@ -252,7 +253,7 @@ def test_a_trial_measures_its_plan_on_public_data_records_it_and_reuses_the_cach
 def test_an_infinite_norm_with_a_zero_coefficient_is_no_contribution() -> None:
     """What the guard sees for an example the engine gave an infinite norm: a zero realised
     contribution (not NaN), and a positive coefficient on it capped to zero."""
-    from trainables.dp.step import bound_coefficients
+    from dpsweep.trainables.dp.step import bound_coefficients
 
     norms = torch.tensor([[math.inf, 1.0], [0.5, 0.5]], dtype=torch.float64)
     coef = torch.tensor([[0.0, 0.0], [1.0, 1.0]])

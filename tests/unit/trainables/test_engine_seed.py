@@ -5,11 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from dpsweep.core.errors import UserInputError
+from dpsweep.trainables.engine.grad_engine import GradEngine
+from dpsweep.trainables.models.networks import LayeredModel
 from torch import nn
-
-from core.errors import UserInputError
-from trainables.engine.grad_engine import GradEngine
-from trainables.models.networks import LayeredModel
 
 #: A power of two that a seed is scaled by: every norm scales by it exactly.
 SCALE = 2.0 ** -40

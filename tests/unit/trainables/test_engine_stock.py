@@ -11,11 +11,10 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from dpsweep.trainables.engine.func import NotPerExample
+from dpsweep.trainables.engine.grad_engine import ENGINE_PATH, GradEngine, MaterializedGrads
+from dpsweep.trainables.models.networks import WrappedModel
 from torch import nn
-
-from trainables.engine.func import NotPerExample
-from trainables.engine.grad_engine import ENGINE_PATH, GradEngine, MaterializedGrads
-from trainables.models.networks import WrappedModel
 
 N = 5
 
@@ -256,8 +255,8 @@ def test_embedding_bags_take_their_rule_or_the_exact_fallback(mode: str, unit: s
 
 
 def test_an_embedding_bag_that_rewrites_its_weight_is_refused() -> None:
-    from core.errors import UserInputError
-    from trainables.models.validator import wrap_checked
+    from dpsweep.core.errors import UserInputError
+    from dpsweep.trainables.models.validator import wrap_checked
 
     net = _Bag("mean")
     net.bag.max_norm = 1.0

@@ -13,18 +13,18 @@ from typing import Any
 
 import pytest
 import torch
-
-from core.schedule import Schedule
-from tests.contract.conformance import SIGMA, digits, make_method, prepared_params
-from trainables.dp.randomness import Randomness, poisson_batches
-from trainables.dp.step import GUARD_ROUNDING, DPStep
-from trainables.engine.host_reads import (
+from dpsweep.core.schedule import Schedule
+from dpsweep.trainables.dp.randomness import Randomness, poisson_batches
+from dpsweep.trainables.dp.step import GUARD_ROUNDING, DPStep
+from dpsweep.trainables.engine.host_reads import (
     HostRead,
     forbid_host_reads,
     host_reads_allowed,
     host_resident,
 )
-from trainables.methods import METHODS
+from dpsweep.trainables.methods import METHODS
+
+from tests.contract.conformance import SIGMA, digits, make_method, prepared_params
 
 #: Steps taken under the guard after the warm-up (none of them a method's periodic refresh at
 #: the default periods: public refreshes every 26 steps at batch 50, WW probes every 50).

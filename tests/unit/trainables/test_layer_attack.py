@@ -5,9 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
-from core.errors import UserInputError
-from trainables.audit.layer_attack import (
+from dpsweep.core.errors import UserInputError
+from dpsweep.trainables.audit.layer_attack import (
     attack_accuracy,
     attack_error_rate,
     balanced_xy,
@@ -18,7 +17,7 @@ from trainables.audit.layer_attack import (
     reduce_ir,
     split_features,
 )
-from trainables.models.networks import cnn28, digits_cnn, resnet20_gn
+from dpsweep.trainables.models.networks import cnn28, digits_cnn, resnet20_gn
 
 # Two examples, 2 channels, 2x2 maps (8 values each).
 MAP = torch.tensor([

@@ -11,14 +11,11 @@ from typing import Any
 
 import pytest
 import torch
-
-from core.errors import UserInputError
-from core.modes import Source
-from orchestrator.door import check
-from orchestrator.trial.plan import plan_trial
-from tests.conftest import tiny_config
-from tests.contract.conformance import NUM_LAYERS, adversarial_view, build_step, make_method
-from trainables.methods.dp_adamilg import (
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.modes import Source
+from dpsweep.orchestrator.door import check
+from dpsweep.orchestrator.trial.plan import plan_trial
+from dpsweep.trainables.methods.dp_adamilg import (
     _THRESHOLDS_FROM,
     MIN_SHARE,
     THRESHOLD_STAT,
@@ -28,7 +25,10 @@ from trainables.methods.dp_adamilg import (
     _ReleasedThresholds,
     paper_floor,
 )
-from trainables.training.loop import train_trial
+from dpsweep.trainables.training.loop import train_trial
+
+from tests.conftest import tiny_config
+from tests.contract.conformance import NUM_LAYERS, adversarial_view, build_step, make_method
 
 K = 0.5  # a visible decay within 2-3 epoch trials
 

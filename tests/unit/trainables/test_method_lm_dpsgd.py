@@ -14,20 +14,22 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-
-from core.errors import UserInputError
-from core.modes import Source
-from core.storage import JsonCache
-from orchestrator.door import check
-from orchestrator.trial.plan import plan_trial
-from tests.conftest import tiny_config
-from tests.contract.conformance import NUM_LAYERS, adversarial_view, build_step
-from trainables.audit import layer_risk as layer_risk_module
-from trainables.audit.layer_risk import CACHE_NAMESPACE, Stage1, estimate_layer_risk, risk_identity
-from trainables.data.splits import load_splits
-from trainables.engine.grad_engine import MaterializedGrads
-from trainables.methods import get_method
-from trainables.methods.lm_dpsgd import (
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.modes import Source
+from dpsweep.core.storage import JsonCache
+from dpsweep.orchestrator.door import check
+from dpsweep.orchestrator.trial.plan import plan_trial
+from dpsweep.trainables.audit import layer_risk as layer_risk_module
+from dpsweep.trainables.audit.layer_risk import (
+    CACHE_NAMESPACE,
+    Stage1,
+    estimate_layer_risk,
+    risk_identity,
+)
+from dpsweep.trainables.data.splits import load_splits
+from dpsweep.trainables.engine.grad_engine import MaterializedGrads
+from dpsweep.trainables.methods import get_method
+from dpsweep.trainables.methods.lm_dpsgd import (
     _U_FROM,
     LMDPSGD,
     U_STAT,
@@ -39,8 +41,11 @@ from trainables.methods.lm_dpsgd import (
     calibrate,
     risk_terms,
 )
-from trainables.models.networks import build_model
-from trainables.training.loop import train_trial
+from dpsweep.trainables.models.networks import build_model
+from dpsweep.trainables.training.loop import train_trial
+
+from tests.conftest import tiny_config
+from tests.contract.conformance import NUM_LAYERS, adversarial_view, build_step
 
 RISK = [0.45, 0.4, 0.35, 0.3]  # digits_cnn: deeper layers leakier, as the paper finds
 
@@ -377,7 +382,7 @@ def test_stage1_refuses_a_shadow_pool_too_small_to_split(tmp_path: Path) -> None
 
 
 def _digits_sizes() -> Any:
-    from trainables.data.splits import DEFAULT_SIZES
+    from dpsweep.trainables.data.splits import DEFAULT_SIZES
 
     return DEFAULT_SIZES["digits"]
 

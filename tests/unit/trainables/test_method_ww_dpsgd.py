@@ -14,18 +14,18 @@ from typing import Any
 
 import pytest
 import torch
+from dpsweep.core.errors import UserInputError
+from dpsweep.core.trial import TrialSpec
+from dpsweep.orchestrator.door import check
+from dpsweep.orchestrator.trial.plan import plan_trial
+from dpsweep.trainables.dp.randomness import Randomness
+from dpsweep.trainables.dp.spectral import TailFit
+from dpsweep.trainables.methods import ww_dpsgd
+from dpsweep.trainables.methods.ww_dpsgd import WWDPSGD
+from dpsweep.trainables.training.loop import train_trial
 
-from core.errors import UserInputError
-from core.trial import TrialSpec
-from orchestrator.door import check
-from orchestrator.trial.plan import plan_trial
 from tests.conftest import tiny_config
 from tests.contract.conformance import build_step
-from trainables.dp.randomness import Randomness
-from trainables.dp.spectral import TailFit
-from trainables.methods import ww_dpsgd
-from trainables.methods.ww_dpsgd import WWDPSGD
-from trainables.training.loop import train_trial
 
 SIGMA = 1.3
 LR = 0.1  # build_step's learning rate

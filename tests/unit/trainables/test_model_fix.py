@@ -10,16 +10,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from dpsweep.core.errors import UserInputError
+from dpsweep.orchestrator import api
+from dpsweep.orchestrator.cli import main
+from dpsweep.orchestrator.door import check
+from dpsweep.trainables.models.assemble import build_network
+from dpsweep.trainables.models.fix import fix_model, group_count
+from dpsweep.trainables.models.source import ModelSource
+from dpsweep.trainables.models.validator import sample_batch, wrap_checked
 from torch import nn
-
-from core.errors import UserInputError
-from orchestrator import api
-from orchestrator.cli import main
-from orchestrator.door import check
-from trainables.models.assemble import build_network
-from trainables.models.fix import fix_model, group_count
-from trainables.models.source import ModelSource
-from trainables.models.validator import sample_batch, wrap_checked
 
 MODULE = """\
 from collections import OrderedDict
@@ -202,12 +201,12 @@ def test_config_check_and_one_epoch_train_with_fix(
     assert privacy["method_record"]["model_fixes"] == [FIXED]
     spec = json.loads((out / "trials/trial-000/spec.json").read_text())
     assert spec["user_model"]["fix"] is True
-    from orchestrator.trial.plan import config_from_spec
+    from dpsweep.orchestrator.trial.plan import config_from_spec
 
     assert config_from_spec(spec).model.fix is True  # what pick writes to retrain it
     release = tmp_path / "release"
     assert main(["export", str(out), "--trial", "trial-000", "--out", str(release)]) == 0
-    from orchestrator.release.model_card import fresh_model
+    from dpsweep.orchestrator.release.model_card import fresh_model
 
     info = json.loads((release / "model.json").read_text())
     assert info["model_source"]["fix"] is True

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from core.errors import UserInputError
-from trainables.dp.optim import Update
+from dpsweep.core.errors import UserInputError
+from dpsweep.trainables.dp.optim import Update
 
 STEPS = 6
 

@@ -12,14 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from dpsweep.orchestrator.door import check
+from dpsweep.orchestrator.trial.single import TRIAL_ID, train_single
+from dpsweep.trainables.dp import randomness
+from dpsweep.trainables.dp.randomness import Randomness
+from dpsweep.trainables.training.loop import load_checkpoint_state, load_spec, train_trial
 from scipy import stats
 
-from orchestrator.door import check
-from orchestrator.trial.single import TRIAL_ID, train_single
 from tests.conftest import tiny_config
-from trainables.dp import randomness
-from trainables.dp.randomness import Randomness
-from trainables.training.loop import load_checkpoint_state, load_spec, train_trial
 
 DRAWS = 100_000
 #: |correlation| of 1e5 independent standard normals is below 0.05 with overwhelming

@@ -11,16 +11,15 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
-from trainables.data.splits import load_splits
-from trainables.dp.spectral import (
+from dpsweep.trainables.data.splits import load_splits
+from dpsweep.trainables.dp.spectral import (
     KS_MIN_EIGS,
     eigenvalues,
     fit_tail_exponent,
     layer_matrix,
     weight_tail_exponent,
 )
-from trainables.models.networks import digits_cnn
+from dpsweep.trainables.models.networks import digits_cnn
 
 powerlaw = pytest.importorskip("powerlaw")
 

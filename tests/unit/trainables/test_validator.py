@@ -7,19 +7,18 @@ from collections import OrderedDict
 
 import pytest
 import torch
-from torch import nn
-
-from core.errors import UserInputError
-from trainables.engine.grad_engine import (
+from dpsweep.core.errors import UserInputError
+from dpsweep.trainables.engine.grad_engine import (
     BLOCK_EXACT_PATH,
     ENGINE_PATH,
     WHOLE_EXACT_PATH,
     GradEngine,
 )
-from trainables.models.assemble import build_network
-from trainables.models.source import ModelSource, source_of_callable
-from trainables.models.trainable import trainable_layers
-from trainables.models.validator import sample_batch, wrap_checked
+from dpsweep.trainables.models.assemble import build_network
+from dpsweep.trainables.models.source import ModelSource, source_of_callable
+from dpsweep.trainables.models.trainable import trainable_layers
+from dpsweep.trainables.models.validator import sample_batch, wrap_checked
+from torch import nn
 
 IMAGE = sample_batch(input_shape=(1, 8, 8), tokens=False, rows=4)
 #: The factory reference every refusal shows as ``model.factory``'s value.

@@ -5,7 +5,7 @@ demo's phases, Ray's overhead, a two-node cluster, kill -9 / resume and the chao
 Each table is built from one committed ``bench/results/<name>.json`` (written by
 ``bench.<name>``), so a figure on the page is always one a committed file holds; with several
 rounds a table shows the median and the spread (min-max), never the best run.
-``orchestrator.docgen`` owns the blocks and checks them; this module only formats.
+``bench.docgen`` owns the blocks and checks them; this module only formats.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-RESULTS_DIR = Path(__file__).resolve().parent.parent / "bench" / "results"
+RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
 ACCOUNTANT_TIME = "accountant_time"
 DEMO_PHASES = "demo_phases"
 SWEEP_OVERHEAD = "sweep_overhead"

@@ -4,12 +4,12 @@ training, how strong each plan is, and the frozen-backbone recipe run with ``dps
 The tables are built from the committed ``bench/results/audit_cost.json``
 (``bench.audit_cost``), ``audit_strength.json`` and ``frozen_run.json``; ratios are medians
 of per-round ratios of interleaved rounds with their interquartile range, never a best run.
-``orchestrator.docgen`` owns the blocks and checks them; this module only formats.
+``bench.docgen`` owns the blocks and checks them; this module only formats.
 """
 
 from __future__ import annotations
 
-from orchestrator.docgen_runs import load_results, missing_results
+from bench.docgen.runs import load_results, missing_results
 
 AUDIT_COST = "audit_cost"
 AUDIT_STRENGTH = "audit_strength"

@@ -3,13 +3,13 @@ time, and what secure randomness costs against secret.
 
 Each table is built from one committed ``bench/results/<name>.json`` (``bench.overclip``,
 ``bench.versus``, ``bench.secure_cost``); ratios are medians of interleaved per-round ratios
-with their interquartile range, never a best run. ``orchestrator.docgen`` owns the blocks and
+with their interquartile range, never a best run. ``bench.docgen`` owns the blocks and
 checks them; this module only formats.
 """
 
 from __future__ import annotations
 
-from orchestrator.docgen_runs import load_results, missing_results
+from bench.docgen.runs import load_results, missing_results
 
 OVERCLIP = "overclip"
 #: The step of the certified engine against the commit before it (``bench.versus --name``).

@@ -6,8 +6,8 @@ sweeps build them (``search_spaces.build_space``, ``search_spaces.searched_param
 config's declarations (``orchestrator/config/``), the built-in datasets' sizes, the results
 schema (``reports/store.py``) and the committed benchmark results (``bench/results/*.json``,
 written by the ``bench`` modules; the whole-run tables are formatted in
-``orchestrator.docgen_runs``), so they cannot drift from the code or the measurements:
-``python -m orchestrator.docgen`` rewrites the marked blocks, and a test fails when a committed
+``bench.docgen.runs``), so they cannot drift from the code or the measurements:
+``python -m bench.docgen`` rewrites the marked blocks, and a test fails when a committed
 file differs from what this module generates.
 """
 
@@ -18,25 +18,24 @@ import json
 import math
 import re
 import statistics
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import tomli_w
+from dpsweep.core.datasets import DATASET_NAMES, INPUT_SHAPES, POOLS
+from dpsweep.core.modes import INVALID_TAG
+from dpsweep.core.vocabulary import SPLIT_NAMES
+from dpsweep.orchestrator.config import SECTIONS, field_param
+from dpsweep.orchestrator.sweep.commands import DEMO_SIZES
+from dpsweep.reports.store import COLUMNS
+from dpsweep.search_spaces import SPACES, STEP, build_space, searched_params
+from dpsweep.trainables.data.splits import DEFAULT_SIZES
+from dpsweep.trainables.methods import METHODS
 
-from core.datasets import DATASET_NAMES, INPUT_SHAPES, POOLS
-from core.modes import INVALID_TAG
-from core.vocabulary import SPLIT_NAMES
-from orchestrator import docgen_audit, docgen_privacy, docgen_runs
-from orchestrator.config import SECTIONS, field_param
-from orchestrator.sweep.commands import DEMO_SIZES
-from reports.store import COLUMNS
-from search_spaces import SPACES, STEP, build_space, searched_params
-from trainables.data.splits import DEFAULT_SIZES
-from trainables.methods import METHODS
+from bench.docgen import audit, privacy, runs
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 #: (file, block name) pairs this module owns.
 BLOCKS = (("README.md", "methods"), ("README.md", "fmnist_headline"),
           ("docs/methods.md", "methods"), ("docs/methods.md", "hyperparameters"),
@@ -519,8 +518,8 @@ GENERATORS = {"methods": methods_table, "hyperparameters": hyperparameter_tables
               "step_time": step_time_table, "methods_time": methods_time_table,
               "gpu_steps": gpu_steps_table, "gpu_trials": gpu_trials_table,
               "epoch_time": epoch_time_table, "canary_digits": canary_digits_table,
-              "search_ranges": search_ranges_table, **docgen_runs.GENERATORS,
-              **docgen_privacy.GENERATORS, **docgen_audit.GENERATORS}
+              "search_ranges": search_ranges_table, **runs.GENERATORS,
+              **privacy.GENERATORS, **audit.GENERATORS}
 
 
 def _pattern(block: str) -> re.Pattern[str]:
@@ -553,6 +552,3 @@ def main() -> int:
     print("regenerated: " + ", ".join(f"{rel} [{b}]" for rel, b in BLOCKS))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())
