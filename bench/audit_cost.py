@@ -12,9 +12,9 @@ interleaved, shuffled rounds (``bench.harness.interleaved``, one torch thread):
   model computes its own frozen prefix, references start from their own seeded parameters,
   gradient norms come from a float64 copy of each model, the signals take a separate forward
   for the logits, the probes and the shadow classifier each run their own forward, and their
-  fits use every BLAS thread): the audit before the savings, measured in the same run. Token ids reaching the float64 signals as
-  integers is a fix, not a saving, so it holds in both (the audit of a token model failed
-  before it).
+  fits use every BLAS thread): the audit before the savings, measured in the same run. Token
+  ids reaching the float64 signals as integers is a fix, not a saving, so it holds in both
+  (the audit of a token model failed before it).
 
 Reported per recipe: the median and interquartile range of the per-round ratios audit / train
 for both audits (and the seconds). Recipes (``RECIPES``): ``cnn28`` on Fashion-MNIST (digits
