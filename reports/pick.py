@@ -55,6 +55,11 @@ from dpsweep.reports.pareto import (
 
 #: Front trials named when nothing qualifies.
 CLOSEST = 3
+#: The attack bound the report recommends at and the README's example uses. ``max_peak_mia``
+#: bounds the *upper* end of the peak's simultaneous interval: at the demo's audit size (300
+#: non-members) that end lies at 0.59-0.66 even for peaks inside the chance band, so a bound
+#: below it refuses every trial whatever it leaks.
+SUGGESTED_MAX_PEAK_MIA = 0.7
 REPLAYABLE_TAG = "replayable: not releasable"
 TIE_RULE = ("trials whose validation-accuracy intervals overlap the chosen one's are ties; the "
             "highest validation accuracy (point estimate) is returned, then the lower peak MIA "

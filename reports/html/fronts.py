@@ -49,7 +49,7 @@ from dpsweep.reports.pareto import (
 from dpsweep.reports.store import DEGENERATE_MARGIN
 
 
-def _chance_halfwidth(points: pd.DataFrame) -> float:
+def chance_halfwidth(points: pd.DataFrame) -> float:
     """Median upper half-width of the peak-MIA intervals: peaks inside 0.5 +- this are
     indistinguishable from guessing at the audit's sample size."""
     widths = (points[MIA_HI] - points[MIA]).to_numpy(dtype=float)
@@ -157,7 +157,7 @@ def front_section(data: RunData, *, front_list: Sequence[Front], pool: pd.DataFr
         overall = next(f for f in here if f.kind == KIND_ALL)
         study_fronts = {f.series: set(f.trial_ids) for f in here if f.kind == KIND_STUDY}
         deltas = sorted({float(d) for d in at["delta"] if math.isfinite(as_float(d))})
-        half = _chance_halfwidth(at)
+        half = chance_halfwidth(at)
         tag = eps_tag(target)
         png = plots.front_plot(at, study_fronts=study_fronts, overall=overall.trials,
                                target_epsilon=target, delta=deltas[0] if deltas else math.nan,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -219,7 +220,32 @@ def tuning_statement(*, summary: dict[str, Any], trials: int,
             "random number of trials, a DP selection score and release of the selected model "
             "only (<code>tuning = \"private\"</code>). <b>Adaptive hyperparameter search over "
             "private metrics is not covered by the per-trial epsilon.</b></p>")
-    return head + (f"<p>Recorded statement: {esc(statement)}</p>" if statement else "")
+    return head + _recorded(tuning, statement)
+
+
+def _sentences(text: str) -> list[str]:
+    return [s for s in re.split(r"(?<=\.)\s+", text.strip()) if s]
+
+
+def _recorded(tuning: dict[str, Any], statement: str) -> str:
+    """summary.json's statement, folded, each sentence once: the per-target statements repeat
+    each other but for their numbers, so after the first target only what differs is shown."""
+    by_target = [(key, str(v.get("statement") or "")) for key, v in
+                 sorted((tuning.get("by_target") or {}).items(), key=lambda kv: as_float(kv[0]))
+                 if isinstance(v, dict) and v.get("statement")]
+    if len(by_target) < 2:
+        if not statement:
+            return ""
+        body = f"<p>{esc(statement)}</p>"
+    else:
+        first = _sentences(by_target[0][1])
+        body = f"<p>ε = {esc(by_target[0][0])}: {esc(' '.join(first))}</p>"
+        for key, text in by_target[1:]:
+            changed = [s for s in _sentences(text) if s not in first]
+            body += (f"<p>ε = {esc(key)}: the same, except: {esc(' '.join(changed))}</p>"
+                     if changed else f"<p>ε = {esc(key)}: the same.</p>")
+    return ("<details><summary>The statement the run recorded (summary.json), in full"
+            f"</summary>{body}</details>")
 
 
 def _attack_seen(tuning: dict[str, Any]) -> bool | None:

@@ -32,6 +32,7 @@ from dpsweep.reports.html.fronts import (
     trials_frame,
 )
 from dpsweep.reports.html.overview import glance, header_section, tuning_statement
+from dpsweep.reports.html.recommend import recommend_section
 from dpsweep.reports.html.records import RunData, load_run, read_records
 from dpsweep.reports.html.training import (
     curves_section,
@@ -88,10 +89,16 @@ details summary{cursor:pointer;color:#2a5db0}
 .hp{display:inline-block;min-width:14em;max-width:22em;font-size:.86em;color:#333}
 table.fronttable td:nth-child(4){white-space:nowrap}
 ul.files{columns:4 14em;padding-left:1.2em}
+.decision{background:#eefbea;border-left:4px solid #2e7d32;padding:4px 14px}
+.decision .verdict{font-size:1.15em}
+details.fold>summary{list-style:none}
+details.fold>summary h2{display:inline-block;margin:.9em 0 .2em}
+details.fold>summary::before{content:"▸ ";color:#2a5db0}
+details.fold[open]>summary::before{content:"▾ "}
 """
 
 
-_SECTIONS = (("run", "Run"), ("tuning", "Privacy cost of tuning"),
+_SECTIONS = (("recommend", "Recommendation"), ("run", "Run"), ("tuning", "Privacy cost of tuning"),
              ("fronts", "Pareto fronts"), ("hypervolume", "Hypervolume"),
              ("excluded", "Kept off the fronts"), ("leakage", "Leakage per series"),
              ("heatmap", "Per-layer × attack MIA"), ("curves", "Validation curves"),
@@ -102,6 +109,9 @@ _SECTIONS = (("run", "Run"), ("tuning", "Privacy cost of tuning"),
              ("coverage", "What epsilon covers"), ("files", "Files"))
 #: The section the methods' own series follow (``reports.series``), one section per method.
 _SERIES_AFTER = "roc"
+#: The sections shown open: the decision and what it rests on; every later one is folded
+#: (``<details>``), so the page opens on the choice rather than 16,000 px of evidence.
+_OPEN = frozenset({"recommend", "run", "tuning", "fronts"})
 
 
 def _section_names(declared: Mapping[str, LoggedSeries]) -> list[tuple[str, str]]:
@@ -122,8 +132,12 @@ def _page(*, title: str, stamp: str, sections: dict[str, str],
              f"<nav>{nav}</nav>"]
     for key, name in names:
         cls = ' class="privacy"' if key == "tuning" else ""
-        parts.append(f'<section id="{key}"{cls}><h2>{esc(name)}</h2>\n{sections[key]}\n'
-                     "</section>")
+        if key in _OPEN:
+            parts.append(f'<section id="{key}"{cls}><h2>{esc(name)}</h2>\n{sections[key]}\n'
+                         "</section>")
+        else:
+            parts.append(f'<details id="{key}" class="fold"><summary><h2>{esc(name)}</h2>'
+                         f"</summary>\n{sections[key]}\n</details>")
     parts += ["</body>", "</html>", ""]
     return "\n".join(parts)
 
@@ -182,6 +196,7 @@ def _build_into(data: RunData, *, out: Path, series: Mapping[str, LoggedSeries])
     records = read_records(data, trial_ids=(t for f in front_list for t in f.trial_ids))
     csvs: dict[str, pd.DataFrame] = {}
     sections = {
+        "recommend": recommend_section(data),
         "run": header_section(data) + glance(data, front_list),
         "tuning": tuning_statement(summary=info.summary, trials=len(data.frame),
                                    config=info.config),
