@@ -67,9 +67,10 @@ def from_dict(raw: Mapping[str, Any], *, base_dir: str | Path | None = None,
     return check(cfg, machine=machine, data=True).config
 
 
-def run(cfg: Config, *, out: str | Path, address: str | None = None, quiet: bool = True,
+def run(cfg: Config, *, out: str | Path, address: str | None = None, quiet: bool = False,
         model: Callable[..., Any] | None = None) -> SweepSummary:
-    """Run a sweep into the new directory ``out`` (local Ray on loopback, or ``address``).
+    """Run a sweep into the new directory ``out`` (local Ray on loopback, or ``address``),
+    showing its progress as ``dpsweep run`` does (``quiet=True``: nothing, as ``--quiet``).
 
     ``model`` is your network's factory, called as ``model(input_shape=..., num_classes=...,
     **cfg.model.args)``; it must be defined at the top level of a module file, since workers,
@@ -102,7 +103,7 @@ def _with_model(raw: Mapping[str, Any], model: Callable[..., Any]) -> dict[str, 
                              "code_dir": source.code_dir}}
 
 
-def resume(run_dir: str | Path, *, address: str | None = None, quiet: bool = True,
+def resume(run_dir: str | Path, *, address: str | None = None, quiet: bool = False,
            retry_failed: bool = False) -> SweepSummary:
     """Continue an interrupted sweep; finished trials are kept (``retry_failed``: failed
     trials and re-runs are trained again; refused under private tuning)."""
@@ -113,7 +114,7 @@ def resume(run_dir: str | Path, *, address: str | None = None, quiet: bool = Tru
 
 
 def reaudit(run_dir: str | Path, *, trials: Sequence[str] = (), every: bool = False,
-            address: str | None = None, quiet: bool = True) -> ReauditSummary:
+            address: str | None = None, quiet: bool = False) -> ReauditSummary:
     """Run the membership audit again, without training, for the finished trials whose audit
     failed or is missing (``dpsweep reaudit``): those the sweep's audit covers, or ``trials``,
     or with ``every`` every finished trial without an audit. An audit that stands is never run

@@ -512,15 +512,16 @@ def audit_trial_model(*, spec: TrialSpec, checkpoint: Path, data: DataSplits,
 
 
 def audit_in_trial(*, spec: TrialSpec, result: TrialResult, trial_dir: Path,
-                   config: Mapping[str, Any], data: DataSplits) -> dict[str, Any]:
+                   config: Mapping[str, Any], data: DataSplits,
+                   progress: Progress | None = None) -> dict[str, Any]:
     """The trial runner's audit hook: audit_scores.npz and audit.json written, the objectives
-    returned."""
+    returned; ``progress`` as :func:`audit_model`'s."""
     del result
     settings = AuditSettings.from_config(config["audit"])
     budgets = budgets_from_config(config["audit"].get("budgets", {}))
     record = audit_trial_model(spec=spec, checkpoint=Path(trial_dir) / CHECKPOINT_DIR,
                                data=data, settings=settings, budgets=budgets,
-                               **trial_audit_paths(Path(trial_dir)))
+                               progress=progress, **trial_audit_paths(Path(trial_dir)))
     atomic_write_json(Path(trial_dir) / layout.AUDIT, record)
     # no scored cell: no peak (NaN, which the searcher reads as a trial without objectives);
     # audit.json says why

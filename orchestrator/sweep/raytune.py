@@ -37,7 +37,7 @@ from dpsweep.orchestrator.sweep.studies import (
     Tally,
     read_outcome,
 )
-from dpsweep.orchestrator.trial.runner import execute, use_data_pool
+from dpsweep.orchestrator.trial.runner import PHASE_KEY, STARTING, execute, use_data_pool
 from optuna.trial import TrialState
 from ray import tune
 from ray.tune import ProgressReporter, Stopper
@@ -104,7 +104,10 @@ class SweepSearcher(Searcher):
                  on_outcome: Callable[..., None], trials_root: Path,
                  jobs: dict[str, dict[str, Any]] | None = None,
                  on_job_done: Callable[[str, dict | None], None] | None = None,
+                 on_phase: Callable[[str, dict | None], None] | None = None,
                  ) -> None:
+        """``on_phase(trial id, report)`` hears each running trial's phase reports
+        (``runner.PHASE_KEY``) and ``None`` when it ends."""
         super().__init__()
         self._plans = plans
         self._studies = studies
@@ -114,6 +117,7 @@ class SweepSearcher(Searcher):
         self._trials_root = trials_root
         self._jobs = dict(jobs or {})
         self._on_job_done = on_job_done
+        self._on_phase = on_phase
         self._live_jobs: dict[str, str] = {}
         self._live: dict[str, tuple[StudyPlan, Any, str]] = {}
         self._started: dict[str, int] = {p.name: 0 for p in plans}
@@ -187,8 +191,17 @@ class SweepSearcher(Searcher):
                 self._finish(plan, ot, tid, Outcome(FAILED, {}, describe(exc)))
                 continue
             self._live[trial_id] = (plan, ot, tid)
+            if self._on_phase is not None:
+                self._on_phase(tid, {PHASE_KEY: STARTING})
             return config
         return None if self._live or self._live_jobs else Searcher.FINISHED
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        """A running trial's report: its phase goes to ``on_phase`` (shown, never stored)."""
+        with self._lock:
+            entry = self._live.get(trial_id)
+            if entry is not None and self._on_phase is not None and PHASE_KEY in result:
+                self._on_phase(entry[2], result)
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None,
                           error: bool = False) -> None:
@@ -208,6 +221,8 @@ class SweepSearcher(Searcher):
         if entry is None:
             return
         plan, ot, tid = entry
+        if self._on_phase is not None:
+            self._on_phase(tid, None)
         outcome = read_outcome(self._trials_root / tid)
         if result and result.get(DISK_FULL_KEY) and outcome.status == INTERRUPTED \
                 and not outcome.error:  # the disk took no error.json: the report says why

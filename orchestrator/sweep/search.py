@@ -205,7 +205,8 @@ class SweepSearch:
         searcher = raytune.SweepSearcher(
             plans=list(context.plans), studies=studies, tallies=tallies,
             make_config=self._configs.config, on_outcome=self._records.record,
-            trials_root=context.run.path / layout.TRIALS, jobs=jobs, on_job_done=job_done)
+            trials_root=context.run.path / layout.TRIALS, jobs=jobs, on_job_done=job_done,
+            on_phase=self._progress.phase)
         tuner = raytune.make_tuner(
             searcher, flag, cfg=context.cfg, tune_dir=context.run.tune_dir,
             data=data_pool(context.setup),
@@ -219,7 +220,7 @@ class SweepSearch:
         disk) stops the running trials and is raised once Tune has returned."""
         with progress(total=total, desc="trials", quiet=self._progress.quiet) as bar:
             try:
-                with self._progress.showing(bar, counts_records=True):
+                with self._progress.showing(bar, counts_records=True, total=total):
                     flag.in_tune = True
                     try:
                         tuner.fit()

@@ -18,17 +18,19 @@ from dpsweep.core.trial import Calibration
 from dpsweep.orchestrator.accounting.tuning.private import PrivateTuningPlan
 from dpsweep.orchestrator.config import Config
 from dpsweep.orchestrator.rundir import RunDir
-from dpsweep.orchestrator.sweep.progress import progress
+from dpsweep.orchestrator.sweep.progress import LiveTrials, progress
 from dpsweep.orchestrator.sweep.studies import StudyPlan
 from dpsweep.orchestrator.trial.setup import ResolvedSetup
 
 
 class Bar(Protocol):
-    """What ``progress.progress`` yields (a tqdm bar, or one that shows nothing)."""
+    """What ``progress.progress`` yields (a tqdm bar, plain lines, or nothing)."""
 
     def update(self, n: int = 1) -> object: ...
 
     def write(self, text: str) -> None: ...
+
+    def show(self, *, line: str | None, summary: str) -> None: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +67,8 @@ class SweepContext:
 
 class SweepProgress:
     """The progress bar on screen (the search's, then the after-search jobs') and when the
-    attempt started: a recorded trial's line goes above whichever bar is up."""
+    attempt started: a recorded trial's line goes above whichever bar is up; the search's bar
+    shows the running trials' phases and the ETA (``progress.LiveTrials``)."""
 
     def __init__(self, *, quiet: bool, started: float | None = None) -> None:
         self.quiet = quiet
@@ -73,22 +76,32 @@ class SweepProgress:
         self._bar: Bar | None = None
         #: Whether a recorded trial advances the bar (the search's; a job advances its own).
         self._counts_records = True
+        self._live: LiveTrials | None = None
 
     @contextmanager
     def bar(self, *, total: int, desc: str, counts_records: bool) -> Iterator[Bar]:
         """A bar (``progress.progress``) that the lines of this block are written above."""
         with progress(total=total, desc=desc, quiet=self.quiet) as bar, \
-                self.showing(bar, counts_records=counts_records):
+                self.showing(bar, counts_records=counts_records, total=total):
             yield bar
 
+    def phase(self, trial_id: str, report: dict | None) -> None:
+        """A running trial's phase report (None: it ended), shown on the search's bar."""
+        if self._live is None or self._bar is None:
+            return
+        line = self._live.update(trial_id, report)
+        self._bar.show(line=line, summary=self._live.summary())
+
     @contextmanager
-    def showing(self, bar: Bar, *, counts_records: bool) -> Iterator[None]:
-        """Lines go above ``bar`` inside the block, printed plainly after it."""
+    def showing(self, bar: Bar, *, counts_records: bool, total: int = 0) -> Iterator[None]:
+        """Lines go above ``bar`` inside the block, printed plainly after it; the search's bar
+        (``counts_records``, of ``total`` trials) also shows the running trials' phases."""
         self._bar, self._counts_records = bar, counts_records
+        self._live = LiveTrials(total=total) if counts_records else None
         try:
             yield
         finally:
-            self._bar, self._counts_records = None, True
+            self._bar, self._counts_records, self._live = None, True, None
 
     def record_line(self, line: str) -> None:
         """A recorded trial's line: above the bar (which it advances in the search), else
@@ -99,6 +112,8 @@ class SweepProgress:
         self._bar.write(line)
         if self._counts_records:
             self._bar.update(1)
+            if self._live is not None:
+                self._live.done += 1
 
     def job_line(self, line: str) -> None:
         """An after-search job's line, shown above a bar only (a job recovered from disk

@@ -15,7 +15,9 @@ once per sweep. """
 from __future__ import annotations
 
 import contextlib
+import math
 import os
+import re
 import sys
 import time
 import traceback
@@ -52,6 +54,17 @@ PROVISIONAL = (layout.SPEC, layout.HISTORY, layout.PRIVACY, layout.AUDIT)
 #: reports' numbers (the records are the trial's own files); they let Tune stop a trial at the
 #: next one, which still comes within a second or one epoch.
 REPORT_INTERVAL_S = 1.0
+#: The phases a trial reports while it runs (``PHASE_KEY``), which the driver shows (a trial is
+#: starting from when the searcher hands it out): training
+#: (with ``epoch``/``epochs`` and the last ``val_accuracy``), then, when it audits itself, its
+#: references (``reference``/``references``) and the scoring. Nothing else travels with them:
+#: epoch numbers and validation accuracy are what the results store already declares.
+PHASE_KEY = "phase"
+STARTING, TRAINING, AUDIT, SCORING = "starting", "training", "audit", "scoring"
+#: The audit's progress lines that name its references: "N references" in its plan's line,
+#: "reference k/K" per reference (``orchestrator.audit.membership.audit_model``).
+AUDIT_PLAN_LINE = re.compile(r"(\d+) references")
+AUDIT_REFERENCE_LINE = re.compile(r"reference (\d+)/(\d+)")
 
 
 def resumable_checkpoint(trial_dir: Path, spec: TrialSpec) -> Path | None:
@@ -85,7 +98,7 @@ def execute(config: dict[str, Any], *,
         spec = load_spec(config["spec"])
         data = load_trial_data(spec)
 
-        last_report = time.perf_counter()
+        last_report = -math.inf  # the first epoch is always shown
         history: list[dict[str, Any]] = []
 
         def per_epoch(metrics: dict[str, Any], _ckpt: Path | None) -> None:
@@ -95,7 +108,8 @@ def execute(config: dict[str, Any], *,
                 ask_board(config["pruning"], trial_id=spec.trial_id, epoch=metrics["epoch"],
                           value=metrics["val_accuracy"])
             if report is not None and time.perf_counter() - last_report >= REPORT_INTERVAL_S:
-                report({"epoch": metrics["epoch"], "val_accuracy": metrics["val_accuracy"]})
+                report({PHASE_KEY: TRAINING, "epoch": metrics["epoch"], "epochs": spec.epochs,
+                        "val_accuracy": metrics["val_accuracy"]})
                 last_report = time.perf_counter()
 
         try:
@@ -125,7 +139,8 @@ def execute(config: dict[str, Any], *,
             audit_started = time.perf_counter()
             try:
                 record.update(audit(spec=spec, result=result, trial_dir=trial_dir,
-                                    config=config, data=data))
+                                    config=config, data=data,
+                                    progress=None if report is None else audit_phases(report)))
             except Exception as exc:  # the trained model is kept; the audit's failure noted
                 if disk_full(exc) is not None:
                     raise  # not the audit's failure: the trial runs again
@@ -138,6 +153,30 @@ def execute(config: dict[str, Any], *,
     except Exception as exc:
         _record_failure(trial_dir, config, exc)
         raise
+
+
+def audit_phases(report: Callable[[dict[str, Any]], None]) -> Callable[[str], None]:
+    """The audit's progress lines as phase reports: each reference as it ends (at most one
+    per ``REPORT_INTERVAL_S``, the first and the last always), then the scoring."""
+    last = -math.inf
+
+    def progress(line: str) -> None:
+        nonlocal last
+        planned, done = AUDIT_PLAN_LINE.search(line), AUDIT_REFERENCE_LINE.search(line)
+        if done is not None:
+            k, n = int(done.group(1)), int(done.group(2))
+            if k < n and time.perf_counter() - last < REPORT_INTERVAL_S:
+                return
+            phase = {PHASE_KEY: AUDIT, "reference": k, "references": n} if k < n \
+                else {PHASE_KEY: SCORING}
+        elif planned is not None and "reference " not in line:
+            phase = {PHASE_KEY: AUDIT, "reference": 0, "references": int(planned.group(1))}
+        else:
+            return
+        report(phase)
+        last = time.perf_counter()
+
+    return progress
 
 
 def _record_failure(trial_dir: Path, config: dict[str, Any], exc: Exception) -> None:

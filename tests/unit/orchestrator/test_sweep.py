@@ -320,6 +320,22 @@ def test_searcher_runs_studies_in_order_and_records_every_outcome(
     assert [s for _, s in _states(auto_s)] == ["FAIL", "COMPLETE", "COMPLETE"]
 
 
+def test_searcher_passes_each_running_trials_phase_on_by_its_own_id(
+        storage: Any, tmp_path: Path) -> None:
+    searcher, *_ = _searcher(storage, tmp_path)
+    heard: list[tuple[str, dict | None]] = []
+    searcher._on_phase = lambda tid, report: heard.append((tid, report))
+    searcher.suggest("tune1")
+    searcher.on_trial_result("tune1", {"phase": "training", "epoch": 1})
+    searcher.on_trial_result("tune1", {"epoch": 1})  # no phase: Tune's own bookkeeping
+    searcher.on_trial_result("elsewhere", {"phase": "training"})  # not a live trial
+    _result(tmp_path, "dpsgd_eps3-000", val_accuracy=0.8)
+    searcher.on_trial_complete("tune1")
+    assert heard == [("dpsgd_eps3-000", {"phase": "starting"}),
+                     ("dpsgd_eps3-000", {"phase": "training", "epoch": 1}),
+                     ("dpsgd_eps3-000", None)]
+
+
 def test_searcher_interrupt_fails_and_reenqueues_live_trials(storage: Any,
                                                               tmp_path: Path) -> None:
     searcher, rec, studies, _ = _searcher(storage, tmp_path)
@@ -384,10 +400,11 @@ def test_a_trial_reports_fast_epochs_to_tune_sparingly_and_slow_ones_each(
                                       report=reports.append)
         assert record["status"] == "ok"
         epochs[interval] = [r["epoch"] for r in reports]
-        assert all(0.0 <= r["val_accuracy"] <= 1.0 for r in reports)
+        assert all(0.0 <= r["val_accuracy"] <= 1.0 and r["phase"] == "training"
+                   and r["epochs"] == 4 for r in reports)
     assert epochs[0.0] == [1, 2, 3, 4]
     fast = epochs[default]
-    assert len(fast) < 4 and set(fast) <= {1, 2, 3, 4}
+    assert len(fast) < 4 and fast[0] == 1 and set(fast) <= {1, 2, 3, 4}  # the first is shown
 
 
 # ---- signals ---------------------------------------------------------------------------------

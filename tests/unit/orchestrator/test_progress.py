@@ -1,0 +1,112 @@
+"""What a sweep shows while it runs (``orchestrator.sweep.progress``): each running trial's
+phase, the ETA from measured epochs and references, plain lines off a terminal, and the trial
+runner's audit lines turned into phase reports."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from dpsweep.orchestrator.sweep import progress as progress_mod
+from dpsweep.orchestrator.sweep.progress import LiveTrials, duration
+from dpsweep.orchestrator.sweep.state import SweepProgress
+from dpsweep.orchestrator.trial import runner
+from dpsweep.orchestrator.trial.runner import AUDIT, PHASE_KEY, SCORING, STARTING, TRAINING
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _epoch(k: int, of: int = 10, acc: float = 0.5) -> dict[str, Any]:
+    return {PHASE_KEY: TRAINING, "epoch": k, "epochs": of, "val_accuracy": acc}
+
+
+def test_eta_comes_from_the_trials_own_epochs_then_the_finished_trials() -> None:
+    clock = Clock()
+    live = LiveTrials(total=4, clock=clock)
+    for tid in ("a", "b"):
+        assert live.update(tid, {PHASE_KEY: STARTING}) is None  # nothing measured: no line
+    assert live.eta() is None
+    clock.now = 10.0
+    line = live.update("a", _epoch(1, acc=0.25))
+    assert line == "trial a: training epoch 1/10, val accuracy 0.250 (ETA ?)"  # b unmeasured
+    live.update("b", _epoch(1))
+    # each at 10 s an epoch, 9 to go; 2 pending as long as the running ones (100 s), 2 wide
+    assert live.eta() == pytest.approx((90 + 90 + 2 * 100) / 2)
+    clock.now = 100.0
+    live.update("a", None)  # a ended after 100 s: pending trials take as long
+    live.done += 1
+    assert live.eta() == pytest.approx((0 + 2 * 100) / 2)  # b's epochs are overdue: 0 left
+
+
+def test_audit_time_is_the_references_pace_then_the_finished_audits() -> None:
+    clock = Clock()
+    live = LiveTrials(total=1, clock=clock)
+    live.update("a", {PHASE_KEY: STARTING})
+    clock.now = 5.0
+    assert live.update("a", {PHASE_KEY: AUDIT, "reference": 0, "references": 8}) \
+        == "trial a: audit reference 0/8 (ETA ?)"
+    clock.now = 9.0
+    live.update("a", {PHASE_KEY: AUDIT, "reference": 2, "references": 8})
+    assert live.eta() == pytest.approx(6 * 2.0)
+    assert "a audit reference 2/8" in live.summary()
+    clock.now = 30.0
+    assert live.update("a", {PHASE_KEY: SCORING}) == "trial a: audit scoring (ETA 0s)"
+
+
+def test_plain_lines_are_rate_limited_within_a_phase_but_not_across() -> None:
+    clock = Clock()
+    live = LiveTrials(total=1, clock=clock)
+    live.update("a", {PHASE_KEY: STARTING})
+    clock.now = 1.0
+    assert live.update("a", _epoch(1)) is not None
+    clock.now = 2.0
+    assert live.update("a", _epoch(2)) is None  # same phase within PLAIN_INTERVAL_S
+    assert live.update("a", {PHASE_KEY: AUDIT, "reference": 0, "references": 4}) is not None
+    clock.now = 2.0 + progress_mod.PLAIN_INTERVAL_S
+    assert live.update("a", {PHASE_KEY: AUDIT, "reference": 3, "references": 4}) is not None
+
+
+def test_durations_read_at_a_glance() -> None:
+    assert [duration(s) for s in (None, 12.4, 250, 3725)] == ["?", "12s", "4m10s", "1h02m"]
+
+
+def test_off_a_terminal_the_sweep_prints_phase_lines(capsys: pytest.CaptureFixture) -> None:
+    shown = SweepProgress(quiet=False)
+    with shown.bar(total=2, desc="trials", counts_records=True):
+        shown.phase("t0", {PHASE_KEY: STARTING})
+        shown.phase("t0", _epoch(1, of=3, acc=0.75))
+        shown.record_line("t0 done")
+    out, err = capsys.readouterr()
+    assert out == "t0 done\n"
+    assert err.startswith("trial t0: training epoch 1/3, val accuracy 0.750 (ETA ")
+    quiet = SweepProgress(quiet=True)
+    with quiet.bar(total=2, desc="trials", counts_records=True):
+        quiet.phase("t0", _epoch(1))
+    assert capsys.readouterr() == ("", "")
+
+
+def test_the_audit_lines_become_phase_reports(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lines ``orchestrator.audit.membership.audit_model`` says (its format, verbatim)."""
+    reports: list[dict[str, Any]] = []
+    say = runner.audit_phases(reports.append)
+    monkeypatch.setattr(runner, "REPORT_INTERVAL_S", 0.0)
+    for line in ("audit: offline plan, 3 references, 150 candidates",
+                 "audit: reference 1/3 trained in 0.4 s, test accuracy 0.812",
+                 "audit: reference 2/3 loaded from the cache, test accuracy 0.800",
+                 "audit: reference 3/3 trained in 0.4 s, test accuracy 0.790",
+                 "audit: 40 attacks scored, 2 excluded in 1.0 s (references 1.2 s)"):
+        say(line)
+    assert reports == [{PHASE_KEY: AUDIT, "reference": k, "references": 3} for k in (0, 1, 2)] \
+        + [{PHASE_KEY: SCORING}]
+    monkeypatch.setattr(runner, "REPORT_INTERVAL_S", 3600.0)
+    reports.clear()
+    say = runner.audit_phases(reports.append)
+    for k in (1, 2, 3):
+        say(f"audit: reference {k}/3 trained in 0.4 s, test accuracy 0.8")
+    assert reports == [{PHASE_KEY: AUDIT, "reference": 1, "references": 3}, {PHASE_KEY: SCORING}]
