@@ -202,6 +202,9 @@ def _add_run(sub: Any) -> None:
     r.add_argument("--out", help="new run directory (default runs/CONFIG-TIMESTAMP)")
     r.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or local Ray)")
     r.add_argument("--quiet", action="store_true", help="no progress output (for CI)")
+    r.add_argument("--estimate", action="store_true",
+                   help="time a few real steps of each method and print the sweep's projected "
+                        "cost (steps, audit, wall time, memory); runs no sweep, keeps nothing")
     r.set_defaults(func=cmd_run)
 
 

@@ -21,6 +21,7 @@ from typing import Protocol
 from dpsweep.orchestrator.config import Config
 from dpsweep.orchestrator.door import CheckedSetup, check
 from dpsweep.orchestrator.sweep.driver import resume_sweep, run_sweep
+from dpsweep.orchestrator.sweep.estimate import estimate
 from dpsweep.orchestrator.sweep.signals import Interrupted, ignore_further_signals
 from dpsweep.trainables.methods import METHODS
 
@@ -112,7 +113,11 @@ def demo(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace, *, setup: CheckedSetup) -> int:
     """``dpsweep run CONFIG``; ``setup`` is CONFIG through the door, checked by the command
-    line before this module (and Ray and Optuna with it) was imported."""
+    line before this module (and Ray and Optuna with it) was imported. ``--estimate`` prints
+    the sweep's measured cost (``estimate.estimate``) instead of running it."""
+    if args.estimate:  # measured here; no run directory, nothing kept
+        print("\n".join(estimate(setup).lines()), flush=True)
+        return 0
     out = out_dir(args, stem=Path(args.config).stem)
     if setup.left_out_line() and not args.quiet:
         print(setup.left_out_line(), flush=True)

@@ -1,0 +1,27 @@
+"""``dpsweep run --estimate``'s arithmetic (``orchestrator.sweep.estimate``): measured per-trial
+costs multiplied out and spread over the trials that run at once. The measurement itself, against
+a real sweep, is ``tests/system/test_progress_estimate.py``."""
+
+from __future__ import annotations
+
+import pytest
+from dpsweep.orchestrator.sweep.estimate import FIXED_SECONDS, Estimate, SeriesCost
+
+
+def test_trials_steps_and_audits_multiply_out_over_the_concurrency() -> None:
+    cost = SeriesCost(series="dpsgd", trials=3, steps=100, step_s=0.01, setup_s=2.0,
+                      eval_s=0.5, epochs=4, references=8, reference_steps=50,
+                      reference_step_s=0.02, scoring_s=3.0)
+    assert cost.train_seconds() == pytest.approx(2.0 + 1.0 + 2.0)
+    assert cost.audit_seconds() == pytest.approx(8 * 50 * 0.02 + 3.0)
+    audited = Estimate(series=(cost,), width=2, audited=True, peak_bytes=2**30,
+                       peak_what="RSS", device="CPU")
+    assert audited.trial_seconds() == pytest.approx(3 * (5.0 + 11.0))
+    assert audited.wall_seconds() == pytest.approx(FIXED_SECONDS + 48.0 / 2)
+    plain = Estimate(series=(cost,), width=1, audited=False, peak_bytes=2**30,
+                     peak_what="RSS", device="CPU")
+    assert plain.trial_seconds() == pytest.approx(15.0)
+    text = "\n".join(audited.lines())
+    assert "3 trials, 300 DP steps, 24 audit references" in text
+    assert "peak memory per trial: 1024 MiB (RSS)" in text
+    assert "audit" not in "\n".join(plain.lines()[1:2])
