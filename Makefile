@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.dpsweep-installed
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 
-.PHONY: install demo test test-fast lint data bench clean
+.PHONY: install demo test test-fast lint data chromium bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,15 @@ data:
 		$(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q dataset-fashion-mnist; \
 	else \
 		echo "no apt-get: fashion-mnist will be downloaded by torchvision on first use"; \
+	fi
+
+# Debian's chromium, for the report's browser test (tests/contract/test_report_chromium.py,
+# which fails in CI without it and skips elsewhere).
+chromium:
+	@if command -v chromium >/dev/null 2>&1; then \
+		echo "chromium: already installed"; \
+	else \
+		$(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium; \
 	fi
 
 # Every benchmark, one after another, each writing bench/results/<name>.json (about 2 hours on

@@ -18,8 +18,6 @@ import matplotlib
 matplotlib.use("Agg")
 
 import numpy as np
-import pandas as pd
-from dpsweep.reports.pareto import ACC, ACC_HI, ACC_LO, MIA, MIA_HI, MIA_LO
 from dpsweep.reports.series import Panel
 from matplotlib.colors import TwoSlopeNorm
 from matplotlib.figure import Figure
@@ -36,6 +34,8 @@ NOT_COVERED_NOTE = ("not covered by epsilon: computed on private data without no
 NOT_COVERED_COLOUR = "#b00020"
 _PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
             "#7f7f7f", "#bcbd22", "#17becf")
+#: A heat map cell's number, in points: 11.8 px at ``DPI`` (the page shows the figure unscaled).
+CELL_PT = 8.5
 #: Most trials in one heat map (further ones are in its CSV).
 MAX_HEAT_ROWS = 16
 
@@ -85,94 +85,6 @@ class Baseline:
     peak_mia: float
 
 
-def _staircase(front: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """The attainment staircase of a front: the best validation accuracy reached at or below
-    each peak MIA. Trials tied within their intervals may sit below it; they keep their error
-    bars, and the staircase stays monotone."""
-    ordered = front.sort_values([MIA, ACC], kind="stable")
-    return ordered[MIA].to_numpy(), np.maximum.accumulate(ordered[ACC].to_numpy())
-
-
-def front_plot(points: pd.DataFrame, *, study_fronts: dict[str, set[str]], overall: pd.DataFrame,
-               target_epsilon: float, delta: float, chance_halfwidth: float,
-               baseline: Baseline | None, path: Path) -> Path:
-    """Peak MIA accuracy (x, lower is better) vs validation accuracy (y, higher is better) at
-    one target: each series' front solid with 95% error bars on both axes and joined, its
-    dominated trials faded; the front over all series as a wide grey band; the chance band
-    0.5 +- the MIA interval half-width; invalid-DP trials as crosses, replayable ones hollow."""
-    colours = series_colours(points["series"].tolist())
-    fig = Figure(figsize=(10.5, 6.2))
-    ax = fig.add_subplot()
-    if math.isfinite(chance_halfwidth):
-        ax.axvspan(0.5 - chance_halfwidth, 0.5 + chance_halfwidth, color="#9e9e9e", alpha=0.18,
-                   zorder=0, label=f"chance band 0.5 ± {chance_halfwidth:.3f}")
-    ax.axvline(0.5, color="grey", linestyle="-.", linewidth=0.9, zorder=0)
-    for series, colour in colours.items():
-        rows = points[points["series"] == series]
-        on = rows["trial_id"].isin(study_fronts.get(series, set())).to_numpy()
-        front, rest = rows[on], rows[~on]
-        if len(rest):
-            ax.scatter(rest[MIA], rest[ACC], c=colour, alpha=0.25, s=30, zorder=2,
-                       marker="o", edgecolors="none")
-        if len(front):
-            ax.errorbar(front[MIA], front[ACC],
-                        xerr=[front[MIA] - front[MIA_LO], front[MIA_HI] - front[MIA]],
-                        yerr=[front[ACC] - front[ACC_LO], front[ACC_HI] - front[ACC]],
-                        fmt="none", ecolor=colour, elinewidth=1.0, capsize=2.5, alpha=0.8,
-                        zorder=3)
-            xs, ys = _staircase(front)
-            ax.plot(xs, ys, drawstyle="steps-post", color=colour, linewidth=1.4, zorder=3)
-            for valid, safe, marker, face, size in ((True, True, "o", colour, 44),
-                                                    (True, False, "o", "white", 44),
-                                                    (False, True, "X", colour, 80),
-                                                    (False, False, "X", "white", 80)):
-                sel = front[(front["dp_valid"] == valid) & (front["release_safe"] == safe)]
-                if len(sel):
-                    ax.scatter(sel[MIA], sel[ACC], marker=marker, s=size, c=face,
-                               edgecolors=colour if face == "white" else "black",
-                               linewidths=0.9, zorder=4)
-        ax.plot([], [], color=colour, marker="o", linewidth=1.4, label=series)
-    contradicted = points[points["audit_contradicts"]] if "audit_contradicts" in points else \
-        points.iloc[:0]
-    for _, row in contradicted.iterrows():
-        ax.annotate(CONTRADICTED_LABEL, (row[MIA], row[ACC]), xytext=(-7, -12), ha="right",
-                    textcoords="offset points", fontsize=7, color=NOT_COVERED_COLOUR, zorder=5)
-    if len(overall):
-        xs, ys = _staircase(overall)
-        ax.plot(xs, ys, drawstyle="steps-post", color="black", alpha=0.2, linewidth=7,
-                solid_capstyle="round", zorder=1, label="front over all series")
-        if len(overall) <= 15:
-            for _, row in overall.iterrows():
-                ax.annotate(str(row["trial_id"]), (row[MIA], row[ACC]), xytext=(5, 4),
-                            textcoords="offset points", fontsize=7, color="#333333", zorder=5)
-    if baseline is not None and math.isfinite(baseline.val_accuracy):
-        ax.axhline(baseline.val_accuracy, color="black", linestyle="--", linewidth=1,
-                   label=f"non-private baseline (val {baseline.val_accuracy:.3f})")
-        if math.isfinite(baseline.peak_mia):
-            ax.scatter([baseline.peak_mia], [baseline.val_accuracy], marker="*", s=140,
-                       c="black", zorder=5)
-    ax.scatter([], [], marker="X", c="grey", edgecolors="black", s=80, label=INVALID_LABEL)
-    ax.scatter([], [], marker="o", c="white", edgecolors="grey", s=44, label=REPLAYABLE_LABEL)
-    ax.scatter([], [], marker="o", c="grey", alpha=0.25, s=30, label="dominated in its series")
-    if len(points):
-        lo_x = min(points[MIA_LO].min(), 0.5 - (chance_halfwidth if math.isfinite(
-            chance_halfwidth) else 0.0))
-        hi_x = points[MIA_HI].max()
-        lo_y, hi_y = points[ACC_LO].min(), points[ACC_HI].max()
-        if baseline is not None and math.isfinite(baseline.val_accuracy):
-            hi_y = max(hi_y, baseline.val_accuracy)
-        pad_x, pad_y = 0.06 * max(hi_x - lo_x, 0.02), 0.06 * max(hi_y - lo_y, 0.02)
-        ax.set_xlim(lo_x - pad_x, hi_x + pad_x)
-        ax.set_ylim(lo_y - pad_y, hi_y + pad_y)
-    ax.set_xlabel("peak MIA accuracy over layers × attacks, 95% interval (lower is better)")
-    ax.set_ylabel("validation accuracy, 95% Wilson interval")
-    ax.set_title(f"Pareto fronts at ε = {target_epsilon:g}, δ = {delta:g}: validation accuracy "
-                 "vs peak MIA accuracy")
-    ax.grid(True, alpha=0.3)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
-    return _save(fig, path, not_covered=True, margins=(0.085, 0.72, 0.13, 0.92))
-
-
 # ---- per-layer x attack heat map ---------------------------------------------------------------
 @dataclass(frozen=True)
 class HeatRow:
@@ -193,8 +105,8 @@ def mia_heatmap(rows: Sequence[HeatRow], *, columns: Sequence[tuple[str, str]], 
     rows = list(rows)[:MAX_HEAT_ROWS]
     data = np.array([[row.cells.get(c, (math.nan, False))[0] for c in columns] for row in rows],
                     dtype=float)
-    width = max(7.5, 0.62 * len(columns) + 3.6)
-    height = max(3.0, 0.36 * len(rows) + 2.3)
+    width = max(7.5, 0.8 * len(columns) + 3.6)
+    height = max(3.0, 0.4 * len(rows) + 2.3)
     fig = Figure(figsize=(width, height))
     ax = fig.add_subplot()
     finite = data[np.isfinite(data)]
@@ -216,7 +128,7 @@ def mia_heatmap(rows: Sequence[HeatRow], *, columns: Sequence[tuple[str, str]], 
             sig = bool(significant[i, j])
             strong = sig and abs(value - 0.5) > 0.6 * spread
             ax.text(j, i, f"{value:.3f}*" if sig else f"{value:.3f}", ha="center", va="center",
-                    fontsize=6.5, fontweight="bold" if sig else "normal",
+                    fontsize=CELL_PT, fontweight="bold" if sig else "normal",
                     color="white" if strong else ("black" if sig else "#606060"))
             if column == row.peak:
                 ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="black",
@@ -331,6 +243,12 @@ class RocCurve:
     tpr: tuple[float, ...]
 
 
+#: Rows of the ROC's legend before it takes another column (every curve is named), and the
+#: share of the figure's width each further column takes from the axes.
+ROC_LEGEND_ROWS = 20
+ROC_COLUMN_WIDTH = 0.2
+
+
 def roc_plot(curves: Sequence[RocCurve], *, title: str, path: Path) -> Path:
     """ROC on log-log axes: the low-FPR corner, where strong attacks show, is what matters."""
     fig = Figure(figsize=(9.5, 5.0))
@@ -340,7 +258,7 @@ def roc_plot(curves: Sequence[RocCurve], *, title: str, path: Path) -> Path:
         pos = fpr > 0
         ax.plot(fpr[pos], np.maximum(tpr[pos], 1e-4), color=_PALETTE[i % len(_PALETTE)],
                 linestyle=("-", "--")[(i // len(_PALETTE)) % 2], linewidth=1.3,
-                label=curve.label if len(curves) <= 16 else None)
+                label=curve.label)
     grid = np.logspace(-4, 0, 50)
     ax.plot(grid, grid, color="grey", linestyle=":", linewidth=1, label="chance")
     for fpr in (0.01, 0.001):
@@ -348,8 +266,11 @@ def roc_plot(curves: Sequence[RocCurve], *, title: str, path: Path) -> Path:
     ax.set(xscale="log", yscale="log", xlim=(1e-3, 1), ylim=(1e-3, 1),
            xlabel="false positive rate (log)", ylabel="true positive rate (log)", title=title)
     ax.grid(True, alpha=0.3)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
-    return _save(fig, path, not_covered=True, margins=(0.08, 0.62, 0.15, 0.91))
+    columns = math.ceil((len(curves) + 1) / ROC_LEGEND_ROWS)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False,
+              ncol=columns)
+    return _save(fig, path, not_covered=True,
+                 margins=(0.08, 0.62 - ROC_COLUMN_WIDTH * (columns - 1), 0.15, 0.91))
 
 
 @dataclass(frozen=True)

@@ -179,7 +179,7 @@ def heatmap_section(data: RunData, *, front_list: Sequence[Front], out: Path,
         more = len(rows) - plots.MAX_HEAT_ROWS
         parts.append(f"<h3>ε = {target:g}</h3>"
                      + figure_html(png, f"Per-layer × attack MIA accuracy of the front trials at "
-                                   f"ε = {target:g}")
+                                   f"ε = {target:g}", wide=True)
                      + (note_html(f"{more} more front trials in the CSV.") if more > 0 else ""))
     unscored = unscored_section(unscored_frame(data))
     if not parts:

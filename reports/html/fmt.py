@@ -117,12 +117,14 @@ def flags_text(row: pd.Series | dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def figure_html(path: Path, alt: str, *, covered: bool = False) -> str:
+def figure_html(path: Path, alt: str, *, covered: bool = False, wide: bool = False) -> str:
     """A PNG embedded as a data URI with its caption and CSV name; labelled "not covered
-    by epsilon" unless ``covered``."""
+    by epsilon" unless ``covered``. A ``wide`` figure keeps its own size and scrolls, so its
+    printed numbers are never scaled below their size (a heat map's cells)."""
     data = base64.b64encode(path.read_bytes()).decode("ascii")
     label = "" if covered else f' <span class="nc">{NOT_COVERED_TAG}</span>'
-    return (f'<figure><img src="data:image/png;base64,{data}" alt="{esc(alt)}">'
+    cls = ' class="wide scroll"' if wide else ""
+    return (f'<figure{cls}><img src="data:image/png;base64,{data}" alt="{esc(alt)}">'
             f"<figcaption>{esc(alt)} (<code>{esc(path.name)}</code>, data in "
             f"<code>{esc(path.stem)}.csv</code>){label}</figcaption></figure>")
 

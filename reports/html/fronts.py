@@ -11,14 +11,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from dpsweep.core.modes import INVALID_TAG
+from dpsweep.core.storage import atomic_write_text
 from dpsweep.reports import plots
+from dpsweep.reports.html import svgfront
 from dpsweep.reports.html.fmt import (
+    NOT_COVERED_TAG,
     REPLAYABLE_TAG,
     TEST_NOTE,
     ci_text,
+    count_text,
     eps_tag,
     esc,
-    figure_html,
     flags_html,
     flags_text,
     hyperparameters_text,
@@ -159,10 +162,15 @@ def front_section(data: RunData, *, front_list: Sequence[Front], pool: pd.DataFr
         deltas = sorted({float(d) for d in at["delta"] if math.isfinite(as_float(d))})
         half = chance_halfwidth(at)
         tag = eps_tag(target)
-        png = plots.front_plot(at, study_fronts=study_fronts, overall=overall.trials,
-                               target_epsilon=target, delta=deltas[0] if deltas else math.nan,
-                               chance_halfwidth=half, baseline=baseline,
-                               path=out / f"front_{tag}.png")
+        colours = plots.series_colours(pool["series"])
+        hyper = {r["trial_id"]: hyperparameters_text(
+            r, data.parsed[r["trial_id"]]["method_params"],
+            prepared=data.prepared.get(r["method"], ())) for _, r in at.iterrows()}
+        svg, skipped = svgfront.front_svg(at, study_fronts=study_fronts, overall=overall.trials,
+                                          colours=colours, hyper=hyper, half=half,
+                                          baseline=baseline, eps=target,
+                                          delta=deltas[0] if deltas else math.nan)
+        atomic_write_text(out / f"front_{tag}.svg", svg)
         csvs[f"front_{tag}.csv"] = pd.DataFrame({
             "trial_id": at["trial_id"], "series": at["series"], ACC: at[ACC],
             ACC_LO: at[ACC_LO], ACC_HI: at[ACC_HI], MIA: at[MIA], MIA_LO: at[MIA_LO],
@@ -178,12 +186,17 @@ def front_section(data: RunData, *, front_list: Sequence[Front], pool: pd.DataFr
         valid = next(f for f in here if f.kind == KIND_VALID)
         parts.append(
             f"<h3>ε = {target:g}</h3>"
-            + figure_html(png, f"Pareto fronts at ε = {target:g}: validation accuracy vs peak MIA "
-                          "accuracy, 95% intervals on both axes")
-            + "<p>Colour = series; joined points with error bars = that series' front; faded "
-              "points are dominated within their series; the wide grey staircase is the front "
-              f"over all series; crosses: {INVALID_TAG}; hollow: {REPLAYABLE_TAG}; dashed "
-              "line and star: the non-private baseline.</p>"
+            + f'<figure>{svg}<figcaption>Pareto fronts at ε = {target:g} '
+              f"(<code>front_{tag}.svg</code>, data in <code>front_{tag}.csv</code>). Hover "
+              "a point for its trial, method, hyperparameters, accuracies and peak MIA"
+              + (f"; {count_text(skipped, 'label')} left off where it would overlap another"
+                 if skipped else "")
+              + f'. <span class="nc">{NOT_COVERED_TAG}</span></figcaption></figure>'
+            + svgfront.legend_html(colours)
+            + "<p>Colour = series; joined points = that series' front; faded points are "
+              "dominated within their series; the wide grey staircase is the front over all "
+              f"series; crosses: {INVALID_TAG}; hollow: {REPLAYABLE_TAG}; dashed line and "
+              "star: the non-private baseline; grey band: chance.</p>"
             + f"<p>Front over all series: <b>{ids_text(overall.trial_ids)}</b>. Front over "
               f"valid-DP, release-safe trials: <b>{ids_text(valid.trial_ids) or 'none'}</b>. "
               "In the table, <i>on fronts</i> says which fronts at this target hold the trial: "

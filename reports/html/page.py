@@ -81,6 +81,7 @@ white-space:nowrap}
 .stamp{color:#777;font-size:.85em;margin-top:0}
 .privacy{background:#eef4ff;border-left:4px solid #2a5db0;padding:4px 14px}
 figure{margin:.6em 0}figure img{max-width:100%;border:1px solid #eee}
+figure.wide img{max-width:none}
 figcaption{color:#555;font-size:.85em}
 nav{position:sticky;top:0;background:#fff;padding:6px 0;border-bottom:1px solid #eee;
 z-index:1;font-size:.9em}nav a{margin-right:11px;white-space:nowrap}
@@ -95,6 +96,9 @@ details.fold>summary{list-style:none}
 details.fold>summary h2{display:inline-block;margin:.9em 0 .2em}
 details.fold>summary::before{content:"▸ ";color:#2a5db0}
 details.fold[open]>summary::before{content:"▾ "}
+svg.front{max-width:100%;height:auto;border:1px solid #eee}svg.front .pt:hover{stroke-width:3}
+.legend .sw{margin-right:14px;white-space:nowrap;font-size:.9em}
+.legend .sw i{display:inline-block;width:11px;height:11px;border-radius:6px;margin-right:4px}
 """
 
 

@@ -47,8 +47,8 @@ def test_report_files_and_self_contained_html(run_dir: Path, built: Path) -> Non
     out = run_dir / layout.REPORT
     assert built == out / report_html.HTML_FILE
     names = {p.name for p in out.iterdir()}
-    pngs = {n for n in names if n.endswith(".png")}
-    assert pngs == {"front_eps1.png", "front_eps3.png", "mia_heatmap_eps1.png",
+    pngs = {n for n in names if n.endswith((".png", ".svg"))}
+    assert pngs == {"front_eps1.svg", "front_eps3.svg", "mia_heatmap_eps1.png",
                     "mia_heatmap_eps3.png", "validation_curves_eps1.png",
                     "validation_curves_eps3.png", "privacy_utility.png", "roc.png",
                     "ww_trajectories.png"}
@@ -59,7 +59,9 @@ def test_report_files_and_self_contained_html(run_dir: Path, built: Path) -> Non
             "leakage.csv", "covered_by_epsilon.csv"} <= names
     page = built.read_text()
     assert "<script" not in page and not re.search(r'(src|href)="(https?:)?//', page)
-    assert page.count('<img src="data:image/png;base64,') == len(pngs)
+    svgs = {n for n in pngs if n.endswith(".svg")}
+    assert page.count('<img src="data:image/png;base64,') == len(pngs - svgs)
+    assert page.count('<svg class="front"') == len(svgs)  # inline: hover works offline
     for text in ("fashion-mnist (10 classes)", "train 5,000, validation 2,000",
                  "cnn28", "prv (PRV accountant", "1, 3; delta 1e-05", "torch 2.4.0",
                  "1 h 02 min (3,723 s) over 3 attempts (the run and its resumes); 1 attempt "
