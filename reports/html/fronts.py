@@ -13,7 +13,6 @@ import pandas as pd
 from dpsweep.core.modes import INVALID_TAG
 from dpsweep.core.storage import atomic_write_text
 from dpsweep.reports import plots
-from dpsweep.reports.html import svgfront
 from dpsweep.reports.html.fmt import (
     NOT_COVERED_TAG,
     REPLAYABLE_TAG,
@@ -33,6 +32,7 @@ from dpsweep.reports.html.fmt import (
     th,
 )
 from dpsweep.reports.html.records import RunData, as_float
+from dpsweep.reports.html.svgfront import front_svg, legend_html
 from dpsweep.reports.pareto import (
     ACC,
     ACC_HI,
@@ -166,7 +166,7 @@ def front_section(data: RunData, *, front_list: Sequence[Front], pool: pd.DataFr
         hyper = {r["trial_id"]: hyperparameters_text(
             r, data.parsed[r["trial_id"]]["method_params"],
             prepared=data.prepared.get(r["method"], ())) for _, r in at.iterrows()}
-        svg, skipped = svgfront.front_svg(at, study_fronts=study_fronts, overall=overall.trials,
+        svg, skipped = front_svg(at, study_fronts=study_fronts, overall=overall.trials,
                                           colours=colours, hyper=hyper, half=half,
                                           baseline=baseline, eps=target,
                                           delta=deltas[0] if deltas else math.nan)
@@ -192,7 +192,7 @@ def front_section(data: RunData, *, front_list: Sequence[Front], pool: pd.DataFr
               + (f"; {count_text(skipped, 'label')} left off where it would overlap another"
                  if skipped else "")
               + f'. <span class="nc">{NOT_COVERED_TAG}</span></figcaption></figure>'
-            + svgfront.legend_html(colours)
+            + legend_html(colours)
             + "<p>Colour = series; joined points = that series' front; faded points are "
               "dominated within their series; the wide grey staircase is the front over all "
               f"series; crosses: {INVALID_TAG}; hollow: {REPLAYABLE_TAG}; dashed line and "
