@@ -195,6 +195,10 @@ def attack_advantage(mia: Any) -> np.ndarray:
     return 2.0 * np.asarray(mia, dtype=float) - 1.0
 
 
+#: The whole normalised square: no set of points dominates more.
+UNIT_AREA = 1.0
+
+
 def hypervolume(*, accuracy: Sequence[float], mia: Sequence[float], num_classes: int) -> float:
     """Area dominated by the points on normalised axes, reference (0, 1) (module docstring).
 
@@ -214,7 +218,8 @@ def hypervolume(*, accuracy: Sequence[float], mia: Sequence[float], num_classes:
     x, y = x[order], y[order]
     lowest = np.minimum.accumulate(y)
     lower_edges = np.append(x[1:], ref_x)
-    return float(np.sum((x - lower_edges) * (ref_y - lowest)))
+    # a sum of float terms whose exact total is at most the unit square can round past it
+    return float(min(np.sum((x - lower_edges) * (ref_y - lowest)), UNIT_AREA))
 
 
 # ---- which trials --------------------------------------------------------------------------
