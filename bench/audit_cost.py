@@ -48,6 +48,8 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from bench.harness import interleaved, load_average, summarize, write_results
 from dpsweep.core.trial import TrialSpec
 from dpsweep.orchestrator.audit.membership import AuditSettings, audit_model
 from dpsweep.orchestrator.config import AuditConfig
@@ -59,8 +61,6 @@ from dpsweep.trainables.data.splits import DataSplits, Split, SplitSizes, load_p
 from dpsweep.trainables.methods import get_method
 from dpsweep.trainables.models.source import ModelSource
 from dpsweep.trainables.training.loop import train_trial
-
-from bench.harness import interleaved, load_average, summarize, write_results
 
 ROOT = Path(__file__).resolve().parent.parent
 STOCK_DIR = ROOT / "examples" / "stock_models"

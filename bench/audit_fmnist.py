@@ -43,6 +43,12 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from scipy.special import expit
+from scipy.stats import skew
+from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import roc_auc_score, roc_curve
+from sklearn.preprocessing import StandardScaler
+
 from dpsweep.core.storage import atomic_write_json
 from dpsweep.trainables.audit.layer_attack import reduce_ir
 from dpsweep.trainables.audit.references import (
@@ -70,11 +76,6 @@ from dpsweep.trainables.audit.scores import (
 from dpsweep.trainables.audit.signals import GRAD_NORM, LOSS, grad_norm_name
 from dpsweep.trainables.data.splits import DataSplits, Split, SplitSizes, load_splits
 from dpsweep.trainables.models.networks import LayeredModel
-from scipy.special import expit
-from scipy.stats import skew
-from sklearn.linear_model import LogisticRegression
-from sklearn.metrics import roc_auc_score, roc_curve
-from sklearn.preprocessing import StandardScaler
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 LOW_FPRS = (0.01, 0.001)

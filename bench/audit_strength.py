@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from dpsweep.trainables.audit.stats.attacks import max_false_positives
 
 #: (row, plan kind, references trained, references used).
@@ -260,6 +261,7 @@ def _plan_cells(signals: Any, classifier: Any, target: Any, *, n_references: int
 def run_seed(seed: int, *, epochs: int, log: Callable[[str], None]) -> dict[str, Any]:
     """Every plan row on one seed's target."""
     import torch
+
     from dpsweep.trainables.audit.classifier import ShadowClassifier
     from dpsweep.trainables.audit.probes import probe_set_of, probe_signals
     from dpsweep.trainables.audit.references import (

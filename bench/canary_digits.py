@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from dpsweep.core.storage import atomic_write_json
 from dpsweep.core.trial import TrialSpec
 from dpsweep.orchestrator.door import check

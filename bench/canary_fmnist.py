@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from dpsweep.core.storage import atomic_write_json
 from dpsweep.orchestrator.config import (
     Config,

@@ -44,10 +44,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dpsweep.core import layout
-
 from bench import cli_harness as cli
 from bench.harness import load_average, write_results
+from dpsweep.core import layout
 
 DRIVER, WORKER, GROUP = "driver", "worker", "group"
 KINDS = (DRIVER, WORKER, GROUP)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+
 from dpsweep.core.layout import LOCK_INFO, OPTUNA_DB, RESULT, RESULTS, TRIALS
 from dpsweep.reports.store import read_results
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from dpsweep.orchestrator import api
 from dpsweep.orchestrator import config as config_mod
 from dpsweep.orchestrator.door import check

@@ -21,12 +21,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.harness import write_results
 from dpsweep.core import layout
 from dpsweep.orchestrator.door import check
 from dpsweep.orchestrator.sweep.commands import demo_config
 from dpsweep.orchestrator.sweep.driver import run_sweep
-
-from bench.harness import write_results
 
 
 def _phases(run: Path, wall: float) -> dict[str, Any]:

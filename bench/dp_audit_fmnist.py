@@ -21,13 +21,13 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from dpsweep.core import layout
-
 from bench.harness import write_results
+from dpsweep.core import layout
 
 
 def _audit(run_dir: str, trial_id: str) -> dict[str, Any]:
     import torch
+
     from dpsweep.orchestrator.api import load_config as load
     from dpsweep.orchestrator.audit.membership import (
         AuditSettings,

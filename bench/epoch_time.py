@@ -36,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from bench.harness import load_average, wait_for_quiet, write_results
 from dpsweep.core.layout import CHECKPOINT_DIR
 from dpsweep.core.poisson import poisson_plan
 from dpsweep.orchestrator.api import from_dict
@@ -46,8 +48,6 @@ from dpsweep.trainables.dp.randomness import Randomness
 from dpsweep.trainables.dp.step import DPStep, PublicData
 from dpsweep.trainables.methods import get_method
 from dpsweep.trainables.training.loop import build_trial_model, evaluate, train_trial
-
-from bench.harness import load_average, wait_for_quiet, write_results
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "fmnist_full_a.toml"
 #: The trial the issue quotes (0.867 test accuracy at epsilon 2.985): step lr * C = 0.4.

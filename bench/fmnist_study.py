@@ -33,11 +33,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from bench.harness import RESULTS_DIR, write_results
 from dpsweep.core import layout
 from dpsweep.orchestrator import api
 from dpsweep.orchestrator.audit.membership import claim_check
-
-from bench.harness import RESULTS_DIR, write_results
 
 #: The seed papers' claims re-tested against DP-SGD: (series, epsilon, what the paper reports).
 CLAIMS = (("dpsgd_lf", 1.0, "paper: 0.801 -> 0.815 test accuracy on Fashion-MNIST at epsilon 1"),

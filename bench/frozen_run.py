@@ -31,9 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dpsweep.core import layout
-
 from bench.harness import load_average, write_results
+from dpsweep.core import layout
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "frozen_backbone"

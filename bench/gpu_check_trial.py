@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from dpsweep.orchestrator import api
 
 from bench.gpu_check_steps import error_text, release, sync
+from dpsweep.orchestrator import api
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = Path("configs/fmnist_full_published.toml")
@@ -139,10 +139,10 @@ def full_trial(ctx: dict[str, Any], *, config_path: Path, device: str,
 
 # ---- the training loop's host syncs -----------------------------------------------------------
 def _count_trial(spec: Any, data: Any, device: torch.device) -> dict[str, int]:
-    from dpsweep.trainables.training.loop import train_trial
     from torch.profiler import profile
 
     from bench.gpu_check_steps import activities, sync_counts
+    from dpsweep.trainables.training.loop import train_trial
 
     sync(device)
     with profile(activities=activities(device)) as prof:

@@ -25,12 +25,12 @@ import sys
 from typing import Any
 
 import torch
+
+from bench.harness import write_results
 from dpsweep.trainables.data.splits import load_splits
 from dpsweep.trainables.engine.grad_engine import GradEngine
 from dpsweep.trainables.engine.host_reads import forbid_host_reads
 from dpsweep.trainables.models.networks import build_model
-
-from bench.harness import write_results
 
 RESULTS = "overclip"
 MODELS = {"cnn28": (1, 28, 28), "resnet20_gn": (3, 32, 32)}

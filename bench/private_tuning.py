@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.harness import write_results
 from dpsweep.core.errors import UserInputError
 from dpsweep.core.vocabulary import VALIDATION_OBJECTIVE
 from dpsweep.orchestrator import api
@@ -37,8 +38,6 @@ from dpsweep.orchestrator.api import from_dict
 from dpsweep.orchestrator.config import Config
 from dpsweep.orchestrator.door import check
 from dpsweep.reports.pick import choose_private
-
-from bench.harness import write_results
 
 #: The study's split sizes and schedule (configs/fmnist.toml), DP-SGD only, no audit.
 BASE: dict[str, Any] = {

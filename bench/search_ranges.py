@@ -17,14 +17,13 @@ import math
 import time
 from typing import Any
 
+from bench.harness import write_results
 from dpsweep.orchestrator.config import Config
 from dpsweep.orchestrator.door import check
 from dpsweep.orchestrator.sweep.plans import study_plans
 from dpsweep.orchestrator.trial.plan import plan_trial
 from dpsweep.search_spaces import STEP
 from dpsweep.trainables.training.loop import train_trial
-
-from bench.harness import write_results
 
 #: Validation accuracy a digits trial must reach to count as useful (issue 14: >= 0.75).
 USEFUL = 0.75

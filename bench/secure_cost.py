@@ -29,10 +29,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
-from dpsweep.trainables.dp.randomness import Randomness
 
 from bench.harness import interleaved, load_average, summarize, write_results
 from bench.step_time import CONFIGS, REFERENCE_METHOD, default_series, make_step, method_entry
+from dpsweep.trainables.dp.randomness import Randomness
 
 #: The models of the figure: the digits CNN and ResNet-20 with GroupNorm.
 MODELS = ("cnn28", "resnet20_gn")

@@ -51,12 +51,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from dpsweep.core.errors import UserInputError
-from dpsweep.trainables.dp.randomness import Randomness
-from dpsweep.trainables.dp.step import DPStep, PublicData
-from dpsweep.trainables.engine.grad_engine import GradEngine
-from dpsweep.trainables.methods import METHODS, get_method, parse_series, series_name
-from dpsweep.trainables.models.networks import LayeredModel, build_model
 
 from bench.harness import (
     format_table,
@@ -67,6 +61,12 @@ from bench.harness import (
     wait_for_quiet,
     write_results,
 )
+from dpsweep.core.errors import UserInputError
+from dpsweep.trainables.dp.randomness import Randomness
+from dpsweep.trainables.dp.step import DPStep, PublicData
+from dpsweep.trainables.engine.grad_engine import GradEngine
+from dpsweep.trainables.methods import METHODS, get_method, parse_series, series_name
+from dpsweep.trainables.models.networks import LayeredModel, build_model
 
 NUM_CLASSES = 10
 LR = 0.1

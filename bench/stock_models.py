@@ -50,12 +50,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from dpsweep.core.errors import UserInputError
-from dpsweep.trainables.dp.step import PublicData
-from dpsweep.trainables.models.assemble import build_network
-from dpsweep.trainables.models.source import ModelSource
-from dpsweep.trainables.models.usercode import resolve
-from dpsweep.trainables.models.validator import sample_batch
 from torch import nn
 
 from bench.harness import (
@@ -77,6 +71,12 @@ from bench.step_time import (
     default_series,
     method_on,
 )
+from dpsweep.core.errors import UserInputError
+from dpsweep.trainables.dp.step import PublicData
+from dpsweep.trainables.models.assemble import build_network
+from dpsweep.trainables.models.source import ModelSource
+from dpsweep.trainables.models.usercode import resolve
+from dpsweep.trainables.models.validator import sample_batch
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The factories' folder: dpsweep imports them from here as it imports a user's code_dir.

@@ -47,13 +47,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from bench.harness import load_average, write_results
 from dpsweep.orchestrator.api import from_dict
 from dpsweep.orchestrator.cluster import connection as cluster
 from dpsweep.orchestrator.config import Config
 from dpsweep.orchestrator.door import check
 from dpsweep.orchestrator.sweep import driver as sweep_mod
-
-from bench.harness import load_average, write_results
 
 METHOD = "dpsgd"
 DATASET = "digits"

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from dpsweep.core import layout
 from dpsweep.core.events import PoissonSubsampledGaussian, events_to_list
 from dpsweep.core.records import PrivacyRecord

@@ -36,9 +36,10 @@ enabled = false
 def main() -> None:
     import secrets
 
+    from ray.cluster_utils import Cluster
+
     from dpsweep.orchestrator.cluster import connection as dpcluster
     from dpsweep.orchestrator.raytemp import private_temp_dir
-    from ray.cluster_utils import Cluster
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

@@ -40,6 +40,7 @@ from dpsweep.trainables.models.source import source_of_callable
 
 if TYPE_CHECKING:
     import pandas as pd
+
     from dpsweep.core.trial import Calibration
     from dpsweep.orchestrator.release.bundle import ExportResult
     from dpsweep.orchestrator.sweep.driver import SweepSummary

@@ -170,6 +170,10 @@ def cmd_config(args: argparse.Namespace, setup: ModuleType) -> int:
         print(f"{args.check}: valid; {checked.config.data.dataset} data: {where}")
         if checked.left_out_line():
             print(checked.left_out_line())
+        if args.estimate:
+            from dpsweep.orchestrator.sweep.estimate import estimate
+
+            print("\n".join(estimate(checked).lines()), flush=True)
         return 0
     print(config_mod.describe())
     return 0
@@ -322,6 +326,9 @@ def _add_config(sub: Any) -> None:
                    help="validate a config file (its data available, its resources on this "
                         "machine) and exit")
     c.add_argument("--method", help="print one method's hyperparameter table")
+    c.add_argument("--estimate", action="store_true",
+                   help="with --check: time a few real steps of each method and print the "
+                        "sweep's projected wall time and peak memory (as `run --estimate`)")
     c.set_defaults(func=cmd_config)
 
 

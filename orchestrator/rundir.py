@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock, Timeout
+
 from dpsweep.core.errors import DiskFull, UserInputError, disk_full
 from dpsweep.core.layout import (
     CACHE,
@@ -58,7 +60,6 @@ from dpsweep.core.storage import (
     atomic_write_text,
     sha256_file,
 )
-from filelock import FileLock, Timeout
 
 FORMAT = "dpsweep-run"
 VERSION = 1

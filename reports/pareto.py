@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
 from dpsweep.core.errors import UserInputError
 from dpsweep.core.vocabulary import OK, PRUNED
 from dpsweep.reports.store import DEGENERATE_MARGIN

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
 from dpsweep.core.errors import UserInputError
 from dpsweep.core.modes import INVALID_TAG
 from dpsweep.core.vocabulary import OK

@@ -18,11 +18,12 @@ import matplotlib
 matplotlib.use("Agg")
 
 import numpy as np
-from dpsweep.reports.series import Panel
 from matplotlib.colors import TwoSlopeNorm
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import MaxNLocator
+
+from dpsweep.reports.series import Panel
 
 DPI = 100
 INVALID_LABEL = "epsilon claim invalid"

@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import tomli_w
+
+from bench.docgen import audit, privacy, runs
 from dpsweep.core.datasets import DATASET_NAMES, INPUT_SHAPES, POOLS
 from dpsweep.core.modes import INVALID_TAG
 from dpsweep.core.vocabulary import SPLIT_NAMES
@@ -32,8 +34,6 @@ from dpsweep.reports.store import COLUMNS
 from dpsweep.search_spaces import SPACES, STEP, build_space, searched_params
 from dpsweep.trainables.data.splits import DEFAULT_SIZES
 from dpsweep.trainables.methods import METHODS
-
-from bench.docgen import audit, privacy, runs
 
 ROOT = Path(__file__).resolve().parents[2]
 #: (file, block name) pairs this module owns.

@@ -8,6 +8,7 @@ import argparse
 from pathlib import Path
 
 import numpy as np
+
 from dpsweep.trainables.data.splits import load_pool
 
 HERE = Path(__file__).resolve().parent

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
 from dpsweep.core import layout
 from dpsweep.core.errors import UserInputError
 from dpsweep.core.layout import CACHE, CHECKPOINT_DIR, TRIALS

@@ -40,6 +40,17 @@ from typing import Any
 
 import ray
 import ray._private.worker as ray_worker
+from ray._private import ray_constants, services
+from ray._private import utils as ray_utils
+from ray._raylet import (
+    AuthenticationMode,
+    AuthenticationTokenLoader,
+    Config,
+    InnerGcsClient,
+    get_authentication_mode,
+)
+from ray.core.generated.gcs_pb2 import GcsNodeInfo
+
 from dpsweep.core.errors import UserInputError
 from dpsweep.orchestrator.cluster.resources import (
     ADDRESS_FIELD,
@@ -51,16 +62,6 @@ from dpsweep.orchestrator.cluster.resources import (
 )
 from dpsweep.orchestrator.config.paths import CODE_EXCLUDES
 from dpsweep.orchestrator.raytemp import private_temp_dir
-from ray._private import ray_constants, services
-from ray._private import utils as ray_utils
-from ray._raylet import (
-    AuthenticationMode,
-    AuthenticationTokenLoader,
-    Config,
-    InnerGcsClient,
-    get_authentication_mode,
-)
-from ray.core.generated.gcs_pb2 import GcsNodeInfo
 
 _log = logging.getLogger("dpsweep.cluster")
 

@@ -13,8 +13,9 @@ from contextlib import suppress
 from pathlib import Path
 
 import ray
-from dpsweep.core.errors import UserInputError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from dpsweep.core.errors import UserInputError
 
 STORAGE_PROBE_TIMEOUT_S = 60.0
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import tomli_w
+
 from dpsweep.core.datasets import FILE_DATASET, POOLS
 from dpsweep.core.errors import UserInputError
 from dpsweep.core.params import Param, is_real

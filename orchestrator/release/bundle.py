@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import save as safetensors_bytes
+
 from dpsweep.core.errors import UserInputError
 from dpsweep.core.layout import (
     EXPORT_CODE,
@@ -53,7 +55,6 @@ from dpsweep.orchestrator.release.statement import PrivacyStatement, privacy_sta
 from dpsweep.orchestrator.rundir import check_creatable
 from dpsweep.trainables.models.networks import WrappedModel
 from dpsweep.trainables.training.loop import load_checkpoint_state
-from safetensors.torch import save as safetensors_bytes
 
 __all__ = ["RELEASE_ENTRIES", "RELEASE_FILES", "ExportResult", "export_trial"]
 

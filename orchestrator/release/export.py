@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
 from dpsweep.core import layout
 from dpsweep.core.datasets import NUM_CLASSES
 from dpsweep.core.errors import UserInputError

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import tomli_w
+
 from dpsweep.core import layout
 from dpsweep.core.errors import UserInputError
 from dpsweep.core.layout import RESULTS

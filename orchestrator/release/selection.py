@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
+
 from dpsweep.core import layout
 from dpsweep.core.errors import UserInputError
 from dpsweep.core.toml import tomllib

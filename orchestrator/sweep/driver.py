@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+
 from dpsweep.core import layout
 from dpsweep.core.errors import UserInputError
 from dpsweep.core.exits import outcome_code

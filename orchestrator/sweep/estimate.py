@@ -18,13 +18,12 @@ audit on the fronts only (``audit.scope``) fewer trials are audited.
 from __future__ import annotations
 
 import dataclasses
-import math
-import os
 import resource
 import time
 from typing import Any
 
 import torch
+
 from dpsweep.orchestrator.accounting.cache import default_cache_dir
 from dpsweep.orchestrator.audit.membership import (
     AuditSettings,
@@ -33,6 +32,7 @@ from dpsweep.orchestrator.audit.membership import (
     reference_budgets,
     reference_plan,
 )
+from dpsweep.orchestrator.cluster.resources import check_config_resources
 from dpsweep.orchestrator.door import CheckedSetup, require_checked
 from dpsweep.orchestrator.sweep.plans import study_plans
 from dpsweep.orchestrator.sweep.progress import SECONDS_PER_MINUTE, duration
@@ -244,9 +244,9 @@ def estimate(setup: CheckedSetup) -> Estimate:
                 series[plan.series], trials=series[plan.series].trials + plan.n_trials)
             continue
         series[plan.series] = _series_cost(setup, plan, trials=plan.n_trials, audited=audited)
-    resources = cfg.resources
-    fit = max(1, (os.cpu_count() or 1) // max(1, math.ceil(resources.cpus_per_trial)))
-    width = max(1, min(cfg.sweep.max_concurrent_trials, fit))
+    # how many trials this machine runs at once, as the sweep's own check counts them
+    width = check_config_resources(cfg.resources, max_concurrent=cfg.sweep.max_concurrent_trials,
+                                   info=None)
     if on_gpu:
         peak, what = torch.cuda.max_memory_allocated(), "GPU memory allocated"
     else:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+
 from dpsweep.core import layout
 from dpsweep.core.errors import describe
 from dpsweep.core.layout import CHECKPOINT_DIR

@@ -17,8 +17,9 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from dpsweep.orchestrator.trial.runner import AUDIT, PHASE_KEY, SCORING, STARTING, TRAINING
 from tqdm import tqdm
+
+from dpsweep.orchestrator.trial.runner import AUDIT, PHASE_KEY, SCORING, STARTING, TRAINING
 
 #: Least seconds between two plain lines of one trial in the same phase (a new phase, from
 #: training to the audit or to the scoring, is always shown).

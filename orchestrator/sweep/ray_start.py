@@ -25,10 +25,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ray._private import services
+
 from dpsweep.core.errors import UserInputError
 from dpsweep.orchestrator.cluster import connection
 from dpsweep.orchestrator.rundir import _undo_create
-from ray._private import services
 
 _log = logging.getLogger(__name__)
 

@@ -23,6 +23,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from optuna.trial import TrialState
+from ray import tune
+from ray.tune import ProgressReporter, Stopper
+from ray.tune.logger import JsonLoggerCallback
+from ray.tune.search import Searcher
+
 from dpsweep.core.errors import DiskFull, describe, disk_full
 from dpsweep.core.layout import OPTUNA_DB
 from dpsweep.core.vocabulary import DISK_FULL_KEY, FAILED, INTERRUPTED, OK, PRUNED
@@ -38,11 +44,6 @@ from dpsweep.orchestrator.sweep.studies import (
     read_outcome,
 )
 from dpsweep.orchestrator.trial.runner import PHASE_KEY, STARTING, execute, use_data_pool
-from optuna.trial import TrialState
-from ray import tune
-from ray.tune import ProgressReporter, Stopper
-from ray.tune.logger import JsonLoggerCallback
-from ray.tune.search import Searcher
 
 if TYPE_CHECKING:
     from dpsweep.orchestrator.sweep.signals import _StopFlag

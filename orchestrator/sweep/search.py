@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 import ray
+from ray.actor import ActorHandle
+
 from dpsweep.core import layout
 from dpsweep.core.storage import json_bytes
 from dpsweep.orchestrator.accounting.calibration import certify
@@ -40,11 +42,11 @@ from dpsweep.orchestrator.trial.plan import data_pool, plan_trial
 from dpsweep.orchestrator.trial.pruning import ACTOR_PREFIX, start_board
 from dpsweep.orchestrator.trial.setup import ResolvedSetup
 from dpsweep.trainables.data.splits import DataSplits
-from ray.actor import ActorHandle
 
 if TYPE_CHECKING:
-    from dpsweep.orchestrator.sweep.raytune import SweepSearcher
     from ray.tune import Tuner
+
+    from dpsweep.orchestrator.sweep.raytune import SweepSearcher
 
 #: Tune's own samples beyond the trials and jobs to run: room for trials told to stop and
 #: re-enqueued, and for points the searcher skips.

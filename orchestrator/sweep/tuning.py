@@ -21,6 +21,7 @@ from typing import Any
 
 import pandas as pd
 import tomli_w
+
 from dpsweep.core.errors import UserInputError
 from dpsweep.core.poisson import poisson_plan
 from dpsweep.core.schedule import Schedule

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
 from dpsweep.core.modes import INVALID_TAG
 from dpsweep.reports.html.records import as_float
 from dpsweep.reports.store import not_covered

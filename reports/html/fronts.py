@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
 from dpsweep.core.modes import INVALID_TAG
 from dpsweep.core.storage import atomic_write_text
 from dpsweep.reports import plots

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
 from dpsweep.core.modes import INVALID_TAG
 from dpsweep.core.vocabulary import OK, PRUNED, SPLIT_NAMES
 from dpsweep.reports.html.fmt import (

@@ -11,6 +11,7 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 
 import pandas as pd
+
 from dpsweep.core import layout
 from dpsweep.core.storage import atomic_write_text
 from dpsweep.reports.html.attacks import (

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pandas as pd
+
 from dpsweep.core.errors import UserInputError
 from dpsweep.reports.html.fmt import ci_text, esc, num_text, table_html, th
 from dpsweep.reports.html.fronts import chance_halfwidth

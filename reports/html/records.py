@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
 from dpsweep.core import layout
 from dpsweep.core.datasets import NUM_CLASSES
 from dpsweep.core.errors import UserInputError

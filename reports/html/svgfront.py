@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+
 from dpsweep.reports.html.fmt import TEST_NOTE, esc, flags_text
 from dpsweep.reports.pareto import ACC, ACC_HI, ACC_LO, MIA, MIA_HI, MIA_LO, MIA_UPPER
 from dpsweep.reports.plots import Baseline

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
 from dpsweep.core import layout
 from dpsweep.reports import plots
 from dpsweep.reports.html.fmt import (

@@ -5,6 +5,7 @@ failed trials, and which results columns the epsilon covers.
 from __future__ import annotations
 
 import pandas as pd
+
 from dpsweep.core.modes import INVALID_TAG
 from dpsweep.core.vocabulary import OK, PRUNED
 from dpsweep.reports.html.fmt import (

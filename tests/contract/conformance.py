@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
 from dpsweep.core.schedule import Schedule
 from dpsweep.trainables.data.splits import load_splits
 from dpsweep.trainables.dp.randomness import Randomness, poisson_batches

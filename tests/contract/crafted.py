@@ -15,13 +15,13 @@ import math
 from collections.abc import Iterator
 
 import torch
+from torch import nn
+
 from dpsweep.core.schedule import Schedule
 from dpsweep.trainables.dp.step import DPStep
 from dpsweep.trainables.engine.grad_engine import GradEngine
 from dpsweep.trainables.engine.host_reads import forbid_host_reads
 from dpsweep.trainables.models.networks import LayeredModel
-from torch import nn
-
 from tests.contract.conformance import (
     Workload,
     _excess,

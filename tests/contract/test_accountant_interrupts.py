@@ -14,6 +14,7 @@ import threading
 import time
 
 import pytest
+
 from dpsweep.orchestrator.accounting import sandbox
 from dpsweep.orchestrator.accounting.calibration import _answer
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from dpsweep.orchestrator.accounting import cache as budget_cache
 from dpsweep.orchestrator.accounting import sandbox
 from dpsweep.orchestrator.accounting.calibration import calibrate, epsilon_curve

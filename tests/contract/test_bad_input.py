@@ -33,6 +33,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+
 from dpsweep.core import layout
 from dpsweep.core.layout import LOCK, LOCK_INFO, MANIFEST
 from dpsweep.orchestrator.cli import main
@@ -40,7 +41,6 @@ from dpsweep.orchestrator.door import check
 from dpsweep.orchestrator.rundir import RunDir
 from dpsweep.orchestrator.trial.single import train_single
 from dpsweep.reports import store
-
 from tests.conftest import tiny_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -339,6 +339,7 @@ def _truncated_results(*, rerecorded: bool) -> Callable[[Ctx, Path], None]:
 def _finished_in_optuna(ctx: Ctx, run: Path) -> None:
     """An Optuna storage that counts trial-007 as finished, a trial that left no records."""
     import optuna
+
     from dpsweep.core.layout import OPTUNA_DB
     from dpsweep.orchestrator.sweep.studies import ID_ATTR
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from dpsweep.core.events import events_from_list
 from dpsweep.core.modes import INVALID_TAG
 from dpsweep.core.schedule import Schedule
@@ -22,7 +23,6 @@ from dpsweep.trainables.dp.contract import PUBLIC_SHARE
 from dpsweep.trainables.dp.step import PublicData
 from dpsweep.trainables.methods import METHODS
 from dpsweep.trainables.training.loop import load_checkpoint_state, train_trial
-
 from tests.conftest import tiny_config
 from tests.contract.conformance import (
     SIGMA,

@@ -11,10 +11,10 @@ from typing import Any, ClassVar
 
 import pytest
 import torch
+
 from dpsweep.trainables.engine.grad_engine import PerExampleView
 from dpsweep.trainables.methods import METHODS, registered
 from dpsweep.trainables.methods.dpsgd import DPSGD
-
 from tests.contract.conformance import (
     NOISE_STEPS,
     RESUME_AT,

@@ -8,11 +8,11 @@ import math
 
 import pytest
 import torch
+
 from dpsweep.trainables.engine.grad_engine import GradEngine
 from dpsweep.trainables.engine.norms import row_sums, scaled_sq_norms
 from dpsweep.trainables.methods import METHODS
 from dpsweep.trainables.models.networks import LayeredModel
-
 from tests.contract.conformance import REL_TOL
 from tests.contract.crafted import (
     BRANCHES,

@@ -16,10 +16,10 @@ import copy
 
 import pytest
 import torch
+
 from dpsweep.core.schedule import Schedule
 from dpsweep.trainables.engine.grad_engine import GradEngine
 from dpsweep.trainables.methods import METHODS
-
 from tests.contract.conformance import (
     LIFECYCLE_STEPS,
     NOISE_STEPS,

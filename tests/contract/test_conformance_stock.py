@@ -13,12 +13,12 @@ from collections.abc import Callable
 
 import pytest
 import torch
+
 from dpsweep.core.errors import UserInputError
 from dpsweep.core.schedule import Schedule
 from dpsweep.trainables.methods import METHODS
 from dpsweep.trainables.models.networks import LayeredModel
 from dpsweep.trainables.models.validator import wrap_checked
-
 from tests import stock_nets
 from tests.contract.conformance import (
     SIGMA,

@@ -12,11 +12,11 @@ import re
 from pathlib import Path
 
 import pytest
-from dpsweep.search_spaces import SPACES, STEP, build_space
-from dpsweep.trainables.methods import METHODS
 
 from bench.docgen import runs as docgen_runs
 from bench.docgen.blocks import BLOCKS, GENERATORS, RANGE_TABLE_LAYERS, ROOT
+from dpsweep.search_spaces import SPACES, STEP, build_space
+from dpsweep.trainables.methods import METHODS
 
 _CELL = re.compile(r"(?<!\\)\|")
 

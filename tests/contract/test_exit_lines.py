@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from dpsweep.core.errors import UserInputError
 from dpsweep.orchestrator import cli
 from dpsweep.orchestrator.cluster import connection as cluster

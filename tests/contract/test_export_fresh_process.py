@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from dpsweep.orchestrator.release.bundle import export_trial
 
+from dpsweep.orchestrator.release.bundle import export_trial
 from tests.unit.orchestrator.test_export import Trained, _train
 from tests.unit.orchestrator.test_export_loader import NETWORKS, UNLISTED, _copy
 

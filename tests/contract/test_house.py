@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from dpsweep.core.poisson import PHYSICAL_BATCH
 from dpsweep.core.vocabulary import DISK_FULL_KEY, PRIVATE_SPLITS, SPLIT_NAMES, STATUSES
 from dpsweep.trainables.methods import METHODS

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from dpsweep.trainables.data import splits as data
 
 REPO = Path(__file__).resolve().parents[2]

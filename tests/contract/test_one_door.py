@@ -8,6 +8,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+
 from dpsweep.core.errors import UserInputError
 from dpsweep.orchestrator import api, door
 from dpsweep.orchestrator.cli import main
@@ -17,7 +18,6 @@ from dpsweep.orchestrator.trial.plan import plan_trial
 from dpsweep.orchestrator.trial.setup import ResolvedSetup
 from dpsweep.orchestrator.trial.single import train_single
 from dpsweep.trainables.methods import METHODS
-
 from tests.conftest import tiny_config
 from tests.contract.test_bad_input import (
     CASES,

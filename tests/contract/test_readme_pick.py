@@ -12,9 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dpsweep.reports.pick import SUGGESTED_MAX_PEAK_MIA
-
 from bench.synthetic_run import make_run
+from dpsweep.reports.pick import SUGGESTED_MAX_PEAK_MIA
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 BIN = Path(sys.executable).parent / "dpsweep"

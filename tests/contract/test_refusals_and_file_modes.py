@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from dpsweep.core import layout
 from dpsweep.core.errors import UserInputError
 from dpsweep.core.toml import tomllib
@@ -29,7 +30,6 @@ from dpsweep.orchestrator.door import check
 from dpsweep.orchestrator.rundir import DIR_MODE, FILE_MODE, RunDir
 from dpsweep.orchestrator.trial.single import train_single
 from dpsweep.reports import store
-
 from tests.conftest import tiny_config
 
 TRIAL = "trial-000"  # orchestrator.trial.single.TRIAL_ID

@@ -20,13 +20,13 @@ import tempfile
 from pathlib import Path
 
 import pytest
+
+from bench.synthetic_run import make_run
 from dpsweep.orchestrator.report import run_report
 from dpsweep.reports.html import load_run
 from dpsweep.reports.html.recommend import DECISION_CLASS
 from dpsweep.reports.html.svgfront import LABEL_CLASS
 from dpsweep.reports.pick import SUGGESTED_MAX_PEAK_MIA, choose
-
-from bench.synthetic_run import make_run
 
 BINARIES = ("chromium", "chromium-browser", "google-chrome")
 TIMEOUT_S = 120

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from dpsweep.core.params import Param
 from dpsweep.orchestrator.api import load_config as load
 from dpsweep.orchestrator.config import read_toml

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from dpsweep.trainables.data.files import MAX_CLASSES
 
 REPO = Path(__file__).resolve().parents[2]

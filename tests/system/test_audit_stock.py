@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from PIL import Image
+
 from dpsweep.core import layout
 from dpsweep.orchestrator import api
 from dpsweep.orchestrator.audit.membership import (
@@ -31,8 +33,6 @@ from dpsweep.orchestrator.sweep.search import audit_settings
 from dpsweep.orchestrator.trial.plan import plan_trial
 from dpsweep.orchestrator.trial.runner import execute
 from dpsweep.trainables.audit.exclusion import PARTLY_SCORED, SCORED, SHARED, SHARED_FROZEN
-from PIL import Image
-
 from tests.system import audit_nets
 
 pytestmark = pytest.mark.slow

@@ -19,12 +19,12 @@ import time
 from pathlib import Path
 
 import pytest
+
+from bench.cli_harness import processes
 from dpsweep.core.errors import UserInputError
 from dpsweep.orchestrator import raytemp
 from dpsweep.orchestrator.cluster import connection as cluster
 from dpsweep.orchestrator.cluster import resources, storage
-
-from bench.cli_harness import processes
 
 ray = pytest.importorskip("ray")
 

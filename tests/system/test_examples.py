@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+
 from dpsweep.orchestrator.config import read_toml
 from dpsweep.reports.store import read_results
 

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
 from dpsweep.orchestrator.cli import main
 from dpsweep.orchestrator.trial.single import TRIAL_ID
 from dpsweep.reports.store import read_results
@@ -308,8 +309,9 @@ def test_a_built_in_model_export_runs_without_dpsweep(tmp_path: Path) -> None:
 
 def test_built_in_class_names_are_the_published_ones() -> None:
     """model.json's classes for the built-in datasets (core.datasets.CLASS_NAMES)."""
-    from dpsweep.core.datasets import CLASS_NAMES, DATASET_NAMES, NUM_CLASSES
     from torchvision.datasets import MNIST, FashionMNIST
+
+    from dpsweep.core.datasets import CLASS_NAMES, DATASET_NAMES, NUM_CLASSES
 
     assert set(CLASS_NAMES) == set(DATASET_NAMES)
     assert all(len(CLASS_NAMES[d]) == NUM_CLASSES[d] for d in DATASET_NAMES)

@@ -35,9 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from dpsweep.core.errors import EXIT_DISK_FULL
 
 from bench.cli_harness import complete_ids, result_ids, running
+from dpsweep.core.errors import EXIT_DISK_FULL
 from tests.system.conftest import Lane
 from tests.system.test_faults import Stage, run_stage
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+
 from dpsweep.core import layout
 from dpsweep.core.toml import tomllib
 from dpsweep.orchestrator import api
@@ -23,7 +24,6 @@ from dpsweep.orchestrator.door import check
 from dpsweep.orchestrator.sweep import tuning as sweep_tuning
 from dpsweep.orchestrator.sweep.driver import run_sweep
 from dpsweep.reports.store import read_results
-
 from tests.conftest import leaves
 
 pytestmark = pytest.mark.slow

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dpsweep.reports.store import read_results
 
 from bench.cli_harness import optuna_trials, running
+from dpsweep.reports.store import read_results
 from tests.system.conftest import Lane
 from tests.system.test_faults import Stage, results_at_least, run_stage
 

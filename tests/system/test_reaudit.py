@@ -34,12 +34,13 @@ from typing import Any
 
 import pandas as pd
 import pytest
+from filelock import FileLock
+
 from dpsweep.core import layout
 from dpsweep.core.exits import EXIT_FAILURES, EXIT_OK, EXIT_USAGE
 from dpsweep.orchestrator.cli import main
 from dpsweep.orchestrator.cluster import connection as cluster
 from dpsweep.reports.store import read_results
-from filelock import FileLock
 
 pytestmark = pytest.mark.slow
 

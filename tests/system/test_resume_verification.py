@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from filelock import FileLock
+
 from dpsweep.core import layout
 from dpsweep.orchestrator import api
 from dpsweep.orchestrator.cli import main
@@ -36,7 +38,6 @@ from dpsweep.orchestrator.sweep.resume_checks import (
 )
 from dpsweep.orchestrator.sweep.studies import ID_ATTR
 from dpsweep.trainables.models.usercode import tree_sha256
-from filelock import FileLock
 
 PREFIX = "dpsweep: error: "
 STORAGE_LINE = f"{PREFIX}RUN_DIR = '{layout.OPTUNA_DB}' is not allowed: expected the run's " \

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+
 from dpsweep.core import layout
 from dpsweep.core.exits import EXIT_FAILURES, EXIT_OK
 from dpsweep.orchestrator.sweep.studies import ID_ATTR, RETRY_ATTR

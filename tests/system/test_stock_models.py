@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from PIL import Image
+
 from dpsweep.core import layout
 from dpsweep.orchestrator import api
 from dpsweep.orchestrator.cli import main
@@ -20,7 +22,6 @@ from dpsweep.orchestrator.door import check
 from dpsweep.orchestrator.trial.single import TRIAL_ID
 from dpsweep.trainables.audit.exclusion import SHARED
 from dpsweep.trainables.training.loop import _derived_seeds, load_checkpoint_state
-from PIL import Image
 
 pytestmark = pytest.mark.slow
 

@@ -27,6 +27,7 @@ import numpy as np
 import optuna
 import pandas as pd
 import pytest
+
 from dpsweep.reports.pareto import wilson_interval
 from dpsweep.reports.store import read_results
 

@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+
 from dpsweep.reports.store import read_results
 
 #: Every test starts the CLI sweep (``cli_sweep``) if it is not running yet.
@@ -206,9 +207,10 @@ def test_the_same_config_on_two_nodes_ships_the_code_through_ray(tmp_path: Path,
     import secrets
 
     import ray
+    from ray.cluster_utils import Cluster
+
     from dpsweep.orchestrator.cluster import connection as cluster
     from dpsweep.orchestrator.raytemp import private_temp_dir
-    from ray.cluster_utils import Cluster
 
     folder = _user_folder(tmp_path / "project", "node_net", audit=False)
     origins = tmp_path / "origins.txt"

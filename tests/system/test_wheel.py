@@ -13,9 +13,9 @@ import zipfile
 from pathlib import Path
 
 import pandas as pd
-from dpsweep.core.vocabulary import OK
 
 from dpsweep import PACKAGES
+from dpsweep.core.vocabulary import OK
 
 REPO = Path(__file__).resolve().parents[2]
 #: What a wheel is built from (copied, so that the build writes nothing into the checkout).

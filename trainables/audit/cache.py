@@ -31,16 +31,18 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from dpsweep.core import __version__
-from dpsweep.core.hints import read_hint_bytes
-from dpsweep.core.lazy import lazy_module
-from dpsweep.core.storage import JsonCache, atomic_write_bytes
 from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
+from dpsweep.core import __version__
+from dpsweep.core.hints import read_hint_bytes
+from dpsweep.core.lazy import lazy_module
+from dpsweep.core.storage import JsonCache, atomic_write_bytes
+
 if TYPE_CHECKING:
     import torch
+
     from dpsweep.trainables.data.splits import DataSplits, Split
     from dpsweep.trainables.models.networks import LayeredModel
 else:

@@ -63,6 +63,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
 from dpsweep.core.errors import UserInputError
 from dpsweep.core.lazy import lazy_module
 from dpsweep.core.trial import TrialSpec
@@ -71,6 +72,7 @@ from dpsweep.trainables.dp.step import bound_coefficients
 
 if TYPE_CHECKING:
     import torch
+
     from dpsweep.trainables.dp.step import DPStep
     from dpsweep.trainables.models.networks import LayeredModel
 else:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
 from dpsweep.core.trial import TrialSpec
 from dpsweep.trainables.audit.canaries import (
     BLACK_BOX,

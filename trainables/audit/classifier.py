@@ -28,16 +28,18 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+from threadpoolctl import threadpool_limits
+
 from dpsweep.core.lazy import lazy_module
 from dpsweep.trainables.audit.layer_attack import fit_layer_attack, ir_features, reduce_ir
 from dpsweep.trainables.audit.prefix import savings_enabled
 from dpsweep.trainables.audit.references import ReferencePlan, ReferenceTrainer
 from dpsweep.trainables.audit.signals import logit_confidence
 from dpsweep.trainables.data.splits import DataSplits
-from threadpoolctl import threadpool_limits
 
 if TYPE_CHECKING:
     import torch
+
     from dpsweep.trainables.data.splits import Split
     from dpsweep.trainables.models.networks import LayeredModel
 else:

@@ -11,11 +11,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
 from dpsweep.core.lazy import lazy_module
 from dpsweep.trainables.audit.canaries import CANARY_POOL, CanaryCounts, check_count
 
 if TYPE_CHECKING:
     import torch
+
     from dpsweep.trainables.data.splits import DataSplits
     from dpsweep.trainables.dp.randomness import Randomness
     from dpsweep.trainables.dp.step import DPStep

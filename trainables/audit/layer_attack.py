@@ -47,15 +47,16 @@ from typing import Any
 
 import numpy as np
 import torch
-from dpsweep.core.errors import UserInputError
-from dpsweep.trainables.audit.prefix import savings_enabled
-from dpsweep.trainables.models.networks import LayeredModel
 from sklearn.base import ClassifierMixin
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import balanced_accuracy_score
 from sklearn.neural_network import MLPClassifier
 from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import StandardScaler
+
+from dpsweep.core.errors import UserInputError
+from dpsweep.trainables.audit.prefix import savings_enabled
+from dpsweep.trainables.models.networks import LayeredModel
 
 #: Largest conv map (C * H * W values) kept whole; larger maps become per-channel statistics.
 MAX_FLAT = 1024

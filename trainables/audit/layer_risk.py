@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from threadpoolctl import threadpool_limits
+
 from dpsweep.core.errors import UserInputError
 from dpsweep.core.hints import ignored
 from dpsweep.core.storage import JsonCache
@@ -32,7 +34,6 @@ from dpsweep.trainables.audit.layer_attack import (
 )
 from dpsweep.trainables.audit.risk_stage import MIN_STAGE1_EXAMPLES, Stage1
 from dpsweep.trainables.dp.optim import Update
-from threadpoolctl import threadpool_limits
 
 if TYPE_CHECKING:
     from dpsweep.trainables.models.networks import LayeredModel

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
 from dpsweep.core.lazy import lazy_module
 from dpsweep.core.poisson import PHYSICAL_BATCH
 from dpsweep.trainables.audit.cache import tensor_hash
@@ -51,8 +52,9 @@ from dpsweep.trainables.engine.grad_engine import WHOLE_EXACT_PATH
 
 if TYPE_CHECKING:
     import torch
-    from dpsweep.trainables.models.networks import LayeredModel
     from torch import nn
+
+    from dpsweep.trainables.models.networks import LayeredModel
 else:
     torch = lazy_module("torch")
 

@@ -23,19 +23,21 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.linear_model import LogisticRegression
+from sklearn.preprocessing import StandardScaler
+from threadpoolctl import threadpool_limits
+
 from dpsweep.core.errors import UserInputError
 from dpsweep.core.lazy import lazy_module
 from dpsweep.trainables.audit.layer_attack import ir_features, reduce_ir
 from dpsweep.trainables.audit.prefix import prefix_outputs, savings_enabled
 from dpsweep.trainables.audit.references import subset
 from dpsweep.trainables.audit.signals import PROBE_LOSS
-from sklearn.exceptions import ConvergenceWarning
-from sklearn.linear_model import LogisticRegression
-from sklearn.preprocessing import StandardScaler
-from threadpoolctl import threadpool_limits
 
 if TYPE_CHECKING:
     import torch
+
     from dpsweep.trainables.audit.prefix import SharedPrefix
     from dpsweep.trainables.data.splits import Split
     from dpsweep.trainables.models.networks import LayeredModel

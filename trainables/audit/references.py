@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
 from dpsweep.core.errors import UserInputError
 from dpsweep.core.lazy import lazy_module
 from dpsweep.core.poisson import PHYSICAL_BATCH
@@ -80,6 +81,7 @@ from dpsweep.trainables.training.loop import build_trial_model, train_trial
 
 if TYPE_CHECKING:
     import torch
+
     from dpsweep.trainables.models.networks import LayeredModel
 else:
     torch = lazy_module("torch")

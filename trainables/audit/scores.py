@@ -51,8 +51,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from dpsweep.core.errors import UserInputError
 from scipy.stats import norm, rankdata
+
+from dpsweep.core.errors import UserInputError
 
 LIRA_ONLINE = "lira_online"
 LIRA_OFFLINE = "lira_offline"

@@ -48,15 +48,17 @@ import math
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
+from scipy.special import expit
+
 from dpsweep.core.errors import UserInputError
 from dpsweep.core.lazy import lazy_module
 from dpsweep.core.poisson import PHYSICAL_BATCH
 from dpsweep.trainables.audit.prefix import savings_enabled
 from dpsweep.trainables.engine.grad_engine import GradEngine
-from scipy.special import expit
 
 if TYPE_CHECKING:
     import torch
+
     from dpsweep.trainables.audit.prefix import SharedPrefix
     from dpsweep.trainables.models.networks import LayeredModel
 else:

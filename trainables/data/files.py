@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from dpsweep.core.errors import UserInputError
 from dpsweep.trainables.models.usercode import check_reference, file_sha256, tree_sha256
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
 from dpsweep.core.datasets import NUM_CLASSES
 from dpsweep.core.errors import UserInputError
 

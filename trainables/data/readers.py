@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from PIL import Image
+
 from dpsweep.core.errors import UserInputError
 from dpsweep.core.vocabulary import SPLIT_NAMES
 from dpsweep.trainables.data.files import (
@@ -26,7 +28,6 @@ from dpsweep.trainables.data.files import (
     short_reason,
 )
 from dpsweep.trainables.models.usercode import call_user, resolve
-from PIL import Image
 
 #: Image modes read as uint8 channels, and how many channels each gives.
 IMAGE_MODES: dict[str, int] = {"L": 1, "LA": 2, "RGB": 3, "RGBA": 4}

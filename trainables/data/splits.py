@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+
 from dpsweep.core.datasets import DATASET_NAMES, FILE_DATASET, INPUT_SHAPES, NUM_CLASSES
 from dpsweep.core.errors import UserInputError
 from dpsweep.core.lazy import lazy_module

@@ -55,6 +55,7 @@ from typing import Any
 
 import numpy as np
 import torch
+
 from dpsweep.core.errors import UserInputError
 from dpsweep.core.records import RANDOMNESS_KINDS
 from dpsweep.trainables.engine.host_reads import to_device

@@ -41,6 +41,7 @@ from dpsweep.trainables.models.trainable import TrainableLayers, trainable_layer
 
 if TYPE_CHECKING:
     import torch
+
     from dpsweep.trainables.dp.randomness import Randomness
     from dpsweep.trainables.models.networks import LayeredModel
 else:

@@ -142,8 +142,9 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     import torch
-    from dpsweep.trainables.models.networks import LayeredModel
     from torch import nn
+
+    from dpsweep.trainables.models.networks import LayeredModel
 else:
     torch = lazy_module("torch")
 

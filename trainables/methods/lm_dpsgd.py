@@ -60,6 +60,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
+
 from dpsweep.core.errors import UserInputError
 from dpsweep.core.lazy import lazy_module
 from dpsweep.core.modes import Mode, Source

@@ -11,15 +11,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from torch import nn
+
 from dpsweep.trainables.models import usercode
 from dpsweep.trainables.models.catalog import model_for
 from dpsweep.trainables.models.fix import fix_model
 from dpsweep.trainables.models.networks import LayeredModel, build_model
 from dpsweep.trainables.models.validator import sample_batch, wrap_checked
-from torch import nn
 
 if TYPE_CHECKING:
     import torch
+
     from dpsweep.trainables.models.source import ModelSource
 
 

@@ -29,8 +29,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from dpsweep.core.errors import UserInputError
 from torch import nn
+
+from dpsweep.core.errors import UserInputError
 
 #: Groups of the GroupNorm that replaces a BatchNorm over 2-D or 3-D inputs (at most).
 GROUPS = 32

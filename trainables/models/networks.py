@@ -15,6 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 import torch
+from torch import nn
+
 from dpsweep.core.errors import UserInputError
 from dpsweep.trainables.models.catalog import (
     CATALOG,
@@ -27,7 +29,6 @@ from dpsweep.trainables.models.catalog import (
     ModelSpec,
     check_input_shape,
 )
-from torch import nn
 
 ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
 

@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
-    from dpsweep.trainables.models.networks import LayeredModel
     from torch import nn
+
+    from dpsweep.trainables.models.networks import LayeredModel
 
 
 class TrainableLayers:

@@ -33,12 +33,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from torch import nn
+
 from dpsweep.core.errors import UserInputError
 from dpsweep.trainables.engine.func import NotPerExample, probe_calls
 from dpsweep.trainables.engine.grad_engine import WHOLE_EXACT_PATH, GradEngine
 from dpsweep.trainables.engine.passes import LOOSE
 from dpsweep.trainables.models.networks import WrappedModel
-from torch import nn
 
 #: Modules that normalise with batch statistics, and what to use instead.
 _BATCH_NORMS: tuple[type[nn.Module], ...] = (nn.modules.batchnorm._BatchNorm,)

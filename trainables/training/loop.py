@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+
 from dpsweep.core import __version__, layout
 from dpsweep.core.errors import PrivacyBoundViolation, TrialDiverged, UserInputError
 from dpsweep.core.layout import CHECKPOINT_FILE

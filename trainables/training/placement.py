@@ -28,6 +28,7 @@ from dpsweep.core.lazy import lazy_module
 
 if TYPE_CHECKING:
     import torch
+
     from dpsweep.trainables.data.splits import DataSplits
     from dpsweep.trainables.dp.step import DPStep
 else:

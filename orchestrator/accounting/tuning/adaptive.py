@@ -16,6 +16,7 @@ from dp_accounting import dp_event
 from dp_accounting.pld import common as pld_common
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
+
 from dpsweep.core.checks import whole
 from dpsweep.core.errors import UserInputError
 from dpsweep.core.schedule import Schedule

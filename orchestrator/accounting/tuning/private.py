@@ -43,6 +43,7 @@ import numpy as np
 from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
+
 from dpsweep.core.checks import number, whole
 from dpsweep.core.errors import UserInputError
 from dpsweep.core.schedule import Schedule

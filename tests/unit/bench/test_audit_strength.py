@@ -9,11 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from bench import audit_strength as bs
 from dpsweep.trainables.audit.references import MEASURED_TPR_AT_1PCT_FPR
 from dpsweep.trainables.audit.scores import auc as audit_auc
 from dpsweep.trainables.audit.stats.attacks import MIN_BOOTSTRAP_RESAMPLES, attack_statistics
-
-from bench import audit_strength as bs
 
 ROOT = Path(__file__).resolve().parents[3]
 

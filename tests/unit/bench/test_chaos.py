@@ -15,12 +15,12 @@ from typing import Any
 
 import optuna
 import pytest
-from dpsweep.core import layout
-from dpsweep.orchestrator.api import load_config as load
-from dpsweep.reports.store import failed_row, pruned_row, write_results
 
 from bench import chaos
 from bench.docgen import runs as docgen_runs
+from dpsweep.core import layout
+from dpsweep.orchestrator.api import load_config as load
+from dpsweep.reports.store import failed_row, pruned_row, write_results
 
 ID_ATTR = "dpsweep_trial_id"  # orchestrator.sweep.studies.ID_ATTR
 OK_ID, PRUNED_ID, FLIGHT_ID = "dpsgd_eps3-000", "dpsgd_eps3-001", "dpsgd_eps3-002"

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from dpsweep.core.errors import UserInputError
 
 from bench import stock_models as sm
 from bench.docgen import blocks as docgen
+from dpsweep.core.errors import UserInputError
 
 STOCK = sm.load_stock().STOCK
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+
 from dpsweep.core import hints
 from dpsweep.core.hints import MAX_JSON_BYTES, read_json_hint
 from dpsweep.orchestrator.accounting import cache as budget_cache
@@ -25,7 +26,6 @@ from dpsweep.trainables.audit import layer_risk
 from dpsweep.trainables.engine import plan as engine_plan
 from dpsweep.trainables.engine.grad_engine import GradEngine
 from dpsweep.trainables.models.networks import build_model
-
 from tests.contract.conformance import digits
 
 #: No case may take longer than this (a FIFO read without O_NONBLOCK waits forever).

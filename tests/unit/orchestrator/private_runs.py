@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import tomli_w
+
+from bench.synthetic_run import make_run
 from dpsweep.core import layout
 from dpsweep.core.storage import sha256_file
 from dpsweep.core.toml import tomllib
 from dpsweep.orchestrator.release.selection import SELECTED
 from dpsweep.orchestrator.rundir import RunDir
-
-from bench.synthetic_run import make_run
 
 #: Noisy scores of the synthetic run's trials: the best admissible one, t14, is degenerate (its
 #: noiseless accuracy 0.15); t7 (not dp_valid), t13 (replayable) and t15 (a re-run) score higher.

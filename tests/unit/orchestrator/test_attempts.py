@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from dpsweep.core import layout
 from dpsweep.core.errors import UserInputError
 from dpsweep.orchestrator.rundir import RunDir

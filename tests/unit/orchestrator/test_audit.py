@@ -18,6 +18,9 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from scipy.stats import rankdata
+from sklearn.metrics import roc_auc_score
+
 from dpsweep.core.errors import UserInputError
 from dpsweep.core.layout import AUDIT, AUDIT_SCORES, CACHE, TRIALS
 from dpsweep.core.storage import atomic_write_json
@@ -41,8 +44,6 @@ from dpsweep.trainables.audit.references import (
 )
 from dpsweep.trainables.data.splits import DataSplits, SplitSizes, load_splits
 from dpsweep.trainables.models.networks import LayeredModel
-from scipy.stats import rankdata
-from sklearn.metrics import roc_auc_score
 
 SIZES = SplitSizes(train=300, validation=100, holdout=300, test=297, shadow=800)
 #: Overfits 300 digits (train loss ~1e-3) in a few seconds on one core.

@@ -18,6 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from dpsweep.core.errors import UserInputError
 from dpsweep.core.events import (
     Composed,
@@ -44,8 +47,6 @@ from dpsweep.orchestrator.accounting.verify import (
     schedule_events,
     verify_calibration,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 Q, T, DELTA = 0.004267, 2344, 1e-5
 #: sigma of the acceptance question whose fine PRV upper bound is the window's centre, found by

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from dpsweep.orchestrator.cli import main
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 
 import pytest
+
 from dpsweep.orchestrator.audit.canary import DEFAULT_WHITE_BOX_CANARIES
 from dpsweep.orchestrator.cli import COMMANDS, main
 from dpsweep.orchestrator.config import DEFAULT_ACCOUNTANT_TIMEOUT_S

@@ -8,6 +8,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+
 from dpsweep.core.datasets import POOLS
 from dpsweep.core.errors import UserInputError
 from dpsweep.orchestrator import api, config
@@ -346,6 +347,7 @@ def test_the_epsilon_floor_is_the_accountants_rdp_bound_with_infinite_noise() ->
     """Config validation's floor is what orchestrator.accounting.prv's conversion gives for
     zero RDP (infinite noise), at the same orders."""
     import numpy as np
+
     from dpsweep.orchestrator.accounting.prv import DOMAIN_RDP_MAX_ORDER, rdp_to_epsilon
     from dpsweep.orchestrator.config.checks import RDP_MAX_ORDER, epsilon_floor
 

@@ -5,6 +5,7 @@ trial (Ray hides every GPU from a trial that asks for none), is refused before R
 from __future__ import annotations
 
 import pytest
+
 from dpsweep.core.errors import UserInputError
 from dpsweep.orchestrator.cluster import resources
 

@@ -5,6 +5,8 @@ a real sweep, is ``tests/system/test_progress_estimate.py``."""
 from __future__ import annotations
 
 import pytest
+
+from dpsweep.orchestrator.cli import main
 from dpsweep.orchestrator.sweep.estimate import FIXED_SECONDS, Estimate, SeriesCost
 
 
@@ -25,3 +27,17 @@ def test_trials_steps_and_audits_multiply_out_over_the_concurrency() -> None:
     assert "3 trials, 300 DP steps, 24 audit references" in text
     assert "peak memory per trial: 1024 MiB (RSS)" in text
     assert "audit" not in "\n".join(plain.lines()[1:2])
+
+
+def test_config_check_estimates_on_request(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``config --check CONFIG --estimate`` measures the sweep as ``run --estimate`` does and
+    writes nothing beside the config."""
+    config = tmp_path / "sweep.toml"
+    config.write_text("[training]\nepochs = 1\nbatch_size = 50\n[sweep]\nmethods = ['dpsgd']\n"
+                      "trials_per_method = 2\n[audit]\nenabled = false\n")
+    assert main(["config", "--check", str(config)]) == 0
+    assert "projected wall time" not in capsys.readouterr().out
+    assert main(["config", "--check", str(config), "--estimate"]) == 0
+    out = capsys.readouterr().out
+    assert "dpsgd: 2 trial(s) x 10 DP steps" in out and "projected wall time" in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep.toml"]

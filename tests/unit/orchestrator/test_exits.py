@@ -15,6 +15,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+
 from dpsweep.core import errors, exits
 from dpsweep.core.errors import UserInputError
 from dpsweep.core.vocabulary import FAILED, OK, PRUNED

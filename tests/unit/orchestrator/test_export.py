@@ -13,9 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import dpsweep.trainables.dp.randomness
 import pytest
 import torch
+from safetensors.torch import load_file
+
+import dpsweep.trainables.dp.randomness
 from dpsweep.core import layout
 from dpsweep.core.errors import UserInputError
 from dpsweep.core.poisson import poisson_plan
@@ -48,8 +50,6 @@ from dpsweep.trainables.training.loop import (
     load_trial_data,
     train_trial,
 )
-from safetensors.torch import load_file
-
 from tests.conftest import tiny_config
 
 #: Distinctive values, so a search of the exported bytes cannot hit them by chance.

@@ -25,9 +25,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+
 from dpsweep.orchestrator.release import loader
 from dpsweep.orchestrator.release.bundle import RELEASE_FILES, ExportResult, export_trial
-
 from tests.unit.orchestrator.test_export import Trained, _train
 
 NETWORKS = "dpsweep/trainables/models/networks.py"

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from bench.synthetic_run import INVALID_REASON, SIZES, make_run
 from dpsweep.core import layout
 from dpsweep.core.errors import UserInputError
 from dpsweep.core.toml import tomllib
@@ -24,8 +26,6 @@ from dpsweep.orchestrator.trial.plan import config_from_spec
 from dpsweep.orchestrator.trial.single import train_single
 from dpsweep.reports import store
 from dpsweep.reports.pick import choose
-
-from bench.synthetic_run import INVALID_REASON, SIZES, make_run
 from tests.conftest import leaves, tiny_config
 from tests.unit.orchestrator.private_runs import PLAN, private_run
 
@@ -230,9 +230,8 @@ def test_export_is_delegated_to_release(run_dir: Path, tmp_path: Path,
 def test_config_reproduces_the_trial_spec(index: int) -> None:
     """Everything a spec takes from the config comes back from config_from_spec: method and
     its validated hyperparameters, sizes, batch, epochs, seed, randomness, budget."""
-    from dpsweep.orchestrator.trial.plan import randomness_kind
-
     from bench.synthetic_run import TRIALS, make_spec
+    from dpsweep.orchestrator.trial.plan import randomness_kind
 
     spec = make_spec(TRIALS[index], seed=index)
     cfg = config_from_spec(json.loads(json.dumps(spec)))
@@ -252,9 +251,8 @@ def test_config_reproduces_the_trial_spec(index: int) -> None:
 
 
 def test_prepared_parameters_are_not_written_as_hyperparameters() -> None:
-    from dpsweep.trainables.methods import get_method
-
     from bench.synthetic_run import TRIALS, make_spec
+    from dpsweep.trainables.methods import get_method
 
     spec = make_spec(TRIALS[0], 0)
     spec["method"] = "lm_dpsgd"
@@ -273,6 +271,7 @@ NOISELESS_KEYS = {"val_accuracy", "val_accuracy_ci", "test_accuracy", "val_loss"
 
 def test_private_choice_reads_the_noisy_score_only() -> None:
     import pandas as pd
+
     from dpsweep.reports.pick import choose_private
 
     def row(tid: str, noisy: float, **kw: Any) -> dict[str, Any]:

@@ -20,11 +20,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+
 from dpsweep.core import layout
 from dpsweep.orchestrator.cli import main
 from dpsweep.orchestrator.release.selection import SELECTED
 from dpsweep.reports import store
-
 from tests.unit.orchestrator.private_runs import (
     CHOSEN,
     OTHER,

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from dpsweep.orchestrator.sweep import progress as progress_mod
 from dpsweep.orchestrator.sweep.progress import LiveTrials, duration
 from dpsweep.orchestrator.sweep.state import SweepProgress

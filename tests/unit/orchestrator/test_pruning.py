@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+
 from dpsweep.core.errors import UserInputError
 from dpsweep.orchestrator.trial.pruning import RungBoard, TrialPruned, cutoff, rungs
 

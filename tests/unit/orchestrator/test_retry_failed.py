@@ -16,6 +16,8 @@ from typing import Any
 
 import optuna
 import pytest
+from optuna.trial import TrialState
+
 from dpsweep.core import layout
 from dpsweep.core.errors import UserInputError
 from dpsweep.core.storage import atomic_write_json
@@ -36,7 +38,6 @@ from dpsweep.orchestrator.sweep.studies import (
 )
 from dpsweep.orchestrator.sweep.summary import RETRIED, begin_attempt, read_attempts, retried_trials
 from dpsweep.orchestrator.sweep.tuning import adaptive_summary
-from optuna.trial import TrialState
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 FAILURE = "RuntimeError: CUDA out of memory (the GPU was shared)"

@@ -18,6 +18,8 @@ from typing import Any
 
 import optuna
 import pytest
+from optuna.trial import TrialState
+
 from dpsweep.core import layout
 from dpsweep.core.errors import (
     EXIT_DISK_FULL,
@@ -42,7 +44,6 @@ from dpsweep.orchestrator.sweep.studies import (
     read_outcome,
     reconcile,
 )
-from optuna.trial import TrialState
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 ENOSPC_TEXT = os.strerror(errno.ENOSPC)

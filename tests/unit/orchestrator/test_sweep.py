@@ -20,6 +20,8 @@ from typing import Any
 
 import optuna
 import pytest
+from optuna.trial import TrialState
+
 from dpsweep.core.storage import atomic_write_json
 from dpsweep.orchestrator import api
 from dpsweep.orchestrator.config import Config
@@ -52,7 +54,6 @@ from dpsweep.orchestrator.sweep.studies import (
     study_name,
 )
 from dpsweep.orchestrator.sweep.tuning import open_plan_study
-from optuna.trial import TrialState
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

@@ -17,6 +17,8 @@ import pytest
 from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
+from scipy import optimize, stats
+
 from dpsweep.core.errors import UserInputError
 from dpsweep.core.schedule import Phase, Schedule
 from dpsweep.core.vocabulary import ATTACK_OBJECTIVE, NOISY_OBJECTIVE, VALIDATION_OBJECTIVE
@@ -34,7 +36,6 @@ from dpsweep.orchestrator.accounting.tuning.private import (
     tuning_event,
 )
 from dpsweep.orchestrator.door import check
-from scipy import optimize, stats
 
 DELTA = 1e-5
 #: What an adaptive sampler can see: validation accuracy alone, or with the in-trial attack.

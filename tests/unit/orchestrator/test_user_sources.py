@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from dpsweep.core.errors import UserInputError
 from dpsweep.orchestrator import api
 from dpsweep.orchestrator.cli import main

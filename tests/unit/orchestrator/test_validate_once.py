@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from dpsweep.core.errors import UserInputError
 from dpsweep.core.params import ParamSet, ValidatedParams
 from dpsweep.orchestrator.door import check
 from dpsweep.orchestrator.trial.plan import plan_trial
 from dpsweep.trainables.methods import get_method
 from dpsweep.trainables.training.loop import load_spec, train_trial
-
 from tests.conftest import tiny_config
 
 

@@ -9,6 +9,9 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from dpsweep.core.errors import UserInputError
 from dpsweep.reports.pareto import (
     ACC_HI,
@@ -26,8 +29,6 @@ from dpsweep.reports.pareto import (
     hypervolume,
     wilson_interval,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 K = 10
 # Values on a coarse lattice make ties and exact duplicates common.

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from dpsweep.core import layout
 from dpsweep.core.records import PrivacyRecord
 from dpsweep.orchestrator.door import check
@@ -27,7 +28,6 @@ from dpsweep.orchestrator.rundir import RunDir
 from dpsweep.orchestrator.trial.single import TRIAL_ID, train_single
 from dpsweep.reports import store
 from dpsweep.trainables.methods import METHODS
-
 from tests.conftest import leaves, tiny_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -12,6 +12,12 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch  # noqa: F401  (the methods' torch is lazy: matplotlib would import it in a test)
+
+from bench.synthetic_run import (
+    INVALID_REASON,
+    TRIALS,
+    make_run,
+)
 from dpsweep.core import layout
 from dpsweep.core.errors import UserInputError
 from dpsweep.reports import html as report_html
@@ -20,12 +26,6 @@ from dpsweep.reports.html.fmt import hyperparameters_text
 from dpsweep.reports.html.overview import when_text
 from dpsweep.reports.pareto import KIND_ALL, KIND_VALID, front_name
 from dpsweep.trainables.methods import report_series
-
-from bench.synthetic_run import (
-    INVALID_REASON,
-    TRIALS,
-    make_run,
-)
 
 
 @pytest.fixture(scope="module")

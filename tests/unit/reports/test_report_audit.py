@@ -11,14 +11,14 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 import pytest
+
+from bench.synthetic_run import make_run
 from dpsweep.core import layout
 from dpsweep.core.errors import UserInputError
 from dpsweep.orchestrator.audit.membership import write_scores
 from dpsweep.reports.html import build_report
 from dpsweep.reports.html.attacks import SCORES_FILE
 from dpsweep.trainables.audit.references import plan_statement
-
-from bench.synthetic_run import make_run
 
 #: Audited candidates per synthetic trial: 5 members then 5 non-members.
 N = 10

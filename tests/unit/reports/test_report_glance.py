@@ -8,11 +8,10 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
+from bench.synthetic_run import make_run
 from dpsweep.reports.html import load_run
 from dpsweep.reports.html.overview import glance
 from dpsweep.reports.html.validity import REAUDIT_COMMAND
-
-from bench.synthetic_run import make_run
 
 #: The synthetic run's failed audit.
 FAILED = "<b>t12</b>: RuntimeError: shadow model diverged (train loss nan)"

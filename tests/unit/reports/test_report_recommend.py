@@ -7,12 +7,11 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
+from bench.synthetic_run import make_run
 from dpsweep.reports.html import load_run
 from dpsweep.reports.html.recommend import recommend_section
 from dpsweep.reports.pareto import MIA_UPPER
 from dpsweep.reports.pick import SUGGESTED_MAX_PEAK_MIA, choose
-
-from bench.synthetic_run import make_run
 
 
 def test_the_recommendation_is_picks_choice_for_the_run_and_each_series(

@@ -12,11 +12,11 @@ from typing import Any
 
 import pandas as pd
 import pytest
+
+from bench.synthetic_run import make_run
 from dpsweep.reports import store
 from dpsweep.reports.html import build_report
 from dpsweep.reports.pareto import REASON_UNAUDITED, REASON_UNSCORED, exclusions
-
-from bench.synthetic_run import make_run
 
 #: What the audit writes for a frozen backbone shared with every reference (its lead is
 #: ``trainables.audit.exclusion.SHARED_FROZEN``).

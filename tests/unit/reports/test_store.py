@@ -11,6 +11,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
+
 from dpsweep.core import layout
 from dpsweep.core.errors import UserInputError
 from dpsweep.core.poisson import poisson_plan
@@ -20,7 +21,6 @@ from dpsweep.orchestrator.door import check
 from dpsweep.reports import store
 from dpsweep.trainables.methods import get_method
 from dpsweep.trainables.training.loop import TrialResult, train_trial
-
 from tests.conftest import tiny_config
 
 SIGMA = 1.1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from dpsweep.core.params import Param
 from dpsweep.search_spaces import SGD_CLIP, SPACES, STEP, Range, Space, searched_params
 from dpsweep.trainables.dp.contract import CLIP

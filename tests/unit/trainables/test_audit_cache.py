@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from dpsweep.orchestrator.door import check
 from dpsweep.trainables.audit.cache import NAMESPACE, CachingTrainer, caching, reference_key
 from dpsweep.trainables.audit.references import (
@@ -24,7 +25,6 @@ from dpsweep.trainables.audit.references import (
     reference_seed,
 )
 from dpsweep.trainables.data.splits import DataSplits, SplitSizes, load_splits
-
 from tests.unit.core.test_cache_hints import KINDS, no_hang, plant
 
 SIZES = SplitSizes(train=100, validation=100, holdout=100, test=100, shadow=400)
@@ -90,7 +90,6 @@ def test_the_key_follows_recipe_data_and_budget(references: list[DataSplits]) ->
 
 def test_a_dp_reference_key_holds_its_budget_not_its_name() -> None:
     from dpsweep.orchestrator.trial.plan import plan_trial
-
     from tests.conftest import tiny_config
 
     digits = load_splits(dataset="digits", seed=0)

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
 from dpsweep.orchestrator.audit.membership import (
     OUTPUT,
     SHADOW_CLASSIFIER,

@@ -6,10 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from torch import nn
+
 from dpsweep.trainables.audit.layer_attack import ir_features
 from dpsweep.trainables.audit.prefix import without_savings
 from dpsweep.trainables.models.networks import LayeredModel
-from torch import nn
 
 
 def model() -> LayeredModel:

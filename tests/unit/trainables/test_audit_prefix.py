@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from torch import nn
+
 from dpsweep.core.trial import REPRODUCIBLE
 from dpsweep.orchestrator.door import check
 from dpsweep.orchestrator.trial.plan import match_budget, plan_trial
@@ -47,8 +49,6 @@ from dpsweep.trainables.models.assemble import build_network
 from dpsweep.trainables.models.networks import LayeredModel, digits_cnn
 from dpsweep.trainables.models.source import ModelSource
 from dpsweep.trainables.models.validator import wrap_checked
-from torch import nn
-
 from tests.conftest import tiny_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -12,6 +12,9 @@ import mpmath
 import numpy as np
 import pytest
 import torch
+from sklearn.metrics import roc_auc_score
+from torch import nn
+
 from dpsweep.trainables.audit import references
 from dpsweep.trainables.audit.references import (
     AuditSignals,
@@ -32,8 +35,6 @@ from dpsweep.trainables.audit.signals import (
 from dpsweep.trainables.data.splits import DataSplits, SplitSizes, load_splits
 from dpsweep.trainables.engine.grad_engine import GradEngine
 from dpsweep.trainables.models.networks import LayeredModel
-from sklearn.metrics import roc_auc_score
-from torch import nn
 
 #: Digits of the mpmath known answers.
 MP_DIGITS = 60

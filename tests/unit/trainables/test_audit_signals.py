@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from sklearn.metrics import roc_auc_score
+
 from dpsweep.core.errors import UserInputError
 from dpsweep.orchestrator.door import check
 from dpsweep.trainables.audit.references import (
@@ -54,7 +56,6 @@ from dpsweep.trainables.audit.signals import (
 )
 from dpsweep.trainables.data.splits import DataSplits, SplitSizes, load_splits
 from dpsweep.trainables.models.networks import LayeredModel
-from sklearn.metrics import roc_auc_score
 
 #: 300 members and 300 non-members; the pool holds the offline references' data.
 SIZES = SplitSizes(train=300, validation=100, holdout=300, test=297, shadow=800)
@@ -451,7 +452,6 @@ def test_real_null_model_is_at_chance(online: AuditSignals, data: DataSplits) ->
 def test_dp_references_use_the_supplied_budget_and_their_own_seed() -> None:
     from dpsweep.orchestrator.trial.plan import match_budget, plan_trial
     from dpsweep.trainables.audit.references import Budget, dp_trainer, reference_spec
-
     from tests.conftest import tiny_config
 
     digits = load_splits(dataset="digits", seed=0)  # train 500, shadow pool 500

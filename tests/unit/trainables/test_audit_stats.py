@@ -12,6 +12,9 @@ import time
 
 import numpy as np
 import pytest
+from scipy import special, stats
+from sklearn.metrics import roc_auc_score
+
 from dpsweep.core.errors import UserInputError
 from dpsweep.trainables.audit.stats.attacks import (
     AttackStatistics,
@@ -28,8 +31,6 @@ from dpsweep.trainables.audit.stats.onerun import (
     epsilon_lower_bound,
     one_run_p_value,
 )
-from scipy import special, stats
-from sklearn.metrics import roc_auc_score
 
 #: Smallest bootstrap allowed: the tests that repeat attacks many times do not read the AUC
 #: interval, so they pay for the fewest resamples.

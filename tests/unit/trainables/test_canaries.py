@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 import torch
+
 from dpsweep.core.errors import UserInputError
 from dpsweep.core.trial import TrialSpec
 from dpsweep.orchestrator.audit.canary import audit_with_canaries
@@ -56,7 +57,6 @@ from dpsweep.trainables.engine.passes import LOOSE
 from dpsweep.trainables.methods import METHODS, registered
 from dpsweep.trainables.methods.dp_adamilg import DPAdamILG
 from dpsweep.trainables.methods.dpsgd import DPSGD
-
 from tests.conftest import tiny_config
 from tests.contract.conformance import (
     SIGMA,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from dpsweep.core.errors import UserInputError
 from dpsweep.orchestrator.api import from_dict
 from dpsweep.orchestrator.config import MODEL_CHOICES
@@ -11,7 +12,6 @@ from dpsweep.orchestrator.sweep.plans import study_plans
 from dpsweep.trainables.data.splits import DATASET_NAMES, INPUT_SHAPES
 from dpsweep.trainables.models import catalog
 from dpsweep.trainables.models.networks import BUILDERS, build_model, builds
-
 from tests.conftest import tiny_config
 
 

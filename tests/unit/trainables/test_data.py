@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from sklearn.datasets import load_digits
+
 from dpsweep.core.errors import UserInputError
 from dpsweep.trainables.data import splits as data
 from dpsweep.trainables.data.pools import DEBIAN_FASHION_MNIST_DIR, FASHION_MNIST_FILES
@@ -27,7 +29,6 @@ from dpsweep.trainables.data.splits import (
     load_splits,
     normalise,
 )
-from sklearn.datasets import load_digits
 
 SPLIT_NAMES = ("train", "validation", "holdout", "test", "shadow")
 

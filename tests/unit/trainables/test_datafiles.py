@@ -15,6 +15,9 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from PIL import Image
+from sklearn.datasets import load_digits
+
 from dpsweep.core.datasets import FILE_DATASET
 from dpsweep.core.errors import UserInputError
 from dpsweep.trainables.data import splits as data
@@ -30,8 +33,6 @@ from dpsweep.trainables.data.splits import (
     load_splits,
     share_pool,
 )
-from PIL import Image
-from sklearn.datasets import load_digits
 
 SPLIT_NAMES = ("train", "validation", "holdout", "test", "shadow")
 COLUMNS = [f"p{i}" for i in range(64)]

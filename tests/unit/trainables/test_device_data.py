@@ -16,6 +16,8 @@ import math
 import numpy as np
 import pytest
 import torch
+from scipy import stats
+
 from dpsweep.core.errors import UserInputError
 from dpsweep.core.trial import TrialSpec
 from dpsweep.orchestrator.door import check
@@ -31,8 +33,6 @@ from dpsweep.trainables.training.placement import (
     data_placement,
     gather,
 )
-from scipy import stats
-
 from tests.conftest import tiny_config
 
 CPU = torch.device("cpu")

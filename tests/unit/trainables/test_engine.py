@@ -12,12 +12,13 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
+
 from dpsweep.core.errors import UserInputError
 from dpsweep.trainables.engine.grad_engine import GradEngine, MaterializedGrads, PerExampleView
 from dpsweep.trainables.engine.modules import Conv2dHandler, Geometry, choose
 from dpsweep.trainables.engine.passes import LOOSE
 from dpsweep.trainables.models.networks import LayeredModel, build_model
-from torch import nn
 
 NUM_CLASSES = 10
 RTOL = 1e-9

@@ -17,6 +17,8 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
+
 from dpsweep.core.errors import UserInputError
 from dpsweep.core.schedule import Schedule
 from dpsweep.trainables.dp.randomness import Randomness, poisson_batches
@@ -26,8 +28,6 @@ from dpsweep.trainables.engine.modules import Geometry, choose
 from dpsweep.trainables.engine.norms import scaled_sq_norms
 from dpsweep.trainables.methods import METHODS
 from dpsweep.trainables.models.networks import LayeredModel
-from torch import nn
-
 from tests.contract.conformance import (
     SIGMA,
     STEPS_PER_EPOCH,

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
+
 from dpsweep.orchestrator.door import check
 from dpsweep.trainables.engine import plan as engine_plan
 from dpsweep.trainables.engine.grad_engine import GradEngine
 from dpsweep.trainables.engine.host_reads import HostRead, forbid_host_reads
 from dpsweep.trainables.engine.modules import Choice, Geometry, Handler
 from dpsweep.trainables.models.networks import LayeredModel
-from torch import nn
-
 from tests.unit.trainables.test_engine import (
     _batch,
     _coef,
@@ -224,7 +224,6 @@ def test_a_trial_measures_its_plan_on_public_data_records_it_and_reuses_the_cach
     and its timings, and a second trial on the same shapes reads it from the run's cache."""
     from dpsweep.orchestrator.trial.plan import plan_trial
     from dpsweep.trainables.training.loop import train_trial
-
     from tests.conftest import tiny_config
 
     seen: list[int] = []

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
+
 from dpsweep.core.errors import UserInputError
 from dpsweep.trainables.engine.grad_engine import GradEngine
 from dpsweep.trainables.models.networks import LayeredModel
-from torch import nn
 
 #: A power of two that a seed is scaled by: every norm scales by it exactly.
 SCALE = 2.0 ** -40

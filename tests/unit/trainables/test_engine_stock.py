@@ -11,10 +11,11 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from torch import nn
+
 from dpsweep.trainables.engine.func import NotPerExample
 from dpsweep.trainables.engine.grad_engine import ENGINE_PATH, GradEngine, MaterializedGrads
 from dpsweep.trainables.models.networks import WrappedModel
-from torch import nn
 
 N = 5
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+
 from dpsweep.core.schedule import Schedule
 from dpsweep.trainables.dp.randomness import Randomness, poisson_batches
 from dpsweep.trainables.dp.step import GUARD_ROUNDING, DPStep
@@ -23,7 +24,6 @@ from dpsweep.trainables.engine.host_reads import (
     host_resident,
 )
 from dpsweep.trainables.methods import METHODS
-
 from tests.contract.conformance import SIGMA, digits, make_method, prepared_params
 
 #: Steps taken under the guard after the warm-up (none of them a method's periodic refresh at

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from dpsweep.core.errors import UserInputError
 from dpsweep.trainables.audit.layer_attack import (
     attack_accuracy,

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+
 from dpsweep.core.errors import UserInputError
 from dpsweep.core.modes import Source
 from dpsweep.orchestrator.door import check
@@ -26,7 +27,6 @@ from dpsweep.trainables.methods.dp_adamilg import (
     paper_floor,
 )
 from dpsweep.trainables.training.loop import train_trial
-
 from tests.conftest import tiny_config
 from tests.contract.conformance import NUM_LAYERS, adversarial_view, build_step, make_method
 

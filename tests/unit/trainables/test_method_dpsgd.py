@@ -14,13 +14,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+
 from dpsweep.core.errors import PrivacyBoundViolation, UserInputError
 from dpsweep.core.events import PoissonSubsampledGaussian, events_from_list
 from dpsweep.trainables.dp.ledger import Ledger
 from dpsweep.trainables.dp.randomness import Randomness
 from dpsweep.trainables.methods.dpsgd import DPSGD
 from dpsweep.trainables.training.loop import verify_ledger
-
 from tests.contract.conformance import build_step, digits
 
 SIGMA = 1.3

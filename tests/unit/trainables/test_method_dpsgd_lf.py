@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from dpsweep.core.errors import UserInputError
 from dpsweep.core.records import ACCOUNTANT_IMPLEMENTATIONS
 from dpsweep.orchestrator.door import check
@@ -14,7 +15,6 @@ from dpsweep.orchestrator.trial.plan import plan_trial
 from dpsweep.trainables.dp.randomness import Randomness, poisson_batches
 from dpsweep.trainables.methods.dpsgd_lf import DPSGDLayerFreeze
 from dpsweep.trainables.training.loop import load_checkpoint_state, train_trial
-
 from tests.conftest import tiny_config
 from tests.contract.conformance import build_step, digits
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+
 from dpsweep.core.errors import UserInputError
 from dpsweep.core.modes import Source
 from dpsweep.core.storage import JsonCache
@@ -43,7 +44,6 @@ from dpsweep.trainables.methods.lm_dpsgd import (
 )
 from dpsweep.trainables.models.networks import build_model
 from dpsweep.trainables.training.loop import train_trial
-
 from tests.conftest import tiny_config
 from tests.contract.conformance import NUM_LAYERS, adversarial_view, build_step
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+
 from dpsweep.core.errors import UserInputError
 from dpsweep.core.trial import TrialSpec
 from dpsweep.orchestrator.door import check
@@ -23,7 +24,6 @@ from dpsweep.trainables.dp.spectral import TailFit
 from dpsweep.trainables.methods import ww_dpsgd
 from dpsweep.trainables.methods.ww_dpsgd import WWDPSGD
 from dpsweep.trainables.training.loop import train_trial
-
 from tests.conftest import tiny_config
 from tests.contract.conformance import build_step
 

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
+
 from dpsweep.core.errors import UserInputError
 from dpsweep.orchestrator import api
 from dpsweep.orchestrator.cli import main
@@ -18,7 +20,6 @@ from dpsweep.trainables.models.assemble import build_network
 from dpsweep.trainables.models.fix import fix_model, group_count
 from dpsweep.trainables.models.source import ModelSource
 from dpsweep.trainables.models.validator import sample_batch, wrap_checked
-from torch import nn
 
 MODULE = """\
 from collections import OrderedDict

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
+
 from dpsweep.core.errors import UserInputError
 from dpsweep.trainables.engine.grad_engine import GradEngine
 from dpsweep.trainables.models.catalog import DEFAULT_MODEL, MODEL_NAMES
 from dpsweep.trainables.models.networks import build_model
-from torch import nn
 
 SHAPES = {"digits_cnn": (1, 8, 8), "cnn28": (1, 28, 28), "cnn5": (3, 32, 32),
           "resnet20_gn": (3, 32, 32), "wrn16_4": (3, 32, 32)}

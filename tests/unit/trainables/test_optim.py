@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from dpsweep.core.errors import UserInputError
 from dpsweep.trainables.dp.optim import Update
 

@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from scipy import stats
+
 from dpsweep.orchestrator.door import check
 from dpsweep.orchestrator.trial.single import TRIAL_ID, train_single
 from dpsweep.trainables.dp import randomness
 from dpsweep.trainables.dp.randomness import Randomness
 from dpsweep.trainables.training.loop import load_checkpoint_state, load_spec, train_trial
-from scipy import stats
-
 from tests.conftest import tiny_config
 
 DRAWS = 100_000

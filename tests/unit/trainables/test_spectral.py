@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+
 from dpsweep.trainables.data.splits import load_splits
 from dpsweep.trainables.dp.spectral import (
     KS_MIN_EIGS,

@@ -7,6 +7,8 @@ from collections import OrderedDict
 
 import pytest
 import torch
+from torch import nn
+
 from dpsweep.core.errors import UserInputError
 from dpsweep.trainables.engine.grad_engine import (
     BLOCK_EXACT_PATH,
@@ -18,7 +20,6 @@ from dpsweep.trainables.models.assemble import build_network
 from dpsweep.trainables.models.source import ModelSource, source_of_callable
 from dpsweep.trainables.models.trainable import trainable_layers
 from dpsweep.trainables.models.validator import sample_batch, wrap_checked
-from torch import nn
 
 IMAGE = sample_batch(input_shape=(1, 8, 8), tokens=False, rows=4)
 #: The factory reference every refusal shows as ``model.factory``'s value.

@@ -27,10 +27,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from dpsweep.core.errors import UserInputError
 from scipy import stats
 from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.proportion import proportion_confint
+
+from dpsweep.core.errors import UserInputError
 
 #: Two-sided confidence of every interval unless a caller asks otherwise.
 DEFAULT_CONFIDENCE = 0.95

@@ -15,13 +15,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from scipy import special, stats
+
 from dpsweep.core.errors import UserInputError
 from dpsweep.trainables.audit.stats.attacks import (
     DEFAULT_CONFIDENCE,
     DEFAULT_SEED,
     check_confidence,
 )
-from scipy import special, stats
 
 #: Width at which the epsilon bisection stops (the bound returned is the bracket's low end).
 EPSILON_TOLERANCE = 1e-6
