@@ -36,12 +36,15 @@ from dpsweep.orchestrator.audit.membership import audit_in_trial
 from dpsweep.orchestrator.config import Config
 from dpsweep.orchestrator.sweep import jobs
 from dpsweep.orchestrator.sweep.studies import (
+    AUDIT_ERROR_ATTR,
     ID_ATTR,
     INTERRUPTED_ATTR,
     Outcome,
     StudyPlan,
     Tally,
+    audit_error,
     read_outcome,
+    told_values,
 )
 from dpsweep.orchestrator.trial.runner import PHASE_KEY, STARTING, execute, use_data_pool
 
@@ -236,8 +239,10 @@ class SweepSearcher(Searcher):
     def _finish(self, plan: StudyPlan, ot: Any, tid: str, outcome: Outcome) -> None:
         study = self._studies[plan.name]
         tally = self._tallies[plan.name]
-        values = outcome.values(plan.objectives)
+        values = told_values(outcome, plan.objectives)
         if values is not None:
+            if audit_error(outcome):
+                ot.set_user_attr(AUDIT_ERROR_ATTR, audit_error(outcome))
             study.tell(ot, values)
             tally.done.add(tid)
         elif outcome.status == PRUNED:

@@ -13,7 +13,10 @@ concurrently), through ``orchestrator.sweep.raytune.SweepSearcher``, so Tune's a
 across studies. The searcher owns the Optuna bookkeeping that Ray's stock ``OptunaSearch`` gets
 wrong for this use (errored trials recorded COMPLETE with a stale value; RUNNING zombies with two
 objectives): a trial is told COMPLETE only with every objective finite, FAIL otherwise, with its
-reason.
+reason. A trial that trained but whose audit failed is ``ok`` in the results store, so it is told
+COMPLETE too (:func:`told_values`): its attack objective at the worst value an attack can reach,
+its reason in the ``audit_error`` attribute; optuna-dashboard then shows every trial in the state
+dpsweep gives it (``ok`` COMPLETE, ``pruned`` PRUNED, ``failed`` FAIL).
 
 Trial ids are ``<study>-<index>`` in order of creation; a trial interrupted by a signal, a crash
 or a dead worker is re-run under the same id and the same hyperparameters (its Optuna trial is
@@ -65,6 +68,11 @@ INTERRUPTED_ATTR = "interrupted"
 RETRY_ATTR = "retry_of"
 #: Optuna trial states whose trial finished: its directory must hold ``result.json``.
 FINISHED_STATES = ("COMPLETE", "PRUNED")
+#: On a COMPLETE trial whose audit failed: why (the results row's ``audit_error``).
+AUDIT_ERROR_ATTR = "audit_error"
+#: The attack objective told for a trial whose audit failed: the highest accuracy an attack can
+#: reach, so the sampler takes unmeasured leakage for the most leakage, never for little.
+UNMEASURED_ATTACK = 1.0
 
 
 def study_name(series: str, epsilon: float) -> str:
@@ -156,6 +164,23 @@ class Outcome:
         return [float(v) for v in vals]
 
 
+def audit_error(outcome: Outcome) -> str:
+    """Why the audit of a trial that trained failed ("" when it did not)."""
+    return str(outcome.metrics.get(AUDIT_ERROR_ATTR) or "") if outcome.status == OK else ""
+
+
+def told_values(outcome: Outcome, objectives: tuple[str, ...]) -> list[float] | None:
+    """The values a finished trial is told COMPLETE with, or None (told FAIL or PRUNED).
+
+    A trial whose audit failed is ``ok`` in the results store: its missing attack objective
+    becomes :data:`UNMEASURED_ATTACK`, so Optuna's state agrees with dpsweep's."""
+    values = outcome.values(objectives)
+    if values is not None or not audit_error(outcome):
+        return values
+    return Outcome(OK, {**outcome.metrics, ATTACK_OBJECTIVE: UNMEASURED_ATTACK},
+                   outcome.error).values(objectives)
+
+
 def read_outcome(trial_dir: Path) -> Outcome:
     """The trial's final record; a directory with neither record was interrupted."""
     for name, status in ((layout.RESULT, OK), (layout.ERROR, FAILED)):
@@ -230,9 +255,10 @@ def reconcile(study: Any, plan: StudyPlan, *, storage: Any, trials_root: Path,
     """Bring a study in line with the trial directories after a crash or an interrupt.
 
     A RUNNING trial whose directory holds a result is told COMPLETE (it finished; only the
-    driver died) — never trained again; one with an error record is told FAIL; one with neither
-    was interrupted: it is told FAIL (``interrupted``) and re-enqueued under the same id. COMPLETE
-    or FAIL trials are reported through ``on_finished`` so their result rows exist.
+    driver died; :func:`told_values`) — never trained again; one with an error record is told
+    FAIL; one with neither was interrupted: it is told FAIL (``interrupted``) and re-enqueued
+    under the same id. COMPLETE or FAIL trials are reported through ``on_finished`` so their
+    result rows exist.
 
     With ``on_retry`` (``resume --retry-failed``) a trial that failed is trained again instead:
     ``on_retry(id, outcome)`` keeps its failure on record and clears its directory's, then the
@@ -262,8 +288,10 @@ def reconcile(study: Any, plan: StudyPlan, *, storage: Any, trials_root: Path,
             continue
         outcome = read_outcome(trials_root / tid)
         if t.state == optuna.trial.TrialState.RUNNING:
-            values = outcome.values(plan.objectives)
+            values = told_values(outcome, plan.objectives)
             if values is not None:
+                if audit_error(outcome):
+                    _set_attr(storage, study, t.number, AUDIT_ERROR_ATTR, audit_error(outcome))
                 study.tell(t.number, values)
             elif outcome.status == PRUNED:
                 study.tell(t.number, state=optuna.trial.TrialState.PRUNED)
