@@ -14,13 +14,21 @@ from here; ``orchestrator.trial.setup`` resolves (what the config means, looked 
 from __future__ import annotations
 
 from dataclasses import InitVar, dataclass
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
 from dpsweep.core.datasets import FILE_DATASET
 from dpsweep.core.errors import UserInputError
 from dpsweep.orchestrator.cluster.resources import check_config_resources
-from dpsweep.orchestrator.config import Config, DataConfig, parse, parse_file
+from dpsweep.orchestrator.config import (
+    MLFLOW_EXTRA,
+    MLFLOW_MODULE,
+    Config,
+    DataConfig,
+    parse,
+    parse_file,
+)
 from dpsweep.orchestrator.config.checks import check_budget, check_sizes
 from dpsweep.orchestrator.trial.setup import ResolvedSetup
 from dpsweep.search_spaces import check_overrides
@@ -65,6 +73,9 @@ def check(cfg: Config, *, machine: bool = True, data: bool = False) -> CheckedSe
                                      "rung must come before the last epoch)")
     check_settings(setup)
     _check_private(cfg)
+    if cfg.tracking.mlflow_uri and find_spec(MLFLOW_MODULE) is None:
+        raise UserInputError(field="tracking.mlflow_uri", value=cfg.tracking.mlflow_uri,
+                             allowed=f"'' unless MLflow is installed ({MLFLOW_EXTRA})")
     if data:  # on this machine, or refused (nothing is downloaded here)
         _ = setup.data_location
     if machine:

@@ -48,6 +48,9 @@ SAMPLERS = ("tpe", "random", "nsga2", "gp")
 #: Largest seed of the data split, the trials and the audit: numpy and torch take 64-bit seeds
 #: (and results store them as int64); a trial's re-runs add up to ``sweep.seeds`` (<= 100).
 MAX_SEED = 2**63 - 1 - 100
+#: MLflow's module, and how dpsweep installs it (an optional extra).
+MLFLOW_MODULE = "mlflow"
+MLFLOW_EXTRA = "pip install dpsweep[mlflow]"
 #: Largest ``sweep.seed``: Optuna's samplers seed numpy's RandomState (< 2^32) with the seed
 #: plus the study's index.
 MAX_SWEEP_SEED = 2**31 - 1
@@ -285,10 +288,20 @@ class AuditConfig:
                                   "probe fit per model and layer)")
 
 
+@dataclass(frozen=True)
+class TrackingConfig:
+    tensorboard: bool = _f(True, "write each trial's per-epoch and final values as TensorBoard "
+                                 "event files under RUN_DIR/tensorboard/ (`tensorboard --logdir "
+                                 "RUN_DIR`)")
+    mlflow_uri: str = _f("", "MLflow tracking URI (a server, or sqlite:///path/mlflow.db): one "
+                             "MLflow run per trial with its parameters, values and privacy "
+                             f"statement; '' = none; needs `{MLFLOW_EXTRA}`")
+
+
 SECTIONS: dict[str, type] = {"data": DataConfig, "model": ModelConfig, "privacy": PrivacyConfig,
                              "budget": BudgetConfig, "training": TrainingConfig,
                              "resources": ResourcesConfig, "sweep": SweepConfig,
-                             "audit": AuditConfig}
+                             "audit": AuditConfig, "tracking": TrackingConfig}
 
 
 @dataclass(frozen=True)
@@ -306,6 +319,7 @@ class Config:
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
     audit: AuditConfig = field(default_factory=AuditConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
     #: Method hyperparameters: flat keys for every method declaring them, and per-method tables.
     method_params: dict[str, Any] = field(default_factory=dict)
     #: Search-range overrides per method: ``{method: {param: {low, high, log} | {choices}}}``.

@@ -33,6 +33,7 @@ from dpsweep.orchestrator.sweep.summary import (
     retried_trials,
     summary_bytes,
 )
+from dpsweep.orchestrator.sweep.tracking import Tracker
 from dpsweep.orchestrator.sweep.tuning import adaptive_summary
 from dpsweep.reports import store
 
@@ -67,6 +68,8 @@ class SweepRecords:
         self._rows = rows
         #: Each study's best validation accuracy so far, for the progress lines.
         self._best: dict[str, float] = {}
+        #: TensorBoard and MLflow, as ``[tracking]`` asks: each recorded row is tracked.
+        self._tracker = Tracker.for_run(settings=context.cfg.tracking, run_dir=self._run.path)
 
     @property
     def rows(self) -> Mapping[str, dict[str, Any]]:
@@ -123,6 +126,7 @@ class SweepRecords:
                                    else unread)
         self._rows[tid] = row
         self._write(tid)
+        self._tracker.trial(row=row, trial_dir=self._run.trial_dir(tid))
         self._progress_line(plan, row)
 
     def reconciled(self, plan: StudyPlan, tid: str, outcome: Outcome) -> None:
@@ -141,6 +145,7 @@ class SweepRecords:
         """Columns of ``tid``'s row changed (an audit's, a re-run's origin), and written."""
         self._rows[tid].update(columns)
         self._write(tid)
+        self._tracker.amended(row=self._rows[tid], columns=columns)
 
     def add(self, tid: str, row: dict[str, Any]) -> None:
         """A row that is no search trial's (the non-private baseline), written."""
