@@ -27,7 +27,9 @@ import numpy as np
 import optuna
 import pandas as pd
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from dpsweep.orchestrator.sweep.tracking import EPOCH_PREFIX, TENSORBOARD_DIR
 from dpsweep.reports.pareto import wilson_interval
 from dpsweep.reports.store import read_results
 
@@ -204,6 +206,20 @@ def test_optuna_studies_carry_both_objectives_and_the_attributes(audited: Sweep)
         # the first trial is the study's first point, tagged as such
         assert trials[0].user_attrs["dpsweep_trial_id"].endswith("-000")
         assert trials[0].user_attrs["preset"] == "first point"
+
+
+def test_tensorboard_shows_every_trained_trial_per_epoch(audited: Sweep) -> None:
+    """``tensorboard --logdir RUN_DIR/tensorboard``: one folder of event files per trial that
+    trained, its validation accuracy at every epoch (issue 43, item 3)."""
+    frame = audited.frame()
+    trained = frame[frame["status"] == "ok"]
+    board = audited.run / TENSORBOARD_DIR
+    assert sorted(p.name for p in board.iterdir()) == sorted(trained["trial_id"])
+    for tid, epochs in zip(trained["trial_id"], trained["epochs"], strict=True):
+        events = EventAccumulator(str(board / tid))
+        events.Reload()
+        assert [e.step for e in events.Scalars(EPOCH_PREFIX + "val_accuracy")] == list(
+            range(1, int(epochs) + 1))
 
 
 def test_the_report_is_complete_and_rebuilds_to_identical_csvs(
