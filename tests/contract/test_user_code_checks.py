@@ -218,8 +218,9 @@ def test_code_dir_without_a_factory_is_refused(tmp_path: Path, command: str) -> 
     assert "model.factory or data.factory" in line
 
 
-#: How long a hanging factory's command may take to stop after Ctrl-C.
-STOP_TIMEOUT = 60
+#: How long a hanging factory's command may take to stop after Ctrl-C: a guard against a hang,
+#: not a speed claim (it stops in about a second; on a loaded CI host it once took over 60 s).
+STOP_TIMEOUT = 240
 
 
 @pytest.mark.parametrize("command", ["check", "run"])
