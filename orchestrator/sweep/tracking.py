@@ -20,6 +20,7 @@ from importlib.util import find_spec
 from numbers import Real
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlparse
 
 from tensorboardX import SummaryWriter
 
@@ -56,6 +57,10 @@ TAG_COLUMNS = ("trial_id", "status", "error", "audit_error", "dp_valid", "validi
                "release_safe")
 #: Prefixes of the scalars' names: per epoch, and at the end.
 EPOCH_PREFIX, FINAL_PREFIX = "epoch/", "final/"
+#: Tracking URIs of a store on this machine, whose artifacts (the privacy statements) stay in
+#: the run directory, under MLFLOW_ARTIFACTS_DIR, rather than in the working directory.
+LOCAL_STORES = ("", "file", "sqlite")
+MLFLOW_ARTIFACTS_DIR = "mlflow-artifacts"
 #: The MLflow run's artifact holding the trial's privacy statement (an export's name for it).
 STATEMENT_ARTIFACT = layout.EXPORT_STATEMENT_JSON
 #: MLflow tags that name a run's trial and list the values its epsilon does not cover.
@@ -138,11 +143,15 @@ class MlflowLog:
 
     name = "MLflow"
 
-    def __init__(self, *, uri: str, experiment: str) -> None:
+    def __init__(self, *, uri: str, experiment: str, artifacts: Path | None) -> None:
+        """``artifacts``: where a new experiment keeps its files (the run directory's, for a
+        store on this machine; a tracking server decides for itself)."""
         self._client = mlflow.tracking.MlflowClient(tracking_uri=uri)
         found = self._client.get_experiment_by_name(experiment)
         self._experiment = (found.experiment_id if found is not None
-                            else self._client.create_experiment(experiment))
+                            else self._client.create_experiment(
+                                experiment, artifact_location=None if artifacts is None
+                                else artifacts.resolve().as_uri()))
 
     def _run_of(self, tid: str) -> str:
         """The trial's run: the one a resume or an earlier record made, or a new one."""
@@ -205,8 +214,10 @@ class Tracker:
         if settings.tensorboard:
             tracker._backends.append(TensorBoardLog(root=run_dir / TENSORBOARD_DIR))
         if settings.mlflow_uri:
+            local = urlparse(settings.mlflow_uri).scheme in LOCAL_STORES
             tracker._guarded("MLflow", lambda: tracker._backends.append(MlflowLog(
-                uri=settings.mlflow_uri, experiment=f"dpsweep/{run_dir.name}")))
+                uri=settings.mlflow_uri, experiment=f"dpsweep/{run_dir.name}",
+                artifacts=run_dir / MLFLOW_ARTIFACTS_DIR if local else None)))
         return tracker
 
     @property

@@ -21,6 +21,7 @@ from dpsweep.orchestrator.config import MLFLOW_EXTRA, TrackingConfig
 from dpsweep.orchestrator.sweep.tracking import (
     EPOCH_PREFIX,
     FINAL_PREFIX,
+    MLFLOW_ARTIFACTS_DIR,
     NOT_COVERED_TAG,
     STATEMENT_ARTIFACT,
     TENSORBOARD_DIR,
@@ -87,7 +88,8 @@ def test_tensorboard_event_files_hold_every_trials_epochs_and_audit(
 def test_one_mlflow_run_per_trial_in_a_local_store(
         run: tuple[Path, list[dict[str, Any]]], tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A local SQLite store (MLflow 3 refuses its file store), its artifacts under ./mlruns."""
+    """A local SQLite store (MLflow 3 refuses its file store), its artifacts in the run
+    directory, none in the working directory."""
     run_dir, rows = run
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -115,6 +117,8 @@ def test_one_mlflow_run_per_trial_in_a_local_store(
             got.info.run_id, STATEMENT_ARTIFACT, str(tmp_path))).read_text())
         assert statement["epsilon_exact"] == pytest.approx(row["epsilon_upper"])
         assert statement["dp_valid"] == row["dp_valid"]
+    assert not (tmp_path / "mlruns").exists()
+    assert any((run_dir / MLFLOW_ARTIFACTS_DIR).rglob(STATEMENT_ARTIFACT))
 
 
 def test_a_failing_tracker_is_reported_once_and_switched_off(
