@@ -18,27 +18,15 @@ from dpsweep.reports.html.fmt import (
     CONTRADICTED_TAG,
     NOT_COVERED_TAG,
     REPLAYABLE_TAG,
-    ci_text,
     count_text,
     esc,
     facts_table,
-    ids_text,
 )
+from dpsweep.reports.html.recommend import recommended
 from dpsweep.reports.html.records import RunData, as_float
 from dpsweep.reports.html.validity import REAUDIT_COMMAND, STAGE_AUDIT, failed_frame
-from dpsweep.reports.pareto import (
-    ACC,
-    ACC_HI,
-    ACC_LO,
-    KIND_VALID,
-    MIA,
-    MIA_HI,
-    MIA_LO,
-    Front,
-    exclusion_reasons,
-    natural_key,
-    sort_trials,
-)
+from dpsweep.reports.pareto import KIND_VALID, Front, exclusion_reasons, natural_key
+from dpsweep.reports.pick import Choice
 
 
 def when_text(value: Any) -> str:
@@ -75,32 +63,31 @@ def _attempts_text(summary: dict[str, Any]) -> str:
     return text
 
 
+def _deploy_text(data: RunData) -> str:
+    """Which trial to deploy, as a pointer to the recommendation (which says why) rather
+    than a list of front ids to choose from."""
+    choice = recommended(data)
+    if isinstance(choice, Choice):
+        return (f'Deploy <a href="#recommend"><b>{esc(choice.trial_id)}</b></a>: the '
+                "recommendation above says why and how to release it.")
+    return 'No trial to deploy at the stated bound: the <a href="#recommend">recommendation' \
+           "</a> says what to relax."
+
+
 def glance(data: RunData, front_list: Sequence[Front]) -> str:
-    """The headline: per target, the valid-DP, release-safe front and its most accurate trial,
-    then how many trials carry a flag."""
-    parts = []
-    for front in front_list:
-        if front.kind != KIND_VALID:
-            continue
-        if front.trials.empty:
-            parts.append(f"ε = {front.target_epsilon:g}: no valid-DP, release-safe trial on a "
-                         "front.")
-            continue
-        best = sort_trials(front.trials, by=[ACC], ascending=[False]).iloc[0]
-        parts.append(
-            f"ε = {front.target_epsilon:g}: valid-DP, release-safe front "
-            f"<b>{ids_text(list(front.trial_ids))}</b>; most accurate "
-            f"<b>{esc(best['trial_id'])}</b> ({esc(best['series'])}), validation accuracy "
-            f"{ci_text(best[ACC], best[ACC_LO], best[ACC_HI])}, peak MIA "
-            f"{ci_text(best[MIA], best[MIA_LO], best[MIA_HI])}.")
+    """The headline: the trial to deploy, how many trials each target's valid-DP,
+    release-safe front holds, then how many trials carry a flag."""
+    sizes = [f"ε = {f.target_epsilon:g}: {count_text(len(f.trials), 'trial')}"
+             for f in front_list if f.kind == KIND_VALID]
+    fronts_text = (f' Valid-DP, release-safe <a href="#fronts">fronts</a>: '
+                   f"{esc('; '.join(sizes))}." if sizes else "")
     dp = data.dp
     flags = [f"{int((~dp['dp_valid']).sum())} {INVALID_TAG}",
              f"{int(dp['audit_contradicts'].sum())} {CONTRADICTED_TAG}",
              f"{int((~dp['release_safe']).sum())} {REPLAYABLE_TAG}",
              f"{int((exclusion_reasons(data.frame) != '').sum())} kept off the fronts"]
-    return ("<p><b>At a glance</b> (accuracies and MIA: "
-            f'<span class="nc">{NOT_COVERED_TAG}</span>). '
-            + " ".join(parts) + " Trials flagged: " + esc("; ".join(flags)) + "."
+    return ("<p><b>At a glance.</b> " + _deploy_text(data) + fronts_text
+            + " Trials flagged: " + esc("; ".join(flags)) + "."
             + _failed_audits_text(data) + "</p>")
 
 

@@ -179,16 +179,21 @@ def _series_rows(data: RunData, names: Sequence[str]) -> list[list[str]]:
     return rows
 
 
+def recommended(data: RunData) -> Choice | UserInputError:
+    """The run's recommendation (or why there is none), shared by the decision box and the
+    at-a-glance line so the two cannot name different trials."""
+    if _is_private(data):
+        try:
+            return choose_private(data.frame)
+        except UserInputError as err:
+            return err
+    return _choose(data, series=None, max_peak_mia=SUGGESTED_MAX_PEAK_MIA)
+
+
 def recommend_section(data: RunData) -> str:
     """The decision box for the whole run, then one row per series."""
     private = _is_private(data)
-    if private:
-        try:
-            whole: Choice | UserInputError = choose_private(data.frame)
-        except UserInputError as err:
-            whole = err
-    else:
-        whole = _choose(data, series=None, max_peak_mia=SUGGESTED_MAX_PEAK_MIA)
+    whole = recommended(data)
     if isinstance(whole, Choice):
         parts = [_decision(data, whole, private=private)]
     else:
