@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -26,7 +27,7 @@ from dpsweep.core.vocabulary import OK, PRUNED
 from dpsweep.orchestrator.audit.membership import row_audit_columns
 from dpsweep.orchestrator.release.selection import SELECTED, recorded_choice
 from dpsweep.orchestrator.sweep.state import SweepContext, SweepProgress
-from dpsweep.orchestrator.sweep.studies import Outcome, StudyPlan
+from dpsweep.orchestrator.sweep.studies import Fronts, Outcome, StudyPlan
 from dpsweep.orchestrator.sweep.summary import (
     end_attempt,
     record_retry,
@@ -40,10 +41,28 @@ from dpsweep.reports import store
 #: The id suffix of a study's first trial, which an adaptive study starts at the paper preset.
 FIRST_TRIAL_SUFFIX = "-000"
 PAPER_PRESET = "paper"
+#: Row columns a summary study's copy of a trial carries as user attributes (with every
+#: ``hp_*`` column): what the results store already holds of it, nothing more.
+FRONT_ATTR_COLUMNS = ("series", "method", "mode", "preset", "lr", "clip_norm", "momentum",
+                      "batch_size", "epochs", "epsilon_upper")
 
 
 def read_json(path: Path) -> Any:
     return json.loads(Path(path).read_text())
+
+
+def front_attrs(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The row's hyperparameters as plain JSON values (a row read back from Parquet holds
+    numpy's), for a summary study's copy of the trial; missing and NaN values are left out."""
+    out: dict[str, Any] = {}
+    for key, value in row.items():
+        if key not in FRONT_ATTR_COLUMNS and not key.startswith("hp_"):
+            continue
+        plain = value.item() if hasattr(value, "item") else value  # numpy's scalars
+        if isinstance(plain, (str, bool, int)) or (isinstance(plain, float)
+                                                  and math.isfinite(plain)):
+            out[key] = plain
+    return out
 
 
 def failed_audits(rows: Iterable[Mapping[str, Any]]) -> dict[str, str]:
@@ -70,6 +89,11 @@ class SweepRecords:
         self._best: dict[str, float] = {}
         #: TensorBoard and MLflow, as ``[tracking]`` asks: each recorded row is tracked.
         self._tracker = Tracker.for_run(settings=context.cfg.tracking, run_dir=self._run.path)
+        #: The summary study of each target (optuna-dashboard's front across methods); none
+        #: under private tuning, whose number of trials is secret.
+        self._fronts: Fronts | None = (
+            Fronts(storage=self._run.optuna_url, plans=context.plans)
+            if context.private is None else None)
 
     @property
     def rows(self) -> Mapping[str, dict[str, Any]]:
@@ -127,6 +151,7 @@ class SweepRecords:
         self._rows[tid] = row
         self._write(tid)
         self._tracker.trial(row=row, trial_dir=self._run.trial_dir(tid))
+        self._to_front(plan, tid, outcome)
         self._progress_line(plan, row)
 
     def reconciled(self, plan: StudyPlan, tid: str, outcome: Outcome) -> None:
@@ -136,6 +161,7 @@ class SweepRecords:
         if tid not in self._rows:
             self.record(plan, tid, outcome)
             return
+        self._to_front(plan, tid, outcome)  # a crash may have come between row and copy
         listed = self._run.manifest.get("files", {})
         unlisted = [rel for rel in self._run.trial_files(tid) if rel not in listed]
         if unlisted:
@@ -151,6 +177,26 @@ class SweepRecords:
         """A row that is no search trial's (the non-private baseline), written."""
         self._rows[tid] = row
         self._write(tid)
+        self._tracker.trial(row=row, trial_dir=self._run.trial_dir(tid))
+
+    def _to_front(self, plan: StudyPlan, tid: str, outcome: Outcome) -> None:
+        """A recorded search trial copied into its target's summary study (once; only a trial
+        told COMPLETE); a storage that refuses it switches the fronts off, not the sweep."""
+        fronts = self._fronts
+        if fronts is None:
+            return
+        row = self._rows[tid]
+        if not self._guarded(lambda: fronts.add(plan, tid, outcome, attrs=front_attrs(row))):
+            self._fronts = None
+
+    def _guarded(self, write: Callable[[], object]) -> bool:
+        try:
+            write()
+        except Exception as exc:  # the dashboard's front never takes the sweep down
+            print("tracking: the dashboard's fronts switched off for the rest of this sweep: "
+                  f"{describe(exc)}", file=sys.stderr, flush=True)
+            return False
+        return True
 
     def _progress_line(self, plan: StudyPlan, row: dict[str, Any]) -> None:
         if self._progress.quiet:

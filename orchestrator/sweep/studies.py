@@ -34,7 +34,7 @@ import math
 import re
 import sqlite3
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,6 +73,17 @@ AUDIT_ERROR_ATTR = "audit_error"
 #: The attack objective told for a trial whose audit failed: the highest accuracy an attack can
 #: reach, so the sampler takes unmeasured leakage for the most leakage, never for little.
 UNMEASURED_ATTACK = 1.0
+
+
+#: The read-only summary study of each target (``front_name``: ``front@eps3``) and its trials'
+#: one parameter, the series a copied trial came from.
+FRONT_SERIES = FRONT_PARAM = "series"
+FRONT_PREFIX = "front"
+#: Keys a summary study's copy by the search trial it copies: not ``ID_ATTR``, which the resume
+#: checks and :func:`finished_trial_ids` read as the search's own trials.
+FRONT_ID_ATTR = "dpsweep_copy_of"
+#: On a summary study: it is never sampled from (no trial is asked of it).
+READ_ONLY_ATTR = "read_only"
 
 
 def study_name(series: str, epsilon: float) -> str:
@@ -329,3 +340,82 @@ def reconcile(study: Any, plan: StudyPlan, *, storage: Any, trials_root: Path,
     waiting_ids -= done | failed | pruned
     return Tally(done=done, failed=failed, pending=len(waiting_ids),
                  next_index=max(indices) + 1, pruned=pruned)
+
+
+def front_name(epsilon: float) -> str:
+    """The summary study of one target, beside its series' studies (``front@eps3``)."""
+    return study_name(FRONT_PREFIX, epsilon)
+
+
+def is_search_trial(plan: StudyPlan, tid: str) -> bool:
+    """Whether ``tid`` is one of ``plan``'s search trials (a re-run with fresh noise, ``<id>-r1``,
+    is another seed of one, never a point of the search)."""
+    return re.fullmatch(re.escape(slug(plan.name)) + r"-\d+", tid) is not None
+
+
+class Fronts:
+    """One read-only summary study per target (:func:`front_name`) holding a copy of every search
+    trial told COMPLETE in its own series' study, so that optuna-dashboard's Pareto-front view
+    shows every method together (each series' study shows only its own front).
+
+    A copy is made with ``optuna.trial.create_trial`` and ``Study.add_trial``: the values the
+    series' study was told (:func:`told_values`), the same objectives and directions, the series
+    as its one categorical parameter and the row's hyperparameters as user attributes. Nothing
+    is ever asked of a summary study, so no sampler reads it; copies are keyed by trial id
+    (``FRONT_ID_ATTR``), so a resume that records a trial again adds no second copy. A target
+    whose series' studies differ in objectives gets no summary study (no common front).
+    """
+
+    def __init__(self, *, storage: Any, plans: Sequence[StudyPlan]) -> None:
+        """``storage``: the run's Optuna storage (its URL, or an open one), opened on the first
+        copy."""
+        self._storage = storage
+        self._objectives: dict[float, tuple[str, ...] | None] = {}
+        self._series: dict[float, list[str]] = {}
+        for plan in plans:
+            known = self._objectives.setdefault(plan.epsilon, plan.objectives)
+            if known != plan.objectives:
+                self._objectives[plan.epsilon] = None
+            self._series.setdefault(plan.epsilon, [])
+            if plan.series not in self._series[plan.epsilon]:
+                self._series[plan.epsilon].append(plan.series)
+        self._open: dict[float, tuple[Any, set[str]]] = {}
+
+    def _study(self, epsilon: float, objectives: tuple[str, ...]) -> tuple[Any, set[str]]:
+        """The target's summary study, created on first use, and the ids it holds copies of."""
+        if epsilon not in self._open:
+            study = optuna.create_study(
+                study_name=front_name(epsilon), storage=self._storage, load_if_exists=True,
+                directions=[OBJECTIVES[o] for o in objectives])
+            with warnings.catch_warnings():  # experimental since Optuna 3.2, stable in use here
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                study.set_metric_names(list(objectives))
+            for key, value in ((READ_ONLY_ATTR, True), ("epsilon", epsilon),
+                               ("series", sorted(self._series[epsilon]))):
+                study.set_user_attr(key, value)
+            held = {str(t.user_attrs.get(FRONT_ID_ATTR))
+                    for t in study.get_trials(deepcopy=False)}
+            self._open[epsilon] = (study, held)
+        return self._open[epsilon]
+
+    def add(self, plan: StudyPlan, tid: str, outcome: Outcome, *,
+            attrs: Mapping[str, Any]) -> bool:
+        """Copy ``tid`` into its target's summary study, once; False where it is not copied
+        (not a search trial, not told COMPLETE, already held, no common front)."""
+        objectives = self._objectives.get(plan.epsilon)
+        values = told_values(outcome, plan.objectives)
+        if objectives is None or values is None or not is_search_trial(plan, tid):
+            return False
+        study, held = self._study(plan.epsilon, objectives)
+        if tid in held:
+            return False
+        choices = sorted(self._series[plan.epsilon])
+        error = audit_error(outcome)
+        study.add_trial(optuna.trial.create_trial(
+            state=optuna.trial.TrialState.COMPLETE, values=values,
+            params={FRONT_PARAM: plan.series},
+            distributions={FRONT_PARAM: optuna.distributions.CategoricalDistribution(choices)},
+            user_attrs={**attrs, FRONT_ID_ATTR: tid, "study": plan.name,
+                        **({AUDIT_ERROR_ATTR: error} if error else {})}))
+        held.add(tid)
+        return True
