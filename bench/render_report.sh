@@ -11,6 +11,8 @@
 #   laptop.png          the first screen of a 1280 x 800 laptop
 #   laptop_full.png     the whole page at 1280 px wide
 #   desktop_NN.png      the desktop page cut into 1,600 px slices (easier to look at)
+#   open.png            the whole page at 1440 px with every folded section opened
+#   open_NN.png         open.png cut into 1,600 px slices
 # Installs Debian's chromium when it is missing (needs root and the network). Not part of CI.
 set -euo pipefail
 
@@ -49,21 +51,26 @@ PROFILES=()
 cleanup() { rm -rf "${PROFILES[@]}"; }
 trap cleanup EXIT
 
-shoot() {  # shoot WIDTH HEIGHT FILE
+shoot() {  # shoot WIDTH HEIGHT PNG HTML
     local profile
     profile="$(mktemp -d -t dpsweep-chromium-XXXXXX)"
     PROFILES+=("$profile")
     "$CHROMIUM" --headless --no-sandbox --disable-gpu --disable-background-networking \
         --disable-component-update --disable-sync --no-first-run --hide-scrollbars \
         --user-data-dir="$profile" --window-size="$1,$2" --screenshot="$3" \
-        "file://$HTML" 2>/dev/null
+        "file://$4" 2>/dev/null
 }
 
 # A window taller than the page shows all of it; the blank space below is trimmed afterwards.
 FULL_HEIGHT="${HEIGHT:-24000}"
-shoot 1440 "$FULL_HEIGHT" "$OUT/desktop.png"
-shoot 1280 800 "$OUT/laptop.png"
-shoot 1280 "$FULL_HEIGHT" "$OUT/laptop_full.png"
+shoot 1440 "$FULL_HEIGHT" "$OUT/desktop.png" "$HTML"
+shoot 1280 800 "$OUT/laptop.png" "$HTML"
+shoot 1280 "$FULL_HEIGHT" "$OUT/laptop_full.png" "$HTML"
+# The folded sections (<details>) opened, in a copy beside the page (its links still resolve).
+OPENED="$(dirname "$HTML")/.opened.html"
+PROFILES+=("$OPENED")
+sed -e 's/<details\([ >]\)/<details open\1/g' "$HTML" >"$OPENED"
+shoot 1440 "$((FULL_HEIGHT * 2))" "$OUT/open.png" "$OPENED"
 
 "$PY" - "$OUT" <<'EOF'
 import sys
@@ -73,18 +80,19 @@ from PIL import Image, ImageOps
 
 SLICE = 1600
 out = Path(sys.argv[1])
-for name in ("desktop.png", "laptop_full.png"):
+for name in ("desktop.png", "laptop_full.png", "open.png"):
     image = Image.open(out / name).convert("RGB")
     box = ImageOps.invert(image).getbbox()
     if box:
         image = image.crop((0, 0, image.width, min(image.height, box[3] + 40)))
         image.save(out / name)
-    if name == "desktop.png":
-        for old in out.glob("desktop_*.png"):
+    stem = name.removesuffix(".png")
+    if stem in ("desktop", "open"):
+        for old in out.glob(f"{stem}_*.png"):
             old.unlink()
         for k, top in enumerate(range(0, image.height, SLICE)):
             image.crop((0, top, image.width, min(image.height, top + SLICE))).save(
-                out / f"desktop_{k + 1:02d}.png")
+                out / f"{stem}_{k + 1:02d}.png")
     print(f"{name}: {image.width} x {image.height} px")
 EOF
 echo "screenshots: $OUT"

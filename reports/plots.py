@@ -33,7 +33,7 @@ REPLAYABLE_LABEL = "replayable: not releasable"
 NOT_COVERED_NOTE = ("not covered by epsilon: computed on private data without noise "
                     "(stays in the run directory, never exported)")
 NOT_COVERED_COLOUR = "#b00020"
-_PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
             "#7f7f7f", "#bcbd22", "#17becf")
 #: A heat map cell's number, in points: 11.8 px at ``DPI`` (the page shows the figure unscaled).
 CELL_PT = 8.5
@@ -43,7 +43,7 @@ MAX_HEAT_ROWS = 16
 
 def series_colours(series: Sequence[str]) -> dict[str, str]:
     """One fixed colour per series, by sorted name, so every figure agrees."""
-    return {s: _PALETTE[i % len(_PALETTE)] for i, s in enumerate(sorted(set(series)))}
+    return {s: PALETTE[i % len(PALETTE)] for i, s in enumerate(sorted(set(series)))}
 
 
 def eps_text(epsilons: Sequence[float]) -> str:
@@ -237,41 +237,11 @@ def privacy_utility(series: Sequence[UtilitySeries], *, baseline: Baseline | Non
 # ---- ROC and logged series --------------------------------------------------------------------
 @dataclass(frozen=True)
 class RocCurve:
-    """A trial's ROC at its peak (layer, attack)."""
+    """A trial's ROC at its peak (layer, attack), as the report's SVG draws it."""
 
     label: str
     fpr: tuple[float, ...]
     tpr: tuple[float, ...]
-
-
-#: Rows of the ROC's legend before it takes another column (every curve is named), and the
-#: share of the figure's width each further column takes from the axes.
-ROC_LEGEND_ROWS = 20
-ROC_COLUMN_WIDTH = 0.2
-
-
-def roc_plot(curves: Sequence[RocCurve], *, title: str, path: Path) -> Path:
-    """ROC on log-log axes: the low-FPR corner, where strong attacks show, is what matters."""
-    fig = Figure(figsize=(9.5, 5.0))
-    ax = fig.add_subplot()
-    for i, curve in enumerate(curves):
-        fpr, tpr = np.asarray(curve.fpr, dtype=float), np.asarray(curve.tpr, dtype=float)
-        pos = fpr > 0
-        ax.plot(fpr[pos], np.maximum(tpr[pos], 1e-4), color=_PALETTE[i % len(_PALETTE)],
-                linestyle=("-", "--")[(i // len(_PALETTE)) % 2], linewidth=1.3,
-                label=curve.label)
-    grid = np.logspace(-4, 0, 50)
-    ax.plot(grid, grid, color="grey", linestyle=":", linewidth=1, label="chance")
-    for fpr in (0.01, 0.001):
-        ax.axvline(fpr, color="#bbbbbb", linewidth=0.8)
-    ax.set(xscale="log", yscale="log", xlim=(1e-3, 1), ylim=(1e-3, 1),
-           xlabel="false positive rate (log)", ylabel="true positive rate (log)", title=title)
-    ax.grid(True, alpha=0.3)
-    columns = math.ceil((len(curves) + 1) / ROC_LEGEND_ROWS)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False,
-              ncol=columns)
-    return _save(fig, path, not_covered=True,
-                 margins=(0.08, 0.62 - ROC_COLUMN_WIDTH * (columns - 1), 0.15, 0.91))
 
 
 @dataclass(frozen=True)
@@ -301,7 +271,7 @@ def logged_series(traces: Sequence[SeriesTrace], panels: Sequence[Panel], *, tit
     zones: list[set[tuple[float, float]]] = [set() for _ in panels]
     named = len(traces) <= MAX_LEGEND
     for i, trace in enumerate(traces):
-        colour = _PALETTE[i % len(_PALETTE)]
+        colour = PALETTE[i % len(PALETTE)]
         label = trace.label if named else None
         for k, (ax, panel) in enumerate(zip(axes, panels, strict=True)):
             for line in panel.lines:

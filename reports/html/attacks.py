@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from dpsweep.core import layout
+from dpsweep.core.storage import atomic_write_text
 from dpsweep.reports import plots
 from dpsweep.reports.html.fmt import (
     CONTRADICTED_TAG,
@@ -37,6 +38,7 @@ from dpsweep.reports.html.fmt import (
 )
 from dpsweep.reports.html.fronts import front_trials_at
 from dpsweep.reports.html.records import Records, RunData, as_float, plan_statement
+from dpsweep.reports.html.svgroc import roc_legend, roc_svg
 from dpsweep.reports.pareto import KIND_ALL, MIA, SCORED, Front, natural_key, sort_trials
 
 #: Test-accuracy gap beyond which the report calls the audit's references weaker than the target.
@@ -322,12 +324,17 @@ def roc_section(data: RunData, *, front_list: Sequence[Front], records: Records,
                       "fpr": f, "tpr": t} for f, t in zip(*curve, strict=True)]
     text = ""
     if curves:
-        png = plots.roc_plot(curves, title=f"ROC at the peak layer × attack, front over all "
-                                           f"series, {plots.eps_text(targets)}",
-                             path=out / "roc.png")
+        title = (f"ROC at the peak layer × attack, front over all series, "
+                 f"{plots.eps_text(targets)}")
+        svg = roc_svg(curves, title=title)
+        atomic_write_text(out / "roc.svg", svg)
         csvs["roc.csv"] = pd.DataFrame(rows)
-        text = (figure_html(png, "ROC of the peak layer × attack for the trials on the front over "
-                            "all series (log-log)")
+        text = (f"<figure>{svg}<figcaption>ROC of the peak layer × attack for the trials on "
+                "the front over all series, log-log (<code>roc.svg</code>, data in "
+                "<code>roc.csv</code>). Point at a line for its trial and its TPR at 1% and "
+                "0.1% FPR. "
+                f'<span class="nc">{NOT_COVERED_TAG}</span></figcaption></figure>'
+                + roc_legend(curves)
                 + "<p>The true positive rate at 1% and 0.1% false positive rate (grey lines) is "
                   "the headline number for strong attacks; per cell in "
                   "<code>mia_layers.csv</code>.</p>")

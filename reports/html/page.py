@@ -98,6 +98,10 @@ details.fold>summary h2{display:inline-block;margin:.9em 0 .2em}
 details.fold>summary::before{content:"▸ ";color:#2a5db0}
 details.fold[open]>summary::before{content:"▾ "}
 svg.front{max-width:100%;height:auto;border:1px solid #eee}svg.front .pt:hover{stroke-width:3}
+svg.roc{max-width:100%;height:auto;border:1px solid #eee}
+svg.roc .curve:hover .line{stroke-width:4}
+.roclegend{columns:2 30em;font-size:.9em}
+.roclegend .sw{display:block}
 .legend .sw{margin-right:14px;white-space:nowrap;font-size:.9em}
 .legend .sw i{display:inline-block;width:11px;height:11px;border-radius:6px;margin-right:4px}
 """

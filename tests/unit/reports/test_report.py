@@ -50,7 +50,7 @@ def test_report_files_and_self_contained_html(run_dir: Path, built: Path) -> Non
     pngs = {n for n in names if n.endswith((".png", ".svg"))}
     assert pngs == {"front_eps1.svg", "front_eps3.svg", "mia_heatmap_eps1.png",
                     "mia_heatmap_eps3.png", "validation_curves_eps1.png",
-                    "validation_curves_eps3.png", "privacy_utility.png", "roc.png",
+                    "validation_curves_eps3.png", "privacy_utility.png", "roc.svg",
                     "ww_trajectories.png"}
     for png in pngs:  # every figure's data as CSV of the same name
         assert png[:-4] + ".csv" in names, png
@@ -61,7 +61,8 @@ def test_report_files_and_self_contained_html(run_dir: Path, built: Path) -> Non
     assert "<script" not in page and not re.search(r'(src|href)="(https?:)?//', page)
     svgs = {n for n in pngs if n.endswith(".svg")}
     assert page.count('<img src="data:image/png;base64,') == len(pngs - svgs)
-    assert page.count('<svg class="front"') == len(svgs)  # inline: hover works offline
+    # inline: hover works offline
+    assert page.count('<svg class="front"') + page.count('<svg class="roc"') == len(svgs)
     for text in ("fashion-mnist (10 classes)", "train 5,000, validation 2,000",
                  "cnn28", "prv (PRV accountant", "1, 3; delta 1e-05", "torch 2.4.0",
                  "1 h 02 min (3,723 s) over 3 attempts (the run and its resumes); 1 attempt "
