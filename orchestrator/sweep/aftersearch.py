@@ -13,6 +13,7 @@ way, for trials whose audit failed or is missing (``audit_again``).
 from __future__ import annotations
 
 import signal
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,6 +21,7 @@ from dpsweep.core import layout
 from dpsweep.core.vocabulary import FAILED, OK
 from dpsweep.orchestrator.audit.membership import row_audit_columns
 from dpsweep.orchestrator.sweep import jobs as postsweep
+from dpsweep.orchestrator.sweep.progress import TRIAL
 from dpsweep.orchestrator.sweep.records import SweepRecords, read_json
 from dpsweep.orchestrator.sweep.resume_checks import raise_if_disk_full
 from dpsweep.orchestrator.sweep.search import TrialConfigs, audit_settings
@@ -179,10 +181,16 @@ class AfterSearchJobs:
 
     def _run_jobs(self, jobs: list[postsweep.Job], flag: _StopFlag, *,
                   desc: str = AFTER_SEARCH) -> None:
-        """The jobs on Ray under a progress bar; each result recorded as it comes."""
+        """The jobs on Ray under a progress bar showing each running one's phases (a re-run's
+        ETA, before one has finished, a trial's); each result recorded as it comes."""
         context = self._context
         cfg = context.cfg
-        with self._progress.bar(total=len(jobs), desc=desc, counts_records=False) as bar:
+        with self._progress.bar(total=len(jobs), desc=desc, counts_records=False,
+                                jobs=Counter(job.kind.value for job in jobs),
+                                like={postsweep.JobKind.RERUN.value: TRIAL}) as bar:
+
+            def phase(job: postsweep.Job, report: dict[str, Any] | None) -> None:
+                self._progress.phase(job.name, report, kind=job.kind.value)
 
             def done(job: postsweep.Job, result: dict[str, Any] | None, error: str) -> None:
                 raise_if_disk_full(error)  # the sweep stops; the job runs again on resume
@@ -200,7 +208,7 @@ class AfterSearchJobs:
                                    data=data_pool(context.setup),
                                    gpus=cfg.resources.gpus_per_trial,
                                    concurrency=cfg.sweep.max_concurrent_trials, on_done=done,
-                                   stop=stop)
+                                   stop=stop, on_phase=phase)
             finally:
                 flag.in_tune = False
 

@@ -10,10 +10,15 @@
   report's curves, never on a front or a pick.
 
 Each job is a Ray task with the trials' resources; at most ``sweep.max_concurrent_trials`` run
-at once. A failing job is recorded with its reason and the others go on. The baseline needs
-nothing from the search, so when there is a search it runs inside it, as the first entry of
-the Tune experiment (``raytune.SweepSearcher``'s ``jobs``), in a warm worker and a slot the
-trials would otherwise leave idle at the end; a Ray task beside Tune would serialise the trials.
+at once. A failing job is recorded with its reason and the others go on. A job reports its
+phases as a trial does (``runner.PHASE_KEY``: training epochs, audit references, the scoring)
+to ``report``: in a Ray task a post to a phase board (:class:`_PhaseBoard`, an actor holding no
+CPU) that ``run_jobs`` empties while it waits, in Tune (the baseline) ``tune.report``.
+
+The baseline needs nothing from the search, so when there is a search it runs inside it, as the
+first entry of the Tune experiment (``raytune.SweepSearcher``'s ``jobs``), in a warm worker and
+a slot the trials would otherwise leave idle at the end; a Ray task beside Tune would serialise
+the trials.
 """
 
 from __future__ import annotations
@@ -52,6 +57,8 @@ from dpsweep.trainables.audit.references import (
 from dpsweep.trainables.training.loop import evaluate, load_spec, load_trial_data, spec_model_source
 
 BASELINE_ID = "nonprivate"
+#: Where a job sends its phase reports (``runner.PHASE_KEY``).
+Report = Callable[[dict[str, Any]], object]
 
 
 class JobKind(enum.Enum):
@@ -87,28 +94,41 @@ POLL_S = 0.5
 def run_jobs(jobs: list[Job], *, cpus: int, gpus: float, concurrency: int,
              on_done: Callable[[Job, dict[str, Any] | None, str], None],
              stop: Callable[[], None] | None = None,
-             data: dict[str, Any] | None = None) -> None:
+             data: dict[str, Any] | None = None,
+             on_phase: Callable[[Job, dict[str, Any] | None], None] | None = None) -> None:
     """Run ``jobs`` as Ray tasks, ``concurrency`` at a time; ``on_done(job, result, error)``.
     ``data`` (``orchestrator.trial.plan.data_pool``) is put in Ray's object store once and served to
-    every job's data splits.
+    every job's data splits. ``on_phase(job, report)`` hears each running job's phase reports
+    (a ``STARTING`` one when it is started, None when it ended, before ``on_done``).
 
     ``stop`` is polled every ``POLL_S`` and raises to end the loop (a signal is never raised
     inside ``ray.wait``, whose C code turns it into a ``SystemError``); pending jobs are then
     cancelled and stay undone, so a resume runs them."""
     remote = ray.remote(num_cpus=cpus, num_gpus=gpus)(_call)
     shared = None if data is None else ray.put(data)
-    pending: dict[Any, Job] = {}
-    queue = list(jobs)
+    board = None if on_phase is None else ray.remote(num_cpus=0)(_PhaseBoard).remote()
+    pending: dict[Any, int] = {}
+    queue = list(range(len(jobs)))
     try:
         while queue or pending:
             while queue and len(pending) < concurrency:
-                job = queue.pop(0)
-                pending[remote.remote(job.fn, job.kwargs, shared)] = job
+                index = queue.pop(0)
+                pending[remote.remote(jobs[index].fn, jobs[index].kwargs, shared, board,
+                                      index)] = index
+                if on_phase is not None:
+                    on_phase(jobs[index], {runner.PHASE_KEY: runner.STARTING})
             done, _ = ray.wait(list(pending), num_returns=1, timeout=POLL_S)
             if stop is not None:
                 stop()
+            if on_phase is not None and board is not None:
+                running = set(pending.values())  # a report that arrives late is dropped
+                for index, report in ray.get(board.drain.remote()):
+                    if index in running:
+                        on_phase(jobs[index], report)
             for ref in done:
-                job = pending.pop(ref)
+                job = jobs[pending.pop(ref)]
+                if on_phase is not None:
+                    on_phase(job, None)
                 try:
                     on_done(job, ray.get(ref), "")
                 except Exception as exc:  # a failed job keeps its reason; the others go on
@@ -118,21 +138,41 @@ def run_jobs(jobs: list[Job], *, cpus: int, gpus: float, concurrency: int,
             ray.cancel(ref, force=True)
 
 
+class _PhaseBoard:
+    """Behind a Ray actor (no CPU): the running jobs' phase reports, posted without waiting
+    and taken by the driver in arrival order."""
+
+    def __init__(self) -> None:
+        self._reports: list[tuple[int, dict[str, Any]]] = []
+
+    def post(self, index: int, report: dict[str, Any]) -> None:
+        self._reports.append((index, report))
+
+    def drain(self) -> list[tuple[int, dict[str, Any]]]:
+        reports, self._reports = self._reports, []
+        return reports
+
+
 def _call(fn: Callable[..., dict[str, Any]], kwargs: dict[str, Any],
-          data: dict[str, Any] | None = None) -> dict[str, Any]:
+          data: dict[str, Any] | None = None, board: Any = None,
+          index: int = 0) -> dict[str, Any]:
     runner.use_data_pool(data)
-    return fn(**kwargs)
+    if board is None:
+        return fn(**kwargs)
+    return fn(**kwargs, report=lambda report: board.post.remote(index, report))
 
 
 # ---- the jobs (run in Ray workers) ------------------------------------------------------
 def audit_job(*, trial_dir: str, spec: dict[str, Any], settings: dict[str, Any],
-              budgets: dict[str, Any]) -> dict[str, Any]:
-    """Audit one finished trial from its checkpoint; writes its audit.json."""
+              budgets: dict[str, Any], report: Report | None = None) -> dict[str, Any]:
+    """Audit one finished trial from its checkpoint; writes its audit.json. ``report`` hears
+    its references and the scoring."""
     trial_spec = load_spec(spec)
     data = load_trial_data(trial_spec)
     record = audit_trial_model(spec=trial_spec, checkpoint=Path(trial_dir) / CHECKPOINT_DIR,
                                data=data, settings=AuditSettings.from_config(settings),
                                budgets=budgets_from_config(budgets),
+                               progress=None if report is None else runner.audit_phases(report),
                                **trial_audit_paths(Path(trial_dir)))
     atomic_write_json(Path(trial_dir) / layout.AUDIT, record)
     return record
@@ -144,23 +184,29 @@ def rerun_pending(row: dict[str, Any] | None, *, retry_failed: bool) -> bool:
     return row is None or (retry_failed and row.get("status") == FAILED)
 
 
-def rerun_job(*, config: dict[str, Any]) -> dict[str, Any]:
-    """Train a trial configuration again (fresh noise, its own seed), audited if in_trial.
+def rerun_job(*, config: dict[str, Any], report: Report | None = None) -> dict[str, Any]:
+    """Train a trial configuration again (fresh noise, its own seed), audited if in_trial;
+    ``report`` hears its phases as a trial's are heard.
 
     Never pruned: a re-run is one more seed of a finished trial, so it runs to its last epoch
     (stopping the unlucky seeds at a rung would bias the mean over seeds upwards)."""
-    return runner.execute({k: v for k, v in config.items() if k != "pruning"}, audit=audit_in_trial)
+    return runner.execute({k: v for k, v in config.items() if k != "pruning"}, report=report,
+                          audit=audit_in_trial)
 
 
 def baseline_job(*, run_dir: str, spec: dict[str, Any], settings: dict[str, Any],
-                 audit: bool, lr: float) -> dict[str, Any]:
-    """Train and audit the non-private baseline; writes trials/nonprivate/{result,audit}.json."""
+                 audit: bool, lr: float, report: Report | None = None) -> dict[str, Any]:
+    """Train and audit the non-private baseline; writes trials/nonprivate/{result,audit}.json.
+    ``report`` hears its training (epoch 0 of E at the start and E of E with its validation
+    accuracy at the end: the non-private loop reports no epochs between) and its audit."""
     started_at = time.time()
     trial_spec = load_spec(spec)
     data = load_trial_data(trial_spec)
     recipe = NonPrivateRecipe(epochs=trial_spec.epochs, lr=lr,
                               batch_size=trial_spec.batch_size,
                               model_source=spec_model_source(trial_spec).to_dict())
+    say = report or _silent
+    say({runner.PHASE_KEY: runner.TRAINING, "epoch": 0, "epochs": recipe.epochs})
     model, seconds = train_nonprivate(data=data, recipe=recipe, seed=trial_spec.seed,
                                       threads=trial_spec.threads)
     out = Path(run_dir) / layout.TRIALS / BASELINE_ID
@@ -170,16 +216,23 @@ def baseline_job(*, run_dir: str, spec: dict[str, Any], settings: dict[str, Any]
         acc, loss = evaluate(model, getattr(data, split).x, getattr(data, split).y)
         key = "val" if split == "validation" else "test"
         record[f"{key}_accuracy"], record[f"{key}_loss"] = acc, loss
+    say({runner.PHASE_KEY: runner.TRAINING, "epoch": recipe.epochs, "epochs": recipe.epochs,
+         "val_accuracy": record["val_accuracy"]})
     if audit:
         started = time.perf_counter()
         audited = audit_model(target=model, data=data, settings=AuditSettings.from_config(
             settings), trainer=nonprivate_trainer(recipe, threads=trial_spec.threads),
+            progress=None if report is None else runner.audit_phases(report),
             **trial_audit_paths(out))
         atomic_write_json(out / layout.AUDIT, audited)
         record["audit_seconds"] = time.perf_counter() - started
     record.update(pid=os.getpid(), started_at=started_at, finished_at=time.time())
     atomic_write_json(out / layout.RESULT, record)
     return record
+
+
+def _silent(report: dict[str, Any]) -> None:
+    del report
 
 
 def baseline_row(record: dict[str, Any], *, num_classes: int) -> dict[str, Any]:

@@ -1,10 +1,11 @@
 """What a sweep shows while it runs: progress bars (tqdm, on stderr) for the budget precompute,
-the trials and the after-search jobs, each running trial's phase and an ETA measured from the
-trials' own epochs and audit references (:class:`LiveTrials`); ``--quiet`` turns them off.
+the trials and the after-search jobs, each running trial's or job's phase and an ETA measured
+from their own epochs and audit references (:class:`LiveTrials`); ``--quiet`` turns them off.
 
-On a terminal the phases and the ETA ride on the trials' bar; anywhere else (a file, a pipe, a
-CI log) there is no bar but plain lines: one per phase change of a trial (rate-limited), so a
-log shows which trial trained which epoch and when an audit ran.
+On a terminal the phases and the ETA ride on the bar (the trials', then the after-search
+jobs'); anywhere else (a file, a pipe, a CI log) there is no bar but plain lines: one per phase
+change of a trial or job (rate-limited), so a log shows which trial trained which epoch and
+when an audit ran.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import dataclasses
 import math
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -27,6 +29,8 @@ PLAIN_INTERVAL_S = 5.0
 #: The trials' bar on a terminal: our ETA is in the postfix (tqdm's own one only knows
 #: finished trials, and says nothing until the first one finishes).
 TRIALS_BAR_FORMAT = "{desc}: {n_fmt}/{total_fmt} [{elapsed}] {postfix}"
+#: The kind of a search's trial; an after-search job's kind is its ``jobs.JobKind`` value.
+TRIAL = "trial"
 SECONDS_PER_MINUTE = 60
 SECONDS_PER_HOUR = 3600
 
@@ -45,9 +49,10 @@ def duration(seconds: float | None) -> str:
 
 @dataclasses.dataclass
 class _Running:
-    """What one running trial last said, and when (the driver's clock)."""
+    """What one running trial or job last said, and when (the driver's clock)."""
 
     started: float
+    kind: str = TRIAL
     phase: str = STARTING
     at: float = 0.0
     epoch: int = 0
@@ -62,29 +67,50 @@ class _Running:
 
 
 class LiveTrials:
-    """Each running trial's phase and the sweep's ETA from measured times: seconds per epoch
-    of each running trial, per reference of each audit, and the finished trials' durations."""
+    """Each running trial's (or after-search job's) phase and the ETA from measured times:
+    seconds per epoch and per audit reference of each running one, and the finished ones'
+    durations, kind by kind (a re-run's, an audit's and the baseline's differ from a trial's).
 
-    def __init__(self, *, total: int, clock: Callable[[], float] = time.monotonic) -> None:
-        self.total = total
-        self.done = 0
+    ``total`` trials and ``jobs`` (kind -> how many) are still to run; a trial counts as done
+    when it is recorded (``count_done``: a trial whose planning failed never runs), a job when
+    it ends. ``like`` names the kind whose durations stand in for a kind not measured yet (a
+    re-run trains like a trial); ``durations`` carries the finished ones' over from an earlier
+    bar (the search's trials, for the re-runs after it)."""
+
+    def __init__(self, *, total: int, jobs: Mapping[str, int] | None = None,
+                 like: Mapping[str, str] | None = None,
+                 durations: dict[str, list[float]] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.totals = Counter({TRIAL: total, **(jobs or {})})
+        self.done: Counter[str] = Counter()
+        self._like = dict(like or {})
         self._clock = clock
         self._running: dict[str, _Running] = {}
-        self._durations: list[float] = []
-        self._audits: list[float] = []
-        self._scorings: list[float] = []
-        #: The most trials seen running at once: the sweep's real concurrency (Tune's limit,
-        #: or fewer where the resources allow fewer).
+        self._durations = {} if durations is None else durations
+        #: The finished audits' and scorings' durations by kind (a trial audits only with
+        #: ``audit.in_trial``, a re-run likewise, an audit job always).
+        self._audits: dict[str, list[float]] = {}
+        self._scorings: dict[str, list[float]] = {}
+        #: Seconds per training epoch of every unit that reported one (the pace of a unit
+        #: that trains without epoch reports: the non-private baseline).
+        self._paces: dict[str, float] = {}
+        #: The most units seen running at once: the real concurrency (Tune's limit or the
+        #: jobs', or fewer where the resources allow fewer).
         self._width = 1
 
-    def update(self, trial_id: str, report: Mapping[str, Any] | None) -> str | None:
-        """Take a trial's phase report (None: it ended); the line it makes, or None while the
-        trial's last line is recent and in the same phase."""
+    def count_done(self, kind: str = TRIAL) -> None:
+        """One more of ``kind`` finished (a recorded trial)."""
+        self.done[kind] += 1
+
+    def update(self, unit: str, report: Mapping[str, Any] | None, *,
+               kind: str = TRIAL) -> str | None:
+        """Take a trial's or job's phase report (None: it ended); the line it makes, or None
+        while its last line is recent and in the same phase. A job's ``unit`` is its name."""
         now = self._clock()
         if report is None:
-            self._end(trial_id, now)
+            self._end(unit, now)
             return None
-        trial = self._running.setdefault(trial_id, _Running(started=now, at=now))
+        trial = self._running.setdefault(unit, _Running(started=now, at=now, kind=kind))
         self._width = max(self._width, len(self._running))
         phase = str(report.get(PHASE_KEY, STARTING))
         if phase == AUDIT and trial.audit_started is None:
@@ -98,21 +124,25 @@ class LiveTrials:
         trial.references = int(report.get("references", trial.references))
         if report.get("val_accuracy") is not None:
             trial.val_accuracy = float(report["val_accuracy"])
+        if phase == TRAINING and trial.epoch > 0:
+            self._paces[unit] = (now - trial.started) / trial.epoch
         if phase == STARTING or (phase == trial.shown and now - trial.shown_at
                                  < PLAIN_INTERVAL_S):
             return None
         trial.shown, trial.shown_at = phase, now
-        return f"trial {trial_id}: {self._describe(trial)} (ETA {duration(self.eta())})"
+        return f"{_label(unit, trial.kind)}: {self._describe(trial)} (ETA {duration(self.eta())})"
 
-    def _end(self, trial_id: str, now: float) -> None:
-        trial = self._running.pop(trial_id, None)
+    def _end(self, unit: str, now: float) -> None:
+        trial = self._running.pop(unit, None)
         if trial is None:
             return
-        self._durations.append(now - trial.started)
+        if trial.kind != TRIAL:  # a trial is done when recorded
+            self.done[trial.kind] += 1
+        self._durations.setdefault(trial.kind, []).append(now - trial.started)
         if trial.audit_started is not None:
-            self._audits.append(now - trial.audit_started)
+            self._audits.setdefault(trial.kind, []).append(now - trial.audit_started)
         if trial.scoring_started is not None:
-            self._scorings.append(now - trial.scoring_started)
+            self._scorings.setdefault(trial.kind, []).append(now - trial.scoring_started)
 
     @staticmethod
     def _describe(trial: _Running) -> str:
@@ -126,30 +156,56 @@ class LiveTrials:
         return trial.phase
 
     def summary(self) -> str:
-        """The bar's postfix: the ETA and each running trial's phase."""
-        phases = "; ".join(f"{tid} {self._describe(t)}" for tid, t in self._running.items()
+        """The bar's postfix: the ETA and each running trial's or job's phase."""
+        phases = "; ".join(f"{unit} {self._describe(t)}" for unit, t in self._running.items()
                            if t.phase != STARTING)
         return f"ETA {duration(self.eta())}" + (f" | {phases}" if phases else "")
 
     def eta(self) -> float | None:
-        """Seconds until the last trial ends, from measured times; None before any is known."""
+        """Seconds until the last trial or job ends, from measured times; None before what is
+        left is known."""
         now = self._clock()
         left = [self._left(t, now) for t in self._running.values()]
-        pending = max(self.total - self.done - len(self._running), 0)
-        whole = _mean(self._durations)
-        if whole is None:
-            whole = _mean([now - t.started + rest for t, rest in
-                           zip(self._running.values(), left, strict=True) if rest is not None])
-        if any(rest is None for rest in left) or (pending and whole is None):
+        if any(rest is None for rest in left):
             return None
-        return (sum(r for r in left if r is not None) + pending * (whole or 0.0)) / self._width
+        to_come = 0.0
+        for kind, total in self.totals.items():
+            running = sum(1 for t in self._running.values() if t.kind == kind)
+            pending = max(total - self.done[kind] - running, 0)
+            if not pending:
+                continue
+            whole = self._whole(kind, now)
+            if whole is None:
+                return None
+            to_come += pending * whole
+        return (sum(r for r in left if r is not None) + to_come) / self._width
+
+    def _whole(self, kind: str, now: float) -> float | None:
+        """How long one of ``kind`` takes: the finished ones' mean, else the running ones'
+        projection, else (``like``) another kind's."""
+        whole = _mean(self._durations.get(kind, []))
+        if whole is None:
+            whole = _mean([now - t.started + rest for t in self._running.values()
+                           if t.kind == kind and (rest := self._left(t, now)) is not None])
+        if whole is None and kind in self._like:
+            return self._whole(self._like[kind], now)
+        return whole
+
+    def _of_kind(self, durations: dict[str, list[float]], kind: str) -> float | None:
+        """The mean of ``kind``'s ``durations``, else of the kind it is ``like``."""
+        mean = _mean(durations.get(kind, []))
+        if mean is None and kind in self._like:
+            return _mean(durations.get(self._like[kind], []))
+        return mean
 
     def _left(self, trial: _Running, now: float) -> float | None:
-        """A running trial's seconds to go: its epochs at its own pace, then an audit as long
-        as the finished ones' (or its references at their pace)."""
-        audit = _mean(self._audits)
-        if trial.phase == TRAINING and trial.epoch > 0:
-            per_epoch = (trial.at - trial.started) / trial.epoch
+        """A running unit's seconds to go: its epochs at its own pace (at the others' pace
+        before its first epoch report: the baseline reports none), then an audit as long as
+        the finished ones' (or its references at their pace)."""
+        audit = self._of_kind(self._audits, trial.kind)
+        if trial.phase == TRAINING and (trial.epoch > 0 or self._paces):
+            per_epoch = ((trial.at - trial.started) / trial.epoch if trial.epoch > 0
+                         else _mean(list(self._paces.values())) or 0.0)
             train = max(per_epoch * (trial.epochs - trial.epoch) - (now - trial.at), 0.0)
             return train + (audit or 0.0)
         if trial.phase == AUDIT and trial.audit_started is not None:
@@ -162,10 +218,16 @@ class LiveTrials:
                            - (now - trial.at), 0.0)
             return None
         if trial.phase == SCORING and trial.scoring_started is not None:
-            scoring = _mean(self._scorings)
+            scoring = self._of_kind(self._scorings, trial.kind)
             return max((scoring or 0.0) - (now - trial.scoring_started), 0.0)
-        whole = _mean(self._durations)
+        whole = _mean(self._durations.get(trial.kind, []))
         return None if whole is None else max(whole - (now - trial.started), 0.0)
+
+
+def _label(unit: str, kind: str) -> str:
+    """How a line names what it is about: ``trial <id>``, or a job's name in brackets, as its
+    ``[<job>] done`` line does."""
+    return f"trial {unit}" if kind == TRIAL else f"[{unit}]"
 
 
 def _mean(values: list[float]) -> float | None:
@@ -203,7 +265,7 @@ class _PlainBar:
 
 
 class _TerminalBar(tqdm):
-    """tqdm's bar, with the running trials' phases and the ETA in its postfix."""
+    """tqdm's bar, with the running trials' or jobs' phases and the ETA in its postfix."""
 
     def show(self, *, line: str | None, summary: str) -> None:
         del line
@@ -211,9 +273,10 @@ class _TerminalBar(tqdm):
 
 
 @contextmanager
-def progress(*, total: int, desc: str, quiet: bool) -> Iterator[Any]:
+def progress(*, total: int, desc: str, quiet: bool, live: bool = False) -> Iterator[Any]:
     """A progress bar on stderr (tqdm) when it is a terminal, plain lines when it is not,
-    nothing with --quiet."""
+    nothing with --quiet; ``live``: the bar shows phases and our ETA in its postfix (tqdm's
+    own ETA, from finished items alone, is left out)."""
     if quiet or total == 0:
         yield _NullBar()
         return
@@ -222,7 +285,7 @@ def progress(*, total: int, desc: str, quiet: bool) -> Iterator[Any]:
         return
     bar = _TerminalBar(total=total, desc=desc, unit="trial" if desc == "trials" else "it",
                dynamic_ncols=True, file=sys.stderr,
-               bar_format=TRIALS_BAR_FORMAT if desc == "trials" else None)
+               bar_format=TRIALS_BAR_FORMAT if live else None)
     try:
         yield bar
     finally:

@@ -73,8 +73,8 @@ def tune_trainable(config: dict[str, Any], data: dict[str, Any] | None = None) -
     use_data_pool(data)
 
     if JOB_KEY in config:
-        try:
-            TUNE_JOBS[config[JOB_KEY]](**config["kwargs"])
+        try:  # its phases reach the driver as a trial's do
+            TUNE_JOBS[config[JOB_KEY]](**config["kwargs"], report=tune.report)
         except Exception as exc:  # its reason reaches the driver; the sweep goes on
             tune.report({JOB_ERROR: describe(exc), "done": True})
             return
@@ -111,7 +111,8 @@ class SweepSearcher(Searcher):
                  on_phase: Callable[[str, dict | None], None] | None = None,
                  ) -> None:
         """``on_phase(trial id, report)`` hears each running trial's phase reports
-        (``runner.PHASE_KEY``) and ``None`` when it ends."""
+        (``runner.PHASE_KEY``) and ``None`` when it ends; a job's as
+        ``on_phase(its name, report, kind=its kind)``."""
         super().__init__()
         self._plans = plans
         self._studies = studies
@@ -122,7 +123,8 @@ class SweepSearcher(Searcher):
         self._jobs = dict(jobs or {})
         self._on_job_done = on_job_done
         self._on_phase = on_phase
-        self._live_jobs: dict[str, str] = {}
+        #: Tune's trial id -> a running job's name and kind.
+        self._live_jobs: dict[str, tuple[str, str]] = {}
         self._live: dict[str, tuple[StudyPlan, Any, str]] = {}
         self._started: dict[str, int] = {p.name: 0 for p in plans}
         self._lock = threading.Lock()
@@ -137,6 +139,10 @@ class SweepSearcher(Searcher):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+
+    def job_kinds(self) -> list[str]:
+        """The kinds of the jobs still to start (what the progress counts besides trials)."""
+        return [config[JOB_KEY] for config in self._jobs.values()]
 
     def save(self, checkpoint_path: str) -> None:
         del checkpoint_path
@@ -171,7 +177,9 @@ class SweepSearcher(Searcher):
         if self._jobs:
             name, config = next(iter(self._jobs.items()))
             del self._jobs[name]
-            self._live_jobs[trial_id] = name
+            self._live_jobs[trial_id] = (name, config[JOB_KEY])
+            if self._on_phase is not None:
+                self._on_phase(name, {PHASE_KEY: STARTING}, kind=config[JOB_KEY])
             return config
         for plan in self._plans:
             if self._to_start(plan) <= 0:
@@ -203,9 +211,14 @@ class SweepSearcher(Searcher):
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         """A running trial's report: its phase goes to ``on_phase`` (shown, never stored)."""
         with self._lock:
+            if self._on_phase is None or PHASE_KEY not in result:
+                return
             entry = self._live.get(trial_id)
-            if entry is not None and self._on_phase is not None and PHASE_KEY in result:
+            if entry is not None:
                 self._on_phase(entry[2], result)
+            elif trial_id in self._live_jobs:
+                name, kind = self._live_jobs[trial_id]
+                self._on_phase(name, result, kind=kind)
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None,
                           error: bool = False) -> None:
@@ -217,7 +230,9 @@ class SweepSearcher(Searcher):
 
     def _complete(self, trial_id: str, result: dict | None, error: bool) -> None:
         if trial_id in self._live_jobs:
-            name = self._live_jobs.pop(trial_id)
+            name, kind = self._live_jobs.pop(trial_id)
+            if self._on_phase is not None:
+                self._on_phase(name, None, kind=kind)
             if self._on_job_done is not None:
                 self._on_job_done(name, None if error else result)
             return

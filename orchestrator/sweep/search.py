@@ -18,6 +18,7 @@ import dataclasses
 import signal
 import sys
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -220,9 +221,11 @@ class SweepSearch:
              total: int) -> None:
         """Run the experiment under a progress bar; a signal or the searcher's halt (a full
         disk) stops the running trials and is raised once Tune has returned."""
-        with progress(total=total, desc="trials", quiet=self._progress.quiet) as bar:
+        with progress(total=total, desc="trials", quiet=self._progress.quiet,
+                      live=True) as bar:
             try:
-                with self._progress.showing(bar, counts_records=True, total=total):
+                with self._progress.showing(bar, counts_records=True, total=total,
+                                            jobs=Counter(searcher.job_kinds())):
                     flag.in_tune = True
                     try:
                         tuner.fit()

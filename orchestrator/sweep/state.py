@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Protocol
 
@@ -18,7 +18,7 @@ from dpsweep.core.trial import Calibration
 from dpsweep.orchestrator.accounting.tuning.private import PrivateTuningPlan
 from dpsweep.orchestrator.config import Config
 from dpsweep.orchestrator.rundir import RunDir
-from dpsweep.orchestrator.sweep.progress import LiveTrials, progress
+from dpsweep.orchestrator.sweep.progress import TRIAL, LiveTrials, progress
 from dpsweep.orchestrator.sweep.studies import StudyPlan
 from dpsweep.orchestrator.trial.setup import ResolvedSetup
 
@@ -67,8 +67,9 @@ class SweepContext:
 
 class SweepProgress:
     """The progress bar on screen (the search's, then the after-search jobs') and when the
-    attempt started: a recorded trial's line goes above whichever bar is up; the search's bar
-    shows the running trials' phases and the ETA (``progress.LiveTrials``)."""
+    attempt started: a recorded trial's line goes above whichever bar is up; both bars show
+    what each running trial or job is doing and the ETA (``progress.LiveTrials``), the jobs'
+    ETA from the search's measured trials too (a re-run trains like one)."""
 
     def __init__(self, *, quiet: bool, started: float | None = None) -> None:
         self.quiet = quiet
@@ -77,27 +78,38 @@ class SweepProgress:
         #: Whether a recorded trial advances the bar (the search's; a job advances its own).
         self._counts_records = True
         self._live: LiveTrials | None = None
+        #: The finished trials' and jobs' durations by kind, over every bar of the attempt.
+        self._durations: dict[str, list[float]] = {}
 
     @contextmanager
-    def bar(self, *, total: int, desc: str, counts_records: bool) -> Iterator[Bar]:
-        """A bar (``progress.progress``) that the lines of this block are written above."""
-        with progress(total=total, desc=desc, quiet=self.quiet) as bar, \
-                self.showing(bar, counts_records=counts_records, total=total):
+    def bar(self, *, total: int, desc: str, counts_records: bool,
+            jobs: Mapping[str, int] | None = None,
+            like: Mapping[str, str] | None = None) -> Iterator[Bar]:
+        """A bar (``progress.progress``) that the lines of this block are written above; with
+        ``jobs`` (kind -> how many) it shows their phases (``showing``)."""
+        with progress(total=total, desc=desc, quiet=self.quiet,
+                      live=counts_records or bool(jobs)) as bar, \
+                self.showing(bar, counts_records=counts_records, total=total if
+                             counts_records else 0, jobs=jobs, like=like):
             yield bar
 
-    def phase(self, trial_id: str, report: dict | None) -> None:
-        """A running trial's phase report (None: it ended), shown on the search's bar."""
+    def phase(self, unit: str, report: dict | None, *, kind: str = TRIAL) -> None:
+        """A running trial's or job's phase report (None: it ended), shown on the bar."""
         if self._live is None or self._bar is None:
             return
-        line = self._live.update(trial_id, report)
+        line = self._live.update(unit, report, kind=kind)
         self._bar.show(line=line, summary=self._live.summary())
 
     @contextmanager
-    def showing(self, bar: Bar, *, counts_records: bool, total: int = 0) -> Iterator[None]:
+    def showing(self, bar: Bar, *, counts_records: bool, total: int = 0,
+                jobs: Mapping[str, int] | None = None,
+                like: Mapping[str, str] | None = None) -> Iterator[None]:
         """Lines go above ``bar`` inside the block, printed plainly after it; the search's bar
-        (``counts_records``, of ``total`` trials) also shows the running trials' phases."""
+        (``counts_records``, of ``total`` trials) and a bar of ``jobs`` also show the running
+        ones' phases (``like``: ``progress.LiveTrials``'s)."""
         self._bar, self._counts_records = bar, counts_records
-        self._live = LiveTrials(total=total) if counts_records else None
+        self._live = LiveTrials(total=total, jobs=jobs, like=like, durations=self._durations) \
+            if counts_records or jobs else None
         try:
             yield
         finally:
@@ -113,7 +125,7 @@ class SweepProgress:
         if self._counts_records:
             self._bar.update(1)
             if self._live is not None:
-                self._live.done += 1
+                self._live.count_done()
 
     def job_line(self, line: str) -> None:
         """An after-search job's line, shown above a bar only (a job recovered from disk

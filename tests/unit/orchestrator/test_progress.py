@@ -41,7 +41,7 @@ def test_eta_comes_from_the_trials_own_epochs_then_the_finished_trials() -> None
     assert live.eta() == pytest.approx((90 + 90 + 2 * 100) / 2)
     clock.now = 100.0
     live.update("a", None)  # a ended after 100 s: pending trials take as long
-    live.done += 1
+    live.count_done()
     assert live.eta() == pytest.approx((0 + 2 * 100) / 2)  # b's epochs are overdue: 0 left
 
 
@@ -111,3 +111,83 @@ def test_the_audit_lines_become_phase_reports(monkeypatch: pytest.MonkeyPatch) -
     for k in (1, 2, 3):
         say(f"audit: reference {k}/3 trained in 0.4 s, test accuracy 0.8")
     assert reports == [{PHASE_KEY: AUDIT, "reference": 1, "references": 3}, {PHASE_KEY: SCORING}]
+
+
+def test_jobs_after_the_search_show_their_phases_and_count_in_the_eta() -> None:
+    """An audit job and a re-run (whose duration, before one finished, is a trial's: the
+    search's measured trials carry over) each have their lines, named as their jobs."""
+    clock = Clock()
+    history = {progress_mod.TRIAL: [100.0]}
+    live = LiveTrials(total=0, jobs={"audit": 2, "re-run": 2}, like={"re-run": "trial"},
+                      durations=history, clock=clock)
+    live.update("audit t1", {PHASE_KEY: STARTING}, kind="audit")
+    live.update("re-run t1-r1", {PHASE_KEY: STARTING}, kind="re-run")
+    clock.now = 4.0
+    line = live.update("audit t1", {PHASE_KEY: AUDIT, "reference": 0, "references": 4},
+                       kind="audit")
+    assert line == "[audit t1]: audit reference 0/4 (ETA ?)"
+    clock.now = 6.0
+    live.update("audit t1", {PHASE_KEY: AUDIT, "reference": 1, "references": 4}, kind="audit")
+    assert live.update("re-run t1-r1", _epoch(1, of=5, acc=0.5), kind="re-run") \
+        == "[re-run t1-r1]: training epoch 1/5, val accuracy 0.500 (ETA 36s)"
+    # audit: 3 references at 2 s; re-run: 4 epochs at 6 s; pending: one audit and one re-run
+    # each as long as its running one's projection (6 + 6 s, 6 + 24 s); 2 wide
+    assert live.eta() == pytest.approx((6 + 24 + 12 + 30) / 2)
+    assert "audit t1 audit reference 1/4" in live.summary()
+    clock.now = 20.0
+    live.update("audit t1", None, kind="audit")  # a job is done when it ends
+    assert live.done["audit"] == 1 and history["audit"] == [20.0]
+    assert live.eta() == pytest.approx((10 + 20 + 30) / 2)
+    # before any re-run runs, one takes as long as the search's trials did
+    fresh = LiveTrials(total=0, jobs={"re-run": 3}, like={"re-run": "trial"},
+                       durations=history, clock=clock)
+    assert fresh.eta() == pytest.approx(3 * 100.0)
+    assert LiveTrials(total=0, jobs={"re-run": 3}, clock=clock).eta() is None
+
+
+def test_the_baseline_trains_at_the_trials_pace_until_it_reports_its_end() -> None:
+    """The non-private loop reports no epochs: epoch 0 of E is projected at the others'
+    pace (an upper bound: a DP epoch costs more)."""
+    clock = Clock()
+    live = LiveTrials(total=1, jobs={"baseline": 1}, clock=clock)
+    live.update("non-private baseline", {PHASE_KEY: TRAINING, "epoch": 0, "epochs": 4},
+                kind="baseline")
+    live.update("a", {PHASE_KEY: STARTING})
+    assert live.eta() is None  # no pace known yet
+    clock.now = 3.0
+    live.update("a", _epoch(1, of=4))
+    # a: 3 epochs at 3 s; the baseline: 4 epochs at 3 s less the 3 s spent; 2 wide
+    assert live.eta() == pytest.approx((9 + 9) / 2)
+
+
+def test_a_job_posts_its_phases_to_the_board_by_its_index() -> None:
+    """``jobs._call``: the job's ``report`` posts to the board without waiting (no Ray: a
+    stand-in board records the calls)."""
+    from dpsweep.orchestrator.sweep import jobs
+
+    posted: list[tuple[int, dict[str, Any]]] = []
+
+    class Board:
+        class post:  # the shape of a Ray actor method
+            @staticmethod
+            def remote(index: int, report: dict[str, Any]) -> None:
+                posted.append((index, report))
+
+    def job(*, x: int, report: Any) -> dict[str, Any]:
+        report({PHASE_KEY: TRAINING, "epoch": x, "epochs": 2})
+        return {"x": x}
+
+    assert jobs._call(job, {"x": 1}, None, Board(), 7) == {"x": 1}
+    assert posted == [(7, {PHASE_KEY: TRAINING, "epoch": 1, "epochs": 2})]
+    assert jobs._call(lambda *, x: {"x": x}, {"x": 2}) == {"x": 2}  # no board: no report
+
+
+def test_off_a_terminal_after_search_jobs_print_phase_lines(
+        capsys: pytest.CaptureFixture) -> None:
+    shown = SweepProgress(quiet=False)
+    with shown.bar(total=1, desc="after the search", counts_records=False,
+                   jobs={"audit": 1}):
+        shown.phase("audit t0", {PHASE_KEY: STARTING}, kind="audit")
+        shown.phase("audit t0", {PHASE_KEY: SCORING}, kind="audit")
+        shown.phase("audit t0", None, kind="audit")
+    assert capsys.readouterr().err.startswith("[audit t0]: audit scoring (ETA ")

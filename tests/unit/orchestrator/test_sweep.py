@@ -490,7 +490,8 @@ def test_an_interrupt_during_after_search_jobs_is_not_recorded_as_a_failed_job(
 
     def remote(**_kw: Any) -> Any:
         def wrap(fn: Any) -> Any:
-            return types.SimpleNamespace(remote=lambda f, kw, data: Ref(fn(f, kw, data)))
+            return types.SimpleNamespace(
+                remote=lambda f, kw, data, *board: Ref(fn(f, kw, data, *board)))
         return wrap
 
     fake.remote = remote
