@@ -11,8 +11,13 @@ scoring, spread over the trials that run at once. Nothing is written into a run 
 no model is kept; only the accountant's cache may grow.
 
 It projects every trial to its last epoch and, with the audit in the trials or over all of
-them, every trial audited: a pruner (``sweep.pruner``) can only shorten the sweep, and with the
-audit on the fronts only (``audit.scope``) fewer trials are audited.
+them, every trial audited: a pruner (``sweep.pruner``) can only shorten the sweep. The jobs
+beside the trials are derived from the same measurements (same model, data and references): the
+non-private baseline (``sweep.baseline``) as one more trial of the first series, trained and
+audited (a non-private step costs no more than a DP one, so this bounds it), and after the
+search, per study, a front of one trial (its leader: ties within the interval add more)
+re-run ``sweep.seeds`` times and, with ``audit.in_trial = false`` and ``audit.scope = "front"``,
+audited.
 """
 
 from __future__ import annotations
@@ -146,6 +151,22 @@ class SeriesCost:
 
 
 @dataclasses.dataclass(frozen=True)
+class Extras:
+    """What runs beside the trials: the baseline and the jobs after the search."""
+
+    #: ``sweep.baseline``: the non-private model, trained and audited (``audited``).
+    baseline: bool = False
+    #: ``sweep.seeds``: re-runs of each front trial.
+    seeds: int = 0
+    #: Whether re-runs audit themselves (``audit.in_trial``).
+    reruns_audited: bool = False
+    #: Whether the fronts are audited after the search (``audit.scope = "front"``).
+    front_audits: bool = False
+    #: Whether the baseline is audited (``audit.enabled``).
+    baseline_audited: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class Estimate:
     """The projection ``dpsweep run --estimate`` prints."""
 
@@ -155,15 +176,44 @@ class Estimate:
     peak_bytes: int
     peak_what: str
     device: str
+    extras: Extras = Extras()
+    #: Studies (each with its front) per series.
+    studies: tuple[int, ...] = ()
 
     def trial_seconds(self) -> float:
         """Every trial's training and audit, one after another."""
         return sum(s.trials * (s.train_seconds() + (s.audit_seconds() if self.audited else 0))
                    for s in self.series)
 
+    def baseline_seconds(self) -> float:
+        """The non-private baseline: one more trial of the first series, audited if on."""
+        if not (self.extras.baseline and self.series):
+            return 0.0
+        first = self.series[0]
+        return first.train_seconds() + (first.audit_seconds()
+                                        if self.extras.baseline_audited else 0.0)
+
+    def after_jobs(self) -> list[float]:
+        """Each job after the search: per study, ``seeds`` re-runs of its front's one trial
+        and, when the fronts are audited after the search, its audit."""
+        extras, out = self.extras, []
+        for s, studies in zip(self.series, self.studies or (1,) * len(self.series),
+                              strict=True):
+            rerun = s.train_seconds() + (s.audit_seconds() if extras.reruns_audited else 0.0)
+            out += [rerun] * (studies * extras.seeds)
+            out += [s.audit_seconds()] * (studies if extras.front_audits else 0)
+        return out
+
+    def after_seconds(self) -> float:
+        """The jobs after the search at the concurrency (never shorter than the longest)."""
+        jobs = self.after_jobs()
+        return max(sum(jobs) / self.width, max(jobs, default=0.0))
+
     def wall_seconds(self) -> float:
-        """The sweep's projected wall time at its concurrency, start-up and report included."""
-        return FIXED_SECONDS + self.trial_seconds() / self.width
+        """The sweep's projected wall time at its concurrency: the trials and the baseline
+        (which runs among them), then the jobs after the search, start-up and report."""
+        return (FIXED_SECONDS + (self.trial_seconds() + self.baseline_seconds()) / self.width
+                + self.after_seconds())
 
     def lines(self) -> list[str]:
         out = [f"estimate (measured on this machine's {self.device}; nothing trained is kept):"]
@@ -179,11 +229,34 @@ class Estimate:
         out.append(f"  {trials} trials, {sum(s.trials * s.steps for s in self.series)} DP "
                    "steps" + (f", {sum(s.trials * s.references for s in self.series)} audit "
                               "references" if self.audited else ""))
+        out += self._extra_lines()
         out.append(f"  projected wall time: {_seconds(self.wall_seconds())} with "
                    f"{self.width} trial(s) at once (trials {_seconds(self.trial_seconds())} "
                    f"one after another; start-up and report about {_seconds(FIXED_SECONDS)}); "
                    "every trial to its last epoch: a pruner only shortens it")
         out.append(f"  peak memory per trial: {self.peak_bytes / MIB:.0f} MiB ({self.peak_what})")
+        return out
+
+
+    def _extra_lines(self) -> list[str]:
+        """What the projection includes beside the trials, or says it leaves out."""
+        extras, out = self.extras, []
+        if self.baseline_seconds():
+            out.append("  non-private baseline (sweep.baseline): "
+                       f"{_seconds(self.baseline_seconds())} (as a trial of the first series"
+                       + (", audited" if extras.baseline_audited else "")
+                       + "; a bound: it clips and noises nothing)")
+        jobs = self.after_jobs()
+        if jobs:
+            studies = sum(self.studies or (1,) * len(self.series))
+            what = ([f"{studies * extras.seeds} re-run(s) (sweep.seeds = {extras.seeds})"]
+                    if extras.seeds else []) + ([f"{studies} front audit(s) (audit.scope = "
+                                                 "front)"] if extras.front_audits else [])
+            out.append(f"  after the search: {', '.join(what)} = "
+                       f"{_seconds(self.after_seconds())}, a front of one trial per study "
+                       "(ties add more)")
+        else:
+            out.append("  after the search: no jobs (sweep.seeds = 0, no audit after it)")
         return out
 
 
@@ -234,16 +307,23 @@ def estimate(setup: CheckedSetup) -> Estimate:
     cfg = require_checked(setup, where="estimate").config
     plans = study_plans(setup)
     audited = cfg.audit.enabled and (cfg.audit.in_trial or cfg.audit.scope == "all")
+    extras = Extras(baseline=cfg.sweep.baseline and any(p.n_trials for p in plans),
+                    seeds=cfg.sweep.seeds, reruns_audited=cfg.audit.enabled and cfg.audit.in_trial,
+                    front_audits=cfg.audit.enabled and not audited,
+                    baseline_audited=cfg.audit.enabled)
     on_gpu = cfg.resources.device != "cpu" and torch.cuda.is_available()
     if on_gpu:
         torch.cuda.reset_peak_memory_stats()
     series: dict[str, SeriesCost] = {}
+    studies: dict[str, int] = {}
     for plan in plans:  # one measurement per series: the targets share its shapes
+        studies[plan.series] = studies.get(plan.series, 0) + (1 if plan.n_trials else 0)
         if plan.series in series:
             series[plan.series] = dataclasses.replace(
                 series[plan.series], trials=series[plan.series].trials + plan.n_trials)
             continue
-        series[plan.series] = _series_cost(setup, plan, trials=plan.n_trials, audited=audited)
+        series[plan.series] = _series_cost(setup, plan, trials=plan.n_trials,
+                                           audited=cfg.audit.enabled)
     # how many trials this machine runs at once, as the sweep's own check counts them
     width = check_config_resources(cfg.resources, max_concurrent=cfg.sweep.max_concurrent_trials,
                                    info=None)
@@ -253,4 +333,5 @@ def estimate(setup: CheckedSetup) -> Estimate:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * KIB
         what = "the measuring process's peak RSS, torch included"
     return Estimate(series=tuple(series.values()), width=width, audited=audited,
-                    peak_bytes=peak, peak_what=what, device="GPU" if on_gpu else "CPU")
+                    peak_bytes=peak, peak_what=what, device="GPU" if on_gpu else "CPU",
+                    extras=extras, studies=tuple(studies[name] for name in series))
