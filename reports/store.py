@@ -110,6 +110,10 @@ COLUMNS: dict[str, Column] = {
     "test_loss": _c("float64", "final test cross-entropy", False),
     "train_loss": _c("float64", "final epoch's mean training loss on private data, no noise "
                                 "(monitoring only)", False),
+    "clipped_fraction": _c("float64", "final epoch's fraction of clipped examples (an example "
+                                      "is clipped when a norm its method bounds exceeds its "
+                                      "bound), averaged over the epoch's steps: private data, no "
+                                      "noise (monitoring only)", False),
     "degenerate": _c("bool", "validation accuracy below chance + the stated margin: kept off "
                              "fronts and picks", False),
     "train_seconds": _c("float64", "wall time of training", True),
@@ -342,6 +346,7 @@ def row_from_trial(*, run_dir: Path, trial_dir: Path, checkpoint_dir: Path,
         "val_accuracy": float(last["val_accuracy"]), "val_loss": float(last["val_loss"]),
         "test_accuracy": float(last["test_accuracy"]), "test_loss": float(last["test_loss"]),
         "train_loss": float(last["train_loss_nonprivate"]),
+        "clipped_fraction": _num(last.get("clipped_fraction")),
         "degenerate": is_degenerate(float(last["val_accuracy"]), num_classes=num_classes),
         "noisy_val_score": math.nan,
         "train_seconds": float(train_seconds), "audit_seconds": math.nan,

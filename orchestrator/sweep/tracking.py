@@ -42,7 +42,8 @@ TENSORBOARD_DIR = "tensorboard"
 #: history.json key -> the results-store column that declares its meaning and coverage.
 EPOCH_SCALARS = {"train_loss_nonprivate": "train_loss", "val_accuracy": "val_accuracy",
                  "val_loss": "val_loss", "epsilon_spent": "epsilon_spent",
-                 "noise_multiplier": "noise_multiplier", "clip_norm": "clip_norm"}
+                 "noise_multiplier": "noise_multiplier", "clip_norm": "clip_norm",
+                 "clipped_fraction": "clipped_fraction"}
 #: Row columns logged once, at the trial's last epoch: its end and its audit's results.
 FINAL_SCALARS = ("val_accuracy", "test_accuracy", "test_loss", "epsilon_upper",
                  "noisy_val_score", "peak_mia_accuracy", "peak_mia_upper", "leak_p_value",

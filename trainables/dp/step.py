@@ -97,6 +97,43 @@ def bound_coefficients(coef: torch.Tensor, norms: torch.Tensor, *, sensitivity: 
     return c * torch.where(ratio > 1, 1 / ratio, 1.0).unsqueeze(1), ratio
 
 
+def clipped_fraction(norms: torch.Tensor, *, bounds: torch.Tensor | None,
+                     sensitivity: float) -> torch.Tensor | None:
+    """The fraction of a release's examples that its rule clips, as a device scalar (None for
+    an empty batch or a rule with no bound): monitoring only, a statistic of private examples
+    without noise (declared not covered in the results store); it changes nothing released.
+
+    An example is clipped when any norm the method's rule bounds exceeds its bound: a layer's
+    norm its layer's bound under per-layer clipping (``bounds``), the whole norm the
+    sensitivity otherwise (for a normalising rule such as AUTO-S: the examples it scales down
+    from above C). A rule with no bound (infinite sensitivity) clips none by a bound."""
+    if norms.shape[0] == 0 or (bounds is None and not math.isfinite(sensitivity)):
+        return None
+    n = norms.to(torch.float64)
+    over = ((n > bounds.to(torch.float64).unsqueeze(0)).any(dim=1) if bounds is not None
+            else example_norms(n) > sensitivity)
+    return over.sum(dtype=torch.float64) / norms.shape[0]
+
+
+class ClipCount:
+    """The releases' :func:`clipped_fraction` summed on the device since the last read."""
+
+    def __init__(self) -> None:
+        self._sum: torch.Tensor | float = 0.0
+        self._releases = 0
+
+    def add(self, fraction: torch.Tensor | None) -> None:
+        """One release's fraction (None: nothing to count); nothing is read on the host."""
+        if fraction is not None:
+            self._sum, self._releases = self._sum + fraction, self._releases + 1
+
+    def take(self) -> float | None:
+        """The mean over the releases since the last call (None: none), restarted; the loop
+        reads it once per epoch, its one wait for the device."""
+        (total, releases), self._sum, self._releases = (self._sum, self._releases), 0.0, 0
+        return None if releases == 0 else float(total) / releases
+
+
 @dataclass(frozen=True)
 class PublicData:
     """The public shadow pool and the seeded generator that draws batches from it."""
@@ -170,6 +207,8 @@ class DPStep(MethodContract):
         #: the device once a release has been guarded: a step never reads them.
         self._guard_capped: torch.Tensor | int = 0
         self._guard_ratio: torch.Tensor | float = 0.0
+        #: Each guarded release's fraction of clipped examples, read once per epoch.
+        self.clipped = ClipCount()
         self._constants: dict[str, tuple[tuple[Any, ...], torch.Tensor]] = {}  # by name
         self.ledger = Ledger(sample_rate=sample_rate)
         self.optimizer = self._make_optimizer(lr=self.lr, momentum=float(p.get("momentum", 0.0)))
@@ -278,12 +317,13 @@ class DPStep(MethodContract):
         (an underflowed norm, an overflowing coefficient, a bug); caps beyond rounding are
         counted in ``guard_capped``. Nothing is read on the host: the counters stay tensors."""
         bounds = self.layer_bounds()
-        capped, ratio = bound_coefficients(
-            coef, norms, sensitivity=self.sensitivity(),
-            layer_bounds=None if bounds is None else self.device_constant(
-                "layer_bounds", bounds, device=norms.device))
+        held = None if bounds is None else self.device_constant("layer_bounds", bounds,
+                                                                 device=norms.device)
+        capped, ratio = bound_coefficients(coef, norms, sensitivity=self.sensitivity(),
+                                           layer_bounds=held)
         self._guard_ratio = ratio.max() if ratio.numel() else ratio.new_zeros(())
         self._guard_capped = self._guard_capped + (ratio > 1 + GUARD_ROUNDING).sum()
+        self.clipped.add(clipped_fraction(norms, bounds=held, sensitivity=self.sensitivity()))
         return capped
 
     def clip(self, view: PerExampleView) -> dict[str, torch.Tensor]:

@@ -46,6 +46,9 @@ from dpsweep.trainables.training.placement import (
 )
 
 CHECKPOINT_FORMAT = "dpsweep-checkpoint"
+#: history.json's per-epoch fraction of clipped examples (``DPStep.clipped``;
+#: declared, not covered, by the results store's column of the same name).
+CLIPPED_FRACTION = "clipped_fraction"
 #: 3: the optimizer state is ``trainables.dp.optim.Update``'s (2 held torch.optim's).
 CHECKPOINT_VERSION = 4
 
@@ -411,6 +414,7 @@ def train_trial(
     while run.epoch < spec.epochs:
         t0 = time.perf_counter()
         train_loss = _train_epoch(run, x_train, y_train)
+        clipped = run.method.clipped.take()
         scores = (_evaluate_epoch(run, splits, test=run.epoch + 1 >= spec.epochs)
                   if evaluate_epochs else {})
         run.epoch += 1
@@ -418,6 +422,7 @@ def train_trial(
             "epoch": run.epoch,
             "step": run.method.step_count,
             "train_loss_nonprivate": train_loss,
+            **({} if clipped is None else {CLIPPED_FRACTION: clipped}),
             **scores,
             "epsilon_spent": float(spec.epsilon_curve[run.epoch - 1]),
             "noise_multiplier": run.method.sigma_at(run.method.step_count - 1),

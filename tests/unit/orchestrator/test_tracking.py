@@ -113,6 +113,7 @@ def test_one_mlflow_run_per_trial_in_a_local_store(
                                                   for h in history]
         not_covered = got.data.tags[NOT_COVERED_TAG].split(",")
         assert "val_accuracy" in not_covered and "epsilon_spent" not in not_covered
+        assert "clipped_fraction" in not_covered
         statement = json.loads(Path(client.download_artifacts(
             got.info.run_id, STATEMENT_ARTIFACT, str(tmp_path))).read_text())
         assert statement["epsilon_exact"] == pytest.approx(row["epsilon_upper"])
@@ -146,3 +147,23 @@ def test_an_mlflow_uri_without_mlflow_is_refused_naming_the_field_and_the_extra(
     with pytest.raises(UserInputError, match=r"tracking\.mlflow_uri") as refused:
         door.check(cfg)
     assert MLFLOW_EXTRA in str(refused.value)
+
+
+def test_the_clipped_fraction_is_tracked_per_epoch(
+        run: tuple[Path, list[dict[str, Any]]], tmp_path: Path) -> None:
+    """history.json's ``clipped_fraction`` (the training loop's) is an ``epoch/`` scalar."""
+    run_dir, rows = run
+    row = next(r for r in rows if r["status"] == OK)
+    trial = tmp_path / "trial"
+    trial.mkdir()
+    history = [{**h, "clipped_fraction": 0.25 * h["epoch"]}
+               for h in _history(run_dir, row["trial_id"])]
+    (trial / layout.HISTORY).write_text(json.dumps(history))
+    warnings: list[str] = []
+    Tracker.for_run(settings=TrackingConfig(tensorboard=True), run_dir=tmp_path,
+                    warn=warnings.append).trial(row=row, trial_dir=trial)
+    events = EventAccumulator(str(tmp_path / TENSORBOARD_DIR / row["trial_id"]))
+    events.Reload()
+    assert warnings == []
+    assert [(e.step, e.value) for e in events.Scalars(EPOCH_PREFIX + "clipped_fraction")] == [
+        (h["epoch"], pytest.approx(h["clipped_fraction"])) for h in history]

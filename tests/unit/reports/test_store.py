@@ -146,6 +146,7 @@ def test_covered_columns_are_exactly_those_without_private_data() -> None:
     """What the epsilon does not cover never leaves the run (export) and is labelled."""
     uncovered = set(store.not_covered())
     private = {"val_accuracy", "val_loss", "test_accuracy", "test_loss", "train_loss",
+               "clipped_fraction",
                "degenerate", "peak_mia_accuracy", "peak_mia_upper", "peak_layer",
                "peak_layer_index", "peak_attack", "leak_detected", "leak_p_value",
                "loss_attack_accuracy", "loss_attack_auc", "mia_layers", "eps_lower_bound",
