@@ -25,6 +25,7 @@ from typing import Any
 import optuna
 
 from dpsweep.core.layout import LOCK_INFO, OPTUNA_DB, RESULT, RESULTS, TRIALS
+from dpsweep.orchestrator.sweep.studies import READ_ONLY_ATTR
 from dpsweep.reports.store import read_results
 
 #: The console script of the environment running the harness.
@@ -89,8 +90,16 @@ def start(args: list[str], *, log: Path, env: dict[str, str] | None = None) -> P
     with out.open("w") as fo, err.open("w") as fe:
         popen = subprocess.Popen([str(BIN), *args], stdout=fo, stderr=fe,
                                  env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-                                 start_new_session=True)
+                                 start_new_session=True, preexec_fn=as_from_a_terminal)
     return Proc(popen, out, err)
+
+
+def as_from_a_terminal() -> None:
+    """In the child before it runs: SIGINT and SIGTERM at their defaults, as a command started
+    from a terminal has them (a shell starts a background job, such as a CI run, with SIGINT
+    ignored, and a child inherits that: the Ctrl-C a test sends would be lost)."""
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, signal.SIG_DFL)
 
 
 def wait_for(proc: Proc, ready: Callable[[], bool], *, timeout: float) -> bool:
@@ -151,14 +160,18 @@ def result_ids(run: Path) -> list[str]:
 
 
 def optuna_trials(run: Path) -> list[dict[str, Any]]:
-    """Every Optuna trial of every study: state, dpsweep id, attributes, (fixed) parameters."""
+    """Every Optuna trial of every series' study: state, dpsweep id, attributes, (fixed)
+    parameters (a target's read-only summary study holds copies of them, not trials)."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if not (run / OPTUNA_DB).is_file():
         return []
     url = f"sqlite:///{run / OPTUNA_DB}"
     out = []
     for name in optuna.get_all_study_names(url):
-        for t in optuna.load_study(study_name=name, storage=url).get_trials(deepcopy=False):
+        study = optuna.load_study(study_name=name, storage=url)
+        if study.user_attrs.get(READ_ONLY_ATTR):
+            continue
+        for t in study.get_trials(deepcopy=False):
             out.append({"study": name, "number": t.number, "state": t.state.name,
                         "id": t.user_attrs.get("dpsweep_trial_id"), "attrs": dict(t.user_attrs),
                         "params": dict(t.params),

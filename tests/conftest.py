@@ -4,6 +4,7 @@ tiny digits trials."""
 from __future__ import annotations
 
 import dataclasses
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -38,6 +39,22 @@ def _one_blas_thread() -> Iterator[None]:
 
     with threadpool_limits(limits=1, user_api="blas"):
         yield
+
+
+#: Signals whose disposition a test may change in this process (the CLI ignores them once it has
+#: reported an interrupt); a child process inherits an ignored SIGINT and would never stop on
+#: Ctrl-C, so every later test that interrupts a subprocess would hang.
+RESTORED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@pytest.fixture(autouse=True)
+def _signals_restored() -> Iterator[None]:
+    """Each test leaves SIGINT and SIGTERM as it found them."""
+    before = {s: signal.getsignal(s) for s in RESTORED_SIGNALS}
+    yield
+    for s, handler in before.items():
+        if signal.getsignal(s) is not handler:
+            signal.signal(s, handler)
 
 
 def tiny_config(**training: object) -> Config:

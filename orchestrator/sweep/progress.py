@@ -249,10 +249,19 @@ class _NullBar:
 
 class _PlainBar:
     """What ``progress`` yields when stderr is no terminal: no bar, lines as they come (a
-    trial's line on stdout, like tqdm's ``write``; phase lines on stderr, like the bar)."""
+    trial's line on stdout, like tqdm's ``write``; phase lines on stderr, like the bar), and
+    one line on stderr where the bar's stage starts and one where it ends, under the bar's
+    title (``budgets: 0/12``, ``budgets: 12/12 done``), so a log shows which stage ran."""
+
+    def __init__(self, *, desc: str, total: int) -> None:
+        self._desc, self._total, self._done = desc, total, 0
+        print(f"{desc}: 0/{total}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        print(f"{self._desc}: {self._done}/{self._total} done", file=sys.stderr, flush=True)
 
     def update(self, n: int = 1) -> None:
-        del n
+        self._done += n
 
     def write(self, text: str) -> None:
         print(text, flush=True)
@@ -281,7 +290,11 @@ def progress(*, total: int, desc: str, quiet: bool, live: bool = False) -> Itera
         yield _NullBar()
         return
     if not sys.stderr.isatty():
-        yield _PlainBar()
+        plain = _PlainBar(desc=desc, total=total)
+        try:
+            yield plain
+        finally:
+            plain.close()
         return
     bar = _TerminalBar(total=total, desc=desc, unit="trial" if desc == "trials" else "it",
                dynamic_ncols=True, file=sys.stderr,

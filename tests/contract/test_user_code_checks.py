@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench.cli_harness import as_from_a_terminal
 from dpsweep.trainables.data.files import MAX_CLASSES
 
 REPO = Path(__file__).resolve().parents[2]
@@ -232,7 +233,8 @@ def test_a_hanging_factory_stops_on_ctrl_c_with_one_line(tmp_path: Path, command
     exe = [str(DPSWEEP)] if DPSWEEP.exists() else [sys.executable, "-m", "dpsweep.orchestrator.cli"]
     proc = subprocess.Popen([*exe, *args], cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+                            env={**os.environ, "PYTHONPATH": str(REPO)},
+                            preexec_fn=as_from_a_terminal)
     try:
         deadline = time.monotonic() + 240
         while not (tmp_path / "hanging").exists():  # the factory is running

@@ -22,7 +22,7 @@ import pytest
 
 from dpsweep.core import layout
 from dpsweep.core.exits import EXIT_FAILURES, EXIT_OK
-from dpsweep.orchestrator.sweep.studies import ID_ATTR, RETRY_ATTR
+from dpsweep.orchestrator.sweep.studies import ID_ATTR, READ_ONLY_ATTR, RETRY_ATTR
 from dpsweep.orchestrator.sweep.summary import RETRIED
 from dpsweep.reports.store import read_results
 
@@ -104,7 +104,8 @@ def _records(run: Path, tid: str) -> dict[str, bytes]:
 
 def _trials(run: Path) -> list[optuna.trial.FrozenTrial]:
     storage = f"sqlite:///{run / layout.OPTUNA_DB}"
-    (summary,) = optuna.get_all_study_summaries(storage)
+    (summary,) = [s for s in optuna.get_all_study_summaries(storage)
+                  if not s.user_attrs.get(READ_ONLY_ATTR)]  # not the target's summary copy
     return optuna.load_study(study_name=summary.study_name, storage=storage).trials
 
 

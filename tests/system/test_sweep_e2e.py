@@ -29,6 +29,7 @@ import pandas as pd
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from dpsweep.orchestrator.sweep.studies import FRONT_PARAM, FRONT_PREFIX, READ_ONLY_ATTR
 from dpsweep.orchestrator.sweep.tracking import EPOCH_PREFIX, TENSORBOARD_DIR
 from dpsweep.reports.pareto import wilson_interval
 from dpsweep.reports.store import read_results
@@ -183,8 +184,13 @@ def test_per_layer_attacks_carry_intervals_and_define_the_peak(audited: Sweep) -
 def test_optuna_studies_carry_both_objectives_and_the_attributes(audited: Sweep) -> None:
     frame = audited.frame().set_index("trial_id")
     names = sorted(optuna.get_all_study_names(audited.storage()))
-    assert names == ["dpsgd@eps3", "lm_dpsgd:faithful@eps3"]
-    for name in names:
+    # the series' studies, and the read-only summary of the target that optuna-dashboard
+    # shows as one cross-method front
+    assert names == ["dpsgd@eps3", "front@eps3", "lm_dpsgd:faithful@eps3"]
+    front = optuna.load_study(study_name="front@eps3", storage=audited.storage())
+    assert front.user_attrs[READ_ONLY_ATTR] is True
+    assert {t.params[FRONT_PARAM] for t in front.trials} == {"dpsgd", "lm_dpsgd:faithful"}
+    for name in (n for n in names if not n.startswith(f"{FRONT_PREFIX}@")):
         study = optuna.load_study(study_name=name, storage=audited.storage())
         series = name.split("@")[0]
         method, _, mode = series.partition(":")

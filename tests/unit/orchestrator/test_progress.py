@@ -85,7 +85,10 @@ def test_off_a_terminal_the_sweep_prints_phase_lines(capsys: pytest.CaptureFixtu
         shown.record_line("t0 done")
     out, err = capsys.readouterr()
     assert out == "t0 done\n"
-    assert err.startswith("trial t0: training epoch 1/3, val accuracy 0.750 (ETA ")
+    lines = err.splitlines()
+    assert lines[0] == "trials: 0/2"  # the stage's start and end, under the bar's title
+    assert lines[1].startswith("trial t0: training epoch 1/3, val accuracy 0.750 (ETA ")
+    assert lines[-1].startswith("trials: ") and lines[-1].endswith("/2 done")
     quiet = SweepProgress(quiet=True)
     with quiet.bar(total=2, desc="trials", counts_records=True):
         quiet.phase("t0", _epoch(1))
@@ -190,4 +193,6 @@ def test_off_a_terminal_after_search_jobs_print_phase_lines(
         shown.phase("audit t0", {PHASE_KEY: STARTING}, kind="audit")
         shown.phase("audit t0", {PHASE_KEY: SCORING}, kind="audit")
         shown.phase("audit t0", None, kind="audit")
-    assert capsys.readouterr().err.startswith("[audit t0]: audit scoring (ETA ")
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "after the search: 0/1"
+    assert lines[1].startswith("[audit t0]: audit scoring (ETA ")
