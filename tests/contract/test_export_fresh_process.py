@@ -16,12 +16,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 
-from dpsweep.orchestrator.release.bundle import export_trial
-from tests.unit.orchestrator.test_export import Trained, _train
-from tests.unit.orchestrator.test_export_loader import NETWORKS, UNLISTED, _copy
+from tests.unit.orchestrator.test_export import Trained
+from tests.unit.orchestrator.test_export_loader import (  # the fixtures: the same release
+    NETWORKS,
+    UNLISTED,
+    _copy,
+    release,  # noqa: F401
+    trained,  # noqa: F401
+)
 
 TIMEOUT = 300
 
@@ -71,19 +75,7 @@ def _planted_pyc(code: Path, *, marker: Path) -> Path:
     return pyc
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory) -> Trained:
-    return _train(tmp_path_factory.mktemp("secret"), randomness="secret")
-
-
-@pytest.fixture(scope="module")
-def release(trained: Trained, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("releases") / "release"
-    export_trial(checkpoint_dir=trained.checkpoint, privacy=trained.record(), out=out)
-    return out
-
-
-def test_a_planted_bytecode_cache_is_refused_and_never_runs(trained: Trained, release: Path,
+def test_a_planted_bytecode_cache_is_refused_and_never_runs(trained: Trained, release: Path,  # noqa: F811
                                                             tmp_path: Path) -> None:
     """The documented use (``import load; load.load(DIR)``) in a fresh process without
     dpsweep: the planted copy is refused in one line and its code never runs; the intact copy

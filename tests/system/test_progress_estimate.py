@@ -13,25 +13,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.system.test_sweep_e2e import AUDITED
+
 pytestmark = pytest.mark.slow
 
 BIN = Path(sys.executable).parent / "dpsweep"
 TIMEOUT = 300
 #: The acceptance's bound on estimate / measured, both ways.
 WITHIN = 2.0
-CONFIG = """\
-[training]
-epochs = 5
-[sweep]
-methods = ["dpsgd", "lm_dpsgd:faithful"]
-trials_per_method = 2
-max_concurrent_trials = 2
-baseline = false
-[audit]
-enabled = true
-in_trial = true
-reference_models = 4
-"""
+#: The end-to-end tests' audited sweep: two series, two trials each, audited in the trials.
+CONFIG = AUDITED
 TRIALS = ["dpsgd_eps3-000", "dpsgd_eps3-001", "lm_dpsgd-faithful_eps3-000",
           "lm_dpsgd-faithful_eps3-001"]
 DURATION = re.compile(r"(?:(\d+)h)?(?:(\d+)m)?(?:([\d.]+)s)?")
