@@ -62,7 +62,8 @@ def test_a_rerun_is_never_pruned(monkeypatch: pytest.MonkeyPatch) -> None:
     from dpsweep.orchestrator.trial import runner
 
     seen: list[dict] = []
-    monkeypatch.setattr(runner, "execute", lambda config, audit: seen.append(config) or {})
+    monkeypatch.setattr(runner, "execute",
+                        lambda config, audit, **_: seen.append(config) or {})
     config = {"trial_id": "dpsgd_eps3-000-r1", "spec": {}, "audit": {"in_trial": False},
               "pruning": {"actor": object(), "study": "dpsgd@eps3", "rungs": [5, 15]}}
     jobs.rerun_job(config=config)
