@@ -4,12 +4,15 @@ Per recipe a DP-SGD target (epsilon 3) is trained once, then three entries are t
 interleaved, shuffled rounds (``bench.harness.interleaved``, one torch thread):
 
 * ``train``: the target trained again as a trial trains it (``train_trial``: Poisson batches,
-  validation after every epoch, the test split after the last; no checkpoint);
+  validation after every epoch, the test split after the last; no checkpoint; the engine's
+  plan read from the run's cache folder, as every trial after a sweep's first reads it);
 * ``audit``: the audit a sweep runs on it (``orchestrator.audit.membership.audit_model`` with
   the default ``[audit]`` settings: 4 online references trained like the target, layer probes,
-  no reference cache, so every reference is trained);
+  no reference cache, so every reference is trained; the references take the target's engine
+  plan from the run's cache folder);
 * ``audit before``: the same audit inside ``trainables.audit.prefix.without_savings`` (every
-  model computes its own frozen prefix, references start from their own seeded parameters,
+  model computes its own frozen prefix, every reference times the engine's candidates
+  itself, references start from their own seeded parameters,
   gradient norms come from a float64 copy of each model, the signals take a separate forward
   for the logits, the probes and the shadow classifier each run their own forward, and their
   fits use every BLAS thread): the audit before the savings, measured in the same run. Token
@@ -40,6 +43,7 @@ import functools
 import platform
 import statistics
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -176,18 +180,20 @@ def bench_recipe(name: str, *, rounds: int) -> dict[str, Any]:
     data = recipe.data()
     spec = target_spec(recipe, data)
     budgets = functools.cache(functools.partial(_budget, recipe=recipe))
-    target = train_trial(spec, data=data).model.eval()
+    # the run's cache folder: the target's engine plan is kept there, as a sweep keeps it
+    plans = Path(tempfile.mkdtemp(prefix="audit_cost_plans_"))
+    target = train_trial(spec, data=data, plan_cache=plans).model.eval()
     records: dict[str, list[dict[str, Any]]] = {AUDIT: [], BEFORE: []}
 
     def audit(kind: str) -> None:
-        trainer = dp_trainer(spec, budgets=budgets)
+        trainer = dp_trainer(spec, budgets=budgets, plan_cache=None if kind == BEFORE else plans)
         with without_savings() if kind == BEFORE else contextlib.nullcontext():
             record = audit_model(target=target, data=data, settings=SETTINGS, trainer=trainer)
         records[kind].append({k: record[k] for k in ("reference_train_seconds",
                                                      "scoring_seconds", "n_scored")}
                              | {"excluded": len(record["excluded"])})
 
-    entries = {TRAIN: lambda: train_trial(spec, data=data),
+    entries = {TRAIN: lambda: train_trial(spec, data=data, plan_cache=plans),
                AUDIT: lambda: audit(AUDIT), BEFORE: lambda: audit(BEFORE)}
     load = [load_average()]
     times = interleaved(entries, rounds=rounds, warmup=0)

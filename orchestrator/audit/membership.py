@@ -508,7 +508,8 @@ def audit_trial_model(*, spec: TrialSpec, checkpoint: Path, data: DataSplits,
     :func:`audit_model`'s."""
     target, _ = load_model(checkpoint, data=data, device="cpu")
     return audit_model(target=target, data=data, settings=settings,
-                       trainer=dp_trainer(spec, budgets=dict(budgets)), cache_dir=cache_dir,
+                       trainer=dp_trainer(spec, budgets=dict(budgets), plan_cache=cache_dir),
+                       cache_dir=cache_dir,
                        scores_out=scores_out, progress=progress)
 
 

@@ -30,7 +30,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
@@ -55,6 +55,9 @@ from dpsweep.trainables.audit.references import (
     train_nonprivate,
 )
 from dpsweep.trainables.training.loop import evaluate, load_spec, load_trial_data, spec_model_source
+
+if TYPE_CHECKING:
+    from dpsweep.trainables.models.networks import LayeredModel
 
 BASELINE_ID = "nonprivate"
 #: Where a job sends its phase reports (``runner.PHASE_KEY``).
@@ -197,18 +200,24 @@ def rerun_job(*, config: dict[str, Any], report: Report | None = None) -> dict[s
 def baseline_job(*, run_dir: str, spec: dict[str, Any], settings: dict[str, Any],
                  audit: bool, lr: float, report: Report | None = None) -> dict[str, Any]:
     """Train and audit the non-private baseline; writes trials/nonprivate/{result,audit}.json.
-    ``report`` hears its training (epoch 0 of E at the start and E of E with its validation
-    accuracy at the end: the non-private loop reports no epochs between) and its audit."""
+    ``report`` hears its training (each epoch k of E with its validation accuracy, as a
+    trial's) and its audit."""
     started_at = time.time()
     trial_spec = load_spec(spec)
     data = load_trial_data(trial_spec)
     recipe = NonPrivateRecipe(epochs=trial_spec.epochs, lr=lr,
                               batch_size=trial_spec.batch_size,
                               model_source=spec_model_source(trial_spec).to_dict())
-    say = report or _silent
-    say({runner.PHASE_KEY: runner.TRAINING, "epoch": 0, "epochs": recipe.epochs})
+
+    def epoch_done(epoch: int, model: LayeredModel) -> None:
+        assert report is not None
+        acc, _ = evaluate(model, data.validation.x, data.validation.y)
+        report({runner.PHASE_KEY: runner.TRAINING, "epoch": epoch, "epochs": recipe.epochs,
+                "val_accuracy": acc})
+
     model, seconds = train_nonprivate(data=data, recipe=recipe, seed=trial_spec.seed,
-                                      threads=trial_spec.threads)
+                                      threads=trial_spec.threads,
+                                      on_epoch=None if report is None else epoch_done)
     out = Path(run_dir) / layout.TRIALS / BASELINE_ID
     record: dict[str, Any] = {"status": OK, "trial_id": BASELINE_ID, "train_seconds": seconds,
                               "recipe": dataclasses.asdict(recipe)}
@@ -216,8 +225,6 @@ def baseline_job(*, run_dir: str, spec: dict[str, Any], settings: dict[str, Any]
         acc, loss = evaluate(model, getattr(data, split).x, getattr(data, split).y)
         key = "val" if split == "validation" else "test"
         record[f"{key}_accuracy"], record[f"{key}_loss"] = acc, loss
-    say({runner.PHASE_KEY: runner.TRAINING, "epoch": recipe.epochs, "epochs": recipe.epochs,
-         "val_accuracy": record["val_accuracy"]})
     if audit:
         started = time.perf_counter()
         audited = audit_model(target=model, data=data, settings=AuditSettings.from_config(
@@ -229,10 +236,6 @@ def baseline_job(*, run_dir: str, spec: dict[str, Any], settings: dict[str, Any]
     record.update(pid=os.getpid(), started_at=started_at, finished_at=time.time())
     atomic_write_json(out / layout.RESULT, record)
     return record
-
-
-def _silent(report: dict[str, Any]) -> None:
-    del report
 
 
 def baseline_row(record: dict[str, Any], *, num_classes: int) -> dict[str, Any]:

@@ -112,8 +112,9 @@ def sweeps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Sweep]:
     procs = {}
     for name, text in (("audited", AUDITED), ("curves", CURVES)):
         (tmp / f"{name}.toml").write_text(text)
+        quiet = ["--quiet"] if name == "audited" else []  # curves: plain progress lines
         procs[name] = subprocess.Popen(
-            [str(BIN), "run", str(tmp / f"{name}.toml"), "--out", str(tmp / name), "--quiet"],
+            [str(BIN), "run", str(tmp / f"{name}.toml"), "--out", str(tmp / name), *quiet],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
             start_new_session=True)
     out = {}
@@ -267,6 +268,15 @@ def curves(sweeps: dict[str, Sweep]) -> Sweep:
     sweep = sweeps["curves"]
     assert sweep.rc == 0, sweep.stderr[-3000:]
     return sweep
+
+
+def test_the_baseline_reports_each_epoch_with_its_validation_accuracy(curves: Sweep) -> None:
+    """Off a terminal each of the baseline's epochs has its plain line (rate-limited: at
+    least the first and one more), as a trial's do."""
+    epochs = [int(k) for k in re.findall(
+        r"^\[non-private baseline\]: training epoch (\d+)/10, val accuracy 0\.\d{3} \(ETA \S+\)$",
+        curves.stderr, re.M)]
+    assert epochs and epochs[0] == 1 and epochs == sorted(epochs), curves.stderr[-3000:]
 
 
 def _front(rows: pd.DataFrame, n_val: int) -> list[str]:

@@ -37,6 +37,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -120,14 +121,19 @@ class NonPrivateRecipe:
 
 
 def train_nonprivate(*, data: DataSplits, recipe: NonPrivateRecipe, seed: int,
-                     threads: int | None = 1) -> tuple[LayeredModel, float]:
+                     threads: int | None = 1,
+                     on_epoch: Callable[[int, LayeredModel], None] | None = None
+                     ) -> tuple[LayeredModel, float]:
     """(model, seconds): the recipe applied to ``data.train``, shuffled minibatches, CPU.
 
     ``threads`` sets torch's intra-op threads (None leaves them): one thread is several
     times faster than two for these small models on a shared machine. A reference's ``data``
-    may carry what it starts from (``trainables.audit.prefix.FrozenStart``).
+    may carry what it starts from (``trainables.audit.prefix.FrozenStart``). ``on_epoch(k,
+    model)`` hears the end of each epoch k (1-based; the model in eval mode until it returns;
+    its time is not counted): the sweep's baseline job reports its progress from it.
     """
     start = time.perf_counter()
+    heard = 0.0  # seconds spent in on_epoch, not training
     if threads is not None:
         torch.set_num_threads(threads)
     torch.manual_seed(seed)
@@ -139,15 +145,21 @@ def train_nonprivate(*, data: DataSplits, recipe: NonPrivateRecipe, seed: int,
         if (frozen := start_of(data)) is not None:
             frozen.prepare(model, stack=stack)
         model.train()
-        for _ in range(recipe.epochs):
+        for epoch in range(1, recipe.epochs + 1):
             order = torch.randperm(len(y), generator=generator)
             for i in range(0, len(y), recipe.batch_size):
                 batch = order[i:i + recipe.batch_size]
                 optimizer.zero_grad()
                 torch.nn.functional.cross_entropy(model(x[batch]), y[batch]).backward()
                 optimizer.step()
+            if on_epoch is not None:
+                told = time.perf_counter()
+                model.eval()
+                on_epoch(epoch, model)
+                model.train()
+                heard += time.perf_counter() - told
     model.eval()
-    return model, time.perf_counter() - start
+    return model, time.perf_counter() - start - heard
 
 
 def _nonprivate_model(data: DataSplits, recipe: NonPrivateRecipe) -> LayeredModel:
@@ -338,10 +350,14 @@ class DPReferenceTrainer:
     memory (no checkpoint) and not evaluated per epoch (nothing reads a reference's curve). The
     DP step trains only the target's trainable parameters (``TrainableLayers``: frozen ones get
     no gradient, noise, optimiser state or update); a reference's ``data`` may carry the
-    target's frozen parameters to start from (``trainables.audit.prefix.FrozenStart``)."""
+    target's frozen parameters to start from (``trainables.audit.prefix.FrozenStart``).
+    ``plan_cache``: the run's cache folder, where the target's engine plan was kept (the
+    references' batches have the target's expected size, so they take its plan instead of
+    timing the engine's candidates again: a few steps' time per reference)."""
 
     spec: TrialSpec
     budgets: Budgets
+    plan_cache: Path | None = None
 
     def _spec(self, data: DataSplits, seed: int, index: int) -> TrialSpec:
         return reference_spec(self.spec, dataset_size=len(data.train), budgets=self.budgets,
@@ -351,6 +367,7 @@ class DPReferenceTrainer:
         start = start_of(data)
         with contextlib.ExitStack() as stack:
             result = train_trial(self._spec(data, seed, index), data=data, evaluate_epochs=False,
+                                 plan_cache=self.plan_cache,
                                  instrument=None if start is None else
                                  (lambda method: start.prepare(method.model.model, stack=stack)))
         if result.model is None:
@@ -369,9 +386,10 @@ class DPReferenceTrainer:
             return build_trial_model(self.spec, data).eval()
 
 
-def dp_trainer(spec: TrialSpec, *, budgets: Budgets) -> DPReferenceTrainer:
+def dp_trainer(spec: TrialSpec, *, budgets: Budgets,
+               plan_cache: Path | None = None) -> DPReferenceTrainer:
     """References trained like the DP target ``spec`` (:class:`DPReferenceTrainer`)."""
-    return DPReferenceTrainer(spec=spec, budgets=budgets)
+    return DPReferenceTrainer(spec=spec, budgets=budgets, plan_cache=plan_cache)
 
 
 @dataclass(frozen=True)
