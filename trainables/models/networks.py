@@ -126,6 +126,9 @@ class WrappedModel(LayeredModel):
         self._modules_of = {name: modules[path] for name, path in self._paths.items()}
         #: Where each layer's output keeps the batch, when not first (set by the validator).
         self.ir_batch_dims: dict[str, int] = {}
+        #: Modules with parameters that run in training only, frozen and in no layer (GoogLeNet's
+        #: auxiliary heads; set by the validator).
+        self.training_only: list[str] = []
 
     @property
     def layer_names(self) -> list[str]:
@@ -143,7 +146,7 @@ class WrappedModel(LayeredModel):
         return pname.removeprefix("net.")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
+        return logits_of(self.net(x))
 
     def forward_with_irs(
         self, x: torch.Tensor, layers: Sequence[str] | None = None
@@ -161,11 +164,23 @@ class WrappedModel(LayeredModel):
 
         handles = [self._modules_of[n].register_forward_hook(keep(n)) for n in wanted]
         try:
-            out = self.net(x)
+            out = logits_of(self.net(x))
         finally:
             for h in handles:
                 h.remove()
         return out, {n: irs[n] for n in self.layer_names if n in wanted}
+
+
+def logits_of(output: object) -> object:
+    """The logits of a network's output: the output itself, or the ``logits`` field of a
+    named output (torchvision's GoogLeNet and Inception-v3 return ``GoogLeNetOutputs`` /
+    ``InceptionOutputs`` in training, with their auxiliary heads' logits beside the main ones).
+    Training, the audit and the checks all read the main logits, in either mode; anything else
+    comes back as it is, for the validator to name."""
+    if isinstance(output, torch.Tensor):
+        return output
+    logits = getattr(output, "logits", None)
+    return logits if isinstance(logits, torch.Tensor) else output
 
 
 def first_tensor(output: object) -> torch.Tensor:

@@ -39,7 +39,8 @@ from dpsweep.core.errors import UserInputError
 from dpsweep.trainables.engine.func import NotPerExample, probe_calls
 from dpsweep.trainables.engine.grad_engine import WHOLE_EXACT_PATH, GradEngine
 from dpsweep.trainables.engine.passes import LOOSE
-from dpsweep.trainables.models.networks import WrappedModel
+from dpsweep.trainables.models import forward_probe
+from dpsweep.trainables.models.networks import WrappedModel, logits_of
 
 #: Modules that normalise with batch statistics, and what to use instead.
 _BATCH_NORMS: tuple[type[nn.Module], ...] = (nn.modules.batchnorm._BatchNorm,)
@@ -151,14 +152,31 @@ def _check_modules(net: nn.Module, field: str, value: object) -> None:
                    "leave at least one parameter trainable")
 
 
-def _default_layers(net: nn.Module, sample: torch.Tensor, field: str,
-                    value: object) -> dict[str, str]:
-    """Each top-level child that owns parameters is a layer, in the order forward calls them."""
-    children = [n for n, m in net.named_children() if _owns_parameters(m)]
+def _is_container(module: nn.Module) -> bool:
+    """A module without a forward of its own (``ModuleList``, ``ModuleDict``): the forward
+    calls its children, never it."""
+    return type(module).forward is nn.Module.forward
+
+
+def _default_layers(net: nn.Module, sample: torch.Tensor, field: str, value: object,
+                    skip: Sequence[str] = ()) -> dict[str, str]:
+    """Each top-level child that owns parameters is a layer, in the order forward calls them;
+    a container the forward loops over (MaxViT's ``blocks``, a ``ModuleList``) gives its
+    children instead, as deep as containers nest. ``skip``: modules left out (heads that run in
+    training only, see :func:`_training_only_heads`)."""
+    modules = dict(net.named_modules())
+    children = [n for n, m in net.named_children() if _owns_parameters(m) and n not in skip]
     if not children:
         raise _bad(field, value, _network(net), "it has no parameters",
                    "return a model with trainable submodules")
     trace = _trace(net, sample, children)
+    looped = [n for n in children if trace.calls[n] == 0 and _is_container(modules[n])]
+    while looped:
+        children = [n for n in children if n not in looped] + [
+            f"{n}.{c}" for n in looped for c, m in modules[n].named_children()
+            if _owns_parameters(m) and f"{n}.{c}" not in skip]
+        trace = _trace(net, sample, children)
+        looped = [n for n in children if trace.calls[n] == 0 and _is_container(modules[n])]
     unused = [n for n in children if trace.calls[n] == 0]
     if unused:
         raise _bad(field, value, f"module {unused[0]!r}", "forward never calls it",
@@ -167,7 +185,7 @@ def _default_layers(net: nn.Module, sample: torch.Tensor, field: str,
 
 
 def _given_layers(net: nn.Module, layers: Sequence[str], sample: torch.Tensor,
-                  field: str, value: object) -> dict[str, str]:
+                  field: str, value: object, skip: Sequence[str] = ()) -> dict[str, str]:
     modules = dict(net.named_modules())
     for path in layers:
         if path not in modules or path == "":
@@ -175,6 +193,12 @@ def _given_layers(net: nn.Module, layers: Sequence[str], sample: torch.Tensor,
                                  allowed=f"module names of the model ({path!r} is not one): "
                                          f"{[n for n, _ in net.named_children()]} (dotted "
                                          "paths reach deeper)")
+        head = next((h for h in skip if path == h or path.startswith(h + ".")), None)
+        if head is not None:
+            raise UserInputError(field="model.layers", value=list(layers),
+                                 allowed=f"modules the evaluation forward calls ({path!r} is "
+                                         f"in {head!r}, which runs in training only and is "
+                                         "not trained: leave it out)")
     if len(set(layers)) != len(layers):
         raise UserInputError(field="model.layers", value=list(layers),
                              allowed="each module once")
@@ -220,12 +244,79 @@ def _check_outputs(model: WrappedModel, sample: torch.Tensor, num_classes: int,
         model.train()
 
 
-def _check_requires_grad(net: nn.Module, sample: torch.Tensor, field: str, value: object) -> None:
-    """Refuse a forward that sets a parameter's ``requires_grad``, before any other forward:
-    the layers, the frozen parameters and the clipping bounds are fixed from the model as built,
-    so a parameter unfrozen in forward would be trained outside them (the norm check that would
-    otherwise catch it can only say that something mixes examples)."""
-    before = {name: param.requires_grad for name, param in net.named_parameters()}
+def _check_runs(net: nn.Module, sample: torch.Tensor, num_classes: int, field: str,
+                value: object) -> forward_probe.Calls:
+    """The forward on one example in training and in evaluation mode, before anything else
+    runs it: a failure is one line naming the module (and, when the input is too small for
+    it, the smallest input that runs), and training must return logits too (a named output's
+    ``logits``, as GoogLeNet's)."""
+    one = sample[:1]
+    try:
+        calls = forward_probe.run_modes(net, one)
+    except forward_probe.FailedForward as failed:
+        raise _failed_forward(net, one, failed.failure, field, value) from None
+    out = logits_of(calls.training_output)
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (1, num_classes):
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise _bad(field, value, _network(net), f"in training mode forward returned {shape}",
+                   f"return logits of shape [batch, {num_classes}] in training too (or a named "
+                   "output whose 'logits' field they are)")
+    return calls
+
+
+def _failed_forward(net: nn.Module, one: torch.Tensor, failure: forward_probe.Failure,
+                    field: str, value: object) -> UserInputError:
+    shape = tuple(one.shape[1:])
+    where = (f"module {failure.module!r} ({failure.kind})" if failure.module
+             else _network(net))
+    got = f" got a {failure.module_input[1:]} input and" if failure.module_input else ""
+    mode = "training" if failure.training else "evaluation"
+    smallest = forward_probe.smallest_input(net, one, training_first=failure.training)
+    if smallest is not None:
+        fix = (f"a larger input: the smallest input_shape it runs at is {smallest} (resize "
+               "the data, or use a model made for this size)")
+    else:
+        fix = f"a forward that runs on one example of input_shape {shape}"
+    return _bad(field, value, where, f"on one example of input_shape {shape} in {mode} "
+                f"mode it{got} raised {failure.error}", fix)
+
+
+def _training_only_heads(net: nn.Module, sample: torch.Tensor, calls: forward_probe.Calls,
+                         field: str, value: object) -> list[str]:
+    """Modules with parameters that run in training only (GoogLeNet's and Inception-v3's
+    auxiliary heads), frozen here: training uses the main logits, which do not depend on them
+    (checked: one backward), so they would get no gradient, only noise, and a share of a
+    per-layer budget; and being absent from the evaluation forward, they cannot be the layers
+    the audit reads. A head the training logits do depend on is refused: what is trained would
+    not be what is evaluated."""
+    modules = dict(net.named_modules())
+    only = sorted(n for n in calls.training - calls.evaluation if _owns_parameters(modules[n]))
+    heads = [n for n in only if not any(n.startswith(h + ".") for h in only if h)]
+    owned = [(h, p) for h in heads for p in modules[h].parameters() if p.requires_grad]
+    if owned:
+        net.train()
+        with torch.random.fork_rng(devices=[]):
+            out = logits_of(net(sample[:1]))
+        grads = (torch.autograd.grad(out.sum(), [p for _, p in owned], allow_unused=True)
+                 if isinstance(out, torch.Tensor) and out.requires_grad else [None] * len(owned))
+        used = [h for (h, _), g in zip(owned, grads, strict=True) if g is not None]
+        if used:
+            head = used[0]
+            raise _bad(field, value, f"module {head!r}", "it runs in training only, yet the "
+                       "training logits depend on it, so the model trained is not the one "
+                       "evaluated and audited", f"call {head!r} in evaluation too, or keep it "
+                       "out of the logits")
+    for head in heads:
+        modules[head].requires_grad_(False)
+    return heads
+
+
+def _check_requires_grad(net: nn.Module, sample: torch.Tensor, field: str, value: object,
+                         before: dict[str, bool]) -> None:
+    """Refuse a forward that sets a parameter's ``requires_grad`` (``before``: as built, before
+    any forward): the layers, the frozen parameters and the clipping bounds are fixed from the
+    model as built, so a parameter unfrozen in forward would be trained outside them (the norm
+    check that would otherwise catch it can only say that something mixes examples)."""
     net.train()
     net(sample)  # with gradients on, as a training step runs it
     changed = [name for name, param in net.named_parameters()
@@ -263,10 +354,14 @@ def wrap_checked(net: object, *, layers: Sequence[str], sample: torch.Tensor,
                              allowed=f"a factory that returns a torch.nn.Module (it returned "
                                      f"{type(net).__name__})")
     _check_modules(net, field, value)
-    _check_requires_grad(net, sample, field, value)
-    paths = (_given_layers(net, layers, sample, field, value) if layers
-             else _default_layers(net, sample, field, value))
+    built = {name: param.requires_grad for name, param in net.named_parameters()}
+    calls = _check_runs(net, sample, num_classes, field, value)
+    _check_requires_grad(net, sample, field, value, built)
+    heads = _training_only_heads(net, sample, calls, field, value)
+    paths = (_given_layers(net, layers, sample, field, value, heads) if layers
+             else _default_layers(net, sample, field, value, heads))
     model = WrappedModel(net, layers=paths, num_classes=num_classes)
+    model.training_only = heads
     _check_buffers(net, sample, field, value)
     model.ir_batch_dims = _ir_batch_dims(model, sample, field, value)
     _check_outputs(model, sample, num_classes, field, value)
