@@ -8,10 +8,11 @@ checks run (``trainables.models.validator`` keeps such heads out of the layers a
 Why the module: a module that cannot take the input's size fails deep inside the user's code
 (Inception-v3's auxiliary head pools a 4x4 map to 0x0 at 96 px; a GroupNorm with one channel
 per group on a 1x1 map has one value to normalise for one example), where the user needs one
-line naming the module and an input size that works. That size is searched on the meta device
-(shapes only, no arithmetic: a 299 px Inception-v3 costs a fraction of a second) by doubling,
-then bisecting, the smallest spatial side, the other sides scaled with it; the search assumes
-that an input which runs still runs when made larger, as pooling and strided convolutions do.
+line naming the module and an input size that works. That size is searched (real tensors; on
+the meta device, shapes only, above ``REAL_VALUES``) by trying larger sides (doublings and
+common image sizes), then bisecting below the first that runs, the other sides scaled with the
+smallest; the bisection assumes that an input which runs still runs when made somewhat larger,
+as pooling and strided convolutions do.
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ from torch import nn
 
 #: Largest spatial side tried when searching the smallest input a network runs at.
 MAX_SIDE = 4096
+#: Sides tried before doubling, in order with the doublings: torchvision's classifiers are made
+#: for these, and some run at particular sizes only (MaxViT's window partitions must divide
+#: each stage's map), which doubling alone may never meet.
+COMMON_SIDES = (224, 256, 299, 384, 448, 512)
 #: Input values up to which the search runs real tensors (faster than the meta device's
 #: Python decompositions: GroupNorm's took 6 of 7 s searching GoogLeNet's smallest input);
 #: above, meta tensors, whose memory is nothing whatever the size.
@@ -135,15 +140,21 @@ def _scaled(spatial: tuple[int, ...], side: int) -> tuple[int, ...]:
                  for d in spatial)
 
 
-def smallest_input(net: nn.Module, x: torch.Tensor, *, training_first: bool
-                   ) -> tuple[int, ...] | None:
-    """The smallest input shape (without the batch) at which ``net`` runs in both modes on one
-    example, searched on the meta device over sizes above ``x``'s (``x``: one example it fails
-    on, ``[1, C, *spatial]``); None when ``x`` has no spatial dimensions, when the meta device
-    does not reproduce the failure (a forward that needs real values) or when no side up to
-    ``MAX_SIDE`` runs (the failure is not the size)."""
+@dataclass(frozen=True)
+class SizeSearch:
+    """The smallest input shape (without the batch) found to run, if any, and the largest
+    smallest-side tried (0: no search: ``x`` has no spatial dimensions, or the failure did not
+    recur on a zero input of its size)."""
+
+    smallest: tuple[int, ...] | None
+    largest_side: int
+
+
+def smallest_input(net: nn.Module, x: torch.Tensor, *, training_first: bool) -> SizeSearch:
+    """The smallest input at which ``net`` runs in both modes on one example, among sizes
+    above ``x``'s (``x``: one example it fails on, ``[1, C, *spatial]``)."""
     if x.dim() < 3 or not x.is_floating_point():
-        return None
+        return SizeSearch(smallest=None, largest_side=0)
     state = {name: torch.empty_like(t, device="meta")
              for name, t in [*net.named_parameters(), *net.named_buffers()]}
     modes = (True, False) if training_first else (False, True)
@@ -163,15 +174,17 @@ def smallest_input(net: nn.Module, x: torch.Tensor, *, training_first: bool
     try:
         low = min(x.shape[2:])
         if runs(low):
-            return None
-        high = 2 * low
-        while not runs(high):
-            if high >= MAX_SIDE:
-                return None
-            low, high = high, min(2 * high, MAX_SIDE)
+            return SizeSearch(smallest=None, largest_side=0)
+        tried = sorted({side for side in COMMON_SIDES if side > low}
+                       | {min(low << k, MAX_SIDE) for k in range(1, MAX_SIDE.bit_length())})
+        high = next((side for side in tried if runs(side)), None)
+        if high is None:
+            return SizeSearch(smallest=None, largest_side=tried[-1])
+        low = max([low, *(side for side in tried if side < high)])
         while high - low > 1:
             middle = (low + high) // 2
             low, high = (low, middle) if runs(middle) else (middle, high)
     finally:
         net.train()
-    return (x.shape[1], *_scaled(tuple(x.shape[2:]), high))
+    return SizeSearch(smallest=(x.shape[1], *_scaled(tuple(x.shape[2:]), high)),
+                      largest_side=high)

@@ -271,10 +271,13 @@ def _failed_forward(net: nn.Module, one: torch.Tensor, failure: forward_probe.Fa
              else _network(net))
     got = f" got a {failure.module_input[1:]} input and" if failure.module_input else ""
     mode = "training" if failure.training else "evaluation"
-    smallest = forward_probe.smallest_input(net, one, training_first=failure.training)
-    if smallest is not None:
-        fix = (f"a larger input: the smallest input_shape it runs at is {smallest} (resize "
-               "the data, or use a model made for this size)")
+    search = forward_probe.smallest_input(net, one, training_first=failure.training)
+    if search.smallest is not None:
+        fix = (f"a larger input: the smallest input_shape it runs at is {search.smallest} "
+               "(resize the data, or use a model made for this size)")
+    elif search.largest_side:
+        fix = (f"a model built for input_shape {shape} (no larger input tried, sides up to "
+               f"{search.largest_side}, runs either)")
     else:
         fix = f"a forward that runs on one example of input_shape {shape}"
     return _bad(field, value, where, f"on one example of input_shape {shape} in {mode} "

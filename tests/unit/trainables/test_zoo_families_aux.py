@@ -201,3 +201,15 @@ def test_training_only_heads_are_frozen_unless_the_logits_use_them() -> None:
     assert err.value.field == "model.layers"
     with pytest.raises(UserInputError, match=r"module 'stages.1': forward never calls it"):
         _wrap(_AuxNet(skip=True))
+
+
+def test_a_network_built_for_another_size_is_named_when_no_larger_input_runs() -> None:
+    net = nn.Sequential(nn.Flatten(), nn.Linear(64, CLASSES))  # 8x8 images only
+    with pytest.raises(UserInputError) as err:
+        wrap_checked(net, layers=(), num_classes=CLASSES, reference="my_models:build",
+                     sample=sample_batch(input_shape=(1, 9, 9), tokens=False))
+    line = str(err.value)
+    assert "module '1' (Linear): on one example of input_shape (1, 9, 9) in training mode it " \
+           "got a (81,) input and raised RuntimeError" in line
+    assert "a model built for input_shape (1, 9, 9) (no larger input tried, sides up to 4096, " \
+           "runs either)" in line and "\n" not in line
