@@ -17,9 +17,9 @@ as pooling and strided convolutions do.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -74,7 +74,7 @@ def one_line(exc: BaseException) -> str:
     return text if len(text) <= MESSAGE_CHARS else text[:MESSAGE_CHARS - 3] + "..."
 
 
-@contextmanager
+@contextlib.contextmanager
 def _watched(net: nn.Module, called: set[str], stack: list[tuple[str, nn.Module, object]]
              ) -> Iterator[None]:
     """Record every module the forward calls, and keep the stack of those still running (the
@@ -101,6 +101,12 @@ def _watched(net: nn.Module, called: set[str], stack: list[tuple[str, nn.Module,
             handle.remove()
 
 
+def own_random_streams(x: torch.Tensor) -> contextlib.AbstractContextManager[None]:
+    """Random draws (dropout) inside leave the caller's streams, CPU and ``x``'s GPU, as they
+    were: a check must not change what training draws."""
+    return torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else [])
+
+
 def _run(net: nn.Module, x: torch.Tensor, *, training: bool,
          state: dict[str, torch.Tensor] | None = None) -> tuple[object, set[str]]:
     """``net(x)`` in the mode asked, without gradients and without drawing from the caller's
@@ -108,8 +114,7 @@ def _run(net: nn.Module, x: torch.Tensor, *, training: bool,
     called: set[str] = set()
     stack: list[tuple[str, nn.Module, object]] = []
     net.train(training)
-    devices = [x.device] if x.device.type == "cuda" else []
-    with _watched(net, called, stack), torch.no_grad(), torch.random.fork_rng(devices=devices):
+    with _watched(net, called, stack), torch.no_grad(), own_random_streams(x):
         try:
             out = net(x) if state is None else torch.func.functional_call(net, state, (x,))
         except Exception as exc:

@@ -298,7 +298,7 @@ def _training_only_heads(net: nn.Module, sample: torch.Tensor, calls: forward_pr
     owned = [(h, p) for h in heads for p in modules[h].parameters() if p.requires_grad]
     if owned:
         net.train()
-        with torch.random.fork_rng(devices=[]):
+        with forward_probe.own_random_streams(sample):
             out = logits_of(net(sample[:1]))
         grads = (torch.autograd.grad(out.sum(), [p for _, p in owned], allow_unused=True)
                  if isinstance(out, torch.Tensor) and out.requires_grad else [None] * len(owned))
