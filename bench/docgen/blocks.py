@@ -24,7 +24,7 @@ from typing import Any
 
 import tomli_w
 
-from bench.docgen import audit, privacy, runs
+from bench.docgen import audit, privacy, runs, zoo
 from dpsweep.core.datasets import DATASET_NAMES, INPUT_SHAPES, POOLS
 from dpsweep.core.modes import INVALID_TAG
 from dpsweep.core.vocabulary import SPLIT_NAMES
@@ -51,7 +51,8 @@ BLOCKS = (("README.md", "methods"), ("README.md", "fmnist_headline"),
           ("docs/privacy.md", "overclip"), ("docs/privacy.md", "versus_certified"),
           ("docs/privacy.md", "secure_cost"), ("docs/audit.md", "audit_cost"),
           ("docs/audit.md", "audit_strength"), ("docs/audit.md", "frozen_run"),
-          ("docs/operations.md", "chaos"))
+          ("docs/operations.md", "chaos"), ("docs/stock-models.md", "zoo"),
+          ("docs/stock-models.md", "zoo_seeds"))
 #: The stock models' speed table: its page and the results it is generated from.
 STOCK_DOC = "docs/stock-models.md"
 STOCK_RESULTS = "bench/results/step_time_stock.json"
@@ -519,7 +520,7 @@ GENERATORS = {"methods": methods_table, "hyperparameters": hyperparameter_tables
               "gpu_steps": gpu_steps_table, "gpu_trials": gpu_trials_table,
               "epoch_time": epoch_time_table, "canary_digits": canary_digits_table,
               "search_ranges": search_ranges_table, **runs.GENERATORS,
-              **privacy.GENERATORS, **audit.GENERATORS}
+              **privacy.GENERATORS, **audit.GENERATORS, **zoo.GENERATORS}
 
 
 def _pattern(block: str) -> re.Pattern[str]:
