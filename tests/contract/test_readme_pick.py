@@ -1,8 +1,8 @@
 """The README's ``pick`` line (issue 43, item 5) uses the thresholds the report recommends at
 and, run as written through the installed ``dpsweep`` script, selects a trial. The run is the
 synthetic one (``bench/synthetic_run.py``, peak MIA upper bounds 0.53-0.73, the demo's
-0.59-0.66 among them); on the demo run itself the line picks too, which needs a sweep to
-test."""
+0.59-0.66 among them); on a real sweep at the demo's sizes the line picks too
+(``tests/system/test_progress_estimate.py``)."""
 
 from __future__ import annotations
 

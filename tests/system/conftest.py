@@ -100,7 +100,9 @@ def reference_sweep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Refere
 
 #: Modules whose sweeps run in the lane while ``test_faults.py``'s chain runs (when they are in
 #: the session), in this order; each has ``lane_job(tmp_path_factory)``, the job to run.
-BEHIND_THE_FAULT_CHAIN = ("tests.system.test_faults_disk", "tests.system.test_pruner")
+BEHIND_THE_FAULT_CHAIN = ("tests.system.test_faults_disk", "tests.system.test_pruner",
+                          "tests.system.test_reaudit", "tests.system.test_retry_failed",
+                          "tests.system.test_wheel")
 
 
 class Lane:

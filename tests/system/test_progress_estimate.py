@@ -1,6 +1,13 @@
-"""Issue 43, items 1 and 2, end to end: a digits sweep run with stdout and stderr redirected to
-a file shows each trial's epochs and audit phases, and ``dpsweep run --estimate`` projects its
-wall time within 2x of the measured run (both timed back to back, under the same load)."""
+"""Issue 43, items 1, 2 and 5, end to end on a slice of the demo (its data sizes, batch,
+epochs and default audit; DP-SGD alone, two trials at epsilon 3, so the attack's intervals have
+the demo's widths):
+
+* run with stdout and stderr redirected to a file, the sweep shows each trial's epochs and
+  audit phases;
+* ``dpsweep run --estimate`` projects its wall time within 2x of the measured run (both timed
+  back to back, under the same load);
+* the README's ``pick`` line, run as written, selects a trial of it.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.system.test_sweep_e2e import AUDITED
+from dpsweep.orchestrator.sweep.commands import DEMO_BATCH, DEMO_SIZES
+from tests.contract.test_readme_pick import readme_pick_args
 
 pytestmark = pytest.mark.slow
 
@@ -21,10 +29,18 @@ BIN = Path(sys.executable).parent / "dpsweep"
 TIMEOUT = 300
 #: The acceptance's bound on estimate / measured, both ways.
 WITHIN = 2.0
-#: The end-to-end tests' audited sweep: two series, two trials each, audited in the trials.
-CONFIG = AUDITED
-TRIALS = ["dpsgd_eps3-000", "dpsgd_eps3-001", "lm_dpsgd-faithful_eps3-000",
-          "lm_dpsgd-faithful_eps3-001"]
+EPOCHS = 20
+#: The demo's data and batch (one place: ``dpsweep demo``'s own constants), its default audit
+#: in the trials; one series of two trials.
+CONFIG = "\n".join([
+    "[data]", *(f"{key} = {value}" for key, value in DEMO_SIZES.items()),
+    "[training]", f"epochs = {EPOCHS}", f"batch_size = {DEMO_BATCH}",
+    "[sweep]", 'methods = ["dpsgd"]', "trials_per_method = 2", "max_concurrent_trials = 2",
+    "baseline = false",
+    "[audit]", "enabled = true", "in_trial = true", ""])
+TRIALS = ["dpsgd_eps3-000", "dpsgd_eps3-001"]
+#: Poisson batches per epoch: 1 / sample rate = ceil(N / batch).
+STEPS = len(TRIALS) * EPOCHS * -(-DEMO_SIZES["train_size"] // DEMO_BATCH)
 DURATION = re.compile(r"(?:(\d+)h)?(?:(\d+)m)?(?:([\d.]+)s)?")
 
 
@@ -46,7 +62,8 @@ def test_a_redirected_sweep_shows_its_phases_and_the_estimate_holds(tmp_path: Pa
     projected = re.search(r"projected wall time: (\S+) with 2 trial\(s\) at once",
                           estimated.stdout)
     assert projected is not None, estimated.stdout
-    assert "4 trials, 160 DP steps, 16 audit references" in estimated.stdout
+    assert f"{len(TRIALS)} trials, {STEPS} DP steps, {4 * len(TRIALS)} audit references" \
+        in estimated.stdout, estimated.stdout
     assert re.search(r"peak memory per trial: \d+ MiB", estimated.stdout)
 
     log = tmp_path / "sweep.log"
@@ -59,8 +76,15 @@ def test_a_redirected_sweep_shows_its_phases_and_the_estimate_holds(tmp_path: Pa
     text = log.read_text()
     assert rc == 0, text
     for tid in TRIALS:  # each phase change of each trial has its line
-        for phase in (r"training epoch 1/5, val accuracy 0\.\d{3}", r"audit reference 0/4",
+        for phase in (rf"training epoch 1/{EPOCHS}, val accuracy 0\.\d{{3}}",
+                      r"audit reference 0/4",
                       r"audit scoring"):
             assert re.search(rf"^trial {tid}: {phase} \(ETA \S+\)$", text, re.M), (tid, text)
     ratio = _seconds(projected.group(1)) / measured
     assert 1 / WITHIN <= ratio <= WITHIN, (projected.group(0), measured)
+
+    # the README's pick line selects a trial here, at the demo's audit sizes
+    picked = subprocess.run([str(BIN), "pick", str(tmp_path / "run"), *readme_pick_args()],
+                            capture_output=True, text=True, timeout=TIMEOUT)
+    assert picked.returncode == 0 and picked.stdout.startswith("picked trial dpsgd_eps3-"), \
+        (picked.stdout, picked.stderr)

@@ -23,11 +23,12 @@ about 30 s.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ from dpsweep.core.exits import EXIT_FAILURES, EXIT_OK, EXIT_USAGE
 from dpsweep.orchestrator.cli import main
 from dpsweep.orchestrator.cluster import connection as cluster
 from dpsweep.reports.store import read_results
+from tests.system.conftest import Lane
 
 pytestmark = pytest.mark.slow
 
@@ -112,10 +114,19 @@ class Sweep:
     stderr: str
 
 
+def lane_job(tmp_path_factory: pytest.TempPathFactory) -> Callable[[], dict[str, Sweep]]:
+    """The two sweeps as a job for ``conftest.py``'s lane (their outcome depends on no
+    timing), their folder taken now."""
+    return functools.partial(_sweeps, tmp_path_factory.mktemp("faults"))
+
+
 @pytest.fixture(scope="module")
-def sweeps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Sweep]:
+def sweeps(lane: Lane, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Sweep]:
+    return lane.result(__name__, lambda: lane_job(tmp_path_factory))
+
+
+def _sweeps(tmp: Path) -> dict[str, Sweep]:
     """One sweep whose audits all fail and one whose trials all fail, run at once."""
-    tmp = tmp_path_factory.mktemp("faults")
     (tmp / "faulty.py").write_text(MODULE)
     (tmp / "sweep.toml").write_text(CONFIG)
     procs = {}

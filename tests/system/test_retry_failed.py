@@ -11,10 +11,12 @@ nothing to run and says so. About a minute and a half on two cores.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import optuna
@@ -25,6 +27,7 @@ from dpsweep.core.exits import EXIT_FAILURES, EXIT_OK
 from dpsweep.orchestrator.sweep.studies import ID_ATTR, READ_ONLY_ATTR, RETRY_ATTR
 from dpsweep.orchestrator.sweep.summary import RETRIED
 from dpsweep.reports.store import read_results
+from tests.system.conftest import Lane
 
 pytestmark = pytest.mark.slow
 
@@ -109,7 +112,18 @@ def _trials(run: Path) -> list[optuna.trial.FrozenTrial]:
     return optuna.load_study(study_name=summary.study_name, storage=storage).trials
 
 
-def test_a_failed_trial_is_trained_again_and_a_finished_one_is_not(tmp_path: Path) -> None:
+def lane_job(tmp_path_factory: pytest.TempPathFactory) -> Callable[[], None]:
+    """The three commands and their checks as a job for ``conftest.py``'s lane (their outcome
+    depends on no timing), its folder taken now."""
+    return functools.partial(_run_retry_and_resume, tmp_path_factory.mktemp("retry"))
+
+
+def test_a_failed_trial_is_trained_again_and_a_finished_one_is_not(
+        lane: Lane, tmp_path_factory: pytest.TempPathFactory) -> None:
+    lane.result(__name__, lambda: lane_job(tmp_path_factory))
+
+
+def _run_retry_and_resume(tmp_path: Path) -> None:
     marker = tmp_path / MARKER
     marker.write_text("")
     (tmp_path / "flaky.py").write_text(MODULE.format(marker=str(marker)))

@@ -4,18 +4,22 @@ one-trial sweep on Ray."""
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
 import sys
 import sysconfig
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from dpsweep import PACKAGES
 from dpsweep.core.vocabulary import OK
+from tests.system.conftest import Lane
 
 REPO = Path(__file__).resolve().parents[2]
 #: What a wheel is built from (copied, so that the build writes nothing into the checkout).
@@ -47,7 +51,18 @@ def _run(args: list[str], *, cwd: Path, timeout: float = BUILD_TIMEOUT_S
     return done
 
 
-def test_the_wheel_holds_dpsweep_alone_and_runs_a_sweep(tmp_path: Path) -> None:
+def lane_job(tmp_path_factory: pytest.TempPathFactory) -> Callable[[], None]:
+    """The build, install and sweep as a job for ``conftest.py``'s lane (its outcome depends
+    on no timing), its folder taken now."""
+    return functools.partial(_build_install_and_sweep, tmp_path_factory.mktemp("wheel"))
+
+
+def test_the_wheel_holds_dpsweep_alone_and_runs_a_sweep(
+        lane: Lane, tmp_path_factory: pytest.TempPathFactory) -> None:
+    lane.result(__name__, lambda: lane_job(tmp_path_factory))
+
+
+def _build_install_and_sweep(tmp_path: Path) -> None:
     source = tmp_path / "source"
     for name in SOURCES:
         copy = shutil.copytree if (REPO / name).is_dir() else shutil.copy2
