@@ -74,6 +74,9 @@ sum_i coef[i, l] * g_i for every parameter. ``torch.func.vmap(grad)`` materialis
   (:mod:`trainables.engine.func`, exact for the same reason). Batch dimensions of hooked
   tensors are found once by probing (same module). A module called more than once per
   forward is materialised and summed over calls (ghost norms do not add up over calls).
+* A parameter read outside its own module's forward (Swin v1's attention hands its Linear
+  children's weights to ``F.linear``) goes, with everything under the module reading it, to
+  that module's ``torch.func`` fallback (:mod:`trainables.engine.reads`): none is left out.
 
 The norm of a layer (block) is the root of the sum of its parameters' squared norms, in float64:
 every squared norm is formed from row-scaled factors (each example's block, or its input and
@@ -135,6 +138,7 @@ from dpsweep.trainables.engine.passes import (
     unpatch,
 )
 from dpsweep.trainables.engine.plan import ModuleTiming, measure, plan_key
+from dpsweep.trainables.engine.reads import reroute
 from dpsweep.trainables.engine.rnn import RecurrentUnit
 from dpsweep.trainables.models.trainable import TrainableLayers, trainable_layers
 
@@ -372,9 +376,11 @@ class GradEngine:
         return calls[call]
 
     def probe(self, x: torch.Tensor) -> None:
-        """Find every hooked module's batch dimensions (``trainables.engine.func``), once."""
+        """Find every hooked module's batch dimensions (``trainables.engine.func``), once,
+        after parameters read outside their module go to their reader (``engine.reads``)."""
         if self._probed or self.strategy == "vmap":
             return
+        self._units = reroute(self._units, model=self.model, x=x, layer_of=self.layer_of)
         try:
             probe_uses([u for u in self._units if isinstance(u, ParamUses)], self.model.model, x)
         except NotPerExample:  # a parameter transformed on its own before it meets the batch

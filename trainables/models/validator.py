@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from dpsweep.core.errors import UserInputError
+from dpsweep.trainables.engine.diagnose import explain
 from dpsweep.trainables.engine.func import NotPerExample, probe_calls
 from dpsweep.trainables.engine.grad_engine import WHOLE_EXACT_PATH, GradEngine
 from dpsweep.trainables.engine.passes import LOOSE
@@ -437,12 +438,29 @@ def _one_step(model: WrappedModel, sample: torch.Tensor, y: torch.Tensor, field:
     # the engine's norms are certified upper bounds, up to LOOSE above the exact ones
     low = view.norms < reference * (1 - _NORM_CHECK_TOL) - 1e-12
     high = view.norms > reference * (LOOSE + _NORM_CHECK_TOL) + 1e-12
-    if bool((low | high).any()):
-        bad = int(((view.norms - reference).abs() / reference.clamp_min(1e-30)).amax(0).argmax())
-        raise _bad(field, value, f"layer {engine.layer_names[bad]!r}", "its per-example "
-                   "gradient norms differ from one-example-at-a-time autograd (something in it "
-                   "mixes examples)", "keep each example's computation separate")
-    return path
+    if not bool((low | high).any()):
+        return path
+    bad = int(((view.norms - reference).abs() / reference.clamp_min(1e-30)).amax(0).argmax())
+    layer = f"layer {engine.layer_names[bad]!r}"
+    found = explain(engine, view, sample, y, tol=_NORM_CHECK_TOL)
+    differ = "its per-example gradient norms differ from one-example-at-a-time autograd"
+    if found is None:  # every gradient agrees: the norms' own arithmetic is off
+        raise _bad(field, value, layer, f"{differ}, though each parameter's per-example "
+                   "gradient agrees with autograd's", "report the model (docs/user-models.md, "
+                   "Per-example gradients)")
+    name = model.parameter_label(found.parameter)
+    if found.mixes:
+        raise _bad(field, value, layer, f"{differ}: something in it mixes examples (parameter "
+                   f"{name!r}: an example's gradient in the batch is not its gradient alone)",
+                   "keep each example's computation separate")
+    owner = name.rpartition(".")[0]
+    where = f"module {owner!r}" if owner else "the network itself"
+    raise _bad(field, value, f"parameter {name!r} of {where} ({found.kind})", "the engine's "
+               f"per-example gradient of it is {found.error:.0%} off autograd's, "
+               "though no example's gradient depends on another's: the engine does not "
+               "follow how the forward uses it", "use the parameter only inside the forward "
+               "of the module that owns it, or report the construct (docs/user-models.md, "
+               "Per-example gradients)")
 
 
 def _loop_norms(engine: GradEngine, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
