@@ -34,6 +34,7 @@ Run from the repository root (hours on two cores; ``nohup`` and poll the JSONL):
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -90,6 +91,8 @@ SPLITS_TOTAL = sum(SPLITS.values())
 #: 16 grey levels of scikit-learn's digits, as 0-255 pixels.
 PIXEL_SCALE = 255 / 16
 POLL_S = 0.5
+#: What torch's CPU allocator says when an allocation fails.
+NO_MEMORY = "can't allocate memory"
 GIB = 1 << 30
 KIB_PER_MIB = 1024
 #: Stages a model's process goes through, in order (a stopped one names where it stopped).
@@ -176,8 +179,16 @@ def check(name: str, size: int, data_dir: Path) -> tuple[Any, dict[str, Any]]:
         info = {"status": "refused", "line": text.splitlines()[0],
                 "lines": len(text.splitlines())}
     except Exception as exc:  # the command would print a traceback: dpsweep's bug
-        info = {"status": "crashed", "line": error_line(exc)}
+        info = {"status": "crashed", "line": reason(exc)}
     return setup, {**info, "seconds": time.perf_counter() - started}
+
+
+def reason(exc: BaseException) -> str:
+    """The exception's line; an allocation that failed says so first (torch's own first
+    sentence names only the allocator's check)."""
+    if isinstance(exc, MemoryError) or NO_MEMORY in str(exc):
+        return f"out of memory at the bench's address-space limit: {type(exc).__name__}"
+    return error_line(exc)
 
 
 def moved(net: nn.Module, before: Mapping[str, torch.Tensor]) -> dict[str, Any]:
@@ -205,7 +216,7 @@ def our_step(setup: Any) -> dict[str, Any]:
         info = {"path": getattr(model, "per_example_path", None), **moved(model, before)}
         info["status"] = "stepped" if info["ok"] else "failed"
     except Exception as exc:  # recorded per model; the bench goes on
-        info = {"status": "failed", "reason": error_line(exc)}
+        info = {"status": "failed", "reason": reason(exc)}
     return {**info, "seconds": time.perf_counter() - started}
 
 
@@ -255,12 +266,18 @@ def opacus_step(name: str, x: torch.Tensor, y: torch.Tensor, *,
         info.update(moved(net, before))
         info["status"] = "ok" if info["ok"] else "failed"
     except Exception as exc:  # Opacus cannot run this model: recorded, not fatal
-        info.update(status="n/a", reason=error_line(exc))
+        info.update(status="n/a", reason=reason(exc))
     return {**info, "seconds": time.perf_counter() - started}
 
 
 def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / KIB_PER_MIB
+
+
+def _after(row: dict[str, Any], key: str) -> None:
+    """Free what the stage left (hooks make cycles) and note the process's peak so far."""
+    gc.collect()
+    row[key]["peak_rss_mib"] = round(peak_rss_mib())
 
 
 def run_model(name: str, *, max_params: int, data_dir: Path,
@@ -279,6 +296,7 @@ def run_model(name: str, *, max_params: int, data_dir: Path,
     row["stage"] = "check"
     record(row)
     setup, row["check"] = check(name, size or sizes_for(name)[-1], data_dir)
+    _after(row, "check")
     bounded = row["params"] <= max_params
     skip = {"status": "skipped", "reason": f"{row['params']:,} trainable parameters > "
                                             f"--max-params {max_params:,}"}
@@ -288,6 +306,7 @@ def run_model(name: str, *, max_params: int, data_dir: Path,
         row["step"] = {"status": "skipped", "reason": f"check {row['check']['status']}"}
     else:
         row["step"] = our_step(setup) if bounded else skip
+        _after(row, "step")
     if size is None:
         row["opacus_as_built"] = row["opacus_inplace_off"] = {
             "status": "skipped", "reason": "no size's forward runs"}
@@ -301,6 +320,7 @@ def run_model(name: str, *, max_params: int, data_dir: Path,
             row["stage"] = key
             record(row)
             row[key] = opacus_step(name, x, y, inplace_off=off)
+            _after(row, key)
     row["stage"] = "done"
     row["peak_rss_mib"] = peak_rss_mib()
     record(row)
@@ -350,7 +370,9 @@ def run_child(name: str, args: argparse.Namespace) -> dict[str, Any]:
         row = json.loads(partial.read_text()) if partial.is_file() else {"name": name}
         tail = log.read_text(errors="replace").strip().splitlines()[-1:] or [""]
     stage = row.get("stage", "start")
-    row.update(seconds=round(seconds, 1), peak_rss_mib=round(rss), commit=_commit())
+    row.update(seconds=round(seconds, 1), peak_rss_mib=round(rss), commit=_commit(),
+               limits={"timeout_s": args.timeout, "memory_gib": args.memory_gib,
+                       "max_params": args.max_params, "threads": args.threads})
     if rc is None:
         row["stopped"] = f"wall-clock limit {args.timeout:g} s in stage {stage}"
     elif rc != 0:

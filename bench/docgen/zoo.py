@@ -112,6 +112,12 @@ def model_table(run: Mapping[str, Any], notes: _Notes) -> str:
     return "\n".join(lines)
 
 
+def _limit(run: Mapping[str, Any], key: str) -> str:
+    """The rows' limit: one value, or the range when some rows were run again with another."""
+    values = sorted({r.get("limits", {}).get(key, run[key]) for r in run["models"].values()})
+    return f"{values[0]:g}" if len(values) == 1 else f"{values[0]:g}-{values[-1]:g}"
+
+
 def zoo_table() -> str:
     run = load_results(ZOO)
     if run is None:
@@ -120,8 +126,8 @@ def zoo_table() -> str:
     bounded = sum(1 for r in run["models"].values() if r.get("params", 0) <= run["max_params"])
     head = (f"{run['date']}, commit `{'`, `'.join(run['commits'])}`; torch {run['torch']}, "
             f"torchvision {run['torchvision']}, Opacus {run['opacus']}; {run['machine']}, "
-            f"{run['threads']} torch threads; per model at most {run['timeout_s']:g} s and "
-            f"{run['memory_gib']:g} GiB of address space; steps up to "
+            f"{run['threads']} torch threads; per model at most {_limit(run, 'timeout_s')} s "
+            f"and {_limit(run, 'memory_gib')} GiB of address space; steps up to "
             f"{run['max_params'] / MILLION:g}M trainable parameters on {run['step_batch']} "
             f"examples; whole run {run['wall_s'] / 60:.0f} min (`bench/results/{ZOO}.json`).")
     total = (f"**accepted {t['accepted']}/{t['models']}** (refused {t['refused']}, crashed "
