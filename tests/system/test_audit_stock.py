@@ -2,7 +2,9 @@
 models: ResNet-18 (GroupNorm) with a frozen backbone shared through one weights file (the
 recipe ``docs/user-models.md`` recommends; issue 41), ResNet-18 (GroupNorm), ResNet-18 with
 BatchNorm under ``[model] fix = true``, SqueezeNet, a ViT, an LSTM, a bidirectional GRU, a
-TransformerEncoder and an EmbeddingBag classifier.
+TransformerEncoder, an EmbeddingBag classifier, and one model of each torchvision family the
+zoo needed a rule for (issue 45): GoogLeNet's auxiliary heads (a toy net with its pattern),
+Swin v1 and MaxViT.
 
 Each trial runs as a sweep runs it, below Ray: the trial runner (``execute``) with the audit
 hook (``audit_in_trial``) and the audit section and reference budgets the sweep gives it, at a
@@ -62,6 +64,9 @@ CASES = {
     "embedding_bigru": ("stock:bigru", "tokens", ""),
     "transformer_encoder": ("stock:encoder", "tokens", ""),
     "embedding_bag": ("extra:bag", "tokens", ""),
+    "aux_heads": ("extra:aux_heads", "images", "fix = true\n"),
+    "swin_v1": ("extra:swin", "images", ""),
+    "maxvit": ("extra:maxvit", "images", "fix = true\n"),
 }
 TRIAL_ID = "audit-000"
 
