@@ -126,6 +126,26 @@ def probe_calls(model: nn.Module, x: torch.Tensor, modules: dict[int, nn.Module]
     return out
 
 
+def vmap_examples(fn: Callable[..., Any], *, in_dims: tuple[int | None, ...],
+                  chunk: int | None) -> Callable[..., Any]:
+    """``vmap(fn)`` drawing each example's own randomness (its own dropout mask) where the
+    model allows it. An operation that fills an unbatched tensor in place at random
+    (torchvision's stochastic depth draws its per-row mask into ``torch.empty``) has no
+    per-example draw under ``vmap``; such a model takes one draw shared by the chunk's
+    examples instead. Either way the draws do not depend on the data, so each example's
+    gradient stays its own; and the same generator state makes the same choice and the same
+    draws, so a recomputed chunk forms the very gradients that were clipped."""
+    def run(*args: Any) -> Any:
+        try:
+            return torch.func.vmap(fn, in_dims=in_dims, chunk_size=chunk,
+                                   randomness="different")(*args)
+        except RuntimeError as exc:
+            if "randomness" not in str(exc):
+                raise
+        return torch.func.vmap(fn, in_dims=in_dims, chunk_size=chunk, randomness="same")(*args)
+    return run
+
+
 class OwnParams:
     """A module's parameters handled together, by name (full names for the records)."""
 
@@ -182,17 +202,15 @@ class OwnerFallback(OwnParams):
 
     def per_example(self, calls: Sequence[Call], *, chunk: int) -> dict[str, torch.Tensor]:
         """{full name: [B, *shape]} summed over this module's calls in the chunk."""
-        grad, vmap = torch.func.grad, torch.func.vmap
-
         total: dict[str, torch.Tensor] = {}
         for call in calls:
             if not any(g is not None for g in call[3]):
                 continue
             fn, args, in_dims = self._loss(call)
-            # randomness "different": a dropout inside draws each example's own mask, so no
-            # example's gradient depends on another's
-            got = vmap(grad(fn), in_dims=in_dims, chunk_size=chunk,
-                       randomness="different")(self._params(), *args)
+            # a dropout inside draws each example's own mask where it can (vmap_examples), so
+            # no example's gradient depends on another's
+            got = vmap_examples(torch.func.grad(fn), in_dims=in_dims,
+                                chunk=chunk)(self._params(), *args)
             for n, f in zip(self.local, self.names, strict=True):
                 total[f] = total[f] + got[n] if f in total else got[n]
         return total

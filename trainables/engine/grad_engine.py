@@ -115,6 +115,7 @@ from dpsweep.trainables.engine.func import (
     OwnerFallback,
     leaves,
     probe_calls,
+    vmap_examples,
 )
 from dpsweep.trainables.engine.modules import (
     Choice,
@@ -553,8 +554,7 @@ class GradEngine:
     def _vmap(self, x: torch.Tensor, y: torch.Tensor, live: list[bool]) -> MaterializedGrads:
         """The reference path: vmap of grad of the per-example loss over the whole model
         (frozen parameters and those of layers not live held fixed)."""
-        functional_call, grad_and_value, vmap = (torch.func.functional_call,
-                                                 torch.func.grad_and_value, torch.func.vmap)
+        functional_call, grad_and_value = torch.func.functional_call, torch.func.grad_and_value
 
         model = self.model.model
         trainable = {n: q.detach() for n, q in model.named_parameters()
@@ -577,7 +577,7 @@ class GradEngine:
             return MaterializedGrads(grads=grads, norms=sq, losses=losses,
                                      layer_of=dict(self.layer_of))
         chunk = self.max_physical_batch if n > self.max_physical_batch else None
-        grads, losses = vmap(grad_and_value(loss_one), in_dims=(None, 0, 0),
-                             chunk_size=chunk)(trainable, x, y)
+        grads, losses = vmap_examples(grad_and_value(loss_one), in_dims=(None, 0, 0),
+                                      chunk=chunk)(trainable, x, y)
         return MaterializedGrads.from_grads(grads, layer_of=self.layer_of,
                                             num_layers=self.num_layers, losses=losses.detach())

@@ -153,6 +153,25 @@ def test_swin_v1_takes_its_window_attention_as_one_exact_block() -> None:
     assert engine.path == BLOCK_EXACT_PATH
 
 
+def test_both_exact_paths_train_through_stochastic_depth() -> None:
+    """In training mode Swin drops each example's residual branch at random (stochastic depth,
+    torchvision's "row" mode): both exact paths draw per example, so the steps run (the
+    whole-model path raised under vmap's default randomness), every norm finite and positive,
+    and the engine's weighted sum is the sum of what its norms measured (the block path's
+    fallbacks see the masks the forward drew, through their kept output gradients)."""
+    torch.manual_seed(0)
+    net = SwinTransformer(patch_size=[4, 4], embed_dim=8, depths=[1, 1], num_heads=[2, 2],
+                          window_size=[2, 2], stochastic_depth_prob=0.5, num_classes=10)
+    model = _wrap(net).train()
+    x, y = _batch(SWIN_INPUT)
+    for strategy in ("auto", "vmap"):
+        engine = GradEngine(model, strategy=strategy)
+        view = engine.compute(x, y, live=[True] * engine.num_layers)
+        assert bool(torch.isfinite(view.norms).all()) and bool((view.norms > 0).all())
+        sums = view.weighted_sum(torch.ones(N, engine.num_layers, dtype=torch.float64))
+        assert set(sums) == set(engine.layer_of)
+
+
 def test_a_parameter_read_by_its_parent_goes_with_the_parent() -> None:
     engine = _agrees(_wrap(_WindowNet()), *_batch((1, 8, 8)))
     kinds = {u.qualname: type(u).__name__ for u in engine._units}
