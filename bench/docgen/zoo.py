@@ -16,6 +16,10 @@ from bench.docgen.runs import load_results, missing_results
 
 ZOO = "zoo"
 SEEDS = "zoo_seeds"
+#: ViT-B/16 at its own 224 pixels through ``bench.zoo`` with a bound above its parameters.
+VIT_224 = "zoo_vit224"
+VIT_224_COMMAND = ("python -m bench.zoo --name zoo_vit224 --models vit_b_16 --max-params "
+                   "100000000 --timeout 900")
 #: (row key, column title) of the step columns, in the table's order.
 STEPS = (("step", "dpsweep step"), ("opacus_as_built", "Opacus as built"),
          ("opacus_inplace_off", "Opacus in-place off"))
@@ -170,7 +174,27 @@ def seeds_table() -> str:
             f"{s['train_size']} training examples, {run['epochs']} epoch at batch "
             f"{run['batch']}, `dpsgd` at its defaults, audit off "
             f"(`bench/results/{SEEDS}.json`). Largest peak: {peak:.1f} GiB of the "
-            f"{run['memory_budget_gib']} GiB budget.\n\n" + "\n".join(lines))
+            f"{run['memory_budget_gib']} GiB budget.\n\n" + "\n".join(lines) + vit_224_line())
+
+
+def vit_224_line() -> str:
+    """ViT-B/16 at 224 pixels: the check and one step (ours, Opacus's), time and peak RSS."""
+    run = load_results(VIT_224)
+    if run is None:
+        return ""
+    row = run["models"]["vit_b_16"]
+
+    def stage(key: str, what: str) -> str:
+        s = row[key]
+        return (f"{what}: {s['status']}, {s['seconds']:.0f} s, the process's peak RSS so far "
+                f"{s['peak_rss_mib'] / 1024:.1f} GiB")
+
+    parts = [stage("check", "the check"), stage("step", f"one `dpsgd` step on "
+                                                       f"{run['step_batch']} examples"),
+             stage("opacus_as_built", "Opacus's step as built")]
+    return (f"\n\nViT-B/16 at its own {row['input']} pixels (`{VIT_224_COMMAND}`, "
+            f"{run['date']}, commit `{row['commit']}`, {run['threads']} torch "
+            f"threads, `bench/results/{VIT_224}.json`): " + "; ".join(parts) + ".")
 
 
 GENERATORS = {"zoo": zoo_table, "zoo_seeds": seeds_table}
