@@ -5,6 +5,7 @@ few steps' time; without the folder each reference times them itself."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,7 +23,7 @@ def test_references_take_the_targets_plan_from_the_cache(
     timed: list[str] = []
     real = engine_plan.time_candidates
 
-    def counting(handler, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+    def counting(handler: Any, *args: Any, **kwargs: Any) -> Any:
         timed.append(handler.qualname)
         return real(handler, *args, **kwargs)
 
