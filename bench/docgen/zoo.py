@@ -26,6 +26,8 @@ STEPS = (("step", "dpsweep step"), ("opacus_as_built", "Opacus as built"),
 #: What a step's status reads as in a cell.
 STEP_CELLS = {"stepped": "yes", "ok": "yes", "failed": "**no**", "n/a": "no"}
 MILLION = 1e6
+#: How ``bench.zoo`` words an allocation refused by its address-space limit.
+OUT_OF_MEMORY = "out of memory"
 
 
 class _Notes:
@@ -68,6 +70,10 @@ def _step_cell(row: Mapping[str, Any], key: str, notes: _Notes) -> str:
     if step["status"] == "skipped":
         return "-"
     cell = STEP_CELLS.get(step["status"], step["status"])
+    if step.get("reason", "").startswith(OUT_OF_MEMORY):  # the bench's limit, not a failure
+        limit = row.get("limits", {}).get("memory_gib")
+        return "out of memory " + notes.mark(step["reason"] + (f" ({limit:g} GiB)" if limit
+                                                               else ""))
     if step.get("reason"):
         return f"{cell} " + notes.mark(step["reason"])
     if step["status"] == "failed":  # ran, but left a tensor unchanged or not finite
