@@ -22,6 +22,7 @@ from dpsweep.trainables.audit.stats.attacks import (
     binomial_interval,
     combine_attacks,
     consistent_with_dp,
+    delong_auc_variance,
     roc_points,
     thin_roc,
 )
@@ -32,9 +33,6 @@ from dpsweep.trainables.audit.stats.onerun import (
     one_run_p_value,
 )
 
-#: Smallest bootstrap allowed: the tests that repeat attacks many times do not read the AUC
-#: interval, so they pay for the fewest resamples.
-FEW_RESAMPLES = 100
 ALPHA = 0.05
 #: Quantile of the binomial slack allowed on a simulated error rate.
 SLACK_QUANTILE = 0.999
@@ -42,8 +40,7 @@ SLACK_QUANTILE = 0.999
 
 def _null_attack(rng: np.random.Generator, n: int, **kwargs: object) -> AttackStatistics:
     labels = np.r_[np.ones(n, dtype=int), np.zeros(n, dtype=int)]
-    return attack_statistics(labels=labels, scores=rng.normal(size=2 * n),
-                             n_resamples=FEW_RESAMPLES, **kwargs)
+    return attack_statistics(labels=labels, scores=rng.normal(size=2 * n), **kwargs)
 
 
 def _shifted(rng: np.random.Generator, n: int, shift: float) -> tuple[np.ndarray, np.ndarray]:
@@ -89,8 +86,7 @@ def test_binomial_interval_rejects_bad_input(kwargs: dict[str, object]) -> None:
 def test_small_example_by_hand() -> None:
     labels = [1, 1, 1, 0, 0, 0]
     scores = [3.0, 2.0, 0.5, 1.0, 0.0, -1.0]
-    given = attack_statistics(labels=labels, scores=scores, decision_threshold=0.0,
-                              n_resamples=FEW_RESAMPLES)
+    given = attack_statistics(labels=labels, scores=scores, decision_threshold=0.0)
     # Members > 0: 3 of 3; non-members <= 0: 2 of 3 -> balanced accuracy 5/6 over 6 decisions.
     assert given.accuracy == pytest.approx(5 / 6)
     assert (given.accuracy_correct, given.accuracy_trials) == (5, 6)
@@ -102,7 +98,7 @@ def test_small_example_by_hand() -> None:
     assert given.auc == pytest.approx(8 / 9)
     assert given.p_value == pytest.approx(0.1)
     # No threshold given: the first accuracy-maximising one (scores > 1) and a flag.
-    fitted = attack_statistics(labels=labels, scores=scores, n_resamples=FEW_RESAMPLES)
+    fitted = attack_statistics(labels=labels, scores=scores)
     assert fitted.threshold == 1.0
     assert fitted.accuracy == pytest.approx(5 / 6)
     assert fitted.accuracy_is_optimistic
@@ -112,8 +108,7 @@ def test_small_example_by_hand() -> None:
 def test_unbalanced_accuracy_counts_the_balanced_sample() -> None:
     rng = np.random.default_rng(3)
     labels = np.r_[np.ones(30, dtype=int), np.zeros(50, dtype=int)]
-    result = attack_statistics(labels=labels, scores=rng.normal(size=80), decision_threshold=0.0,
-                               n_resamples=FEW_RESAMPLES)
+    result = attack_statistics(labels=labels, scores=rng.normal(size=80), decision_threshold=0.0)
     assert result.accuracy_trials == 60
     assert result.accuracy_correct == round(result.accuracy * 60)
 
@@ -143,6 +138,54 @@ def test_auc_interval_is_exact_with_ties_and_reproducible() -> None:
     assert (again.auc_low, again.auc_high) == (first.auc_low, first.auc_high)
 
 
+def _brute_force_delong(members: np.ndarray, nonmembers: np.ndarray) -> tuple[float, float]:
+    """DeLong's structural components from every member/non-member pair (O(n^2))."""
+    psi = (members[:, None] > nonmembers[None, :]) + 0.5 * (members[:, None] == nonmembers[None, :])
+    v10, v01 = psi.mean(axis=1), psi.mean(axis=0)
+    s10 = np.sum((v10 - psi.mean()) ** 2) / (len(members) - 1)
+    s01 = np.sum((v01 - psi.mean()) ** 2) / (len(nonmembers) - 1)
+    return float(psi.mean()), float(s10 / len(members) + s01 / len(nonmembers))
+
+
+def test_delong_variance_equals_the_pairwise_structural_components() -> None:
+    rng = np.random.default_rng(13)
+    for m, n, levels in ((2, 2, 3), (5, 9, 4), (37, 23, 6), (120, 80, 10), (50, 50, 1000)):
+        members = rng.integers(0, levels, m) + (rng.random() < 0.5)  # ties within and across
+        nonmembers = rng.integers(0, levels, n).astype(float)
+        auc, variance = delong_auc_variance(members=members, nonmembers=nonmembers)
+        want_auc, want_variance = _brute_force_delong(members.astype(float), nonmembers)
+        assert auc == pytest.approx(want_auc, abs=1e-12)
+        assert variance == pytest.approx(want_variance, rel=1e-10, abs=1e-15)
+        labels = np.r_[np.ones(m, dtype=int), np.zeros(n, dtype=int)]
+        result = attack_statistics(labels=labels, scores=np.r_[members, nonmembers])
+        half = stats.norm.ppf(0.975) * math.sqrt(want_variance)
+        assert result.auc_low == pytest.approx(max(want_auc - half, 0.0), abs=1e-12)
+        assert result.auc_high == pytest.approx(min(want_auc + half, 1.0), abs=1e-12)
+        assert "DeLong" in result.auc_method
+
+
+def test_delong_interval_covers_the_known_auc_of_two_gaussians() -> None:
+    # P(N(d, 1) > N(0, 1)) = Phi(d / sqrt 2): the interval's coverage over many samples.
+    rng = np.random.default_rng(17)
+    repeats = 2000
+    for shift, n in ((0.5, 150), (1.5, 300)):
+        true_auc = stats.norm.cdf(shift / math.sqrt(2))
+        covered = 0
+        for _ in range(repeats):
+            members, nonmembers = rng.normal(shift, 1.0, n), rng.normal(0.0, 1.0, n)
+            auc, variance = delong_auc_variance(members=members, nonmembers=nonmembers)
+            half = stats.norm.ppf(0.975) * math.sqrt(variance)
+            covered += auc - half <= true_auc <= auc + half
+        # 95% nominal; binomial sd at 2,000 repeats is 0.005
+        assert 0.93 <= covered / repeats <= 0.97
+
+
+def test_perfectly_separated_classes_give_a_point_interval_at_one() -> None:
+    labels = np.r_[np.ones(20, dtype=int), np.zeros(30, dtype=int)]
+    result = attack_statistics(labels=labels, scores=np.r_[np.arange(20) + 100.0, np.arange(30)])
+    assert (result.auc_low, result.auc, result.auc_high) == (1.0, 1.0, 1.0)
+
+
 def test_tpr_at_fpr_never_exceeds_the_target_on_the_nonmembers() -> None:
     rng = np.random.default_rng(7)
     for n0 in (37, 100, 999, 1000, 2500):
@@ -151,8 +194,7 @@ def test_tpr_at_fpr_never_exceeds_the_target_on_the_nonmembers() -> None:
             scores = np.r_[rng.normal(1.0, 1.0, 400), rng.normal(0.0, 1.0, n0)]
             if decimals is not None:
                 scores = np.round(scores, decimals)
-            result = attack_statistics(labels=labels, scores=scores, fprs=(0.1, 0.01, 0.001),
-                                       n_resamples=FEW_RESAMPLES)
+            result = attack_statistics(labels=labels, scores=scores, fprs=(0.1, 0.01, 0.001))
             nonmembers, members = scores[labels == 0], scores[labels == 1]
             for point in result.tpr_at_fpr:
                 assert np.mean(nonmembers > point.threshold) == point.fpr
@@ -224,8 +266,7 @@ def test_strong_signal_is_detected_and_located() -> None:
     family = {(f"layer{i}", "loss"): _null_attack(rng, 200, decision_threshold=0.0)
               for i in range(4)}
     labels, scores = _shifted(rng, 200, 1.5)
-    leaky = attack_statistics(labels=labels, scores=scores, decision_threshold=0.75,
-                              n_resamples=FEW_RESAMPLES)
+    leaky = attack_statistics(labels=labels, scores=scores, decision_threshold=0.75)
     family[("layer2", "logreg")] = leaky
     combined = combine_attacks(per_attack_stats=family)
     assert combined.leak_detected
@@ -255,10 +296,9 @@ def test_ten_large_attacks_are_fast() -> None:
 @pytest.mark.parametrize("kwargs", [
     {"labels": [0, 1, 2], "scores": [0.0, 1.0, 2.0]},
     {"labels": [1, 1, 1], "scores": [0.0, 1.0, 2.0]},
-    {"labels": [0, 1], "scores": [0.0, 1.0]},  # the bootstrap needs two of each
+    {"labels": [0, 1], "scores": [0.0, 1.0]},  # DeLong's variance needs two of each
     {"labels": [0, 0, 1, 1], "scores": [0.0, 1.0, 2.0, np.nan]},
     {"labels": [0, 0, 1, 1], "scores": [0.0, 1.0, 2.0, 3.0], "fprs": (0.0,)},
-    {"labels": [0, 0, 1, 1], "scores": [0.0, 1.0, 2.0, 3.0], "n_resamples": 10},
     {"labels": [0, 0, 1, 1], "scores": [0.0, 1.0, 2.0, 3.0], "max_roc_points": 2},
 ])
 def test_attack_statistics_rejects_bad_input(kwargs: dict[str, object]) -> None:

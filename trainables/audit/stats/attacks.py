@@ -4,7 +4,7 @@ Pure numpy / scipy / statsmodels (no torch), so it imports and tests without a m
 
 * :func:`binomial_interval` — Clopper–Pearson ("beta") or Wilson intervals via statsmodels.
 * :func:`attack_statistics` — one attack on one layer: balanced accuracy with its interval, AUC
-  with a bootstrap interval, TPR at low FPR with intervals, a Mann–Whitney p-value against
+  with DeLong's interval, TPR at low FPR with intervals, a Mann–Whitney p-value against
   chance, and a thinned ROC curve.
 * :func:`combine_attacks` — the peak over layers x attacks, its multiplicity-corrected p-value
   (Holm), and a simultaneous upper confidence bound on the peak accuracy.
@@ -44,17 +44,14 @@ DEFAULT_ALPHA = 0.05
 MAX_ROC_POINTS = 200
 #: Fewest ROC points a caller may ask for: the three fixed points plus a grid on each axis.
 MIN_ROC_POINTS = 8
-#: Bootstrap resamples of the AUC interval: the usual floor for 2.5% / 97.5% percentiles, and
-#: the bootstrap is most of this module's run time (about 0.15 s per 5,000 examples).
-AUC_BOOTSTRAP_RESAMPLES = 1000
-#: Fewest resamples accepted: below this the percentiles are noise.
-MIN_BOOTSTRAP_RESAMPLES = 100
-#: Fewest examples per class: the bootstrap resamples each class and needs two.
+#: Fewest examples per class: DeLong's variance estimates each class's spread of placements
+#: (a sample variance) and needs two.
 MIN_PER_CLASS = 2
-#: Resamples evaluated at once (bounds the bootstrap's memory to a few MB per batch).
-AUC_BOOTSTRAP_BATCH = 200
-#: Seed of the bootstrap and of random tie-breaking: reports are reproducible.
+#: Seed of random tie-breaking (``onerun``'s canary guesses): reports are reproducible.
 DEFAULT_SEED = 0
+#: What ``AttackStatistics.auc_method`` says of the AUC interval.
+AUC_METHOD = ("DeLong (structural components, midrank algorithm of Sun & Xu 2014; ties count "
+              "1/2), normal approximation clipped to [0, 1]")
 #: Interval methods of :func:`binomial_interval` (statsmodels names; "beta" = Clopper–Pearson).
 INTERVAL_METHODS = ("beta", "wilson")
 #: Multiplicity correction of :func:`combine_attacks` (a statsmodels ``multipletests`` method).
@@ -153,7 +150,7 @@ class AttackStatistics:
     accuracy_correct: int  # the interval's successes ...
     accuracy_trials: int  # ... out of these trials
     auc: float
-    auc_low: float  # stratified percentile bootstrap
+    auc_low: float  # DeLong
     auc_high: float
     auc_method: str
     p_value: float  # one-sided Mann–Whitney U against chance
@@ -248,54 +245,41 @@ def thin_roc(*, fpr: np.ndarray, tpr: np.ndarray,
     return fpr[keep], tpr[keep]
 
 
-def _auc_from_codes(members: np.ndarray, nonmembers: np.ndarray, *, n_codes: int,
-                    axis: int = -1) -> np.ndarray:
-    """AUC (ties count 1/2) of integer-coded scores, vectorised over leading axes.
+def delong_auc_variance(*, members: Any, nonmembers: Any) -> tuple[float, float]:
+    """The AUC (ties count 1/2) and DeLong's estimate of its variance.
 
-    AUC depends on the scores only through their order, so the bootstrap resamples dense rank
-    codes and this counts, per resample, how many non-members lie below each code: linear time,
-    no sort per resample.
+    DeLong, DeLong & Clarke-Pearson (Biometrics 1988): the AUC is a two-sample U-statistic whose
+    variance is S10 / m + S01 / n, S10 the sample variance over the m members of each one's
+    placement (its share of non-members below it) and S01 that over the n non-members of each
+    one's share of members above it. The placements come from midranks (Sun & Xu, IEEE Signal
+    Processing Letters 2014): a member's rank among all scores less its rank among the members
+    counts the non-members below it, ties 1/2. Three sorts: O(n log n), where the bootstrap it
+    replaced evaluated the AUC a thousand times.
     """
-    x = np.moveaxis(np.asarray(members, dtype=np.intp), axis, -1)
-    y = np.moveaxis(np.asarray(nonmembers, dtype=np.intp), axis, -1)
-    batch_shape = np.broadcast_shapes(x.shape[:-1], y.shape[:-1])
-    x2 = np.broadcast_to(x, (*batch_shape, x.shape[-1])).reshape(-1, x.shape[-1])
-    y2 = np.broadcast_to(y, (*batch_shape, y.shape[-1])).reshape(-1, y.shape[-1])
-    rows = y2.shape[0]
-    offsets = (np.arange(rows, dtype=np.intp) * n_codes)[:, None]
-    hist = np.bincount((y2 + offsets).ravel(), minlength=rows * n_codes)
-    # Twice (non-members below + half the ties) = 2 x (non-members at or below) - ties: kept in
-    # integers and in place, the one large temporary being the histogram itself.
-    twice_wins = np.cumsum(hist.reshape(rows, n_codes), axis=1).ravel()
-    twice_wins *= 2
-    twice_wins -= hist
-    wins = twice_wins[(x2 + offsets).ravel()].reshape(rows, -1).sum(axis=1)
-    return (wins / (2 * x2.shape[1] * y2.shape[1])).reshape(batch_shape)
+    x = np.asarray(members, dtype=float)
+    y = np.asarray(nonmembers, dtype=float)
+    m, n = len(x), len(y)
+    both = stats.rankdata(np.concatenate([x, y]))
+    member_place = (both[:m] - stats.rankdata(x)) / n
+    nonmember_place = 1 - (both[m:] - stats.rankdata(y)) / m
+    variance = member_place.var(ddof=1) / m + nonmember_place.var(ddof=1) / n
+    return float(member_place.mean()), float(variance)
 
 
-def _auc_interval(members: np.ndarray, nonmembers: np.ndarray, *, confidence: float,
-                  n_resamples: int, seed: int) -> tuple[float, float]:
-    """Stratified percentile bootstrap of the AUC with ``scipy.stats.bootstrap``.
+def _auc_interval(members: np.ndarray, nonmembers: np.ndarray, *, auc: float,
+                  confidence: float) -> tuple[float, float]:
+    """DeLong's normal interval around ``auc``, clipped to [0, 1].
 
-    Why this: no maintained DeLong implementation is among the project's dependencies, and the
-    bootstrap needs no variance formula. Members and non-members are resampled separately
-    (``paired=False``), matching how the two samples were drawn. Percentile rather than BCa:
-    BCa's jackknife costs n AUC evaluations (quadratic in n: seconds per attack at 5,000
-    examples), and the AUC, a U-statistic, is nearly unbiased and asymptotically normal, where
-    the percentile interval is accurate.
+    Why this: the AUC, a U-statistic, is asymptotically normal and DeLong's variance estimate
+    is consistent, so the interval covers like the stratified percentile bootstrap it replaced
+    (both let members and non-members vary independently) at three sorts instead of a thousand
+    resampled AUCs, which were most of the audit's scoring time. Like the bootstrap's, it
+    shrinks to a point when the classes are perfectly separated (every placement 0 or 1): a
+    sample of that size shows no spread there.
     """
-    _, codes = np.unique(np.concatenate([members, nonmembers]), return_inverse=True)
-    n_codes = int(codes.max()) + 1
-    codes_m, codes_n = codes[: len(members)], codes[len(members):]
-
-    def statistic(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
-        return _auc_from_codes(x, y, n_codes=n_codes, axis=axis)
-
-    result = stats.bootstrap((codes_m, codes_n), statistic, n_resamples=n_resamples,
-                             batch=AUC_BOOTSTRAP_BATCH, vectorized=True, paired=False,
-                             confidence_level=confidence, method="percentile",
-                             rng=np.random.default_rng(seed))
-    return float(result.confidence_interval.low), float(result.confidence_interval.high)
+    _, variance = delong_auc_variance(members=members, nonmembers=nonmembers)
+    half = stats.norm.ppf(0.5 + confidence / 2) * math.sqrt(max(variance, 0.0))
+    return max(auc - half, 0.0), min(auc + half, 1.0)
 
 
 def max_false_positives(alpha: float, n_nonmembers: int) -> int:
@@ -327,16 +311,12 @@ def _tpr_at_fprs(members: np.ndarray, nonmembers: np.ndarray, *, fprs: Sequence[
                                        np.atleast_1d(highs), strict=True))
 
 
-def _check_attack_options(*, fprs: Sequence[float], n_resamples: int,
-                          max_roc_points: int) -> None:
+def _check_attack_options(*, fprs: Sequence[float], max_roc_points: int) -> None:
     """Reject options :func:`attack_statistics` cannot honour before any work is done."""
     for alpha in fprs:
         if not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
             raise UserInputError(field="fprs", value=list(fprs),
                                  allowed="false-positive rates strictly between 0 and 1")
-    if not isinstance(n_resamples, (int, np.integer)) or n_resamples < MIN_BOOTSTRAP_RESAMPLES:
-        raise UserInputError(field="n_resamples", value=n_resamples,
-                             allowed=f"an integer >= {MIN_BOOTSTRAP_RESAMPLES}")
     if not isinstance(max_roc_points, (int, np.integer)) or max_roc_points < MIN_ROC_POINTS:
         raise UserInputError(field="max_roc_points", value=max_roc_points,
                              allowed=f"an integer >= {MIN_ROC_POINTS}")
@@ -363,9 +343,7 @@ def _decision_threshold(given: float | None, *, tps: np.ndarray, fps: np.ndarray
 def attack_statistics(*, labels: Any, scores: Any, decision_threshold: float | None = None,
                       fprs: Sequence[float] = DEFAULT_FPRS,
                       confidence: float = DEFAULT_CONFIDENCE,
-                      max_roc_points: int = MAX_ROC_POINTS,
-                      n_resamples: int = AUC_BOOTSTRAP_RESAMPLES,
-                      seed: int = DEFAULT_SEED) -> AttackStatistics:
+                      max_roc_points: int = MAX_ROC_POINTS) -> AttackStatistics:
     """Every number of one attack on one layer, with its interval and significance.
 
     ``decision_threshold`` must be chosen without the target's labels (fitted on reference
@@ -385,7 +363,7 @@ def attack_statistics(*, labels: Any, scores: Any, decision_threshold: float | N
     """
     confidence = check_confidence(confidence)
     y, s = _check_labels_scores(labels, scores)
-    _check_attack_options(fprs=fprs, n_resamples=n_resamples, max_roc_points=max_roc_points)
+    _check_attack_options(fprs=fprs, max_roc_points=max_roc_points)
     members, nonmembers = s[y], s[~y]
     n1, n0 = len(members), len(nonmembers)
     if min(n1, n0) < MIN_PER_CLASS:
@@ -405,8 +383,7 @@ def attack_statistics(*, labels: Any, scores: Any, decision_threshold: float | N
 
     test = stats.mannwhitneyu(members, nonmembers, alternative="greater")
     auc = float(test.statistic) / (n1 * n0)
-    auc_low, auc_high = _auc_interval(members, nonmembers, confidence=confidence,
-                                      n_resamples=n_resamples, seed=seed)
+    auc_low, auc_high = _auc_interval(members, nonmembers, auc=auc, confidence=confidence)
     roc_fpr, roc_tpr = thin_roc(fpr=fpr, tpr=tpr, max_points=max_roc_points)
     return AttackStatistics(
         n_members=n1, n_nonmembers=n0, confidence=confidence, threshold=threshold,
@@ -414,7 +391,7 @@ def attack_statistics(*, labels: Any, scores: Any, decision_threshold: float | N
         accuracy_low=acc_interval.low, accuracy_high=acc_interval.high,
         accuracy_correct=correct, accuracy_trials=trials, auc=auc, auc_low=auc_low,
         auc_high=auc_high,
-        auc_method=f"stratified percentile bootstrap, {n_resamples} resamples, seed {seed}",
+        auc_method=AUC_METHOD,
         p_value=float(test.pvalue),
         tpr_at_fpr=_tpr_at_fprs(members, nonmembers, fprs=fprs, confidence=confidence),
         roc_fpr=tuple(float(v) for v in roc_fpr), roc_tpr=tuple(float(v) for v in roc_tpr))
