@@ -29,6 +29,7 @@ from dpsweep.trainables.models.catalog import (
     ModelSpec,
     check_input_shape,
 )
+from dpsweep.trainables.models.pooling import MaxPool2d
 
 ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
@@ -261,9 +262,9 @@ def cnn28(*, in_channels: int = 1, num_classes: int = 10, act: str = "tanh") -> 
     return LayeredModel(
         [
             ("conv1", _conv_block(in_channels, 16, 8, stride=2, padding=3, act=act,
-                                  pool=nn.MaxPool2d(2, 1))),  # 16x13x13
+                                  pool=MaxPool2d(2, 1))),  # 16x13x13
             ("conv2", _conv_block(16, 32, 4, stride=2, padding=0, act=act,
-                                  pool=nn.MaxPool2d(2, 1))),  # 32x4x4
+                                  pool=MaxPool2d(2, 1))),  # 32x4x4
             ("fc1", _dense_block(32 * 4 * 4, 32, act=act, flatten=True)),
             ("fc2", _dense_block(32, num_classes, act=None)),
         ],
@@ -280,9 +281,9 @@ def cnn5(
     return LayeredModel(
         [
             ("conv1", _conv_block(in_channels, 32, 3, stride=1, padding=1, act=act,
-                                  pool=nn.MaxPool2d(2))),
-            ("conv2", _conv_block(32, 64, 3, stride=1, padding=1, act=act, pool=nn.MaxPool2d(2))),
-            ("conv3", _conv_block(64, 64, 3, stride=1, padding=1, act=act, pool=nn.MaxPool2d(2))),
+                                  pool=MaxPool2d(2))),
+            ("conv2", _conv_block(32, 64, 3, stride=1, padding=1, act=act, pool=MaxPool2d(2))),
+            ("conv3", _conv_block(64, 64, 3, stride=1, padding=1, act=act, pool=MaxPool2d(2))),
             ("fc1", _dense_block(64 * side * side, 128, act=act, flatten=True)),
             ("fc2", _dense_block(128, num_classes, act=None)),
         ],
