@@ -38,8 +38,10 @@ seed 12345) with audit seed 0. Reported: median and range over seeds, and per pl
 reference trainings and seconds (one torch thread).
 
 Run from the repository root: ``.venv/bin/python -m bench.audit_strength [--seeds N]
-[--epochs E]``; writes ``bench/results/audit_strength.json``. 21 model trainings of ~2 s per
-seed.
+[--epochs E] [--dump DIR]``; writes ``bench/results/audit_strength.json``. 21 model trainings of
+~2 s per seed. ``--dump DIR`` also saves each seed's signals and cells (:func:`dump_seed`) for
+``bench/audit_strength_rescore.py``, which re-scores a variant of ``lira_pooled`` on them in
+seconds instead of retraining the references.
 
 Results: ``bench/results/audit_strength.json`` and its generated table in docs/audit.md.
 """
@@ -47,6 +49,7 @@ Results: ``bench/results/audit_strength.json`` and its generated table in docs/a
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import statistics
 import sys
@@ -325,6 +328,29 @@ def run_seed(seed: int, *, epochs: int, log: Callable[[str], None]) -> dict[str,
     return result
 
 
+def dump_seed(run: Mapping[str, Any], *, directory: Path) -> Path:
+    """``directory/seed<N>.npz``: per plan kind the candidates' membership, the references'
+    ``in_mask``, every signal's target and reference values (``<kind>/is_member``,
+    ``<kind>/in_mask``, ``<kind>/target/<signal>``, ``<kind>/references/<signal>``), and, as
+    JSON under ``plans``, every plan row's kind, reference count and cells: what re-scoring an
+    attack needs without the membership labels ever reaching the attack."""
+    arrays: dict[str, np.ndarray] = {}
+    for kind, signals in run["signals"].items():
+        arrays[f"{kind}/is_member"] = np.asarray(signals.plan.is_member, dtype=bool)
+        arrays[f"{kind}/in_mask"] = np.asarray(signals.plan.in_mask, dtype=bool)
+        for name, values in signals.target.items():
+            arrays[f"{kind}/target/{name}"] = np.asarray(values, dtype=np.float64)
+            arrays[f"{kind}/references/{name}"] = np.asarray(signals.references[name],
+                                                             dtype=np.float64)
+    plans = {name: {"kind": p["kind"], "n_references": p["n_references"], "cells": p["cells"]}
+             for name, p in run["plans"].items()}
+    arrays["plans"] = np.asarray(json.dumps(plans))
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"seed{run['seed']}.npz"
+    np.savez_compressed(path, **arrays)
+    return path
+
+
 def summarise(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     plans: dict[str, Any] = {}
     for name in runs[0]["plans"]:
@@ -366,6 +392,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=DEFAULT_SEEDS)
     parser.add_argument("--epochs", type=int, default=EPOCHS)
     parser.add_argument("--out", default="audit_strength")
+    parser.add_argument("--dump", type=Path, default=None,
+                        help="also save each seed's signals and cells here (npz per seed)")
     args = parser.parse_args(argv)
 
     from bench.harness import load_average, write_results
@@ -376,6 +404,8 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     for seed in range(args.seeds):
         run = run_seed(seed, epochs=args.epochs, log=lambda line: print(line, flush=True))
+        if args.dump is not None:
+            dump_seed(run, directory=args.dump)
         run.pop("signals", None)
         runs.append(run)
     plans = summarise(runs)
