@@ -18,15 +18,22 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/dpsweep demo
 
+# Two xdist workers: the system tier's modules mostly wait (for Ray, for a sweep's processes)
+# while the unit and contract modules are one busy core; tests/conftest.py keeps each module on
+# one worker and the fault chain's modules, which share session state, together.
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder \
+		--durations=15
 
 # The fast loop while editing: the unit tier alone (no process, no Ray, no sweep; enforced by
 # tests/tiers.py), stopping at the first failure, in under 3 minutes on 2 cores. `make test`
 # (every tier) is the check before a commit and what CI runs (docs/design.md, "Test tiers").
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -x -p no:cacheprovider --durations=5 tests/unit
+	$(BIN)/python -m pytest -q -x -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup \
+		--no-loadscope-reorder --durations=5 tests/unit
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -7,10 +7,13 @@ import dataclasses
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 from dpsweep.orchestrator.config import Config, TrainingConfig
+from tests.system.conftest import ONE_PROCESS
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -39,6 +42,66 @@ def _one_blas_thread() -> Iterator[None]:
 
     with threadpool_limits(limits=1, user_api="blas"):
         yield
+
+
+#: The group of the modules that share the fault chain's session state, as test file paths.
+CHAIN_GROUP = "fault-chain"
+CHAIN_FILES = frozenset(name.replace(".", "/") + ".py" for name in ONE_PROCESS)
+SYSTEM_PREFIX = "tests/system/"
+
+
+def work_unit(nodeid: str) -> str:
+    """The work unit a test belongs to under ``make test``'s two xdist workers: its file, or
+    the fault chain's group."""
+    path = nodeid.split("::")[0]
+    return CHAIN_GROUP if path in CHAIN_FILES else path
+
+
+def _group_rank(nodeid: str) -> int:
+    """0: the fault chain's modules, 1: other system modules, 2: unit and contract."""
+    group = work_unit(nodeid)
+    return 0 if group == CHAIN_GROUP else 1 if group.startswith(SYSTEM_PREFIX) else 2
+
+
+class ModuleGroups(LoadScopeScheduling):
+    """xdist's scope scheduling over :func:`work_unit` (``--dist loadgroup`` here).
+
+    The reference sweep and the lane are session fixtures (``tests/system/conftest.py``): the
+    chain's modules must run in one process, as in a single-process run, or each worker would
+    start its own. Every other module is a unit of its own, so its module-scoped fixtures (a
+    trained net, a smoke run, a local Ray) are built once. (xdist's own ``loadgroup`` reads
+    ``xdist_group`` marks into node ids, which pytest 9 no longer lets it rewrite.)"""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return work_unit(nodeid)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> LoadScopeScheduling | None:
+    return ModuleGroups(config, log) if config.getvalue("dist") == "loadgroup" else None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In an xdist worker under ``--dist loadgroup``: the longest groups first (the fault chain,
+    then the other system modules), so that neither worker sits idle at the end while the
+    other runs them; ``make test`` keeps that order (``--no-loadscope-reorder``)."""
+    if getattr(config.option, "loadgroup", False):  # xdist's worker sets it (dist: "no")
+        items.sort(key=lambda item: _group_rank(item.nodeid))  # stable within a rank
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_torch_thread_per_worker(request: pytest.FixtureRequest) -> Iterator[None]:
+    """One intra-op torch thread in each xdist worker: two workers on two cores each running
+    two threads would make every kernel wait for a core (see :func:`one_thread`)."""
+    if getattr(request.config, "workerinput", None) is None:  # one process: as before
+        yield
+        return
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 #: Signals whose disposition a test may change in this process (the CLI ignores them once it has

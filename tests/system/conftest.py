@@ -104,6 +104,11 @@ BEHIND_THE_FAULT_CHAIN = ("tests.system.test_faults_disk", "tests.system.test_pr
                           "tests.system.test_reaudit", "tests.system.test_retry_failed",
                           "tests.system.test_wheel")
 
+#: Modules that must run in one process (the reference sweep's users and the lane's): under
+#: ``make test``'s two workers they are one group (``tests/conftest.py``).
+ONE_PROCESS = ("tests.system.test_faults", "tests.system.test_run_integrity",
+               *BEHIND_THE_FAULT_CHAIN)
+
 
 class Lane:
     """Jobs run one after another in one background thread, each at most once, by name."""

@@ -1,11 +1,15 @@
 """Issue 43, items 1, 2 and 5, end to end on a slice of the demo (its data sizes, batch,
 epochs and default audit; DP-SGD alone, two trials at epsilon 3, so the attack's intervals have
-the demo's widths):
+the demo's widths), one trial at a time:
 
 * run with stdout and stderr redirected to a file, the sweep shows each trial's epochs and
   audit phases;
 * ``dpsweep run --estimate`` projects its wall time within 2x of the measured run (both timed
-  back to back, under the same load);
+  back to back, under the same load). One trial at a time because ``make test``'s other xdist
+  worker keeps one of the two cores busy: two trials at once would share the other and run
+  slower than the estimate, which projects onto free cores, by a factor that depends on what
+  that worker runs meanwhile (84.7 s measured against 38.3 s projected with other jobs on
+  the machine);
 * the README's ``pick`` line, run as written, selects a trial of it.
 """
 
@@ -31,11 +35,11 @@ TIMEOUT = 300
 WITHIN = 2.0
 EPOCHS = 20
 #: The demo's data and batch (one place: ``dpsweep demo``'s own constants), its default audit
-#: in the trials; one series of two trials.
+#: in the trials; one series of two trials, one at a time (module docstring).
 CONFIG = "\n".join([
     "[data]", *(f"{key} = {value}" for key, value in DEMO_SIZES.items()),
     "[training]", f"epochs = {EPOCHS}", f"batch_size = {DEMO_BATCH}",
-    "[sweep]", 'methods = ["dpsgd"]', "trials_per_method = 2", "max_concurrent_trials = 2",
+    "[sweep]", 'methods = ["dpsgd"]', "trials_per_method = 2", "max_concurrent_trials = 1",
     "baseline = false",
     "[audit]", "enabled = true", "in_trial = true", ""])
 TRIALS = ["dpsgd_eps3-000", "dpsgd_eps3-001"]
@@ -59,7 +63,7 @@ def test_a_redirected_sweep_shows_its_phases_and_the_estimate_holds(tmp_path: Pa
                                capture_output=True, text=True, timeout=TIMEOUT)
     assert estimated.returncode == 0, estimated.stderr
     assert not any(tmp_path.glob("runs*")) and not Path("runs", "digits").exists()
-    projected = re.search(r"projected wall time: (\S+) with 2 trial\(s\) at once",
+    projected = re.search(r"projected wall time: (\S+) with 1 trial\(s\) at once",
                           estimated.stdout)
     assert projected is not None, estimated.stdout
     assert f"{len(TRIALS)} trials, {STEPS} DP steps, {4 * len(TRIALS)} audit references" \
