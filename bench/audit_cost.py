@@ -15,7 +15,9 @@ interleaved, shuffled rounds (``bench.harness.interleaved``, one torch thread):
   itself, references start from their own seeded parameters,
   gradient norms come from a float64 copy of each model, the signals take a separate forward
   for the logits, the probes and the shadow classifier each run their own forward, and their
-  fits use every BLAS thread): the audit before the savings, measured in the same run. Token
+  fits use every BLAS thread): the audit before the savings, measured in the same run. DeLong's
+  AUC interval and the built-in CNNs' no-gradient pooling are not among the savings it
+  switches off: both columns include them. Token
   ids reaching the float64 signals as integers is a fix, not a saving, so it holds in both
   (the audit of a token model failed before it).
 
