@@ -47,8 +47,6 @@ MIN_ROC_POINTS = 8
 #: Fewest examples per class: DeLong's variance estimates each class's spread of placements
 #: (a sample variance) and needs two.
 MIN_PER_CLASS = 2
-#: Seed of random tie-breaking (``onerun``'s canary guesses): reports are reproducible.
-DEFAULT_SEED = 0
 #: What ``AttackStatistics.auc_method`` says of the AUC interval.
 AUC_METHOD = ("DeLong (structural components, midrank algorithm of Sun & Xu 2014; ties count "
               "1/2), normal approximation clipped to [0, 1]")
