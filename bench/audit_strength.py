@@ -11,12 +11,18 @@ Ray, no sweep. Plans (``PLAN_ROWS``):
 
 * ``offline-4``: ``[audit] references = "offline"``, ``reference_models = 4``: 4 references
   trained on the public pool;
-* ``online-4``, the code's default (``references = "online"``, ``reference_models = 4``), and
-  ``online-16``: references trained on halves of members + non-members. The first 4 references of
-  the 16-reference online plan *are* the 4-reference plan (the same candidates, training rows and
-  seeds: ``plan_references`` pairs reference 2i and 2i+1 on one permutation, ``reference_seed``
-  depends on the index only), so one 16-reference training serves both rows (the bench checks the
-  masks agree).
+* ``online-4``, the code's default for one trial (``references = "online"``,
+  ``reference_models = 4``), and ``online-16``: references trained on halves of members +
+  non-members. The first 4 references of the 16-reference online plan *are* the 4-reference
+  plan (the same candidates, training rows and seeds: ``plan_references`` pairs reference 2i
+  and 2i+1 on one permutation, ``reference_seed`` depends on the index only), so one
+  16-reference training serves both rows (the bench checks the masks agree);
+* ``online-4, pooled over a 4-trial study`` (``POOLED_ROW``), the default in a sweep
+  (``audit.share_references = "study"``): the target's own 4 references (the default plan's)
+  pooled with 4 from each of 3 other trials of its study, which train with another learning
+  rate (1e-3, 1e-2) or fewer epochs at a larger batch (30 at 64), as a search's trials differ:
+  each trial still trains 4 references, and the pooled plan differs from ``online-16`` only in
+  those recipes (the same halves and seeds, checked).
 
 Per plan and attack (``lira_online`` — the plain online LiRA, only with online references —,
 ``lira_pooled`` — online LiRA with its IN - OUT shift pooled over candidates of similar
@@ -65,6 +71,14 @@ from dpsweep.trainables.audit.stats.attacks import max_false_positives
 #: (row, plan kind, references trained, references used).
 PLAN_ROWS = (("offline-4", "offline", 4, 4), ("online-4 (default)", "online", 16, 4),
              ("online-16", "online", 16, 16))
+#: The pooled row (``orchestrator.audit.pooling``): the default plan's 4 references of the
+#: target's own trial, pooled with 4 from each other trial of a study whose trials differ from
+#: the target's recipe as a search's do: (learning rate, epochs, batch size) per extra trial.
+POOLED_ROW = "online-4, pooled over a 4-trial study"
+POOLED_KIND = "pooled"
+STUDY_RECIPES = ((1e-3, None, None), (1e-2, None, None), (None, 30, 64))
+#: References each trial of the pooled study trains (the default plan's).
+PER_TRIAL = 4
 #: The FPRs the audit reports TPR at.
 FPRS = (0.01, 0.001)
 FPR_LABELS = {0.01: "tpr_at_1pct", 0.001: "tpr_at_01pct"}
@@ -325,7 +339,62 @@ def run_seed(seed: int, *, epochs: int, log: Callable[[str], None]) -> dict[str,
             log(f"seed {seed}: {name} {seconds:.1f} s, strongest {v['cell']} TPR@1% "
                 f"{v['tpr_at_1pct']:.3f} AUC {v['auc']:.3f}")
         result.setdefault("signals", {})[kind] = signals
+        if kind == "online":
+            own = classifiers[next(n for n, _, used in rows if used == PER_TRIAL)][0]
+            result["plans"][POOLED_ROW] = _pooled_plan(
+                data=data, target=target, signals=signals, classifier=own, extra=extra,
+                seed=seed, recipe=recipe, started=start, stamps=stamps)
+            v = result["plans"][POOLED_ROW]["views"]["any"]["strongest"]
+            log(f"seed {seed}: {POOLED_ROW}, strongest {v['cell']} TPR@1% "
+                f"{v['tpr_at_1pct']:.3f} AUC {v['auc']:.3f}")
     return result
+
+
+def _pooled_plan(*, data: Any, target: Any, signals: Any, classifier: Any, extra: Any,
+                 seed: int, recipe: Any, started: float, stamps: list[float]
+                 ) -> dict[str, Any]:
+    """The pooled row: block 0's references are the first ``PER_TRIAL`` of the online plan
+    (same halves and seeds: ``plan_references`` keys reference k of block b by pair
+    b * K/2 + k // 2 and seed index b * K + k), blocks 1.. train with ``STUDY_RECIPES``; so the
+    pooled plan differs from the 16-reference one only in the recipes (checked)."""
+    import dataclasses
+
+    from dpsweep.orchestrator.audit.pooling import pool_signals
+    from dpsweep.trainables.audit.references import (
+        collect_signals,
+        nonprivate_trainer,
+        plan_references,
+    )
+    own_plan = plan_references(data=data, kind="online", n_references=PER_TRIAL, seed=seed)
+    k = PER_TRIAL
+    own = dataclasses.replace(
+        signals, plan=own_plan, references={n: v[:k] for n, v in signals.references.items()},
+        population_references={n: v[:k] for n, v in signals.population_references.items()},
+        records=signals.records[:k])
+    others, trained = [], 0.0
+    for block, (lr, epochs, batch) in enumerate(STUDY_RECIPES, start=1):
+        plan = plan_references(data=data, kind="online", n_references=k, seed=seed,
+                               block=block)
+        rows = slice(block * k, (block + 1) * k)
+        if not np.array_equal(plan.in_mask, signals.plan.in_mask[rows]):
+            raise AssertionError(f"block {block}: its halves are not the online plan's")
+        trial = dataclasses.replace(recipe, lr=lr or recipe.lr, epochs=epochs or recipe.epochs,
+                                    batch_size=batch or recipe.batch_size)
+        got = collect_signals(target=target, data=data, plan=plan,
+                              trainer=nonprivate_trainer(trial), extra=extra)
+        trained += sum(r.train_seconds for r in got.records)
+        others.append(got)
+    pooled = pool_signals(own, others)
+    t0 = time.perf_counter()
+    cells = _plan_cells(pooled, classifier, target, n_references=pooled.plan.n_references)
+    scoring = time.perf_counter() - t0
+    return {"kind": POOLED_KIND, "n_references": pooled.plan.n_references,
+            "reference_trainings": k, "study_reference_train_seconds": trained,
+            "reference_train_seconds": sum(r.train_seconds for r in own.records),
+            "scoring_seconds": scoring, "seconds": stamps[k - 1] - started + scoring,
+            "reference_test_accuracy": [r.test_accuracy for r in pooled.records],
+            "cells": {f"{a}/{s}": m for (s, a), m in sorted(cells.items())},
+            "views": views(cells)}
 
 
 def dump_seed(run: Mapping[str, Any], *, directory: Path) -> Path:

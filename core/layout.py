@@ -46,6 +46,9 @@ PRIVACY = "privacy.json"
 AUDIT = "audit.json"
 #: Every audited candidate's pool index, membership and score per layer x attack (numpy npz).
 AUDIT_SCORES = "audit_scores.npz"
+#: The audit's signals (target and its own references) and the target's own cells, from which
+#: a sweep scores the audit again with the references of its study's other trials (numpy npz).
+AUDIT_SIGNALS = "audit_signals.npz"
 #: ``dpsweep audit``'s canary record, one per kind (white-box, black-box): ``.format(kind=...)``.
 CANARY_AUDIT = "canary_audit_{kind}.json"
 #: Written last: the trial finished (RESULT) or failed with its reason (ERROR).
@@ -55,7 +58,7 @@ ERROR = "error.json"
 CHECKPOINT_DIR = "checkpoint"
 CHECKPOINT_FILE = "state.pt"
 #: A trial's record files, in the order training writes them.
-TRIAL_FILES = (SPEC, HISTORY, PRIVACY, AUDIT_SCORES, AUDIT, RESULT, ERROR)
+TRIAL_FILES = (SPEC, HISTORY, PRIVACY, AUDIT_SIGNALS, AUDIT_SCORES, AUDIT, RESULT, ERROR)
 
 # ---- an export (``dpsweep export --out DIR``: what leaves the run) -----------------------------
 #: The released network's ``state_dict``: torch's format (``weights_only`` loading) and

@@ -49,6 +49,7 @@ from dpsweep.core.errors import UserInputError
 from dpsweep.core.layout import CACHE, CHECKPOINT_DIR, TRIALS
 from dpsweep.core.storage import atomic_write_bytes, atomic_write_json
 from dpsweep.core.trial import Calibration, TrialSpec
+from dpsweep.orchestrator.audit.stored import Cell, ModelCells, write_signals
 from dpsweep.orchestrator.trial.plan import match_budget
 from dpsweep.trainables.audit.cache import caching
 from dpsweep.trainables.audit.classifier import THRESHOLD, ShadowClassifier
@@ -65,6 +66,7 @@ from dpsweep.trainables.audit.exclusion import (
     non_finite_reason,
     shared_reason,
 )
+from dpsweep.trainables.audit.plan_statement import plan_statement
 from dpsweep.trainables.audit.probes import MIN_PER_CLASS, probe_set_of, probe_signals
 from dpsweep.trainables.audit.references import (
     AuditSignals,
@@ -73,7 +75,7 @@ from dpsweep.trainables.audit.references import (
     collect_signals,
     dp_trainer,
     plan_references,
-    plan_statement,
+    reference_block,
     score_signals,
 )
 from dpsweep.trainables.audit.scores import ATTACKS, RMIA
@@ -124,10 +126,11 @@ class AuditSettings:
                    layer_probes=bool(get("layer_probes") or False))
 
 
-def reference_plan(data: DataSplits, settings: AuditSettings) -> ReferencePlan:
+def reference_plan(data: DataSplits, settings: AuditSettings, *, block: int = 0
+                   ) -> ReferencePlan:
     return plan_references(data=data, kind=settings.references,
                            n_references=settings.reference_models, seed=settings.seed,
-                           max_candidates=settings.max_candidates or None)
+                           max_candidates=settings.max_candidates or None, block=block)
 
 
 def _layer_of(signal: str, layers: list[str]) -> tuple[str, int, str]:
@@ -154,16 +157,20 @@ def _say(progress: Progress | None, line: str) -> None:
 
 def audit_model(*, target: LayeredModel, data: DataSplits, settings: AuditSettings,
                 trainer: Any, cache_dir: Path | None = None, scores_out: Path | None = None,
+                signals_out: Path | None = None, block: int = 0,
                 progress: Progress | None = None) -> dict[str, Any]:
     """Every attack on every layer of ``target`` with its statistics: the audit record.
 
     ``cache_dir`` keeps reference models between calls (``trainables.audit.cache``: reused
     where recipe, data and budget are identical); ``scores_out`` receives every candidate's
     score per layer x attack (:func:`write_scores`), exactly the values the statistics were
-    computed from; ``progress`` gets a line per reference and stage.
+    computed from; ``signals_out`` the signals and the target's own cells, which a sweep pools
+    over a study's trials (``orchestrator.audit.pooling``); ``block`` picks the references
+    (``trainables.audit.references.reference_block``); ``progress`` gets a line per reference
+    and stage.
     """
     started = time.perf_counter()
-    plan = reference_plan(data, settings)
+    plan = reference_plan(data, settings, block=block)
     _say(progress, f"audit: {plan.kind} plan, {plan.n_references} references, "
                    f"{len(plan.candidates)} candidates")
     classifier = ShadowClassifier(plan, classes=data.num_classes, seed=settings.seed)
@@ -184,8 +191,11 @@ def audit_model(*, target: LayeredModel, data: DataSplits, settings: AuditSettin
                               trainer=classifier.wrap(base), extra=extra,
                               progress=reference_done)
     trained = time.perf_counter()
-    record = audit_signals(signals=signals, classifier=classifier, target=target,
-                           alpha=settings.alpha, scores_out=scores_out)
+    model = model_cells(classifier, target)
+    if signals_out is not None:
+        write_signals(Path(signals_out), signals=signals, model=model)
+    record = audit_record(signals=signals, model=model, alpha=settings.alpha,
+                          scores_out=scores_out)
     record["references"] = [{**dataclasses.asdict(r), "cached": r.index in hits}
                             for r in signals.records]
     record["reference_train_seconds"] = trained - started
@@ -199,24 +209,37 @@ def audit_signals(*, signals: AuditSignals, classifier: ShadowClassifier,
                   target: LayeredModel, alpha: float,
                   scores_out: Path | None = None) -> dict[str, Any]:
     """The audit record of collected signals (all but the references' list and training time):
-    every layer x attack cell scored or excluded with its reason, the statistics of the scored
-    ones, and the peak and Holm family over them alone (absent, with the reason, when no cell
-    is scored)."""
+    :func:`audit_record` with the target's shadow-classifier cells."""
+    return audit_record(signals=signals, model=model_cells(classifier, target), alpha=alpha,
+                        scores_out=scores_out)
+
+
+def audit_record(*, signals: AuditSignals, model: ModelCells, alpha: float,
+                 scores_out: Path | None = None, trials: int = 1,
+                 write: Callable[[Path, bytes], None] = atomic_write_bytes) -> dict[str, Any]:
+    """The audit record of collected signals and the target's own cells: every layer x attack
+    cell scored or excluded with its reason, the statistics of the scored ones, and the peak
+    and Holm family over them alone (absent, with the reason, when no cell is scored).
+    ``trials``: how many trials' references ``signals`` pools (``orchestrator.audit.pooling``);
+    ``write(path, data)`` writes the scores file (a run directory's commit, for one).
+    """
     started = time.perf_counter()
     plan = signals.plan
-    cells = _scored(signals, classifier, target)
+    cells = _scored(signals, model)
     entries, combined = _statistics(cells.scored, labels=plan.is_member, alpha=alpha)
     record: dict[str, Any] = {
         "mode": plan.kind, "n_references": plan.n_references,
         "reference_size": plan.reference_size, "note": plan.note,
-        "plan_statement": plan_statement(kind=plan.kind, n_references=plan.n_references),
+        "plan_statement": plan_statement(kind=plan.kind, n_references=plan.n_references,
+                                         trials=trials),
         "n_candidates": len(plan.is_member), "alpha": alpha,
         "attacks": entries, "excluded": [e.to_dict() for e in cells.excluded],
         "layers": cells.statuses, "n_scored": len(entries),
         "combined": None if combined is None else combined.to_dict(),
     }
     if scores_out is not None:
-        record.update(write_scores(Path(scores_out), plan=plan, scored=cells.scored))
+        record.update(write_scores(Path(scores_out), plan=plan, scored=cells.scored,
+                                   write=write))
     record.update(_peak(record, combined))
     record["scoring_seconds"] = time.perf_counter() - started
     return record
@@ -252,9 +275,6 @@ def stored_scores(scores: Any) -> np.ndarray:
         .astype(np.float32).astype(np.float64)
 
 
-Cell = tuple[np.ndarray, dict[str, Any]]
-
-
 @dataclasses.dataclass(frozen=True)
 class _Cells:
     """Every layer x attack cell of an audit: scored (stored scores and metadata, in the order
@@ -265,13 +285,12 @@ class _Cells:
     statuses: list[dict[str, Any]]
 
 
-def _scored(signals: AuditSignals, classifier: ShadowClassifier,
-            target: LayeredModel) -> _Cells:
-    """Every calibrated attack and the shadow classifier on every layer; a cell whose input is
-    identical in the target and every reference, or whose scores are not finite, is excluded
-    (``trainables.audit.exclusion``)."""
-    layers = list(target.layer_names)
-    frozen = frozen_layers(target)
+def _scored(signals: AuditSignals, model: ModelCells) -> _Cells:
+    """Every calibrated attack on every signal, then the target's own cells (the shadow
+    classifier's); a cell whose input is identical in the target and every reference, or whose
+    scores are not finite, is excluded (``trainables.audit.exclusion``)."""
+    layers = list(model.layers)
+    frozen = set(model.frozen)
     plan = signals.plan
     n_examples = len(plan.candidates) + len(plan.population)
     same = identical_signals(signals)
@@ -307,7 +326,8 @@ def _scored(signals: AuditSignals, classifier: ShadowClassifier,
                 scored[(layer, attack)] = (stored_scores(result.scores), {
                     "index": index, "signal": signal, "rule": result.rule,
                     "threshold": result.threshold})
-    _shadow_cells(classifier, target, scored=scored, excluded=excluded, frozen=frozen)
+    scored.update(model.shadow)
+    excluded.extend(model.shadow_excluded)
     rows = [(name, i) for i, name in enumerate(layers)] + [(OUTPUT, len(layers))]
     return _Cells(scored=scored, excluded=excluded,
                   statuses=layer_statuses(layers=rows, scored=scored, excluded=excluded,
@@ -322,21 +342,21 @@ def _signal_attacks(signals: AuditSignals, signal: str, names: list[str]) -> dic
     return score_signals(signals, names=[signal], attacks=attacks)[signal]
 
 
-def _shadow_cells(classifier: ShadowClassifier, target: LayeredModel, *,
-                  scored: dict[tuple[str, str], Cell], excluded: list[Exclusion],
-                  frozen: set[str]) -> None:
+def model_cells(classifier: ShadowClassifier, target: LayeredModel) -> ModelCells:
     """The shadow classifier's cell of every layer, except layers whose raw output is
     identical in the target and every reference."""
     layers = list(target.layer_names)
+    frozen = frozen_layers(target)
     attack = f"{SHADOW_CLASSIFIER}:ir"
     split, _ = classifier.calibration()
     same = set(classifier.identical_layers(target))
-    for layer in (name for name in layers if name in same):
-        excluded.append(Exclusion(
-            layer=layer, index=layers.index(layer), attack=attack, signal=IR_SIGNAL,
-            status=SHARED, reason=shared_reason(
-                frozen=layer in frozen, what="its output",
-                n_references=classifier.plan.n_references, n_examples=len(split))))
+    scored: dict[tuple[str, str], Cell] = {}
+    excluded = [Exclusion(layer=layer, index=layers.index(layer), attack=attack,
+                          signal=IR_SIGNAL, status=SHARED, reason=shared_reason(
+                              frozen=layer in frozen, what="its output",
+                              n_references=classifier.plan.n_references,
+                              n_examples=len(split)))
+                for layer in layers if layer in same]
     result = classifier.scores(target, layers=[name for name in layers if name not in same])
     for layer, why in result.failed.items():
         excluded.append(Exclusion(layer=layer, index=layers.index(layer), attack=attack,
@@ -350,10 +370,13 @@ def _shadow_cells(classifier: ShadowClassifier, target: LayeredModel, *,
         scored[(layer, attack)] = (stored_scores(probs), {
             "index": layers.index(layer), "signal": IR_SIGNAL,
             "rule": f"P(member) >= {THRESHOLD:g}", "threshold": THRESHOLD})
+    return ModelCells(layers=tuple(layers), frozen=frozenset(frozen), shadow=scored,
+                      shadow_excluded=tuple(excluded))
 
 
 def write_scores(path: Path, *, plan: Any,
-                 scored: Mapping[tuple[str, str], tuple[np.ndarray, Any]]) -> dict[str, Any]:
+                 scored: Mapping[tuple[str, str], tuple[np.ndarray, Any]],
+                 write: Callable[[Path, bytes], None] = atomic_write_bytes) -> dict[str, Any]:
     """Write every candidate's scores (compressed npz, no pickles; ``SCORES_FORMAT``):
     ``pool_index`` [N] int64 (the candidate's index in the dataset's pool), ``is_member`` [N]
     int8, ``layer`` and ``attack`` [A] strings, ``scores`` [A, N] float32 (row a is the record
@@ -369,7 +392,7 @@ def write_scores(path: Path, *, plan: Any,
         scores=(np.stack([scored[k][0] for k in keys]) if keys
                 else np.zeros((0, len(plan.is_member)))).astype(np.float32))
     blob = buffer.getvalue()
-    atomic_write_bytes(path, blob)
+    write(path, blob)
     return {"scores_file": path.name, "scores_sha256": hashlib.sha256(blob).hexdigest()}
 
 
@@ -490,27 +513,30 @@ def budgets_from_config(raw: Mapping[str, Any]) -> dict[int, Budget]:
             for size, b in raw.items()}
 
 
-def trial_audit_paths(trial_dir: Path) -> dict[str, Path | None]:
-    """``audit_model``'s files for the trial in ``trial_dir`` (``RUN_DIR/trials/<id>``): its
-    per-candidate scores beside its records, its references in the run's cache (none outside
-    a run directory)."""
+def trial_audit_paths(trial_dir: Path) -> dict[str, Any]:
+    """``audit_model``'s files and block for the trial in ``trial_dir`` (``RUN_DIR/trials/<id>``):
+    its per-candidate scores and signals beside its records, its references in the run's cache
+    (none outside a run directory), their block drawn from the trial id."""
     trial_dir = Path(trial_dir)
     run = trial_dir.parent.parent if trial_dir.parent.name == TRIALS else None
     return {"scores_out": trial_dir / layout.AUDIT_SCORES,
-            "cache_dir": None if run is None else run / CACHE}
+            "signals_out": trial_dir / layout.AUDIT_SIGNALS,
+            "cache_dir": None if run is None else run / CACHE,
+            "block": reference_block(trial_dir.name)}
 
 
 def audit_trial_model(*, spec: TrialSpec, checkpoint: Path, data: DataSplits,
                       settings: AuditSettings, budgets: Mapping[int, Budget],
                       cache_dir: Path | None = None, scores_out: Path | None = None,
+                      signals_out: Path | None = None, block: int = 0,
                       progress: Progress | None = None) -> dict[str, Any]:
     """Audit a trained DP trial: references trained like it (``dp_trainer``); the options are
     :func:`audit_model`'s."""
     target, _ = load_model(checkpoint, data=data, device="cpu")
     return audit_model(target=target, data=data, settings=settings,
                        trainer=dp_trainer(spec, budgets=dict(budgets), plan_cache=cache_dir),
-                       cache_dir=cache_dir,
-                       scores_out=scores_out, progress=progress)
+                       cache_dir=cache_dir, scores_out=scores_out, signals_out=signals_out,
+                       block=block, progress=progress)
 
 
 def audit_in_trial(*, spec: TrialSpec, result: TrialResult, trial_dir: Path,

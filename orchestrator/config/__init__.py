@@ -272,6 +272,12 @@ class AuditConfig:
                          choices=("offline", "online"))
     reference_models: int = _f(4, "reference models per audited trial (each trains like the "
                                   "trial; the audit's main cost)", low=4, high=256)
+    share_references: str = _f("study", "'study': after the sweep, score each trial's audit "
+                                        "with the references of every audited trial of its "
+                                        "study (each trains its own on independent halves: T "
+                                        "trials give T x reference_models, no extra training); "
+                                        "'none': each trial's references alone",
+                               choices=("study", "none"))
     max_candidates: int = _f(0, "audited members (and as many non-members) per trial; 0 = "
                                 "min(train_size, holdout_size)", low=0)
     alpha: float = _f(0.05, "significance level of leak_detected (Holm-corrected over layers "

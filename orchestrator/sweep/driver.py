@@ -55,6 +55,7 @@ from dpsweep.orchestrator.rundir import RunDir, check_creatable
 from dpsweep.orchestrator.sweep import ray_start
 from dpsweep.orchestrator.sweep.aftersearch import AfterSearchJobs
 from dpsweep.orchestrator.sweep.plans import precompute, study_plans
+from dpsweep.orchestrator.sweep.pooling import pool_audits
 from dpsweep.orchestrator.sweep.records import SweepRecords, failed_audits
 from dpsweep.orchestrator.sweep.resume_checks import check_records, check_storage, stopped_by
 from dpsweep.orchestrator.sweep.search import SweepSearch, TrialConfigs, private_tuning
@@ -163,6 +164,11 @@ class _Driver:
         """``dpsweep reaudit``'s audits of ``todo``, under the stop flag."""
         self.after.audit_again(todo, self.flag)
 
+    def pool_audits(self) -> int:
+        """Every audited trial scored with its study's references (``sweep.pooling``)."""
+        return pool_audits(context=self.context, records=self.records, data=self.data,
+                           quiet=self.progress.quiet)
+
     def open_studies(self) -> tuple[dict[str, optuna.Study], dict[str, Tally]]:
         return self.search.open_studies()
 
@@ -172,6 +178,7 @@ class _Driver:
     def finish(self) -> SweepSummary:
         """The after-search jobs, the summary and the report; one line saying how it went."""
         self.ran += self.after.post_sweep(self.flag)
+        self.pool_audits()
         self.records.write_summary()
         run = self.context.run
         frame = store.read_results(run.path, allow_empty=True)

@@ -28,7 +28,9 @@ manifest lists, checkpoints included, the results store, the Optuna storage, cod
 hashes): a refusal is one line, exit 2, nothing written. The command holds the run
 directory's lock. Ctrl-C stops the audits within a second; each finished one is already
 recorded, and running the command again does the rest (an audit written to disk but not yet
-recorded is taken, not run again).
+recorded is taken, not run again). Then every audited trial is scored again with its study's
+references (``sweep.pooling``), as at the end of a sweep: the re-audited trials' references
+join the pool.
 """
 
 from __future__ import annotations
@@ -173,6 +175,7 @@ def _reaudit(setup: CheckedSetup, run: RunDir, *, trials: Sequence[str], every: 
               + ", ".join(todo), flush=True)
     with ray_session(setup, run, address=address, quiet=quiet, flag=flag):
         driver.audit_again(todo)
+    driver.pool_audits()
     report = run_report(run.path)
     summary = ReauditSummary(
         run_dir=run.path, audited=todo, report=report, seconds=time.time() - started,

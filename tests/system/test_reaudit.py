@@ -24,6 +24,7 @@ about 30 s.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shutil
 import subprocess
@@ -211,8 +212,10 @@ def test_reaudit_fills_the_failed_audits_and_the_fronts_follow(
     assert (frame["audit_error"] == "").all()
     assert frame["peak_mia_accuracy"].between(0.0, 1.0).all()
     assert (frame["peak_mia_upper"] >= frame["peak_mia_accuracy"]).all()
-    for tid in IDS:
-        assert (run / "trials" / tid / layout.AUDIT).is_file()
+    for tid in IDS:  # each audit pools the other trial's references, as a sweep's
+        record = json.loads((run / "trials" / tid / layout.AUDIT).read_text())
+        assert record["pooled"]["trials"] == [tid, *(t for t in IDS if t != tid)]
+        assert record["n_references"] == 8 and len(record["references"]) == 4
     fronts = _report(run, "fronts.csv")
     assert set(fronts["trial_id"]) and set(fronts["trial_id"]) <= set(IDS)
     assert _report(run, "failed_trials.csv").empty

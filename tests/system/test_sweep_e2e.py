@@ -178,8 +178,15 @@ def test_per_layer_attacks_carry_intervals_and_define_the_peak(audited: Sweep) -
         assert row["peak_layer"] in {*LAYERS, "output"}
         assert row["audit_error"] == "" and row["audit_seconds"] > 0
         audit = json.loads((audited.run / "trials" / row["trial_id"] / "audit.json").read_text())
-        assert audit["n_references"] == 4
+        # each trial trained 4 references; its audit pools its study's 2 trials' (issue 41)
+        frame = audited.frame()
+        study = sorted(frame.loc[frame["study"] == row["study"], "trial_id"])
         assert len(audit["references"]) == 4
+        assert audit["n_references"] == 4 * len(study) == 8
+        assert audit["pooled"]["trials"] == [row["trial_id"]] + [
+            t for t in study if t != row["trial_id"]]
+        assert audit["pooled"]["own"]["n_references"] == 4
+        assert "pooled over 2 trials of the study" in audit["plan_statement"]
 
 
 def test_optuna_studies_carry_both_objectives_and_the_attributes(audited: Sweep) -> None:

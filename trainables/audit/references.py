@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -58,7 +59,6 @@ from dpsweep.trainables.audit.prefix import (
 from dpsweep.trainables.audit.scores import (
     ATTACKS,
     LOSS_THRESHOLD,
-    PER_EXAMPLE_VARIANCE_MIN_MODELS,
     RMIA,
     AttackScores,
     SignalObservations,
@@ -95,13 +95,15 @@ MIN_REFERENCES = 4
 # MIN_REFERENCES). Each costs about one target training (same recipe; online references train
 # on half of the audited members and non-members, offline ones on the target's training-set
 # size) plus its signals. How much each plan and count finds: bench/audit_strength.py, whose
-# figures MEASURED_TPR_AT_1PCT_FPR carries into every audit record.
+# figures ``trainables.audit.plan_statement`` carries into every audit record.
 #: Public population samples z drawn from the shadow pool for offline plans (RMIA's z, offline
 #: calibration); online plans draw none (:func:`plan_references`).
 DEFAULT_POPULATION = 1000
 #: Separates this module's random streams from other users of the audit seed.
 _PLAN_TAG = 0xA0D1
 _SEED_TAG = 0x5EED
+#: Reference blocks are 31-bit (:func:`reference_block`).
+BLOCK_MASK = 0x7FFFFFFF
 
 
 # --- the non-private recipe (the audit's positive control) -----------------------------------
@@ -206,6 +208,7 @@ class ReferencePlan:
     population_in_mask: np.ndarray  # [K, M] reference k trained on population sample m
     reference_size: int  # training-set size of every reference (what budgets are matched for)
     note: str  # how the sizes were chosen, when it deviates from the target's
+    block: int = 0  # which of the audit seed's reference blocks (:func:`reference_block`)
 
     @property
     def n_references(self) -> int:
@@ -225,11 +228,14 @@ def _balanced_candidates(data: DataSplits, *, max_per_class: int | None,
 
 def plan_references(*, data: DataSplits, kind: str, n_references: int, seed: int,
                     max_candidates: int | None = None,
-                    population_size: int = DEFAULT_POPULATION) -> ReferencePlan:
+                    population_size: int = DEFAULT_POPULATION, block: int = 0) -> ReferencePlan:
     """The plan for ``n_references`` references of ``kind`` (module docstring).
 
     ``max_candidates`` caps the audited members (and as many non-members); None audits
-    min(|train|, |holdout|) of each.
+    min(|train|, |holdout|) of each. The candidates depend on ``seed`` alone; the references'
+    training halves and seeds also on ``block``: plans of one seed and different blocks audit
+    the same candidates with independent references, which can then be pooled (the sweep's
+    trials of one study each train one block, ``orchestrator.audit.pooling``).
     """
     if kind not in PLANS:
         raise UserInputError(field="audit.references", value=kind, allowed=f"one of {PLANS}")
@@ -240,6 +246,8 @@ def plan_references(*, data: DataSplits, kind: str, n_references: int, seed: int
     if max_candidates is not None and max_candidates < 1:
         raise UserInputError(field="audit.max_candidates", value=max_candidates,
                              allowed="an integer >= 1 or None")
+    if isinstance(block, bool) or not isinstance(block, int) or block < 0:
+        raise UserInputError(field="audit block", value=block, allowed="an integer >= 0")
     rng = np.random.default_rng([seed, _PLAN_TAG])
     candidates, is_member = _balanced_candidates(data, max_per_class=max_candidates, rng=rng)
     pool = data.shadow
@@ -268,9 +276,10 @@ def plan_references(*, data: DataSplits, kind: str, n_references: int, seed: int
         raise UserInputError(field="data.shadow_size" if kind == "offline" else "data.sizes",
                              value=len(source), allowed="at least two examples to split")
     rows = []
+    pairs = (n_references + 1) // 2
     for k in range(n_references):
-        perm = np.random.default_rng([seed, _PLAN_TAG, int(kind == "online"), k // 2]) \
-            .permutation(len(source))
+        perm = np.random.default_rng([seed, _PLAN_TAG, int(kind == "online"),
+                                      block * pairs + k // 2]).permutation(len(source))
         rows.append(np.sort(perm[:size] if k % 2 == 0 else perm[size:2 * size]))
     in_mask = np.stack([np.isin(candidates.indices, source.indices[r]) for r in rows])
     population_in_mask = np.stack([np.isin(population.indices, source.indices[r])
@@ -278,7 +287,7 @@ def plan_references(*, data: DataSplits, kind: str, n_references: int, seed: int
     return ReferencePlan(kind=kind, seed=seed, candidates=candidates, is_member=is_member,
                          population=population, source=source, train_rows=tuple(rows),
                          in_mask=in_mask, population_in_mask=population_in_mask,
-                         reference_size=size, note=note)
+                         reference_size=size, note=note, block=block)
 
 
 def reference_data(plan: ReferencePlan, data: DataSplits, *, index: int) -> DataSplits:
@@ -293,9 +302,19 @@ def reference_data(plan: ReferencePlan, data: DataSplits, *, index: int) -> Data
                                holdout=subset(plan.source, rest), shadow=public)
 
 
+def reference_block(trial_id: str) -> int:
+    """The block of references a trial trains (:func:`plan_references`): a digest of its id,
+    so trials of one sweep draw independent halves and seeds without coordinating (two ids
+    share a block with probability about 2^-31 per pair), and an audit run again trains the
+    same references."""
+    digest = hashlib.sha256(f"dpsweep-reference-block:{trial_id}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & BLOCK_MASK
+
+
 def reference_seed(*, audit_seed: int, index: int) -> int:
-    """The training seed of reference ``index``: distinct per reference and audit seed, and
-    unrelated to the target's seed and noise."""
+    """The training seed of reference ``index`` (counted over blocks: block b's reference k
+    is index b * K + k): distinct per reference and audit seed, and unrelated to the target's
+    seed and noise."""
     return int(np.random.SeedSequence([audit_seed, index, _SEED_TAG]).generate_state(1)[0]
                & 0x7FFFFFFF)
 
@@ -510,7 +529,7 @@ def collect_signals(*, target: LayeredModel, data: DataSplits, plan: ReferencePl
     records = []
     for k in range(plan.n_references):
         rdata = with_start(reference_data(plan, data, index=k), start)
-        seed = reference_seed(audit_seed=plan.seed, index=k)
+        seed = reference_seed(audit_seed=plan.seed, index=plan.block * plan.n_references + k)
         model, seconds = trainer(rdata, seed, k)
         t1 = time.perf_counter()
         per_ref.append(_signals(model, x, y, batch=batch, extra=extra, shared=shared))
@@ -548,47 +567,3 @@ def score_signals(signals: AuditSignals, *, names: list[str] | None = None,
         if name == LOSS:
             out[name][LOSS_THRESHOLD] = loss_threshold(obs)
     return out
-
-
-# --- what a plan can see ---------------------------------------------------------------------
-
-
-#: TPR at 1% FPR of the audit's strongest attack on a memorising digits model (300 members),
-#: median, min and max over 10 seeds, per (plan, references): bench/audit_strength.py's
-#: results (bench/results/audit_strength.json; a test keeps the two equal), quoted by
-#: :func:`plan_statement`.
-MEASURED_TPR_AT_1PCT_FPR: dict[tuple[str, int], tuple[float, float, float]] = {
-    ("offline", 4): (0.10, 0.07, 0.15), ("online", 4): (0.16, 0.11, 0.18),
-    ("online", 16): (0.18, 0.14, 0.20)}
-
-
-def plan_statement(*, kind: str, n_references: int) -> str:
-    """What an audit with this plan can and cannot see, for the report (from the plan and the
-    measurements above)."""
-    if kind not in PLANS:
-        raise UserInputError(field="audit.references", value=kind, allowed=f"one of {PLANS}")
-    k = n_references
-    if kind == "online":
-        text = (f"Online audit, {k} reference models each trained on a random half of the "
-                f"audited members and non-members: every candidate is compared with {k // 2} "
-                "models that trained on it and as many that did not (online LiRA, with its "
-                "IN - OUT shift per candidate and pooled over candidates of similar "
-                "difficulty; RMIA), the stronger plan.")
-    else:
-        text = (f"Offline audit, {k} reference models trained on the public pool only: no "
-                "reference trained on any candidate, so each is compared with models that did "
-                "not see it (offline LiRA, RMIA's offline approximation) and online LiRA is "
-                "not run: no reference trains on the private data, and the attack is weaker.")
-    measured = "; ".join(
-        f"{n} {plan} references{' (this plan)' if (plan, n) == (kind, k) else ''} reached "
-        f"{mid:.2f} ({lo:.2f}-{hi:.2f})"
-        for (plan, n), (mid, lo, hi) in sorted(MEASURED_TPR_AT_1PCT_FPR.items()))
-    text += (" On a memorising digits model, TPR at 1% FPR of the strongest attack (median and "
-             f"range over 10 seeds): {measured}.")
-    if k < PER_EXAMPLE_VARIANCE_MIN_MODELS:
-        text += (f" With fewer than {PER_EXAMPLE_VARIANCE_MIN_MODELS} references LiRA fits one "
-                 "pooled variance per side, not one per example.")
-    return (text + " A detected leak is significant at the audit's alpha after Holm "
-            "correction over layers x attacks; no detection only says these signals found "
-            "none at this power. It is not a privacy guarantee: no audit bounds epsilon from "
-            "above (`dpsweep audit` gives a lower bound).")

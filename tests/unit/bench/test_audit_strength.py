@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bench import audit_strength as bs
-from dpsweep.trainables.audit.references import MEASURED_TPR_AT_1PCT_FPR
+from dpsweep.trainables.audit.plan_statement import MEASURED_TPR_AT_1PCT_FPR
 from dpsweep.trainables.audit.scores import auc as audit_auc
 from dpsweep.trainables.audit.stats.attacks import attack_statistics
 

@@ -39,6 +39,7 @@ from dpsweep.trainables.audit.references import (
     NonPrivateRecipe,
     nonprivate_trainer,
     plan_references,
+    reference_block,
     reference_data,
     train_nonprivate,
 )
@@ -76,10 +77,15 @@ def audit_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("audit_run")
 
 
-def _audit_into(run: Path, trial_id: str, **kwargs: object) -> dict:
-    """audit_model with the files a sweep gives it, audit.json written like the trial's."""
+def _audit_into(run: Path, trial_id: str, *, block_of: str | None = None,
+                **kwargs: object) -> dict:
+    """audit_model with the files a sweep gives it, audit.json written like the trial's;
+    ``block_of``: train the references of that trial id's block instead of its own."""
     trial = run / TRIALS / trial_id
-    record = audit_model(**kwargs, **trial_audit_paths(trial))  # type: ignore[arg-type]
+    paths = trial_audit_paths(trial)
+    if block_of is not None:
+        paths["block"] = reference_block(block_of)
+    record = audit_model(**kwargs, **paths)  # type: ignore[arg-type]
     atomic_write_json(trial / AUDIT, record)
     return record
 
@@ -95,14 +101,16 @@ def leaky(data: DataSplits, audit_run: Path) -> tuple[LayeredModel, dict]:
 def null_audit(data: DataSplits, audit_run: Path,
                leaky: tuple[LayeredModel, dict]) -> tuple[dict, list[str]]:
     """A model trained on public pool data only: no candidate is its member. Audited after
-    ``leaky`` in the same run: the same plan, recipe and data, so the same references."""
+    ``leaky`` in the same run with the same plan (its references' block taken from
+    ``leaky``), recipe and data, so the same references."""
     del leaky
     pool = reference_data(plan_references(data=data, kind="offline", n_references=4, seed=9),
                           data, index=0)
     model, _ = train_nonprivate(data=pool, recipe=RECIPE, seed=777)
     lines: list[str] = []
     record = _audit_into(audit_run, "null", target=model, data=data, settings=SETTINGS,
-                         trainer=nonprivate_trainer(RECIPE), progress=lines.append)
+                         trainer=nonprivate_trainer(RECIPE), progress=lines.append,
+                         block_of="leaky")
     return record, lines
 
 

@@ -14,6 +14,7 @@ from sklearn.metrics import roc_auc_score
 
 from dpsweep.core.errors import UserInputError
 from dpsweep.orchestrator.door import check
+from dpsweep.trainables.audit.plan_statement import plan_statement
 from dpsweep.trainables.audit.references import (
     DEFAULT_POPULATION,
     AuditSignals,
@@ -22,7 +23,6 @@ from dpsweep.trainables.audit.references import (
     collect_signals,
     nonprivate_trainer,
     plan_references,
-    plan_statement,
     reference_data,
     reference_seed,
     score_signals,
