@@ -66,6 +66,7 @@ from typing import Any
 
 import numpy as np
 
+from dpsweep.trainables.audit.plan_statement import POOLED, POOLED_PER_TRIAL
 from dpsweep.trainables.audit.stats.attacks import max_false_positives
 
 #: (row, plan kind, references trained, references used).
@@ -75,10 +76,10 @@ PLAN_ROWS = (("offline-4", "offline", 4, 4), ("online-4 (default)", "online", 16
 #: target's own trial, pooled with 4 from each other trial of a study whose trials differ from
 #: the target's recipe as a search's do: (learning rate, epochs, batch size) per extra trial.
 POOLED_ROW = "online-4, pooled over a 4-trial study"
-POOLED_KIND = "pooled"
+POOLED_KIND = POOLED
 STUDY_RECIPES = ((1e-3, None, None), (1e-2, None, None), (None, 30, 64))
 #: References each trial of the pooled study trains (the default plan's).
-PER_TRIAL = 4
+PER_TRIAL = POOLED_PER_TRIAL
 #: The FPRs the audit reports TPR at.
 FPRS = (0.01, 0.001)
 FPR_LABELS = {0.01: "tpr_at_1pct", 0.001: "tpr_at_01pct"}

@@ -54,14 +54,15 @@ def audit_strength_table() -> str:
     run = load_results(AUDIT_STRENGTH)
     if run is None:
         return missing_results(AUDIT_STRENGTH, "audit_strength")
-    lines = ["| plan | reference trainings | TPR at 1% FPR | TPR at 0.1% FPR | AUC |",
-             "|---|---|---|---|---|"]
+    lines = ["| plan | reference trainings per trial | references scored | TPR at 1% FPR "
+             "| TPR at 0.1% FPR | AUC |", "|---|---|---|---|---|---|"]
     for name, plan in sorted(run["plans"].items(),
-                             key=lambda kv: (kv[1]["reference_trainings"], kv[0])):
+                             key=lambda kv: (kv[1]["reference_trainings"],
+                                             kv[1]["n_references"], kv[0])):
         best = plan["attacks"]["any"]["strongest"]
         low = _median_range(best["tpr_at_01pct"]) + (
             "" if best["tpr_at_01pct_meaningful"] else " *")
-        lines.append(f"| {name} | {plan['reference_trainings']} "
+        lines.append(f"| {name} | {plan['reference_trainings']} | {plan['n_references']} "
                      f"| {_median_range(best['tpr_at_1pct'])} | {low} "
                      f"| {_median_range(best['auc'])} |")
     setup = run["setup"]

@@ -40,7 +40,7 @@ from dpsweep.trainables.audit.references import AuditSignals
 POOLED = "pooled"
 #: The peak fields kept from the trial's own audit under ``pooled["own"]``.
 OWN_FIELDS = ("n_references", "peak_mia_accuracy", "peak_mia_upper", "peak_layer",
-              "peak_attack", "leak_detected", "leak_p_value")
+              "peak_attack", "leak_detected", "leak_p_value", "scoring_seconds")
 
 
 def compatible(a: AuditSignals, b: AuditSignals) -> bool:

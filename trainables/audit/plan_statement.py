@@ -11,9 +11,20 @@ from dpsweep.trainables.audit.scores import PER_EXAMPLE_VARIANCE_MIN_MODELS
 #: median, min and max over 10 seeds, per (plan, references): bench/audit_strength.py's
 #: results (bench/results/audit_strength.json; a test keeps the two equal), quoted by
 #: :func:`plan_statement`.
+#: The key of the pooled plan's measurement (bench/audit_strength.py's pooled row: each trial
+#: trains ``POOLED_PER_TRIAL`` references).
+POOLED = "pooled"
+POOLED_PER_TRIAL = 4
 MEASURED_TPR_AT_1PCT_FPR: dict[tuple[str, int], tuple[float, float, float]] = {
     ("offline", 4): (0.10, 0.07, 0.15), ("online", 4): (0.16, 0.11, 0.18),
-    ("online", 16): (0.18, 0.14, 0.20)}
+    ("online", 16): (0.18, 0.14, 0.20), (POOLED, 16): (0.17, 0.15, 0.20)}
+
+
+def _plan_words(plan: str, n: int) -> str:
+    if plan == POOLED:
+        return (f"{n} online references pooled over {n // POOLED_PER_TRIAL} trials of a study "
+                "with different hyperparameters")
+    return f"{n} {plan} references"
 
 
 def plan_statement(*, kind: str, n_references: int, trials: int = 1) -> str:
@@ -40,8 +51,9 @@ def plan_statement(*, kind: str, n_references: int, trials: int = 1) -> str:
                  f"{k // trials} per trial): the candidates' expected IN and OUT values are "
                  "estimated from more models, while a reference's hyperparameters may differ "
                  "from this trial's.")
+    this = (POOLED, k) if trials > 1 else (kind, k)
     measured = "; ".join(
-        f"{n} {plan} references{' (this plan)' if (plan, n) == (kind, k) else ''} reached "
+        f"{_plan_words(plan, n)}{' (this plan)' if (plan, n) == this else ''} reached "
         f"{mid:.2f} ({lo:.2f}-{hi:.2f})"
         for (plan, n), (mid, lo, hi) in sorted(MEASURED_TPR_AT_1PCT_FPR.items()))
     text += (" On a memorising digits model, TPR at 1% FPR of the strongest attack (median and "

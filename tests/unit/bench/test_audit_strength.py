@@ -92,4 +92,8 @@ def test_the_audit_record_quotes_the_committed_measurement() -> None:
     for row, kind, _, used in bs.PLAN_ROWS:
         best = results["plans"][row]["attacks"]["any"]["strongest"]["tpr_at_1pct"]
         quoted[(kind, used)] = tuple(round(best[k], 2) for k in ("median", "min", "max"))
+    pooled = results["plans"][bs.POOLED_ROW]
+    best = pooled["attacks"]["any"]["strongest"]["tpr_at_1pct"]
+    quoted[(bs.POOLED_KIND, pooled["n_references"])] = tuple(
+        round(best[k], 2) for k in ("median", "min", "max"))
     assert quoted == MEASURED_TPR_AT_1PCT_FPR

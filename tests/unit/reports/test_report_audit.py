@@ -18,7 +18,7 @@ from dpsweep.core.errors import UserInputError
 from dpsweep.orchestrator.audit.membership import write_scores
 from dpsweep.reports.html import build_report
 from dpsweep.reports.html.attacks import SCORES_FILE
-from dpsweep.trainables.audit.references import plan_statement
+from dpsweep.trainables.audit.plan_statement import plan_statement
 
 #: Audited candidates per synthetic trial: 5 members then 5 non-members.
 N = 10
