@@ -9,7 +9,9 @@ default ``[audit]``) in a fresh run directory; the bench then reads each trial's
 (its peak and the status of every layer).
 
 Reported per trial: training and audit seconds, their ratio, the audit's parts (its references'
-training and signals, everything up to scoring, the scoring), whether the peak MIA is finite,
+training and signals, everything up to scoring, the scoring), with the scoring again at the
+sweep's end over the study's pooled references counted in the audit's seconds (the trials it
+pooled and the references scored are listed), whether the peak MIA is finite,
 and the layers the audit reported ``shared`` (frozen and identical in the target and every
 reference). Results: ``bench/results/frozen_run.json``, whose table ``bench.docgen``
 puts in ``docs/audit.md``.
@@ -46,9 +48,16 @@ def trial_row(trial_dir: Path) -> dict[str, Any]:
     result = json.loads((trial_dir / layout.RESULT).read_text())
     audit = json.loads((trial_dir / layout.AUDIT).read_text())
     peak = audit.get("peak_mia_accuracy")
+    pooled = audit.get("pooled") or {}
+    # the audit scored again at the sweep's end with its study's references: its scoring
+    # counts on top of what the trial measured
+    pooling = audit["scoring_seconds"] if pooled else 0.0
     return {"trial_id": trial_dir.name, "train_seconds": result["train_seconds"],
-            "audit_seconds": result["audit_seconds"],
-            "ratio": result["audit_seconds"] / result["train_seconds"],
+            "audit_seconds": result["audit_seconds"] + pooling,
+            "ratio": (result["audit_seconds"] + pooling) / result["train_seconds"],
+            "trial_audit_seconds": result["audit_seconds"],
+            "pooled_scoring_seconds": pooling, "pooled_trials": pooled.get("trials", []),
+            "n_references": audit["n_references"],
             "references_train_seconds": sum(r["train_seconds"] for r in audit["references"]),
             "references_signal_seconds": sum(r["signal_seconds"] for r in audit["references"]),
             "collect_seconds": audit["reference_train_seconds"],

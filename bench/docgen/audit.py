@@ -78,17 +78,19 @@ def frozen_run_table() -> str:
     run = load_results(FROZEN_RUN)
     if run is None:
         return missing_results(FROZEN_RUN, "frozen_run")
-    lines = ["| trial | training (s) | audit (s) | audit / training | peak MIA accuracy | "
-             "layers reported shared |", "|---|---|---|---|---|---|"]
+    lines = ["| trial | training (s) | audit (s) | audit / training | references scored "
+             "| peak MIA accuracy | layers reported shared |", "|---|---|---|---|---|---|---|"]
     for row in run["trials"]:
         peak = row["peak_mia_accuracy"]
         lines.append(f"| {row['trial_id']} | {row['train_seconds']:.1f} "
                      f"| {row['audit_seconds']:.1f} | {row['ratio']:.1f} "
+                     f"| {row.get('n_references', '-')} "
                      f"| {'-' if peak is None else f'{peak:.3f}'} "
                      f"| {', '.join(row['shared_layers']) or 'none'} |")
     summary = run["summary"]
     return (f"From `bench/results/{FROZEN_RUN}.json` (`bench/frozen_run.py`): `{run['command']}` "
-            f"as a user runs it, each trial's own training and audit seconds; median audit / "
+            f"as a user runs it, each trial's own training and audit seconds (the audit's with its "
+            f"scoring again over the study's pooled references at the sweep's end); median audit / "
             f"training of the DP trials {summary['median_ratio']:.1f}, largest "
             f"{summary['max_ratio']:.1f} (load average {run['load_before']:.1f} before, "
             f"{run['load_after']:.1f} after; two trials run at once on 2 cores).\n\n"
