@@ -4,7 +4,8 @@
 of finished trials again, without training), ``driver`` (``run_sweep``, ``resume_sweep``:
 validation, the run directory, Ray), whose attempt is ``search`` (the studies,
 the trial configs and the Tune experiment), ``aftersearch`` (fronts, audits, re-runs and the
-baseline after the search) and ``records`` (rows, trial records, progress lines, the summary);
+baseline after the search), ``pooling`` (each audited trial scored with its study's
+references at the end) and ``records`` (rows, trial records, progress lines, the summary);
 ``signals`` (how a sweep is stopped by a signal), ``progress`` (its progress bars),
 ``resume_checks`` (what a resume verifies first, and how a full disk stops a sweep), ``plans``
 (which studies a sweep runs, and the budgets precomputed for them), ``studies`` (the Optuna
