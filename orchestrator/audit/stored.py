@@ -86,8 +86,8 @@ def signals_bytes(*, signals: AuditSignals, model: ModelCells) -> bytes:
         frozen=np.array(sorted(model.frozen), dtype=str),
         shadow_layer=np.array([c[0] for c in keys], dtype=str),
         shadow_attack=np.array([c[1] for c in keys], dtype=str),
-        shadow_scores=_stack({str(i): model.shadow[c][0] for i, c in enumerate(keys)},
-                             [str(i) for i in range(len(keys))], (n,)),
+        shadow_scores=(np.stack([model.shadow[c][0] for c in keys]) if keys
+                       else np.zeros((0, n))).astype(np.float64),
         shadow_meta=np.array(json.dumps([model.shadow[c][1] for c in keys])),
         shadow_excluded=np.array(json.dumps([e.to_dict() for e in model.shadow_excluded])))
     return buffer.getvalue()
